@@ -1,0 +1,846 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * blob.c - the blob container of ulpack-format(5) sections 2-3: choosing the
+ * codec of a tensor, writing the blob, and parsing and decoding one as
+ * hostile input.
+ *
+ * Invariants:
+ *  1. A blob's bytes depend only on (options, dtype, content, reference):
+ *     chunks are coded independently and assembled in order, whatever the
+ *     pool runs in parallel.
+ *  2. ulp_blob_open() accepts a blob only if the header check matches, every
+ *     field is in range, the directory accounts for every byte to the end of
+ *     the blob, and the tables parse; decoding then never touches memory
+ *     outside the blob, the reference or dst.
+ *  3. Every decoded chunk is compared with its XXH3-64 checksum before it is
+ *     reported as decoded.
+ */
+#include "codec.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <zstd.h>
+
+#define BLOB_MAGIC "ULPb"
+#define BLOB_VERSION 1
+#define CHUNK_LOG2_MIN 10
+#define CHUNK_LOG2_MAX 24
+
+const char *ulp_codec_name(int codec)
+{
+	static const char *const names[ULP_CODEC__COUNT] = {"raw", "ident", "zstd", "zstd-xor",
+	                                                    "delta", "anchor"};
+	return codec >= 0 && codec < ULP_CODEC__COUNT ? names[codec] : "unknown";
+}
+
+static int codec_has_ref(int codec)
+{
+	return codec == ULP_CODEC_IDENT || codec == ULP_CODEC_ZSTD_XOR || codec == ULP_CODEC_DELTA;
+}
+
+static int codec_is_rans(int codec)
+{
+	return codec == ULP_CODEC_DELTA || codec == ULP_CODEC_ANCHOR;
+}
+
+/* ---- varints (LEB128, at most 10 bytes, canonical) ----------------------- */
+
+static size_t put_varint(uint8_t *p, uint64_t v)
+{
+	size_t n = 0;
+	do {
+		uint8_t b = v & 0x7f;
+		v >>= 7;
+		if (p)
+			p[n] = b | (v ? 0x80 : 0);
+		n++;
+	} while (v);
+	return n;
+}
+
+static int get_varint(const uint8_t **pp, const uint8_t *end, uint64_t *out)
+{
+	uint64_t v = 0;
+	const uint8_t *p = *pp;
+	for (unsigned i = 0; i < 10; i++) {
+		if (p >= end)
+			return -1;
+		uint8_t b = *p++;
+		if (i == 9 && b > 1)
+			return -1;
+		v |= (uint64_t)(b & 0x7f) << (7 * i);
+		if (!(b & 0x80)) {
+			if (b == 0 && i > 0)
+				return -1; /* not canonical */
+			*pp = p;
+			*out = v;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+/* ---- shared geometry ----------------------------------------------------- */
+
+static uint64_t n_chunks_for(uint64_t n, unsigned chunk_log2)
+{
+	return n == 0 ? 0 : ((n - 1) >> chunk_log2) + 1;
+}
+
+static unsigned lanes_log2_for(uint64_t chunk_n)
+{
+	return chunk_n >= 65536 ? 5 : chunk_n >= 4096 ? 3 : chunk_n >= 512 ? 2 : 0;
+}
+
+/* ---- encoder --------------------------------------------------------------- */
+
+typedef struct enc_chunk {
+	uint8_t *buf;       /* payload (owned by the candidate's arena) */
+	size_t rans_len;    /* rANS codecs: bytes of the rANS part */
+	uint64_t raw_bits;  /* rANS codecs: bits of the raw tail */
+	size_t len;         /* payload bytes */
+} enc_chunk;
+
+typedef struct cand {
+	int codec;
+	unsigned lanes_log2, prob_bits;
+	uint8_t *table;     /* serialized table (rANS codecs) */
+	size_t table_len;
+	enc_chunk *ch;      /* n_chunks */
+	uint8_t *arena;
+	size_t size;        /* whole blob size */
+} cand;
+
+typedef struct enc {
+	const ulp_enc_opts *o;
+	ulp_dtype dt;
+	ulp_fmt f;
+	unsigned esize, chunk_log2, zlevel;
+	const uint8_t *src, *ref;
+	size_t n;           /* elements */
+	size_t n_chunks;
+	uint64_t *sum;      /* per chunk XXH3 of the source bytes */
+	uint8_t sha[32], ref_sha[32];
+	/* pass-1 state */
+	uint8_t *syms;
+	uint64_t *counts;   /* n_chunks x (n_ctx x alphabet) for the current model */
+	unsigned n_ctx, alphabet;
+	int anchor;
+	/* pass-2 state */
+	const ulp_table *t;
+	const ulp_rans_esym *es;
+	cand *c;
+} enc;
+
+static void chunk_span(const enc *e, size_t k, size_t *first, size_t *count)
+{
+	size_t c = (size_t)1 << e->chunk_log2;
+	*first = k * c;
+	*count = ULP_MIN(c, e->n - k * c);
+}
+
+static void cand_free(cand *c)
+{
+	if (!c)
+		return;
+	free(c->table);
+	free(c->ch);
+	free(c->arena);
+	memset(c, 0, sizeof(*c));
+}
+
+/* Header bytes before the payloads, for candidate c (dst NULL: count only). */
+static size_t write_header(const enc *e, const cand *c, uint8_t *dst)
+{
+	uint8_t tmp[16];
+	size_t o = 0;
+#define PUT(ptr, len) do { if (dst) memcpy(dst + o, (ptr), (len)); o += (len); } while (0)
+	PUT(BLOB_MAGIC, 4);
+	tmp[0] = BLOB_VERSION;
+	tmp[1] = (uint8_t)c->codec;
+	tmp[2] = (uint8_t)e->dt;
+	tmp[3] = (uint8_t)e->chunk_log2;
+	PUT(tmp, 4);
+	o += put_varint(dst ? dst + o : NULL, e->n);
+	PUT(e->sha, 32);
+	if (codec_has_ref(c->codec))
+		PUT(e->ref_sha, 32);
+	if (codec_is_rans(c->codec)) {
+		tmp[0] = (uint8_t)c->lanes_log2;
+		tmp[1] = (uint8_t)c->prob_bits;
+		PUT(tmp, 2);
+		o += put_varint(dst ? dst + o : NULL, c->table_len);
+		PUT(c->table, c->table_len);
+	}
+	if (c->codec != ULP_CODEC_IDENT) {
+		for (size_t k = 0; k < e->n_chunks; k++) {
+			if (codec_is_rans(c->codec)) {
+				o += put_varint(dst ? dst + o : NULL, c->ch[k].rans_len);
+				o += put_varint(dst ? dst + o : NULL, c->ch[k].raw_bits);
+			} else if (c->codec != ULP_CODEC_RAW) {
+				o += put_varint(dst ? dst + o : NULL, c->ch[k].len);
+			}
+			ulp_st64(tmp, e->sum[k]);
+			PUT(tmp, 8);
+		}
+	}
+	if (dst)
+		ulp_st32(dst + o, (uint32_t)ulp_xxh64(dst, o));
+	o += 4;
+#undef PUT
+	return o;
+}
+
+static void cand_size(const enc *e, cand *c)
+{
+	size_t s = write_header(e, c, NULL);
+	if (c->codec != ULP_CODEC_IDENT)
+		for (size_t k = 0; k < e->n_chunks; k++)
+			s += c->ch[k].len;
+	c->size = s;
+}
+
+static int job_checksum(void *arg, size_t k)
+{
+	enc *e = arg;
+	size_t first, count;
+	chunk_span(e, k, &first, &count);
+	e->sum[k] = ulp_xxh64(e->src + first * e->esize, count * e->esize);
+	return 0;
+}
+
+static int job_symbols(void *arg, size_t k)
+{
+	enc *e = arg;
+	size_t first, count;
+	chunk_span(e, k, &first, &count);
+	uint64_t *cnt = e->counts + k * (size_t)e->n_ctx * e->alphabet;
+	if (e->anchor)
+		ulp_anchor_symbols(&e->f, e->src + first * e->esize, count, e->syms + first, cnt);
+	else
+		ulp_delta_symbols(&e->f, e->src + first * e->esize, e->ref + first * e->esize,
+		                  count, e->syms + first, cnt);
+	return 0;
+}
+
+static int job_rans(void *arg, size_t k)
+{
+	enc *e = arg;
+	cand *c = e->c;
+	size_t first, count;
+	chunk_span(e, k, &first, &count);
+	unsigned lanes = 1u << c->lanes_log2;
+	size_t rb = ulp_chunk_rans_bound(count, lanes), wb = ulp_chunk_raw_bound(&e->f, count);
+	uint8_t *buf = c->arena + first * (2 + e->esize) + k * (4 * ULP_LANES_MAX + 16);
+	uint8_t *raw = malloc(wb);
+	if (!raw)
+		return -ULP_E_NOMEM;
+	size_t rans_len;
+	uint64_t raw_bits;
+	int rc = ulp_chunk_encode(&e->f, e->t, e->es, lanes, e->syms + first,
+	                          e->src + first * e->esize,
+	                          e->anchor ? NULL : e->ref + first * e->esize, count, buf, rb,
+	                          &rans_len, raw, wb, &raw_bits);
+	if (rc == 0) {
+		size_t raw_len = (size_t)((raw_bits + 7) / 8);
+		memcpy(buf + rans_len, raw, raw_len);
+		c->ch[k] = (enc_chunk){buf, rans_len, raw_bits, rans_len + raw_len};
+	}
+	free(raw);
+	return rc;
+}
+
+static int job_zstd(void *arg, size_t k)
+{
+	enc *e = arg;
+	cand *c = e->c;
+	size_t first, count;
+	chunk_span(e, k, &first, &count);
+	size_t bytes = count * e->esize;
+	size_t cap = ZSTD_compressBound(bytes);
+	uint8_t *tmp = malloc(bytes);
+	uint8_t *grp = malloc(bytes);
+	uint8_t *out = malloc(cap);
+	int rc = -ULP_E_NOMEM;
+	if (!tmp || !grp || !out)
+		goto done;
+	const uint8_t *s = e->src + first * e->esize;
+	if (c->codec == ULP_CODEC_ZSTD_XOR) {
+		const uint8_t *r = e->ref + first * e->esize;
+		for (size_t i = 0; i < bytes; i++)
+			tmp[i] = s[i] ^ r[i];
+		s = tmp;
+	}
+	ulp_byte_group(grp, s, count, e->esize);
+	size_t z = ZSTD_compress(out, cap, grp, bytes, (int)e->zlevel);
+	if (ZSTD_isError(z)) {
+		rc = -ULP_E_NOMEM;
+		goto done;
+	}
+	c->ch[k] = (enc_chunk){out, 0, 0, z};
+	out = NULL;
+	rc = 0;
+done:
+	free(tmp);
+	free(grp);
+	free(out);
+	return rc;
+}
+
+static int cand_alloc_chunks(const enc *e, cand *c)
+{
+	c->ch = calloc(e->n_chunks ? e->n_chunks : 1, sizeof(enc_chunk));
+	return c->ch ? 0 : -ULP_E_NOMEM;
+}
+
+/* zstd candidates own one malloc per chunk, freed here */
+static void cand_free_zstd(const enc *e, cand *c)
+{
+	if (c->ch && (c->codec == ULP_CODEC_ZSTD || c->codec == ULP_CODEC_ZSTD_XOR))
+		for (size_t k = 0; k < e->n_chunks; k++)
+			free(c->ch[k].buf);
+	cand_free(c);
+}
+
+/* Builds the rANS candidate (DELTA when anchor == 0) into c; *bound_bits gets
+ * the model bound (entropy of the symbols given the context plus raw bits). */
+static int make_rans(enc *e, ulp_pool *pool, int anchor, cand *c, double *bound_bits)
+{
+	int rc;
+	ulp_table t = {0};
+	ulp_rans_esym *es = NULL;
+	uint64_t *merged = NULL, cost_bits = 0;
+	memset(c, 0, sizeof(*c));
+	c->codec = anchor ? ULP_CODEC_ANCHOR : ULP_CODEC_DELTA;
+	e->anchor = anchor;
+	e->n_ctx = anchor ? 1 : e->f.n_ctx;
+	e->alphabet = anchor ? 1u << e->f.a_bits : e->f.alphabet;
+	size_t cells = (size_t)e->n_ctx * e->alphabet;
+	e->counts = calloc(cells * (e->n_chunks ? e->n_chunks : 1), sizeof(uint64_t));
+	merged = calloc(cells, sizeof(uint64_t));
+	rc = -ULP_E_NOMEM;
+	if (!e->counts || !merged || cand_alloc_chunks(e, c) < 0)
+		goto out;
+	ULP_TRY(ulp_pool_run(pool, e->n_chunks, job_symbols, e));
+	for (size_t k = 0; k < e->n_chunks; k++)
+		for (size_t i = 0; i < cells; i++)
+			merged[i] += e->counts[k * cells + i];
+	if (bound_bits)
+		*bound_bits = ulp_counts_entropy_bits(merged, e->n_ctx, e->alphabet) +
+		              (double)(anchor ? (uint64_t)e->n * (e->f.w - e->f.a_bits)
+		                              : ulp_delta_raw_bits(&e->f, e->syms, e->n));
+	rc = ulp_table_choose(merged, e->n_ctx, e->alphabet, &t, &cost_bits);
+	if (rc < 0)
+		goto out;
+	rc = ulp_table_esyms(&t, &es);
+	if (rc < 0)
+		goto out;
+	c->prob_bits = t.prob_bits;
+	c->lanes_log2 = lanes_log2_for(ULP_MIN(e->n, (size_t)1 << e->chunk_log2));
+	c->table_len = ulp_table_size(&t);
+	c->table = malloc(c->table_len);
+	rc = -ULP_E_NOMEM;
+	if (!c->table)
+		goto out;
+	ulp_table_write(&t, c->table, c->table_len);
+	c->arena = malloc(e->n * (2 + (size_t)e->esize) + e->n_chunks * (4 * ULP_LANES_MAX + 16) + 16);
+	if (!c->arena)
+		goto out;
+	e->t = &t;
+	e->es = es;
+	e->c = c;
+	rc = ulp_pool_run(pool, e->n_chunks, job_rans, e);
+	if (rc < 0)
+		goto out;
+	cand_size(e, c);
+out:
+	if (rc < 0)
+		cand_free(c);
+	ulp_table_free(&t);
+	free(es);
+	free(merged);
+	free(e->counts);
+	e->counts = NULL;
+	return rc;
+}
+
+static int make_zstd(enc *e, ulp_pool *pool, int codec, cand *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->codec = codec;
+	ULP_TRY(cand_alloc_chunks(e, c));
+	e->c = c;
+	int rc = ulp_pool_run(pool, e->n_chunks, job_zstd, e);
+	if (rc < 0) {
+		cand_free_zstd(e, c);
+		return rc;
+	}
+	cand_size(e, c);
+	return 0;
+}
+
+static int make_raw(enc *e, cand *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->codec = ULP_CODEC_RAW;
+	ULP_TRY(cand_alloc_chunks(e, c));
+	for (size_t k = 0; k < e->n_chunks; k++) {
+		size_t first, count;
+		chunk_span(e, k, &first, &count);
+		c->ch[k] = (enc_chunk){(uint8_t *)e->src + first * e->esize, 0, 0, count * e->esize};
+	}
+	cand_size(e, c);
+	return 0;
+}
+
+size_t ulp_encode_bound(ulp_dtype dt, size_t src_len, const ulp_enc_opts *o)
+{
+	unsigned cl = o && o->chunk_log2 ? o->chunk_log2 : ULP_DEFAULT_CHUNK_LOG2;
+	if (cl < CHUNK_LOG2_MIN)
+		cl = CHUNK_LOG2_MIN;
+	size_t n = src_len / ulp_dtype_size(dt) + 1;
+	/* RAW is always a candidate: header + directory (8 bytes a chunk) + bytes */
+	return src_len + 4 + 4 + 10 + 64 + 4 + 8 * (size_t)n_chunks_for(n, cl) + 16;
+}
+
+static int64_t assemble(const enc *e, const cand *c, uint8_t *dst, size_t cap)
+{
+	if (c->size > cap)
+		return -ULP_E_OVERFLOW;
+	size_t o = write_header(e, c, dst);
+	if (c->codec != ULP_CODEC_IDENT)
+		for (size_t k = 0; k < e->n_chunks; k++) {
+			memcpy(dst + o, c->ch[k].buf, c->ch[k].len);
+			o += c->ch[k].len;
+		}
+	return (int64_t)o;
+}
+
+int64_t ulp_encode(const ulp_enc_opts *opts, ulp_pool *pool, ulp_dtype dt, void *dst,
+                   size_t dst_cap, const void *src, size_t src_len, const void *ref,
+                   size_t ref_len, ulp_enc_stats *stats)
+{
+	static const ulp_enc_opts defaults = {0};
+	const ulp_enc_opts *o = opts ? opts : &defaults;
+	enc e = {0};
+	cand best = {0}, other = {0};
+	double bound = 0;
+	int64_t rc;
+	if ((unsigned)dt >= ULP_DT__COUNT || (!src && src_len))
+		return -ULP_E_INVAL;
+	e.o = o;
+	e.dt = dt;
+	e.esize = ulp_dtype_size(dt);
+	e.chunk_log2 = o->chunk_log2 ? o->chunk_log2 : ULP_DEFAULT_CHUNK_LOG2;
+	e.zlevel = o->zstd_level ? (unsigned)o->zstd_level : 3;
+	if (e.chunk_log2 < CHUNK_LOG2_MIN || e.chunk_log2 > CHUNK_LOG2_MAX)
+		return -ULP_E_INVAL;
+	if (src_len % e.esize || (ref && ref_len != src_len))
+		return -ULP_E_INVAL;
+	e.src = src;
+	e.ref = ref;
+	e.n = src_len / e.esize;
+	e.n_chunks = n_chunks_for(e.n, e.chunk_log2);
+	int is_float = ulp_fmt_get(dt, &e.f) == 0;
+	ulp_sha256(src, src_len, e.sha);
+	if (ref)
+		ulp_sha256(ref, ref_len, e.ref_sha);
+	e.sum = calloc(e.n_chunks ? e.n_chunks : 1, sizeof(uint64_t));
+	if (!e.sum)
+		return -ULP_E_NOMEM;
+	ulp_pool_run(pool, e.n_chunks, job_checksum, &e);
+
+	if (ref && memcmp(src, ref, src_len) == 0) {
+		best.codec = ULP_CODEC_IDENT;
+		cand_size(&e, &best);
+		goto write;
+	}
+	rc = make_raw(&e, &best);
+	if (rc < 0)
+		goto out;
+	if (is_float) {
+		e.syms = malloc(e.n ? e.n : 1);
+		rc = -ULP_E_NOMEM;
+		if (!e.syms)
+			goto out;
+		if (ref) {
+			rc = make_rans(&e, pool, 0, &other, &bound);
+			if (rc < 0)
+				goto out;
+			if (other.size < best.size) {
+				cand_free(&best);
+				best = other;
+			} else {
+				cand_free(&other);
+			}
+		}
+		/* ANCHOR when there is no reference, or the delta gains little */
+		if (!ref || o->effort || best.size * 4 > (size_t)src_len * 3) {
+			rc = make_rans(&e, pool, 1, &other, NULL);
+			if (rc < 0)
+				goto out;
+			if (other.size < best.size) {
+				cand_free(&best);
+				best = other;
+			} else {
+				cand_free(&other);
+			}
+		}
+	}
+	/* zstd where ULPack does not apply, on small tensors, or where it looks weak */
+	if (!is_float || o->effort || src_len <= 65536 || best.size * 20 > (size_t)src_len * 17) {
+		for (int codec = ULP_CODEC_ZSTD; codec <= ULP_CODEC_ZSTD_XOR; codec++) {
+			if (codec == ULP_CODEC_ZSTD_XOR && !ref)
+				continue;
+			rc = make_zstd(&e, pool, codec, &other);
+			if (rc < 0)
+				goto out;
+			if (other.size < best.size) {
+				cand_free_zstd(&e, &best);
+				best = other;
+			} else {
+				cand_free_zstd(&e, &other);
+			}
+		}
+	}
+write:
+	rc = assemble(&e, &best, dst, dst_cap);
+	if (rc >= 0 && stats) {
+		stats->codec = best.codec;
+		stats->raw_bytes = src_len;
+		stats->blob_bytes = (uint64_t)rc;
+		stats->table_bytes = best.table_len;
+		stats->bound_bits = bound;
+	}
+out:
+	cand_free_zstd(&e, &best);
+	free(e.syms);
+	free(e.sum);
+	return rc;
+}
+
+/* ---- decoder --------------------------------------------------------------- */
+
+typedef struct blob_chunk {
+	size_t off;         /* payload offset in the blob */
+	size_t len;         /* payload bytes */
+	size_t rans_len;    /* rANS codecs */
+	uint64_t raw_bits;  /* rANS codecs */
+	uint64_t sum;       /* XXH3-64 of the decoded bytes */
+} blob_chunk;
+
+struct ulp_blob {
+	ulp_blob_info info;
+	const uint8_t *data;
+	size_t len;
+	unsigned esize;
+	unsigned lanes;
+	ulp_fmt f;
+	ulp_dtab dtab;
+	blob_chunk *ch;
+};
+
+void ulp_blob_close(ulp_blob *b)
+{
+	if (!b)
+		return;
+	ulp_dtab_free(&b->dtab);
+	free(b->ch);
+	free(b);
+}
+
+const ulp_blob_info *ulp_blob_get_info(const ulp_blob *b)
+{
+	return &b->info;
+}
+
+int ulp_blob_open(const void *data, size_t len, ulp_blob **out, char *errbuf, size_t errcap)
+{
+	ulp_err err = {errbuf, errcap};
+	const uint8_t *p = data, *end = p + len;
+	ulp_blob *b;
+	uint64_t v;
+	int rc;
+	if (len < 8 + 1 + 32 + 4)
+		return ULP_CORRUPT(&err, "blob of %zu bytes is shorter than any header", len);
+	if (memcmp(p, BLOB_MAGIC, 4) != 0)
+		return ULP_CORRUPT(&err, "not a ulpack blob (bad magic)");
+	if (p[4] != BLOB_VERSION)
+		return ULP_ERR(&err, -ULP_E_VERSION, "blob format version %u, this build reads %u",
+		               p[4], BLOB_VERSION);
+	b = calloc(1, sizeof(*b));
+	if (!b)
+		return -ULP_E_NOMEM;
+	b->data = data;
+	b->len = len;
+	b->info.version = p[4];
+	b->info.codec = p[5];
+	b->info.dtype = (ulp_dtype)p[6];
+	unsigned cl = p[7];
+	p += 8;
+	rc = ULP_CORRUPT(&err, "blob header: bad codec %u, dtype %u or chunk size 2^%u",
+	                 b->info.codec, b->info.dtype, cl);
+	if (b->info.codec >= ULP_CODEC__COUNT || b->info.dtype >= ULP_DT__COUNT ||
+	    cl < CHUNK_LOG2_MIN || cl > CHUNK_LOG2_MAX)
+		goto fail;
+	b->esize = ulp_dtype_size(b->info.dtype);
+	rc = ULP_CORRUPT(&err, "blob header: bad element count");
+	if (get_varint(&p, end, &v) < 0 || v > ((uint64_t)1 << 56) / b->esize)
+		goto fail;
+	b->info.n_elems = v;
+	b->info.raw_bytes = v * b->esize;
+	b->info.chunk_elems = 1u << cl;
+	int codec = b->info.codec;
+	uint64_t nch = codec == ULP_CODEC_IDENT ? 0 : n_chunks_for(v, cl);
+	b->info.n_chunks = (uint32_t)nch;
+	b->info.has_ref = codec_has_ref(codec);
+	rc = ULP_CORRUPT(&err, "blob header truncated");
+	if (end - p < 32 + (b->info.has_ref ? 32 : 0))
+		goto fail;
+	memcpy(b->info.content_sha256, p, 32);
+	p += 32;
+	if (b->info.has_ref) {
+		memcpy(b->info.ref_sha256, p, 32);
+		p += 32;
+	}
+	if (codec == ULP_CODEC_IDENT && memcmp(b->info.content_sha256, b->info.ref_sha256, 32)) {
+		rc = ULP_CORRUPT(&err, "identical-to-reference blob names two different contents");
+		goto fail;
+	}
+	if (codec_is_rans(codec)) {
+		ulp_table t;
+		if (ulp_fmt_get(b->info.dtype, &b->f) < 0) {
+			rc = ULP_CORRUPT(&err, "codec %s on non-float dtype %s", ulp_codec_name(codec),
+			                 ulp_dtype_name(b->info.dtype));
+			goto fail;
+		}
+		rc = ULP_CORRUPT(&err, "blob header truncated in the table section");
+		if (end - p < 3)
+			goto fail;
+		unsigned ll = p[0], pb = p[1];
+		p += 2;
+		if (ll > 5) {
+			rc = ULP_CORRUPT(&err, "blob declares 2^%u rANS lanes, at most 32", ll);
+			goto fail;
+		}
+		b->lanes = 1u << ll;
+		uint64_t tlen;
+		if (get_varint(&p, end, &tlen) < 0 || tlen > (uint64_t)(end - p))
+			goto fail;
+		int anchor = codec == ULP_CODEC_ANCHOR;
+		rc = ulp_table_read(p, (size_t)tlen, pb, anchor ? 1u << b->f.a_bits : b->f.alphabet,
+		                    anchor ? 1 : b->f.n_ctx, &t, &err);
+		if (rc < 0)
+			goto fail;
+		rc = ulp_dtab_build(&t, &b->dtab);
+		ulp_table_free(&t);
+		if (rc < 0)
+			goto fail;
+		p += tlen;
+	}
+	if (nch > (uint64_t)(end - p) / 8) {
+		rc = ULP_CORRUPT(&err, "blob directory of %llu chunks overruns the blob",
+		                 (unsigned long long)nch);
+		goto fail;
+	}
+	b->ch = calloc(nch ? nch : 1, sizeof(blob_chunk));
+	rc = -ULP_E_NOMEM;
+	if (!b->ch)
+		goto fail;
+	uint64_t payload = 0;
+	for (uint64_t k = 0; k < nch; k++) {
+		blob_chunk *c = &b->ch[k];
+		uint64_t first = k << cl, count = ULP_MIN((uint64_t)1 << cl, v - first);
+		uint64_t bytes = count * b->esize;
+		if (v == 0) /* unreachable: nch == 0 */
+			break;
+		rc = ULP_CORRUPT(&err, "blob directory entry %llu is malformed", (unsigned long long)k);
+		if (codec_is_rans(codec)) {
+			uint64_t rl, rb;
+			if (get_varint(&p, end, &rl) < 0 || get_varint(&p, end, &rb) < 0)
+				goto fail;
+			if (rl > b->len || rb > bytes * 8)
+				goto fail;
+			c->rans_len = (size_t)rl;
+			c->raw_bits = rb;
+			c->len = (size_t)(rl + (rb + 7) / 8);
+		} else if (codec == ULP_CODEC_RAW) {
+			c->len = (size_t)bytes;
+		} else {
+			uint64_t zl;
+			if (get_varint(&p, end, &zl) < 0 || zl > b->len)
+				goto fail;
+			c->len = (size_t)zl;
+		}
+		if (end - p < 8)
+			goto fail;
+		c->sum = ulp_ld64(p);
+		p += 8;
+		c->off = (size_t)payload; /* relative until the header end is known */
+		payload += c->len;
+		if (payload > b->len)
+			goto fail;
+	}
+	rc = ULP_CORRUPT(&err, "blob header check missing");
+	if (end - p < 4)
+		goto fail;
+	if (ulp_ld32(p) != (uint32_t)ulp_xxh64(data, (size_t)(p - (const uint8_t *)data))) {
+		rc = ULP_CORRUPT(&err, "blob header check does not match: header damaged");
+		goto fail;
+	}
+	p += 4;
+	if (payload != (uint64_t)(end - p)) {
+		rc = ULP_CORRUPT(&err, "blob payloads need %llu bytes, %zu follow the header",
+		                 (unsigned long long)payload, (size_t)(end - p));
+		goto fail;
+	}
+	for (uint64_t k = 0; k < nch; k++)
+		b->ch[k].off += (size_t)(p - (const uint8_t *)data);
+	*out = b;
+	return 0;
+fail:
+	ulp_blob_close(b);
+	return rc;
+}
+
+void ulp_blob_chunk_range(const ulp_blob *b, uint32_t k, uint64_t *off, uint64_t *len)
+{
+	uint64_t first = (uint64_t)k * b->info.chunk_elems;
+	uint64_t count = first < b->info.n_elems ? ULP_MIN((uint64_t)b->info.chunk_elems,
+	                                                    b->info.n_elems - first)
+	                                          : 0;
+	*off = first * b->esize;
+	*len = count * b->esize;
+}
+
+static int64_t decode_chunk(const ulp_blob *b, uint32_t k, uint8_t *dst, size_t cap,
+                            const uint8_t *ref, size_t ref_len, ulp_err *err)
+{
+	uint64_t off, len;
+	if (b->info.codec == ULP_CODEC_IDENT)
+		return -ULP_E_INVAL; /* callers copy the reference */
+	if (k >= b->info.n_chunks)
+		return -ULP_E_INVAL;
+	ulp_blob_chunk_range(b, k, &off, &len);
+	if (cap < len)
+		return -ULP_E_OVERFLOW;
+	if (b->info.has_ref && (!ref || ref_len != len))
+		return ULP_ERR(err, -ULP_E_INVAL, "chunk %u needs %llu reference bytes", k,
+		               (unsigned long long)len);
+	const blob_chunk *c = &b->ch[k];
+	const uint8_t *p = b->data + c->off;
+	size_t n = (size_t)(len / b->esize);
+	switch (b->info.codec) {
+	case ULP_CODEC_RAW:
+		memcpy(dst, p, (size_t)len);
+		break;
+	case ULP_CODEC_ZSTD:
+	case ULP_CODEC_ZSTD_XOR: {
+		unsigned long long fcs = ZSTD_getFrameContentSize(p, c->len);
+		if (fcs != len)
+			return ULP_CORRUPT(err, "chunk %u: zstd frame declares %lld bytes, expected %llu",
+			                   k, (long long)fcs, (unsigned long long)len);
+		uint8_t *tmp = malloc(len ? (size_t)len : 1);
+		if (!tmp)
+			return -ULP_E_NOMEM;
+		size_t z = ZSTD_decompress(tmp, (size_t)len, p, c->len);
+		if (ZSTD_isError(z) || z != len) {
+			free(tmp);
+			return ULP_CORRUPT(err, "chunk %u: zstd: %s", k,
+			                   ZSTD_isError(z) ? ZSTD_getErrorName(z) : "short frame");
+		}
+		ulp_byte_ungroup(dst, tmp, n, b->esize);
+		free(tmp);
+		if (b->info.codec == ULP_CODEC_ZSTD_XOR)
+			for (size_t i = 0; i < len; i++)
+				dst[i] ^= ref[i];
+		break;
+	}
+	default: { /* DELTA, ANCHOR */
+		int rc = ulp_chunk_decode(&b->f, &b->dtab, b->lanes, p, c->rans_len, p + c->rans_len,
+		                          c->len - c->rans_len, c->raw_bits,
+		                          b->info.codec == ULP_CODEC_DELTA ? ref : NULL, n, dst, err);
+		if (rc < 0)
+			return rc;
+	}
+	}
+	if (ulp_xxh64(dst, (size_t)len) != c->sum)
+		return ULP_ERR(err, -ULP_E_CHECKSUM, "chunk %u: decoded bytes fail their checksum", k);
+	return (int64_t)len;
+}
+
+int64_t ulp_blob_decode_chunk(const ulp_blob *b, uint32_t k, void *dst, size_t dst_cap,
+                              const void *ref, size_t ref_len)
+{
+	return decode_chunk(b, k, dst, dst_cap, ref, ref_len, NULL);
+}
+
+typedef struct dec_job {
+	const ulp_blob *b;
+	uint8_t *dst;
+	const uint8_t *ref;
+	ulp_err *err;
+} dec_job;
+
+static int job_decode(void *arg, size_t k)
+{
+	dec_job *j = arg;
+	uint64_t off, len;
+	ulp_blob_chunk_range(j->b, (uint32_t)k, &off, &len);
+	int64_t rc = decode_chunk(j->b, (uint32_t)k, j->dst + off, (size_t)len,
+	                          j->ref ? j->ref + off : NULL, (size_t)len, j->err);
+	return rc < 0 ? (int)rc : 0;
+}
+
+static int64_t decode_all(const ulp_blob *b, ulp_pool *pool, void *dst, size_t cap,
+                          const void *ref, size_t ref_len, ulp_err *err)
+{
+	if (cap < b->info.raw_bytes)
+		return -ULP_E_OVERFLOW;
+	if (b->info.has_ref && (!ref || ref_len != b->info.raw_bytes))
+		return ULP_ERR(err, -ULP_E_INVAL, "blob needs a reference of %llu bytes",
+		               (unsigned long long)b->info.raw_bytes);
+	if (b->info.codec == ULP_CODEC_IDENT) {
+		memcpy(dst, ref, (size_t)b->info.raw_bytes);
+		return (int64_t)b->info.raw_bytes;
+	}
+	dec_job j = {b, dst, ref, err};
+	/* a shared error sink would race: only the sequential path fills it */
+	if (pool && ulp_pool_threads(pool) > 1)
+		j.err = NULL;
+	ULP_TRY(ulp_pool_run(pool, b->info.n_chunks, job_decode, &j));
+	return (int64_t)b->info.raw_bytes;
+}
+
+int64_t ulp_blob_decode(const ulp_blob *b, ulp_pool *pool, void *dst, size_t dst_cap,
+                        const void *ref, size_t ref_len)
+{
+	return decode_all(b, pool, dst, dst_cap, ref, ref_len, NULL);
+}
+
+int ulp_blob_validate(const void *data, size_t len, const void *ref, size_t ref_len, int deep,
+                      char *errbuf, size_t errcap)
+{
+	ulp_err err = {errbuf, errcap};
+	ulp_blob *b;
+	ULP_TRY(ulp_blob_open(data, len, &b, errbuf, errcap));
+	int rc = 0;
+	if (deep) {
+		uint8_t *buf = malloc(b->info.raw_bytes ? (size_t)b->info.raw_bytes : 1);
+		if (!buf) {
+			ulp_blob_close(b);
+			return -ULP_E_NOMEM;
+		}
+		int64_t n = decode_all(b, NULL, buf, (size_t)b->info.raw_bytes, ref, ref_len, &err);
+		if (n < 0) {
+			rc = (int)n;
+		} else {
+			uint8_t sha[32];
+			ulp_sha256(buf, (size_t)n, sha);
+			if (memcmp(sha, b->info.content_sha256, 32))
+				rc = ULP_ERR(&err, -ULP_E_CHECKSUM, "decoded content fails its sha256");
+		}
+		free(buf);
+	}
+	ulp_blob_close(b);
+	return rc;
+}

@@ -1,0 +1,353 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * codec.c - ULPack element transforms and the scalar reference kernels of the
+ * DELTA and ANCHOR codecs. Integer arithmetic only.
+ *
+ * DELTA (ulpack-format(5) section 6), per element x with reference r, w bits:
+ *   phi(u)  = u ^ 2^(w-1) if the sign bit of u is clear, ~u if it is set
+ *   d       = phi(x) - phi(r) mod 2^w, read as signed
+ *   z       = zigzag(d) = (d << 1) ^ (d >> (w-1))  (arithmetic shift)
+ *   symbol  = z                           if z < 4
+ *           = 4 (b - 3) + (z >> (b - 3))  otherwise, b = bitlen(z)
+ *   raw     = the b - 3 bits of z under its top three bits (z >= 4)
+ *   context = the exponent field of r
+ * The symbol carries b and the two bits under the leading one (q1, q2): one
+ * joint rANS symbol per element is the product model P(b) P(q1|b) P(q2|b,q1).
+ *
+ * ANCHOR (section 7), no reference: symbol = a_bits bits of u starting at bit
+ * a_shift (the exponent field, or its top 8 bits for F64), context 0; raw =
+ * the remaining w - a_bits bits, low part first.
+ *
+ * Invariants:
+ *  1. symbol(z) < alphabet = 4w - 4 for every w-bit z, and z is recovered
+ *     exactly from (symbol, raw) by sym_base/sym_nraw below.
+ *  2. Kernels never read or write outside [ptr, ptr + len) of any argument.
+ */
+#include "codec.h"
+#include <stdlib.h>
+
+int ulp_fmt_get(ulp_dtype dt, ulp_fmt *f)
+{
+	switch (dt) {
+	case ULP_DT_BF16: *f = (ulp_fmt){16, 7, 8, 0, 0, 7, 8}; break;
+	case ULP_DT_F16: *f = (ulp_fmt){16, 10, 5, 0, 0, 10, 5}; break;
+	case ULP_DT_F32: *f = (ulp_fmt){32, 23, 8, 0, 0, 23, 8}; break;
+	case ULP_DT_F64: *f = (ulp_fmt){64, 52, 11, 0, 0, 55, 8}; break;
+	case ULP_DT_F8_E4M3: *f = (ulp_fmt){8, 3, 4, 0, 0, 3, 4}; break;
+	case ULP_DT_F8_E5M2: *f = (ulp_fmt){8, 2, 5, 0, 0, 2, 5}; break;
+	default: return -ULP_E_INVAL;
+	}
+	f->n_ctx = 1u << f->ebits;
+	f->alphabet = 4 * f->w - 4;
+	return 0;
+}
+
+/* ---- symbol mapping ---------------------------------------------------- */
+
+static inline unsigned z_symbol(uint64_t z, unsigned *nraw)
+{
+	if (z < 4) {
+		*nraw = 0;
+		return (unsigned)z;
+	}
+	unsigned b = 64 - (unsigned)__builtin_clzll(z);
+	*nraw = b - 3;
+	return 4 * (b - 3) + (unsigned)(z >> (b - 3));
+}
+
+static inline unsigned sym_nraw(unsigned s)
+{
+	return s < 4 ? 0 : (s >> 2) - 1;
+}
+
+static inline uint64_t sym_base(unsigned s)
+{
+	return s < 4 ? s : (uint64_t)(4 | (s & 3)) << ((s >> 2) - 1);
+}
+
+/* ---- per-width transforms ------------------------------------------------ */
+
+#define DEFINE_WIDTH(W, T)                                                              \
+	static inline T phi##W(T u)                                                     \
+	{                                                                               \
+		return (u >> (W - 1)) ? (T)~u : (T)(u ^ ((T)1 << (W - 1)));             \
+	}                                                                               \
+	static inline T phi_inv##W(T k)                                                 \
+	{                                                                               \
+		return (k >> (W - 1)) ? (T)(k ^ ((T)1 << (W - 1))) : (T)~k;             \
+	}                                                                               \
+	static inline T zz##W(T d)                                                      \
+	{                                                                               \
+		return (T)((T)(d << 1) ^ (T)(0 - (T)(d >> (W - 1))));                   \
+	}                                                                               \
+	static inline T unzz##W(T z)                                                    \
+	{                                                                               \
+		return (T)((T)(z >> 1) ^ (T)(0 - (T)(z & 1)));                          \
+	}                                                                               \
+	static void delta_symbols##W(const ulp_fmt *f, const T *x, const T *r, size_t n,  \
+	                             uint8_t *syms, uint64_t *counts)                    \
+	{                                                                               \
+		const unsigned a = f->alphabet, sh = f->mshift;                        \
+		const T em = (T)((1u << f->ebits) - 1);                                 \
+		for (size_t i = 0; i < n; i++) {                                        \
+			T z = zz##W((T)(phi##W(x[i]) - phi##W(r[i])));                  \
+			unsigned nraw, s = z_symbol(z, &nraw);                          \
+			syms[i] = (uint8_t)s;                                           \
+			counts[(size_t)((r[i] >> sh) & em) * a + s]++;                  \
+		}                                                                       \
+	}                                                                               \
+	static void anchor_symbols##W(const ulp_fmt *f, const T *x, size_t n,            \
+	                              uint8_t *syms, uint64_t *counts)                   \
+	{                                                                               \
+		const unsigned sh = f->a_shift;                                         \
+		const T am = (T)((1u << f->a_bits) - 1);                                \
+		for (size_t i = 0; i < n; i++) {                                        \
+			unsigned s = (unsigned)((x[i] >> sh) & am);                     \
+			syms[i] = (uint8_t)s;                                           \
+			counts[s]++;                                                    \
+		}                                                                       \
+	}                                                                               \
+	/* raw tail, forward */                                                         \
+	static void put_raw##W(const ulp_fmt *f, const T *x, const T *r, size_t n,        \
+	                       ulp_bitw *bw)                                             \
+	{                                                                               \
+		if (r) {                                                                \
+			for (size_t i = 0; i < n; i++) {                                \
+				T z = zz##W((T)(phi##W(x[i]) - phi##W(r[i])));          \
+				unsigned nraw;                                          \
+				(void)z_symbol(z, &nraw);                               \
+				if (nraw)                                               \
+					ulp_bitw_put64(bw, (uint64_t)z & ((2ull << (nraw - 1)) - 1), nraw); \
+			}                                                               \
+		} else {                                                                \
+			const unsigned sh = f->a_shift, nb = W - f->a_bits;             \
+			const uint64_t lo = ((uint64_t)1 << sh) - 1;                    \
+			for (size_t i = 0; i < n; i++) {                                \
+				uint64_t u = x[i];                                      \
+				uint64_t v = (u & lo) | ((u >> (sh + f->a_bits)) << sh); \
+				ulp_bitw_put64(bw, v, nb);                              \
+			}                                                               \
+		}                                                                       \
+	}                                                                               \
+	/* rANS, backward; row of each element from its reference */                   \
+	static void put_rans##W(const ulp_fmt *f, const ulp_table *t,                    \
+	                        const ulp_rans_esym *es, unsigned lanes,                 \
+	                        const uint8_t *syms, const T *r, size_t n, uint32_t *x,  \
+	                        uint16_t **pp)                                           \
+	{                                                                               \
+		const unsigned sh = f->mshift, pb = t->prob_bits;                       \
+		const T em = (T)((1u << f->ebits) - 1);                                 \
+		const unsigned lm = lanes - 1;                                          \
+		for (size_t i = n; i-- > 0;) {                                          \
+			unsigned row = r ? t->ctx_row[(r[i] >> sh) & em] : t->ctx_row[0]; \
+			ulp_rans_enc_put(&x[i & lm], pp, &es[(size_t)row * 256 + syms[i]], pb); \
+		}                                                                       \
+	}                                                                               \
+	static int decode##W(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes,         \
+	                     uint32_t *x, const uint8_t **wpp, const uint8_t *wend,      \
+	                     ulp_bitr *br, const T *r, size_t n, T *out, ulp_err *err)   \
+	{                                                                               \
+		const unsigned pb = d->prob_bits, lm = lanes - 1;                       \
+		const uint32_t mask = (1u << pb) - 1;                                   \
+		const uint8_t *wp = *wpp;                                               \
+		if (r) {                                                                \
+			const unsigned sh = f->mshift;                                  \
+			const T em = (T)((1u << f->ebits) - 1);                         \
+			for (size_t i = 0; i < n; i++) {                                \
+				uint32_t *xs = &x[i & lm];                              \
+				T ri = r[i];                                            \
+				const uint32_t *row = d->row[(ri >> sh) & em];          \
+				if (!row)                                               \
+					return ULP_CORRUPT(err, "element %zu: reference exponent %u has no table row", \
+					                   i, (unsigned)((ri >> sh) & em)); \
+				uint32_t e = row[*xs & mask];                           \
+				*xs = ((e >> 12 & 0xfff) + 1) * (*xs >> pb) + (e & 0xfff); \
+				if (*xs < ULP_RANS_L) {                                 \
+					if (wend - wp < 2)                              \
+						return ULP_CORRUPT(err, "rANS stream ends early at element %zu", i); \
+					*xs = *xs << 16 | ulp_ld16(wp);                 \
+					wp += 2;                                        \
+				}                                                       \
+				unsigned s = e >> 24, nr = sym_nraw(s);                 \
+				uint64_t z = sym_base(s);                               \
+				if (nr)                                                 \
+					z |= ulp_bitr_get64(br, nr);                    \
+				out[i] = phi_inv##W((T)(phi##W(ri) + unzz##W((T)z)));   \
+			}                                                               \
+		} else {                                                                \
+			const unsigned sh = f->a_shift, ab = f->a_bits, nb = W - ab;    \
+			const uint64_t lo = ((uint64_t)1 << sh) - 1;                    \
+			const uint32_t *row = d->row[0];                                \
+			if (!row)                                                       \
+				return ULP_CORRUPT(err, "anchor table has no row for context 0"); \
+			for (size_t i = 0; i < n; i++) {                                \
+				uint32_t *xs = &x[i & lm];                              \
+				uint32_t e = row[*xs & mask];                           \
+				*xs = ((e >> 12 & 0xfff) + 1) * (*xs >> pb) + (e & 0xfff); \
+				if (*xs < ULP_RANS_L) {                                 \
+					if (wend - wp < 2)                              \
+						return ULP_CORRUPT(err, "rANS stream ends early at element %zu", i); \
+					*xs = *xs << 16 | ulp_ld16(wp);                 \
+					wp += 2;                                        \
+				}                                                       \
+				uint64_t v = ulp_bitr_get64(br, nb);                    \
+				uint64_t u = (v & lo) | ((uint64_t)(e >> 24) << sh) |   \
+				             ((v >> sh) << (sh + ab));                  \
+				out[i] = (T)u;                                          \
+			}                                                               \
+		}                                                                       \
+		*wpp = wp;                                                              \
+		return 0;                                                               \
+	}
+
+DEFINE_WIDTH(8, uint8_t)
+DEFINE_WIDTH(16, uint16_t)
+DEFINE_WIDTH(32, uint32_t)
+DEFINE_WIDTH(64, uint64_t)
+
+#define DISPATCH(f, call8, call16, call32, call64) \
+	switch ((f)->w) {                           \
+	case 8: call8; break;                       \
+	case 16: call16; break;                     \
+	case 32: call32; break;                     \
+	default: call64; break;                     \
+	}
+
+void ulp_delta_symbols(const ulp_fmt *f, const void *src, const void *ref, size_t n,
+                       uint8_t *syms, uint64_t *counts)
+{
+	DISPATCH(f, delta_symbols8(f, src, ref, n, syms, counts),
+	         delta_symbols16(f, src, ref, n, syms, counts),
+	         delta_symbols32(f, src, ref, n, syms, counts),
+	         delta_symbols64(f, src, ref, n, syms, counts));
+}
+
+void ulp_anchor_symbols(const ulp_fmt *f, const void *src, size_t n, uint8_t *syms,
+                        uint64_t *counts)
+{
+	DISPATCH(f, anchor_symbols8(f, src, n, syms, counts),
+	         anchor_symbols16(f, src, n, syms, counts),
+	         anchor_symbols32(f, src, n, syms, counts),
+	         anchor_symbols64(f, src, n, syms, counts));
+}
+
+uint64_t ulp_delta_raw_bits(const ulp_fmt *f, const uint8_t *syms, size_t n)
+{
+	(void)f;
+	uint64_t bits = 0;
+	for (size_t i = 0; i < n; i++)
+		bits += sym_nraw(syms[i]);
+	return bits;
+}
+
+size_t ulp_chunk_rans_bound(size_t n, unsigned lanes)
+{
+	return 4 * (size_t)lanes + 2 * n; /* at most one word per element */
+}
+
+size_t ulp_chunk_raw_bound(const ulp_fmt *f, size_t n)
+{
+	return (n * (f->w - 3) + 7) / 8 + 8;
+}
+
+int ulp_chunk_encode(const ulp_fmt *f, const ulp_table *t, const ulp_rans_esym *es,
+                     unsigned lanes, const uint8_t *syms, const void *src, const void *ref,
+                     size_t n, uint8_t *rans_dst, size_t rans_cap, size_t *rans_len,
+                     uint8_t *raw_dst, size_t raw_cap, uint64_t *raw_bits)
+{
+	if (rans_cap < ulp_chunk_rans_bound(n, lanes) || ((uintptr_t)rans_dst & 1))
+		return -ULP_E_OVERFLOW;
+	/* words grow down from the end of rans_dst */
+	uint16_t *end = (uint16_t *)(rans_dst + (rans_cap & ~(size_t)1));
+	uint16_t *p = end;
+	uint32_t x[ULP_LANES_MAX];
+	for (unsigned l = 0; l < lanes; l++)
+		x[l] = ULP_RANS_L;
+	DISPATCH(f, put_rans8(f, t, es, lanes, syms, ref, n, x, &p),
+	         put_rans16(f, t, es, lanes, syms, ref, n, x, &p),
+	         put_rans32(f, t, es, lanes, syms, ref, n, x, &p),
+	         put_rans64(f, t, es, lanes, syms, ref, n, x, &p));
+	size_t words = (size_t)(end - p) * 2;
+	memmove(rans_dst + 4 * lanes, p, words);
+	for (unsigned l = 0; l < lanes; l++)
+		ulp_st32(rans_dst + 4 * l, x[l]);
+	*rans_len = 4 * lanes + words;
+
+	ulp_bitw bw;
+	ulp_bitw_init(&bw, raw_dst, raw_dst + raw_cap);
+	uint64_t before = 0;
+	DISPATCH(f, put_raw8(f, src, ref, n, &bw), put_raw16(f, src, ref, n, &bw),
+	         put_raw32(f, src, ref, n, &bw), put_raw64(f, src, ref, n, &bw));
+	before = (uint64_t)(bw.p - raw_dst) * 8 + bw.fill;
+	if (ulp_bitw_finish(&bw, raw_dst) < 0)
+		return -ULP_E_OVERFLOW;
+	*raw_bits = before;
+	return 0;
+}
+
+int ulp_chunk_decode(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, const uint8_t *rans,
+                     size_t rans_len, const uint8_t *raw, size_t raw_len, uint64_t raw_bits,
+                     const void *ref, size_t n, void *dst, ulp_err *err)
+{
+	uint32_t x[ULP_LANES_MAX];
+	if (rans_len < 4 * (size_t)lanes || ((rans_len - 4 * lanes) & 1))
+		return ULP_CORRUPT(err, "rANS part of %zu bytes cannot hold %u lane states", rans_len,
+		                   lanes);
+	if ((raw_bits + 7) / 8 != raw_len)
+		return ULP_CORRUPT(err, "raw tail of %zu bytes does not hold exactly %llu bits",
+		                   raw_len, (unsigned long long)raw_bits);
+	for (unsigned l = 0; l < lanes; l++) {
+		x[l] = ulp_ld32(rans + 4 * l);
+		if (x[l] < ULP_RANS_L || x[l] >= (ULP_RANS_L << 16))
+			return ULP_CORRUPT(err, "rANS lane %u starts in invalid state %#x", l, x[l]);
+	}
+	const uint8_t *wp = rans + 4 * lanes, *wend = rans + rans_len;
+	ulp_bitr br;
+	ulp_bitr_init(&br, raw, raw + raw_len);
+	int rc;
+	DISPATCH(f, rc = decode8(f, d, lanes, x, &wp, wend, &br, ref, n, dst, err),
+	         rc = decode16(f, d, lanes, x, &wp, wend, &br, ref, n, dst, err),
+	         rc = decode32(f, d, lanes, x, &wp, wend, &br, ref, n, dst, err),
+	         rc = decode64(f, d, lanes, x, &wp, wend, &br, ref, n, dst, err));
+	if (rc < 0)
+		return rc;
+	for (unsigned l = 0; l < lanes; l++)
+		if (x[l] != ULP_RANS_L)
+			return ULP_CORRUPT(err, "rANS lane %u ends in state %#x, not %#x", l, x[l],
+			                   ULP_RANS_L);
+	if (wp != wend)
+		return ULP_CORRUPT(err, "%zu rANS bytes left after the last element",
+		                   (size_t)(wend - wp));
+	if (br.over || br.consumed != raw_bits)
+		return ULP_CORRUPT(err, "raw tail holds %llu bits, the symbols need %llu",
+		                   (unsigned long long)raw_bits, (unsigned long long)br.consumed);
+	return 0;
+}
+
+int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)
+{
+	ulp_dtab d = {0};
+	d.prob_bits = t->prob_bits;
+	d.n_ctx = t->n_ctx;
+	ULP_TRY(ulp_table_dslots(t, &d.slots));
+	d.row = calloc(t->n_ctx, sizeof(*d.row));
+	if (!d.row) {
+		free(d.slots);
+		return -ULP_E_NOMEM;
+	}
+	for (unsigned c = 0; c < t->n_ctx; c++)
+		if (t->ctx_row[c] != ULP_CTX_UNUSED)
+			d.row[c] = d.slots + ((size_t)t->ctx_row[c] << t->prob_bits);
+	*out = d;
+	return 0;
+}
+
+void ulp_dtab_free(ulp_dtab *d)
+{
+	if (!d)
+		return;
+	free(d->slots);
+	free(d->row);
+	d->slots = NULL;
+	d->row = NULL;
+}

@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: MIT */
+/* err.c - error codes, their text and errno mapping; the error sink. */
+#include "ulp_int.h"
+#include <errno.h>
+#include <stdio.h>
+
+static const char *const messages[ULP_E__COUNT] = {
+	[ULP_OK] = "success",
+	[ULP_E_NOMEM] = "out of memory",
+	[ULP_E_IO] = "input/output error",
+	[ULP_E_NOSPC] = "no space left on device",
+	[ULP_E_CORRUPT] = "corrupt or malformed data",
+	[ULP_E_CHECKSUM] = "checksum mismatch",
+	[ULP_E_VERSION] = "unsupported format version",
+	[ULP_E_INVAL] = "invalid argument",
+	[ULP_E_NOENT] = "no such file or object",
+	[ULP_E_EXIST] = "already exists",
+	[ULP_E_BUSY] = "resource busy",
+	[ULP_E_OVERFLOW] = "output buffer too small",
+	[ULP_E_UNSUPPORTED] = "not supported",
+};
+
+const char *ulp_strerror(int rc)
+{
+	if (rc < 0)
+		rc = -rc;
+	if (rc >= ULP_E__COUNT)
+		return "unknown error";
+	return messages[rc];
+}
+
+int ulp_to_errno(int rc)
+{
+	static const int map[ULP_E__COUNT] = {
+		[ULP_OK] = 0, [ULP_E_NOMEM] = ENOMEM, [ULP_E_IO] = EIO,
+		[ULP_E_NOSPC] = ENOSPC, [ULP_E_CORRUPT] = EIO, [ULP_E_CHECKSUM] = EIO,
+		[ULP_E_VERSION] = EPROTO, [ULP_E_INVAL] = EINVAL, [ULP_E_NOENT] = ENOENT,
+		[ULP_E_EXIST] = EEXIST, [ULP_E_BUSY] = EBUSY, [ULP_E_OVERFLOW] = EOVERFLOW,
+		[ULP_E_UNSUPPORTED] = EOPNOTSUPP,
+	};
+	if (rc < 0)
+		rc = -rc;
+	return rc < ULP_E__COUNT ? map[rc] : EIO;
+}
+
+int ulp_err_set(ulp_err *e, int code, const char *file, int line, const char *fmt, ...)
+{
+	if (e && e->buf && e->cap) {
+		va_list ap;
+		int n;
+		va_start(ap, fmt);
+		n = vsnprintf(e->buf, e->cap, fmt, ap);
+		va_end(ap);
+		if (n >= 0 && (size_t)n < e->cap) {
+			const char *base = strrchr(file, '/');
+			snprintf(e->buf + n, e->cap - (size_t)n, " [%s:%d]", base ? base + 1 : file, line);
+		}
+	}
+	return code;
+}

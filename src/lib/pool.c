@@ -1,0 +1,143 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * pool.c - a fixed pool of worker threads running parallel-for jobs.
+ *
+ * Invariants:
+ *  1. At most one ulp_pool_run() is in flight per pool (callers serialize).
+ *  2. Jobs are claimed through one atomic counter, so each index runs once.
+ *  3. ulp_pool_run() returns only after every worker has left the job.
+ */
+#include "ulp_int.h"
+#include <pthread.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+struct ulp_pool {
+	int n_workers;          /* threads besides the caller */
+	pthread_t *tid;
+	pthread_mutex_t mu;
+	pthread_cond_t cv_work, cv_done;
+	uint64_t generation;    /* bumped for each job */
+	int busy;               /* workers still inside the current job */
+	int quit;
+	/* current job */
+	size_t n, next;         /* next is claimed atomically */
+	int (*fn)(void *, size_t);
+	void *arg;
+	int rc;                 /* first error, 0 if none */
+};
+
+static void run_jobs(ulp_pool *p)
+{
+	for (;;) {
+		size_t i = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED);
+		if (i >= p->n)
+			break;
+		int rc = p->fn(p->arg, i);
+		if (rc < 0) {
+			int zero = 0;
+			__atomic_compare_exchange_n(&p->rc, &zero, rc, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+		}
+	}
+}
+
+static void *worker(void *arg)
+{
+	ulp_pool *p = arg;
+	uint64_t seen = 0;
+	pthread_mutex_lock(&p->mu);
+	for (;;) {
+		while (!p->quit && p->generation == seen)
+			pthread_cond_wait(&p->cv_work, &p->mu);
+		if (p->quit)
+			break;
+		seen = p->generation;
+		pthread_mutex_unlock(&p->mu);
+		run_jobs(p);
+		pthread_mutex_lock(&p->mu);
+		if (--p->busy == 0)
+			pthread_cond_signal(&p->cv_done);
+	}
+	pthread_mutex_unlock(&p->mu);
+	return NULL;
+}
+
+int ulp_pool_new(int threads, ulp_pool **out)
+{
+	if (threads <= 0) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+		threads = n > 0 ? (int)n : 1;
+	}
+	if (threads > 1024)
+		return -ULP_E_INVAL;
+	ulp_pool *p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ULP_E_NOMEM;
+	p->tid = calloc((size_t)threads, sizeof(pthread_t));
+	if (!p->tid) {
+		free(p);
+		return -ULP_E_NOMEM;
+	}
+	pthread_mutex_init(&p->mu, NULL);
+	pthread_cond_init(&p->cv_work, NULL);
+	pthread_cond_init(&p->cv_done, NULL);
+	for (int i = 0; i < threads - 1; i++) {
+		if (pthread_create(&p->tid[i], NULL, worker, p) != 0)
+			break;
+		p->n_workers++;
+	}
+	*out = p;
+	return 0;
+}
+
+void ulp_pool_free(ulp_pool *p)
+{
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->mu);
+	p->quit = 1;
+	pthread_cond_broadcast(&p->cv_work);
+	pthread_mutex_unlock(&p->mu);
+	for (int i = 0; i < p->n_workers; i++)
+		pthread_join(p->tid[i], NULL);
+	pthread_cond_destroy(&p->cv_work);
+	pthread_cond_destroy(&p->cv_done);
+	pthread_mutex_destroy(&p->mu);
+	free(p->tid);
+	free(p);
+}
+
+int ulp_pool_threads(const ulp_pool *p)
+{
+	return p ? p->n_workers + 1 : 1;
+}
+
+int ulp_pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg)
+{
+	if (!p || p->n_workers == 0 || n <= 1) {
+		int first = 0;
+		for (size_t i = 0; i < n; i++) {
+			int rc = fn(arg, i);
+			if (rc < 0 && first == 0)
+				first = rc;
+		}
+		return first;
+	}
+	pthread_mutex_lock(&p->mu);
+	p->n = n;
+	p->next = 0;
+	p->fn = fn;
+	p->arg = arg;
+	p->rc = 0;
+	p->busy = p->n_workers;
+	p->generation++;
+	pthread_cond_broadcast(&p->cv_work);
+	pthread_mutex_unlock(&p->mu);
+	run_jobs(p);
+	pthread_mutex_lock(&p->mu);
+	while (p->busy > 0)
+		pthread_cond_wait(&p->cv_done, &p->mu);
+	int rc = p->rc;
+	pthread_mutex_unlock(&p->mu);
+	return rc;
+}

@@ -1,0 +1,185 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rans.h - static interleaved rANS with 32-bit states and 16-bit renormalization,
+ * and the LSB-first bit I/O of the raw tail.
+ *
+ * READ ME FIRST (ulpack-format(5) section 5):
+ *  - A state x lives in [ULP_RANS_L, ULP_RANS_L << 16) between symbols; the
+ *    probability precision n is at most ULP_PROB_BITS_MAX (12), so one 16-bit
+ *    word always suffices to renormalize.
+ *  - Element i of a chunk belongs to lane i mod NL (NL = 1..32 lanes).
+ *  - The encoder runs from the last element to the first. For each element it
+ *    first renormalizes (pushing 16-bit words to the FRONT of the stream),
+ *    then folds the symbol into the lane's state. At the end it writes the NL
+ *    states, lane 0 first, as u32 LE in front of the words.
+ *  - The decoder reads the NL states, then for element 0, 1, 2, ... decodes
+ *    the symbol from its lane's state and, if the state fell below
+ *    ULP_RANS_L, pulls the next u16 LE word. Words are thus consumed in the
+ *    exact reverse of the order they were produced.
+ *  - After the last element every state must be exactly ULP_RANS_L (the
+ *    encoder's starting state) and every word must have been consumed: both
+ *    are checked, so a damaged stream is detected even before the checksum.
+ */
+#ifndef ULP_RANS_H
+#define ULP_RANS_H
+
+#include "ulp_int.h"
+
+#define ULP_RANS_L (1u << 15)
+#define ULP_PROB_BITS_MIN 6
+#define ULP_PROB_BITS_MAX 12
+#define ULP_LANES_MAX 32
+
+/* Encoder view of one symbol: x -> ((x / f) << n) + (x % f) + cum, with the
+ * division done by a reciprocal exact for every x < 2^31 (see enc_put). */
+typedef struct ulp_rans_esym {
+	uint32_t x_max;   /* renormalize while x >= x_max */
+	uint32_t freq;    /* f, 1..2^n */
+	uint32_t cum;     /* start of the symbol's slot range */
+	uint32_t shift;   /* 32 + ceil(log2 f) */
+	uint64_t rcp;     /* ceil(2^shift / f) */
+} ulp_rans_esym;
+
+static inline void ulp_rans_esym_init(ulp_rans_esym *s, uint32_t cum, uint32_t freq, unsigned n)
+{
+	unsigned lg = 0;
+	while ((1u << lg) < freq)
+		lg++;
+	s->x_max = ((ULP_RANS_L >> n) << 16) * freq;
+	s->freq = freq;
+	s->cum = cum;
+	s->shift = 32 + lg;
+	s->rcp = (((uint64_t)1 << s->shift) + freq - 1) / freq;
+}
+
+/*
+ * Folds a symbol into state *x (precision n), first writing a renormalization
+ * word below *pp (the stream grows towards lower addresses). The quotient is
+ * exact: with 2^(lg-1) < f <= 2^lg and m = ceil(2^(32+lg)/f), the error term
+ * x*(m*f - 2^(32+lg)) / (f*2^(32+lg)) is below 2^(-1-lg) <= 1/(2f) for every
+ * x < 2^31, so floor(x*m / 2^(32+lg)) = floor(x/f).
+ */
+static inline void ulp_rans_enc_put(uint32_t *x, uint16_t **pp, const ulp_rans_esym *s, unsigned n)
+{
+	uint32_t v = *x;
+	if (v >= s->x_max) {
+		*--*pp = (uint16_t)v;
+		v >>= 16;
+	}
+	uint32_t q = (uint32_t)(((uint64_t)v * s->rcp) >> s->shift);
+	*x = (q << n) + (v - q * s->freq) + s->cum;
+}
+
+/* ---- raw-tail bit writer (LSB-first) ---- */
+typedef struct ulp_bitw {
+	uint8_t *p, *end;
+	uint64_t acc;
+	unsigned fill; /* bits in acc, < 64 */
+	int overflow;
+} ulp_bitw;
+
+static inline void ulp_bitw_init(ulp_bitw *w, uint8_t *p, uint8_t *end)
+{
+	w->p = p; w->end = end; w->acc = 0; w->fill = 0; w->overflow = 0;
+}
+
+/* n <= 32 */
+static inline void ulp_bitw_put(ulp_bitw *w, uint64_t v, unsigned n)
+{
+	w->acc |= v << w->fill;
+	w->fill += n;
+	if (w->fill >= 32) {
+		if (w->end - w->p >= 4) {
+			ulp_st32(w->p, (uint32_t)w->acc);
+			w->p += 4;
+		} else {
+			w->overflow = 1;
+		}
+		w->acc >>= 32;
+		w->fill -= 32;
+	}
+}
+
+static inline void ulp_bitw_put64(ulp_bitw *w, uint64_t v, unsigned n)
+{
+	if (n > 32) {
+		ulp_bitw_put(w, v & 0xffffffffu, 32);
+		ulp_bitw_put(w, v >> 32, n - 32);
+	} else {
+		ulp_bitw_put(w, v, n);
+	}
+}
+
+/* Flushes the partial bytes; returns bytes written or -1 on overflow. */
+static inline int64_t ulp_bitw_finish(ulp_bitw *w, uint8_t *start)
+{
+	while (w->fill > 0) {
+		if (w->p >= w->end) {
+			w->overflow = 1;
+			break;
+		}
+		*w->p++ = (uint8_t)w->acc;
+		w->acc >>= 8;
+		w->fill = w->fill >= 8 ? w->fill - 8 : 0;
+	}
+	return w->overflow ? -1 : (int64_t)(w->p - start);
+}
+
+/* ---- raw-tail bit reader: never reads past end; reading beyond the data
+ * yields zero bits and sets `over`, which callers turn into CORRUPT. ---- */
+typedef struct ulp_bitr {
+	const uint8_t *p, *end;
+	uint64_t acc;
+	unsigned fill;  /* valid bits in acc */
+	uint64_t consumed;
+	int over;
+} ulp_bitr;
+
+static inline void ulp_bitr_init(ulp_bitr *r, const uint8_t *p, const uint8_t *end)
+{
+	r->p = p; r->end = end; r->acc = 0; r->fill = 0; r->consumed = 0; r->over = 0;
+}
+
+static inline void ulp_bitr_refill(ulp_bitr *r)
+{
+	if (r->end - r->p >= 8) {
+		uint64_t v = ulp_ld64(r->p);
+		r->acc |= v << r->fill;
+		unsigned take = (63 - r->fill) >> 3;
+		r->p += take;
+		r->fill += take * 8;
+	} else {
+		while (r->fill <= 56 && r->p < r->end) {
+			r->acc |= (uint64_t)*r->p++ << r->fill;
+			r->fill += 8;
+		}
+	}
+}
+
+/* n <= 32 */
+static inline uint64_t ulp_bitr_get(ulp_bitr *r, unsigned n)
+{
+	if (r->fill < n) {
+		ulp_bitr_refill(r);
+		if (r->fill < n) {
+			r->over = 1;
+			r->fill = n; /* zeros */
+		}
+	}
+	uint64_t v = r->acc & ((n == 64) ? ~0ull : ((1ull << n) - 1));
+	r->acc = n == 64 ? 0 : r->acc >> n;
+	r->fill -= n;
+	r->consumed += n;
+	return v;
+}
+
+static inline uint64_t ulp_bitr_get64(ulp_bitr *r, unsigned n)
+{
+	if (n > 32) {
+		uint64_t lo = ulp_bitr_get(r, 32);
+		return lo | ulp_bitr_get(r, n - 32) << 32;
+	}
+	return ulp_bitr_get(r, n);
+}
+
+#endif

@@ -1,0 +1,519 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tables.c - probability tables: normalization, choice of precision and row
+ * grouping by exact cost, and the bit-packed serialization of
+ * ulpack-format(5) section 4.
+ *
+ * All choices use integer arithmetic (costs in 1/65536 bit), so the same
+ * counts give the same table, and the same blob bytes, on every machine.
+ */
+#include "tables.h"
+#include <math.h>
+#include <stdlib.h>
+
+/* ---- fixed-point log2 (Q16), exact and integer-only ------------------- */
+
+static uint64_t log2_q16(uint64_t x) /* x >= 1 */
+{
+	unsigned ip = 63 - (unsigned)__builtin_clzll(x);
+	/* y = x / 2^ip in Q30, in [1, 2) */
+	uint64_t y = ip >= 30 ? x >> (ip - 30) : x << (30 - ip);
+	uint64_t r = (uint64_t)ip << 16;
+	for (unsigned b = 15; b < 16; b--) {
+		y = (y * y) >> 30;
+		if (y >= (2ull << 30)) {
+			y >>= 1;
+			r |= 1ull << b;
+		}
+	}
+	return r;
+}
+
+/* cost in Q16 bits of coding c symbols of frequency f at precision n */
+static uint64_t sym_cost_q16(uint64_t c, unsigned f, unsigned n)
+{
+	static uint64_t lt[(1u << ULP_PROB_BITS_MAX) + 1];
+	static int ready;
+	if (!__atomic_load_n(&ready, __ATOMIC_ACQUIRE)) {
+		for (unsigned i = 1; i <= (1u << ULP_PROB_BITS_MAX); i++)
+			lt[i] = log2_q16(i);
+		__atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
+	}
+	return c * (((uint64_t)n << 16) - lt[f]);
+}
+
+/* ---- bit writer that can also just count --------------------------------- */
+
+typedef struct tbw {
+	uint8_t *p;     /* NULL: count only */
+	size_t cap;
+	uint64_t bits;
+} tbw;
+
+static void tbw_put(tbw *w, uint32_t v, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++, w->bits++) {
+		if (!w->p)
+			continue;
+		size_t byte = (size_t)(w->bits >> 3);
+		if (byte >= w->cap)
+			continue; /* caller checks the size */
+		if ((w->bits & 7) == 0)
+			w->p[byte] = 0;
+		w->p[byte] |= (uint8_t)(((v >> i) & 1) << (w->bits & 7));
+	}
+}
+
+/* Exp-Golomb of order k: m zeros, a one, the low m bits of q = (v >> k) + 1,
+ * then the low k bits of v. */
+static void tbw_eg(tbw *w, uint32_t v, unsigned k)
+{
+	uint32_t q = (v >> k) + 1;
+	unsigned m = 31 - (unsigned)__builtin_clz(q);
+	tbw_put(w, 0, m);
+	tbw_put(w, 1, 1);
+	tbw_put(w, q & ((1u << m) - 1), m);
+	tbw_put(w, v & ((1u << k) - 1), k);
+}
+
+static unsigned eg_len(uint32_t v, unsigned k)
+{
+	uint32_t q = (v >> k) + 1;
+	unsigned m = 31 - (unsigned)__builtin_clz(q);
+	return 2 * m + 1 + k;
+}
+
+typedef struct tbr {
+	const uint8_t *p;
+	uint64_t bits, len_bits;
+	int over;
+} tbr;
+
+static uint32_t tbr_get(tbr *r, unsigned n)
+{
+	uint32_t v = 0;
+	for (unsigned i = 0; i < n; i++, r->bits++) {
+		if (r->bits >= r->len_bits) {
+			r->over = 1;
+			return 0;
+		}
+		v |= (uint32_t)((r->p[r->bits >> 3] >> (r->bits & 7)) & 1) << i;
+	}
+	return v;
+}
+
+static uint32_t tbr_eg(tbr *r, unsigned k)
+{
+	unsigned m = 0;
+	while (!r->over && tbr_get(r, 1) == 0)
+		if (++m > 16) {
+			r->over = 1;
+			return 0;
+		}
+	uint32_t q = (1u << m) | tbr_get(r, m);
+	return ((q - 1) << k) | tbr_get(r, k);
+}
+
+static unsigned bits_for(unsigned n) /* bits to write a value in [0, n) */
+{
+	unsigned b = 0;
+	while ((1u << b) < n)
+		b++;
+	return b;
+}
+
+/* ---- normalization ------------------------------------------------------ */
+
+/*
+ * Frequencies summing to 2^n with f >= 1 wherever c > 0, close to the
+ * cost-optimal ones: proportional rounding, then greedy repair of the sum by
+ * the steps that cost least.
+ */
+static void normalize(const uint64_t *c, unsigned a, unsigned n, uint16_t *f)
+{
+	uint64_t total = 0;
+	const uint32_t m = 1u << n;
+	for (unsigned s = 0; s < a; s++)
+		total += c[s];
+	for (unsigned s = 0; s < 256; s++)
+		f[s] = 0;
+	if (total == 0) {
+		f[0] = (uint16_t)m;
+		return;
+	}
+	int64_t sum = 0;
+	for (unsigned s = 0; s < a; s++) {
+		if (!c[s])
+			continue;
+		unsigned __int128 num = (unsigned __int128)c[s] * m * 2 + total;
+		uint64_t v = (uint64_t)(num / ((unsigned __int128)total * 2));
+		if (v < 1)
+			v = 1;
+		if (v > m)
+			v = m;
+		f[s] = (uint16_t)v;
+		sum += (int64_t)v;
+	}
+	while (sum > (int64_t)m) { /* take from the symbol where it costs least */
+		int best = -1;
+		uint64_t best_cost = UINT64_MAX;
+		for (unsigned s = 0; s < a; s++) {
+			if (f[s] <= 1)
+				continue;
+			uint64_t cost = sym_cost_q16(c[s], f[s] - 1u, n) - sym_cost_q16(c[s], f[s], n);
+			if (cost < best_cost) {
+				best_cost = cost;
+				best = (int)s;
+			}
+		}
+		f[best]--;
+		sum--;
+	}
+	while (sum < (int64_t)m) { /* give to the symbol where it saves most */
+		int best = -1;
+		uint64_t best_gain = 0;
+		for (unsigned s = 0; s < a; s++) {
+			if (!c[s])
+				continue;
+			uint64_t gain = sym_cost_q16(c[s], f[s], n) - sym_cost_q16(c[s], f[s] + 1u, n);
+			if (best < 0 || gain > best_gain) {
+				best_gain = gain;
+				best = (int)s;
+			}
+		}
+		f[best]++;
+		sum++;
+	}
+}
+
+static uint64_t row_cost_q16(const uint64_t *c, const uint16_t *f, unsigned a, unsigned n)
+{
+	uint64_t cost = 0;
+	for (unsigned s = 0; s < a; s++)
+		if (c[s])
+			cost += sym_cost_q16(c[s], f[s], n);
+	return cost;
+}
+
+/* ---- serialization ------------------------------------------------------ */
+
+/* Row: lo (8 bits), hi (8 bits), k (4 bits), EG_k(f[s]) for lo <= s < hi;
+ * f[hi] is implied by the sum. */
+static void row_range(const uint16_t *f, unsigned *lo, unsigned *hi)
+{
+	unsigned l = 0, h = 255;
+	while (l < 255 && !f[l])
+		l++;
+	while (h > l && !f[h])
+		h--;
+	*lo = l;
+	*hi = h;
+}
+
+static unsigned row_best_k(const uint16_t *f, unsigned lo, unsigned hi)
+{
+	unsigned best_k = 0, best = UINT32_MAX;
+	for (unsigned k = 0; k <= ULP_PROB_BITS_MAX; k++) {
+		unsigned len = 0;
+		for (unsigned s = lo; s < hi; s++)
+			len += eg_len(f[s], k);
+		if (len < best) {
+			best = len;
+			best_k = k;
+		}
+	}
+	return best_k;
+}
+
+static void write_table(const ulp_table *t, tbw *w)
+{
+	tbw_eg(w, t->n_rows - 1, 0);
+	for (unsigned r = 0; r < t->n_rows; r++) {
+		const uint16_t *f = t->freq + (size_t)r * 256;
+		unsigned lo, hi;
+		row_range(f, &lo, &hi);
+		unsigned k = row_best_k(f, lo, hi);
+		tbw_put(w, lo, 8);
+		tbw_put(w, hi, 8);
+		tbw_put(w, k, 4);
+		for (unsigned s = lo; s < hi; s++)
+			tbw_eg(w, f[s], k);
+	}
+	unsigned used = 0;
+	for (unsigned c = 0; c < t->n_ctx; c++)
+		used += t->ctx_row[c] != ULP_CTX_UNUSED;
+	tbw_eg(w, used - 1, 0);
+	unsigned rb = bits_for(t->n_rows);
+	int prev = -1;
+	for (unsigned c = 0; c < t->n_ctx; c++) {
+		if (t->ctx_row[c] == ULP_CTX_UNUSED)
+			continue;
+		tbw_eg(w, (uint32_t)((int)c - prev - 1), 0);
+		tbw_put(w, t->ctx_row[c], rb);
+		prev = (int)c;
+	}
+}
+
+size_t ulp_table_size(const ulp_table *t)
+{
+	tbw w = {0};
+	write_table(t, &w);
+	return (size_t)((w.bits + 7) >> 3);
+}
+
+int64_t ulp_table_write(const ulp_table *t, uint8_t *dst, size_t cap)
+{
+	size_t need = ulp_table_size(t);
+	if (need > cap)
+		return -ULP_E_OVERFLOW;
+	tbw w = {dst, cap, 0};
+	write_table(t, &w);
+	return (int64_t)need;
+}
+
+void ulp_table_free(ulp_table *t)
+{
+	if (!t)
+		return;
+	free(t->freq);
+	free(t->ctx_row);
+	t->freq = NULL;
+	t->ctx_row = NULL;
+}
+
+static int table_alloc(ulp_table *t, unsigned n_rows, unsigned n_ctx)
+{
+	t->freq = calloc((size_t)n_rows * 256, sizeof(uint16_t));
+	t->ctx_row = malloc((size_t)n_ctx * sizeof(uint16_t));
+	if (!t->freq || !t->ctx_row) {
+		ulp_table_free(t);
+		return -ULP_E_NOMEM;
+	}
+	for (unsigned c = 0; c < n_ctx; c++)
+		t->ctx_row[c] = ULP_CTX_UNUSED;
+	t->n_rows = n_rows;
+	t->n_ctx = n_ctx;
+	return 0;
+}
+
+int ulp_table_read(const uint8_t *src, size_t len, unsigned n, unsigned alphabet,
+                   unsigned n_ctx, ulp_table *out, ulp_err *err)
+{
+	ulp_table t = {0};
+	tbr r = {src, 0, (uint64_t)len * 8, 0};
+	const uint32_t m = 1u << n;
+	if (n < ULP_PROB_BITS_MIN || n > ULP_PROB_BITS_MAX)
+		return ULP_CORRUPT(err, "probability precision %u outside [%d, %d]", n,
+		                   ULP_PROB_BITS_MIN, ULP_PROB_BITS_MAX);
+	uint32_t n_rows = tbr_eg(&r, 0) + 1;
+	if (r.over || n_rows > n_ctx)
+		return ULP_CORRUPT(err, "table declares %u rows for %u contexts", n_rows, n_ctx);
+	ULP_TRY(table_alloc(&t, n_rows, n_ctx));
+	t.prob_bits = n;
+	t.alphabet = alphabet;
+	for (unsigned row = 0; row < n_rows; row++) {
+		uint16_t *f = t.freq + (size_t)row * 256;
+		unsigned lo = tbr_get(&r, 8), hi = tbr_get(&r, 8), k = tbr_get(&r, 4);
+		if (r.over || lo > hi || hi >= alphabet || k > ULP_PROB_BITS_MAX) {
+			ulp_table_free(&t);
+			return ULP_CORRUPT(err, "table row %u: bad symbol range [%u, %u] or order %u", row,
+			                   lo, hi, k);
+		}
+		uint32_t sum = 0;
+		for (unsigned s = lo; s < hi; s++) {
+			uint32_t v = tbr_eg(&r, k);
+			if (r.over || v > m - sum) {
+				ulp_table_free(&t);
+				return ULP_CORRUPT(err, "table row %u: frequencies exceed 2^%u", row, n);
+			}
+			f[s] = (uint16_t)v;
+			sum += v;
+		}
+		if (sum >= m) {
+			ulp_table_free(&t);
+			return ULP_CORRUPT(err, "table row %u: no room for the last symbol", row);
+		}
+		f[hi] = (uint16_t)(m - sum);
+	}
+	uint32_t used = tbr_eg(&r, 0) + 1;
+	if (r.over || used > n_ctx) {
+		ulp_table_free(&t);
+		return ULP_CORRUPT(err, "table maps %u contexts, at most %u exist", used, n_ctx);
+	}
+	unsigned rb = bits_for(n_rows);
+	uint32_t c = 0;
+	for (uint32_t i = 0; i < used; i++) {
+		uint32_t gap = tbr_eg(&r, 0);
+		uint32_t row = tbr_get(&r, rb);
+		c = (i == 0 ? 0 : c + 1) + gap;
+		if (r.over || c >= n_ctx || row >= n_rows) {
+			ulp_table_free(&t);
+			return ULP_CORRUPT(err, "table context map entry %u out of range", i);
+		}
+		t.ctx_row[c] = (uint16_t)row;
+	}
+	if ((r.bits + 7) >> 3 != len) {
+		ulp_table_free(&t);
+		return ULP_CORRUPT(err, "table is %zu bytes but its content ends at byte %llu", len,
+		                   (unsigned long long)((r.bits + 7) >> 3));
+	}
+	*out = t;
+	return 0;
+}
+
+/* ---- choice ------------------------------------------------------------- */
+
+/* Builds the table for a grouping (contexts with count >= thr own a row,
+ * the rest share one) at precision n, and returns its total cost. */
+static int build_grouped(const uint64_t *counts, unsigned n_ctx, unsigned a, unsigned n,
+                         uint64_t thr, ulp_table *t, uint64_t *cost_q16)
+{
+	uint64_t *tot = calloc(n_ctx, sizeof(uint64_t));
+	uint64_t *rare = calloc(256, sizeof(uint64_t));
+	unsigned n_rows = 0, n_rare = 0;
+	int rc = -ULP_E_NOMEM;
+	if (!tot || !rare)
+		goto out;
+	for (unsigned c = 0; c < n_ctx; c++) {
+		for (unsigned s = 0; s < a; s++)
+			tot[c] += counts[(size_t)c * a + s];
+		if (tot[c] == 0)
+			continue;
+		if (tot[c] >= thr) {
+			n_rows++;
+		} else {
+			n_rare++;
+			for (unsigned s = 0; s < a; s++)
+				rare[s] += counts[(size_t)c * a + s];
+		}
+	}
+	if (n_rows + n_rare == 0) { /* empty tensor: one row, context 0 */
+		n_rare = 1;
+		tot[0] = 0;
+	}
+	rc = table_alloc(t, n_rows + (n_rare > 0), n_ctx);
+	if (rc < 0)
+		goto out;
+	t->prob_bits = n;
+	t->alphabet = a;
+	uint64_t cost = 0;
+	unsigned row = 0;
+	for (unsigned c = 0; c < n_ctx; c++) {
+		if (tot[c] == 0 || tot[c] < thr)
+			continue;
+		normalize(counts + (size_t)c * a, a, n, t->freq + (size_t)row * 256);
+		cost += row_cost_q16(counts + (size_t)c * a, t->freq + (size_t)row * 256, a, n);
+		t->ctx_row[c] = (uint16_t)row++;
+	}
+	if (n_rare) {
+		normalize(rare, a, n, t->freq + (size_t)row * 256);
+		cost += row_cost_q16(rare, t->freq + (size_t)row * 256, a, n);
+		int any = 0;
+		for (unsigned c = 0; c < n_ctx; c++)
+			if (tot[c] > 0 && tot[c] < thr) {
+				t->ctx_row[c] = (uint16_t)row;
+				any = 1;
+			}
+		if (!any)
+			t->ctx_row[0] = (uint16_t)row;
+	}
+	cost += (uint64_t)ulp_table_size(t) * 8 << 16;
+	*cost_q16 = cost;
+out:
+	free(tot);
+	free(rare);
+	return rc;
+}
+
+int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned alphabet, ulp_table *out,
+                     uint64_t *cost_bits)
+{
+	static const uint64_t thresholds[] = {0, 16, 64, 256, 1024, 4096, UINT64_MAX};
+	static const unsigned precisions[] = {12, 11, 10, 9, 8, 7, 6};
+	ulp_table best = {0};
+	uint64_t best_cost = UINT64_MAX;
+	uint64_t total = 0;
+	for (size_t i = 0; i < (size_t)n_ctx * alphabet; i++)
+		total += counts[i];
+	for (size_t pi = 0; pi < ULP_ARRAY_LEN(precisions); pi++) {
+		unsigned n = precisions[pi];
+		/* low precisions only pay off for small tensors */
+		if (n < 12 && total > ((uint64_t)64 << n))
+			continue;
+		for (size_t ti = 0; ti < ULP_ARRAY_LEN(thresholds); ti++) {
+			ulp_table t = {0};
+			uint64_t cost;
+			int rc = build_grouped(counts, n_ctx, alphabet, n, thresholds[ti], &t, &cost);
+			if (rc < 0) {
+				ulp_table_free(&best);
+				return rc;
+			}
+			if (cost < best_cost) {
+				ulp_table_free(&best);
+				best = t;
+				best_cost = cost;
+			} else {
+				ulp_table_free(&t);
+			}
+		}
+	}
+	*out = best;
+	*cost_bits = (best_cost + 65535) >> 16;
+	return 0;
+}
+
+/* ---- encoder and decoder views ------------------------------------------- */
+
+int ulp_table_esyms(const ulp_table *t, ulp_rans_esym **out)
+{
+	ulp_rans_esym *e = calloc((size_t)t->n_rows * 256, sizeof(*e));
+	if (!e)
+		return -ULP_E_NOMEM;
+	for (unsigned r = 0; r < t->n_rows; r++) {
+		const uint16_t *f = t->freq + (size_t)r * 256;
+		uint32_t cum = 0;
+		for (unsigned s = 0; s < 256; s++) {
+			if (f[s])
+				ulp_rans_esym_init(&e[(size_t)r * 256 + s], cum, f[s], t->prob_bits);
+			cum += f[s];
+		}
+	}
+	*out = e;
+	return 0;
+}
+
+int ulp_table_dslots(const ulp_table *t, uint32_t **out)
+{
+	const uint32_t m = 1u << t->prob_bits;
+	uint32_t *d = malloc((size_t)t->n_rows * m * sizeof(uint32_t));
+	if (!d)
+		return -ULP_E_NOMEM;
+	for (unsigned r = 0; r < t->n_rows; r++) {
+		const uint16_t *f = t->freq + (size_t)r * 256;
+		uint32_t *row = d + (size_t)r * m;
+		uint32_t cum = 0;
+		for (unsigned s = 0; s < 256; s++) {
+			for (uint32_t j = 0; j < f[s]; j++)
+				row[cum + j] = (uint32_t)s << 24 | (uint32_t)(f[s] - 1) << 12 | j;
+			cum += f[s];
+		}
+	}
+	*out = d;
+	return 0;
+}
+
+double ulp_counts_entropy_bits(const uint64_t *counts, unsigned n_ctx, unsigned a)
+{
+	double bits = 0;
+	for (unsigned c = 0; c < n_ctx; c++) {
+		uint64_t tot = 0;
+		for (unsigned s = 0; s < a; s++)
+			tot += counts[(size_t)c * a + s];
+		for (unsigned s = 0; s < a; s++) {
+			uint64_t v = counts[(size_t)c * a + s];
+			if (v)
+				bits += (double)v * log2((double)tot / (double)v);
+		}
+	}
+	return bits;
+}

@@ -1,0 +1,54 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ulp_int.h - internals shared by the modules of libulpack. Never installed.
+ *
+ * Error helpers: ULP_CORRUPT() records where a parser rejected its input and
+ * why (file:line, like SQLite's SQLITE_CORRUPT_BKPT), so a message can name
+ * the cause; ULP_TRY() forwards a negative code.
+ */
+#ifndef ULP_INT_H
+#define ULP_INT_H
+
+#include "ulpack.h"
+#include <stdarg.h>
+#include <string.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "libulpack assumes a little-endian host (tensors and formats are little-endian)"
+#endif
+
+#define ULP_TRY(expr) do { int ulp_rc_ = (int)(expr); if (ulp_rc_ < 0) return ulp_rc_; } while (0)
+#define ULP_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define ULP_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define ULP_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* A small error sink: "why" plus where it was detected. */
+typedef struct ulp_err {
+	char *buf;  /* may be NULL */
+	size_t cap;
+} ulp_err;
+
+int ulp_err_set(ulp_err *e, int code, const char *file, int line, const char *fmt, ...)
+	__attribute__((format(printf, 5, 6)));
+#define ULP_ERR(e, code, ...) ulp_err_set((e), (code), __FILE__, __LINE__, __VA_ARGS__)
+#define ULP_CORRUPT(e, ...) ULP_ERR((e), -ULP_E_CORRUPT, __VA_ARGS__)
+
+/* Little-endian loads and stores. */
+static inline uint16_t ulp_ld16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static inline uint32_t ulp_ld32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint64_t ulp_ld64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline void ulp_st16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void ulp_st32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline void ulp_st64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+/* 64-bit content checksum of a decoded chunk (XXH3-64, seed 0). */
+uint64_t ulp_xxh64(const void *data, size_t len);
+
+/* CPU dispatch state (cpu.c). */
+extern unsigned ulp_cpu_mask_active;
+
+/* Byte grouping: plane j of the output holds byte j of every element. */
+void ulp_byte_group(uint8_t *dst, const uint8_t *src, size_t n_elems, unsigned esize);
+void ulp_byte_ungroup(uint8_t *dst, const uint8_t *src, size_t n_elems, unsigned esize);
+
+#endif

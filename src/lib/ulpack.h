@@ -1,0 +1,248 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ulpack.h - the one public header of libulpack.
+ *
+ * libulpack stores training checkpoints compactly: each tensor is coded as a
+ * ULPack delta against the same tensor of a reference checkpoint (ordered-
+ * integer ULP residuals, rANS-coded bit length and two refinement bits
+ * conditioned on the reference's exponent, low bits raw), or standalone.
+ *
+ * Conventions (all of the API):
+ *  - Functions return 0 (or a size >= 0) on success and a negative ULP_E_*
+ *    code on failure; ulp_strerror() turns one into text.
+ *  - Out-parameters are written only on success.
+ *  - Buffers are passed as (dst, dst_cap, src, src_len).
+ *  - Every _new/_open has a _free/_close that accepts NULL; each comment says
+ *    who owns what.
+ *  - Objects are not thread-safe unless the comment says so.
+ */
+#ifndef ULPACK_H
+#define ULPACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ULP_VERSION_STRING "0.1.0"
+
+/* ---- errors ------------------------------------------------------------ */
+
+enum {
+	ULP_OK = 0,
+	ULP_E_NOMEM = 1,   /* out of memory */
+	ULP_E_IO,          /* read/write failed */
+	ULP_E_NOSPC,       /* no space left on the device */
+	ULP_E_CORRUPT,     /* malformed input (blob, header, file) */
+	ULP_E_CHECKSUM,    /* decoded content does not match its checksum */
+	ULP_E_VERSION,     /* format version not supported */
+	ULP_E_INVAL,       /* invalid argument */
+	ULP_E_NOENT,       /* no such object */
+	ULP_E_EXIST,       /* object exists */
+	ULP_E_BUSY,        /* resource busy */
+	ULP_E_OVERFLOW,    /* output does not fit in dst_cap */
+	ULP_E_UNSUPPORTED, /* valid input this build cannot handle */
+	ULP_E__COUNT
+};
+
+/** Text for a ULP_E_* code, positive or negative. Never NULL. */
+const char *ulp_strerror(int rc);
+/** errno value (positive) for a ULP_E_* code: CORRUPT/CHECKSUM -> EIO, ... */
+int ulp_to_errno(int rc);
+
+/* ---- dtypes ------------------------------------------------------------- */
+
+typedef enum ulp_dtype {
+	ULP_DT_UNKNOWN = 0, /* opaque bytes */
+	ULP_DT_BOOL, ULP_DT_U8, ULP_DT_I8, ULP_DT_U16, ULP_DT_I16,
+	ULP_DT_U32, ULP_DT_I32, ULP_DT_U64, ULP_DT_I64,
+	ULP_DT_F16, ULP_DT_BF16, ULP_DT_F32, ULP_DT_F64,
+	ULP_DT_F8_E4M3, ULP_DT_F8_E5M2,
+	ULP_DT__COUNT
+} ulp_dtype;
+
+/** safetensors name ("BF16"), or "UNKNOWN". */
+const char *ulp_dtype_name(ulp_dtype dt);
+/** Parses a safetensors dtype name of len bytes; ULP_DT_UNKNOWN if unknown. */
+ulp_dtype ulp_dtype_from_name(const char *name, size_t len);
+/** Element size in bytes; 1 for ULP_DT_UNKNOWN (opaque bytes). */
+unsigned ulp_dtype_size(ulp_dtype dt);
+/** 1 if dt is a floating-point type that ULPack models. */
+int ulp_dtype_is_float(ulp_dtype dt);
+
+/* ---- thread pool -------------------------------------------------------- */
+
+typedef struct ulp_pool ulp_pool;
+
+/** A pool of `threads` workers (0: one per online CPU). Caller frees it. */
+int ulp_pool_new(int threads, ulp_pool **out);
+void ulp_pool_free(ulp_pool *pool);
+/** Number of threads that run jobs (1 for a NULL pool). */
+int ulp_pool_threads(const ulp_pool *pool);
+/**
+ * Runs fn(arg, i) for i in [0, n) on the pool and the calling thread; returns
+ * the first negative value any call returned (all jobs still run), else 0.
+ * A NULL pool runs them in order on the calling thread. Not reentrant.
+ */
+int ulp_pool_run(ulp_pool *pool, size_t n, int (*fn)(void *arg, size_t i), void *arg);
+
+/* ---- blobs: the codec --------------------------------------------------- */
+
+/* Codec ids (ulpack-format(5) section 3). */
+enum {
+	ULP_CODEC_RAW = 0,      /* bytes verbatim */
+	ULP_CODEC_IDENT = 1,    /* identical to the reference */
+	ULP_CODEC_ZSTD = 2,     /* zstd of the byte-grouped bytes */
+	ULP_CODEC_ZSTD_XOR = 3, /* zstd of the byte-grouped XOR with the reference */
+	ULP_CODEC_DELTA = 4,    /* ULPack residuals against the reference */
+	ULP_CODEC_ANCHOR = 5,   /* standalone: rANS-coded high byte, raw low bits */
+	ULP_CODEC__COUNT
+};
+const char *ulp_codec_name(int codec);
+
+#define ULP_SHA256_LEN 32
+#define ULP_DEFAULT_CHUNK_LOG2 20 /* elements per chunk: 2^20 */
+
+typedef struct ulp_enc_opts {
+	unsigned chunk_log2; /* elements per chunk = 2^chunk_log2, 10..24; 0: default */
+	int zstd_level;      /* level of the zstd candidates; 0: 3 */
+	int effort;          /* 0: try zstd only where ULPack looks weak; 1: try every codec */
+} ulp_enc_opts;
+
+typedef struct ulp_enc_stats {
+	int codec;            /* codec chosen */
+	uint64_t raw_bytes;   /* input bytes */
+	uint64_t blob_bytes;  /* output bytes, everything included */
+	uint64_t table_bytes; /* bytes of probability tables (ULPack codecs) */
+	double bound_bits;    /* ULPack model bound of the delta: n*H(sym|e_r) + raw-tail
+	                         bits, tables excluded (0 without a reference) */
+} ulp_enc_stats;
+
+/** Largest blob ulp_encode() can produce for src_len bytes of dtype dt. */
+size_t ulp_encode_bound(ulp_dtype dt, size_t src_len, const ulp_enc_opts *opts);
+
+/**
+ * Encodes a tensor of dtype dt (src_len bytes, a whole number of elements
+ * unless dt is ULP_DT_UNKNOWN) into one self-contained blob, against ref
+ * (same dtype and length, or NULL for a standalone coding). Keeps the
+ * smallest of the codecs that apply, and decodes its own output to check it.
+ * The output bytes depend only on (opts, dt, src, ref): never on the pool.
+ * @return blob size written to dst, or a negative ULP_E_*.
+ * Thread-safe; pool may be NULL; stats may be NULL.
+ */
+int64_t ulp_encode(const ulp_enc_opts *opts, ulp_pool *pool, ulp_dtype dt,
+                   void *dst, size_t dst_cap, const void *src, size_t src_len,
+                   const void *ref, size_t ref_len, ulp_enc_stats *stats);
+
+typedef struct ulp_blob_info {
+	unsigned version;            /* format version, 1 */
+	int codec;                   /* ULP_CODEC_* */
+	ulp_dtype dtype;
+	uint64_t n_elems;            /* elements */
+	uint64_t raw_bytes;          /* decoded size in bytes */
+	uint32_t chunk_elems;        /* elements per chunk (the last may be shorter) */
+	uint32_t n_chunks;
+	int has_ref;                 /* 1 if decoding needs the reference */
+	uint8_t content_sha256[ULP_SHA256_LEN]; /* of the decoded bytes */
+	uint8_t ref_sha256[ULP_SHA256_LEN];     /* of the reference's bytes; zero if none */
+} ulp_blob_info;
+
+/** A parsed, validated blob, ready to decode chunks. */
+typedef struct ulp_blob ulp_blob;
+
+/**
+ * Parses and validates a blob's header, directory and tables. The blob
+ * borrows `data`, which must outlive it. Errors: CORRUPT, VERSION, NOMEM.
+ * errbuf (may be NULL) receives a one-line reason on failure.
+ */
+int ulp_blob_open(const void *data, size_t len, ulp_blob **out, char *errbuf, size_t errcap);
+void ulp_blob_close(ulp_blob *b);
+const ulp_blob_info *ulp_blob_get_info(const ulp_blob *b);
+/** Byte range [*off, *off + *len) of the decoded content held by chunk k. */
+void ulp_blob_chunk_range(const ulp_blob *b, uint32_t k, uint64_t *off, uint64_t *len);
+/**
+ * Decodes chunk k into dst (at least its length). ref points at the same byte
+ * range of the reference (NULL when the blob has none). Thread-safe for one
+ * blob. Errors: CORRUPT, CHECKSUM, OVERFLOW, INVAL.
+ * @return bytes written.
+ */
+int64_t ulp_blob_decode_chunk(const ulp_blob *b, uint32_t k, void *dst, size_t dst_cap,
+                              const void *ref, size_t ref_len);
+/** Decodes every chunk (pool may be NULL). @return bytes written. */
+int64_t ulp_blob_decode(const ulp_blob *b, ulp_pool *pool, void *dst, size_t dst_cap,
+                        const void *ref, size_t ref_len);
+/**
+ * Checks a blob: header, tables, directory; with deep, also decodes it against
+ * ref and checks every chunk checksum and the content sha256.
+ */
+int ulp_blob_validate(const void *data, size_t len, const void *ref, size_t ref_len,
+                      int deep, char *errbuf, size_t errcap);
+
+/** Model statistics of a ULPack delta (for `ulpack bench`). */
+void ulp_sha256(const void *data, size_t len, uint8_t out[ULP_SHA256_LEN]);
+/** Lowercase hex of a sha256 into out[65]. */
+void ulp_sha256_hex(const uint8_t sha[ULP_SHA256_LEN], char out[65]);
+
+/* ---- CPU dispatch -------------------------------------------------------- */
+
+enum { ULP_CPU_AVX2 = 1u << 0 };
+/** Restricts the kernels used to those in mask (0: scalar only); returns the
+ *  previous mask. Affects speed only, never output bytes. Process-wide. */
+unsigned ulp_set_cpu_mask(unsigned mask);
+/** Kernels this CPU and build support. */
+unsigned ulp_cpu_features(void);
+
+/* ---- safetensors ---------------------------------------------------------- */
+
+typedef struct ulp_st_tensor {
+	char *name;        /* NUL-terminated, owned by the ulp_st */
+	ulp_dtype dtype;   /* ULP_DT_UNKNOWN for a dtype this build does not know */
+	char dtype_name[16];
+	unsigned ndim;
+	uint64_t shape[8];
+	uint64_t begin, end; /* byte range inside the data section */
+} ulp_st_tensor;
+
+typedef struct ulp_st ulp_st;
+
+/**
+ * Parses a safetensors header from the first bytes of a file. `head` holds
+ * the first head_len bytes (at least 8; the whole header to succeed) and
+ * file_size is the size of the whole file. Validates the length prefix, JSON,
+ * UTF-8, dtypes, shapes, offsets (in range, not overlapping, matching
+ * shape x dtype). Errors: CORRUPT (errbuf says why), NOMEM.
+ * If the header is longer than head_len, returns ULP_E_OVERFLOW and writes the
+ * needed length to *need (when need is not NULL).
+ */
+int ulp_st_parse(const void *head, size_t head_len, uint64_t file_size, ulp_st **out,
+                 uint64_t *need, char *errbuf, size_t errcap);
+void ulp_st_free(ulp_st *st);
+size_t ulp_st_count(const ulp_st *st);
+/** Tensors in order of their data offset. */
+const ulp_st_tensor *ulp_st_tensor_at(const ulp_st *st, size_t i);
+/** The tensor called name, or NULL. */
+const ulp_st_tensor *ulp_st_find(const ulp_st *st, const char *name);
+/** Size of the 8-byte prefix plus the JSON header: file offset of the data. */
+uint64_t ulp_st_data_offset(const ulp_st *st);
+/** The verbatim header (prefix + JSON), ulp_st_data_offset() bytes. */
+const uint8_t *ulp_st_header_bytes(const ulp_st *st);
+
+/** A tensor to write with ulp_st_write(). */
+typedef struct ulp_st_wtensor {
+	const char *name;
+	ulp_dtype dtype;
+	unsigned ndim;
+	const uint64_t *shape;
+	const void *data; /* product(shape) * ulp_dtype_size(dtype) bytes */
+} ulp_st_wtensor;
+
+/** Writes a safetensors file (tensors in the given order, header padded to 8
+ *  bytes with spaces). Errors: IO (errno preserved), INVAL. */
+int ulp_st_write(const char *path, const ulp_st_wtensor *t, size_t n, const char *metadata_json);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ULPACK_H */

@@ -1,0 +1,408 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cmd_bench.c - `ulpack bench REF TARGET`: codes every tensor of TARGET
+ * against the same tensor of REF, checks the round trip byte for byte and
+ * byte identity across thread counts, and reports sizes and speeds next to
+ * zstd -3/-19 on the byte-grouped XOR and memcpy, all measured in this run.
+ * Speeds are medians of several repetitions; MB/s count raw bytes (10^6).
+ */
+#include "cli.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zstd.h>
+
+typedef struct pair {
+	const ulp_st_tensor *t;
+	ulp_dtype dt;
+	const uint8_t *src, *ref; /* ref NULL: no same-named tensor of the same size */
+	size_t bytes;
+	uint8_t *blob;
+	size_t blob_len, blob_cap;
+	ulp_enc_stats st;
+	uint8_t *out;             /* decode target, pre-touched */
+	uint8_t *bgxor;           /* byte-grouped XOR (or raw), for zstd */
+	uint8_t *zbuf;
+	size_t zcap, z3_len, z19_len;
+} pair;
+
+typedef struct group {
+	const char *name;
+	pair **p;
+	size_t n;
+	int enabled;
+	/* results */
+	uint64_t raw, ulp, z3, z19, elems, tables;
+	double bound_bits;
+	double enc1, dec1, encn, decn, z3enc, z3dec, mcpy; /* MB/s */
+	int ok;
+} group;
+
+typedef struct run {
+	group *g;
+	ulp_pool *pool;
+	int mode;
+	int rc;
+} run;
+
+enum { M_ENC, M_DEC, M_ENC_MT, M_DEC_MT, M_Z3ENC, M_Z3DEC, M_MEMCPY };
+
+static int enc_one(pair *p, ulp_pool *pool)
+{
+	int64_t n = ulp_encode(NULL, pool, p->dt, p->blob, p->blob_cap, p->src, p->bytes, p->ref,
+	                       p->ref ? p->bytes : 0, &p->st);
+	if (n < 0)
+		return (int)n;
+	p->blob_len = (size_t)n;
+	return 0;
+}
+
+static int dec_one(pair *p, ulp_pool *pool)
+{
+	ulp_blob *b;
+	int rc = ulp_blob_open(p->blob, p->blob_len, &b, NULL, 0);
+	if (rc < 0)
+		return rc;
+	int64_t n = ulp_blob_decode(b, pool, p->out, p->bytes, p->ref, p->ref ? p->bytes : 0);
+	ulp_blob_close(b);
+	return n < 0 ? (int)n : 0;
+}
+
+static int job_small(void *arg, size_t i)
+{
+	run *r = arg;
+	pair *p = r->g->p[i];
+	if (p->bytes >= ((size_t)2 << ULP_DEFAULT_CHUNK_LOG2))
+		return 0; /* large: done chunk-parallel */
+	return r->mode == M_ENC_MT ? enc_one(p, NULL) : dec_one(p, NULL);
+}
+
+/* One pass over the group in the given mode. */
+static int run_once(group *g, ulp_pool *pool, int mode)
+{
+	int rc = 0;
+	switch (mode) {
+	case M_ENC:
+	case M_DEC:
+		for (size_t i = 0; i < g->n && rc == 0; i++)
+			rc = mode == M_ENC ? enc_one(g->p[i], NULL) : dec_one(g->p[i], NULL);
+		return rc;
+	case M_ENC_MT:
+	case M_DEC_MT: {
+		/* large tensors in parallel over their chunks, small ones across tensors */
+		for (size_t i = 0; i < g->n && rc == 0; i++) {
+			pair *p = g->p[i];
+			if (p->bytes >= ((size_t)2 << ULP_DEFAULT_CHUNK_LOG2))
+				rc = mode == M_ENC_MT ? enc_one(p, pool) : dec_one(p, pool);
+		}
+		run r = {g, pool, mode, 0};
+		return rc ? rc : ulp_pool_run(pool, g->n, job_small, &r);
+	}
+	case M_Z3ENC:
+		for (size_t i = 0; i < g->n; i++) {
+			pair *p = g->p[i];
+			size_t z = ZSTD_compress(p->zbuf, p->zcap, p->bgxor, p->bytes, 3);
+			if (ZSTD_isError(z))
+				return -ULP_E_NOMEM;
+			p->z3_len = z;
+		}
+		return 0;
+	case M_Z3DEC:
+		for (size_t i = 0; i < g->n; i++) {
+			pair *p = g->p[i];
+			size_t z = ZSTD_decompress(p->out, p->bytes, p->zbuf, p->z3_len);
+			if (ZSTD_isError(z) || z != p->bytes)
+				return -ULP_E_CORRUPT;
+		}
+		return 0;
+	default:
+		for (size_t i = 0; i < g->n; i++)
+			memcpy(g->p[i]->out, g->p[i]->src, g->p[i]->bytes);
+		return 0;
+	}
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Median MB/s over `reps` repetitions, each at least min_time seconds. */
+static double measure(group *g, ulp_pool *pool, int mode, int reps, double min_time, int *rc)
+{
+	double rates[16];
+	if (reps > 16)
+		reps = 16;
+	/* calibrate: iterations per repetition */
+	double t0 = cli_now();
+	*rc = run_once(g, pool, mode);
+	double one = cli_now() - t0;
+	if (*rc < 0)
+		return 0;
+	long iters = one > 0 ? (long)ceil(min_time / one) : 1000;
+	if (iters < 1)
+		iters = 1;
+	for (int r = 0; r < reps; r++) {
+		t0 = cli_now();
+		for (long i = 0; i < iters; i++)
+			if ((*rc = run_once(g, pool, mode)) < 0)
+				return 0;
+		double dt = cli_now() - t0;
+		rates[r] = (double)g->raw * (double)iters / dt / 1e6;
+	}
+	qsort(rates, (size_t)reps, sizeof(double), cmp_double);
+	return rates[reps / 2];
+}
+
+static void json_group(FILE *f, const group *g, const char *indent)
+{
+	fprintf(f, "{\n%s  \"raw_bytes\": %llu, \"elements\": %llu,\n", indent,
+	        (unsigned long long)g->raw, (unsigned long long)g->elems);
+	fprintf(f, "%s  \"ulpack_bytes\": %llu, \"table_bytes\": %llu, \"bound_bytes\": %.0f,\n", indent,
+	        (unsigned long long)g->ulp, (unsigned long long)g->tables, ceil(g->bound_bits / 8));
+	fprintf(f, "%s  \"ratio\": %.6f, \"bits_per_weight\": %.4f, \"bound_bits_per_weight\": %.4f, \"ulpack_over_bound\": %.5f,\n",
+	        indent, (double)g->ulp / (double)g->raw, 8.0 * (double)g->ulp / (double)g->elems,
+	        g->bound_bits / (double)g->elems, g->bound_bits > 0 ? 8.0 * (double)g->ulp / g->bound_bits : 0.0);
+	fprintf(f, "%s  \"zstd19_bgxor_bytes\": %llu, \"zstd3_bgxor_bytes\": %llu,\n", indent,
+	        (unsigned long long)g->z19, (unsigned long long)g->z3);
+	fprintf(f, "%s  \"encode_mbps\": %.1f, \"decode_mbps\": %.1f, \"encode_mbps_mt\": %.1f, \"decode_mbps_mt\": %.1f,\n",
+	        indent, g->enc1, g->dec1, g->encn, g->decn);
+	fprintf(f, "%s  \"zstd3_encode_mbps\": %.1f, \"zstd3_decode_mbps\": %.1f, \"memcpy_mbps\": %.1f,\n",
+	        indent, g->z3enc, g->z3dec, g->mcpy);
+	fprintf(f, "%s  \"roundtrip_ok\": %s\n%s}", indent, g->ok ? "true" : "false", indent);
+}
+
+static void text_group(const group *g)
+{
+	printf("%-6s %10llu %10llu %7.4f %7.3f %7.3f %6.4f %10llu %10llu | %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %9.1f %s\n",
+	       g->name, (unsigned long long)g->raw, (unsigned long long)g->ulp,
+	       (double)g->ulp / (double)g->raw, 8.0 * (double)g->ulp / (double)g->elems,
+	       g->bound_bits / (double)g->elems,
+	       g->bound_bits > 0 ? 8.0 * (double)g->ulp / g->bound_bits : 0.0,
+	       (unsigned long long)g->z19, (unsigned long long)g->z3, g->enc1, g->dec1, g->encn,
+	       g->decn, g->z3enc, g->z3dec, g->mcpy, g->ok ? "ok" : "FAILED");
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+	        "usage: ulpack bench REF.safetensors TARGET.safetensors [--json] [--threads N]\n"
+	        "                    [--reps R] [--min-time SECONDS]\n"
+	        "Codes each tensor of TARGET against the same-named tensor of REF, decodes it,\n"
+	        "checks byte identity, and reports per dtype and in total: raw and ULPack bytes,\n"
+	        "bits/weight, the model bound, zstd -19/-3 on the byte-grouped XOR, and encode and\n"
+	        "decode MB/s at 1 and N threads next to zstd -3 and memcpy in the same run.\n");
+}
+
+static int load(const char *path, uint8_t **buf, size_t *len, ulp_st **st)
+{
+	char err[256];
+	if (cli_read_file(path, buf, len) < 0)
+		return -1;
+	int rc = ulp_st_parse(*buf, *len, *len, st, NULL, err, sizeof(err));
+	if (rc < 0) {
+		cli_fail("%s: not a valid safetensors file: %s", path, rc == -ULP_E_CORRUPT ? err : ulp_strerror(rc));
+		free(*buf);
+		return -1;
+	}
+	return 0;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+	const char *paths[2] = {0};
+	int np = 0, json = 0, threads = 0, reps = 5;
+	double min_time = 0.1;
+	for (int i = 1; i < argc; i++) {
+		if (cli_is_help(argv[i])) {
+			usage(stdout);
+			return 0;
+		} else if (!strcmp(argv[i], "--json")) {
+			json = 1;
+		} else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+			threads = atoi(argv[++i]);
+		} else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+			reps = atoi(argv[++i]);
+		} else if (!strcmp(argv[i], "--min-time") && i + 1 < argc) {
+			min_time = atof(argv[++i]);
+		} else if (argv[i][0] == '-') {
+			usage(stderr);
+			return cli_fail("bench: unknown option '%s'", argv[i]) + 1;
+		} else if (np < 2) {
+			paths[np++] = argv[i];
+		} else {
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (np != 2) {
+		usage(stderr);
+		return 2;
+	}
+	if (reps < 1)
+		reps = 1;
+	uint8_t *rbuf, *tbuf;
+	size_t rlen, tlen;
+	ulp_st *rst, *tst;
+	if (load(paths[0], &rbuf, &rlen, &rst) < 0)
+		return 1;
+	if (load(paths[1], &tbuf, &tlen, &tst) < 0) {
+		ulp_st_free(rst);
+		free(rbuf);
+		return 1;
+	}
+	ulp_pool *pool = NULL;
+	int rc = ulp_pool_new(threads, &pool);
+	if (rc < 0)
+		return cli_fail("bench: cannot start threads: %s", ulp_strerror(rc));
+	size_t n = ulp_st_count(tst);
+	pair *pairs = calloc(n ? n : 1, sizeof(pair));
+	pair **order = calloc(n ? n : 1, sizeof(pair *));
+	group groups[ULP_DT__COUNT + 1];
+	memset(groups, 0, sizeof(groups));
+	int status = 0;
+	for (size_t i = 0; i < n; i++) {
+		pair *p = &pairs[i];
+		p->t = ulp_st_tensor_at(tst, i);
+		p->dt = p->t->dtype;
+		p->bytes = (size_t)(p->t->end - p->t->begin);
+		p->src = tbuf + ulp_st_data_offset(tst) + p->t->begin;
+		const ulp_st_tensor *r = ulp_st_find(rst, p->t->name);
+		if (r && r->dtype == p->dt && r->end - r->begin == p->bytes &&
+		    strcmp(r->dtype_name, p->t->dtype_name) == 0)
+			p->ref = rbuf + ulp_st_data_offset(rst) + r->begin;
+		p->blob_cap = ulp_encode_bound(p->dt, p->bytes, NULL);
+		p->blob = malloc(p->blob_cap);
+		p->out = malloc(p->bytes ? p->bytes : 1);
+		p->bgxor = malloc(p->bytes ? p->bytes : 1);
+		p->zcap = ZSTD_compressBound(p->bytes);
+		p->zbuf = malloc(p->zcap);
+		if (!p->blob || !p->out || !p->bgxor || !p->zbuf) {
+			status = cli_fail("bench: out of memory");
+			goto out;
+		}
+		memset(p->out, 0, p->bytes);
+		uint8_t *x = p->out; /* scratch: XOR, then group */
+		for (size_t b = 0; b < p->bytes; b++)
+			x[b] = p->src[b] ^ (p->ref ? p->ref[b] : 0);
+		unsigned es = ulp_dtype_size(p->dt);
+		for (unsigned j = 0; j < es; j++)
+			for (size_t e = 0; e < p->bytes / es; e++)
+				p->bgxor[j * (p->bytes / es) + e] = x[e * es + j];
+		groups[p->dt].name = ulp_dtype_name(p->dt);
+		groups[p->dt].enabled = 1;
+	}
+	/* group pointers: per dtype and total */
+	group *total = &groups[ULP_DT__COUNT];
+	total->name = "total";
+	total->enabled = 1;
+	for (int d = 0; d <= ULP_DT__COUNT; d++) {
+		group *g = &groups[d];
+		g->ok = 1;
+		if (!g->enabled)
+			continue;
+		g->p = d == ULP_DT__COUNT ? order : calloc(n ? n : 1, sizeof(pair *));
+		for (size_t i = 0; i < n; i++)
+			if (d == ULP_DT__COUNT || pairs[i].dt == (ulp_dtype)d)
+				g->p[g->n++] = &pairs[i];
+	}
+	/* sizes, round trip, identity across thread counts */
+	for (size_t i = 0; i < n; i++) {
+		pair *p = &pairs[i];
+		group *g = &groups[p->dt];
+		if ((rc = enc_one(p, NULL)) < 0) {
+			status = cli_fail("bench: %s: encoding tensor '%s' failed: %s", paths[1], p->t->name,
+			                  ulp_strerror(rc));
+			goto out;
+		}
+		uint8_t *copy = malloc(p->blob_len ? p->blob_len : 1);
+		size_t len1 = p->blob_len;
+		memcpy(copy, p->blob, len1);
+		int ok = dec_one(p, NULL) == 0 && memcmp(p->out, p->src, p->bytes) == 0;
+		ok = ok && enc_one(p, pool) == 0 && p->blob_len == len1 && memcmp(copy, p->blob, len1) == 0;
+		ok = ok && dec_one(p, pool) == 0 && memcmp(p->out, p->src, p->bytes) == 0;
+		free(copy);
+		size_t z19 = ZSTD_compress(p->zbuf, p->zcap, p->bgxor, p->bytes, 19);
+		size_t z3 = ZSTD_compress(p->zbuf, p->zcap, p->bgxor, p->bytes, 3);
+		p->z19_len = ZSTD_isError(z19) ? p->bytes : z19;
+		p->z3_len = ZSTD_isError(z3) ? p->bytes : z3;
+		for (group *x = g; x; x = x == total ? NULL : total) {
+			x->raw += p->bytes;
+			x->elems += p->bytes / ulp_dtype_size(p->dt);
+			x->ulp += p->blob_len;
+			x->tables += p->st.table_bytes;
+			x->bound_bits += p->st.bound_bits;
+			x->z19 += p->z19_len;
+			x->z3 += p->z3_len;
+			x->ok = x->ok && ok;
+		}
+		if (!ok) {
+			cli_fail("bench: tensor '%s' (%s) does not round-trip", p->t->name, ulp_dtype_name(p->dt));
+			status = 1;
+		}
+	}
+	/* speeds */
+	for (int d = 0; d <= ULP_DT__COUNT; d++) {
+		group *g = &groups[d];
+		if (!g->enabled || g->raw == 0)
+			continue;
+		int r1 = 0, r2 = 0, r3 = 0, r4 = 0, r5 = 0, r6 = 0, r7 = 0;
+		g->enc1 = measure(g, NULL, M_ENC, reps, min_time, &r1);
+		g->dec1 = measure(g, NULL, M_DEC, reps, min_time, &r2);
+		g->encn = measure(g, pool, M_ENC_MT, reps, min_time, &r3);
+		g->decn = measure(g, pool, M_DEC_MT, reps, min_time, &r4);
+		g->z3enc = measure(g, NULL, M_Z3ENC, reps, min_time, &r5);
+		g->z3dec = measure(g, NULL, M_Z3DEC, reps, min_time, &r6);
+		g->mcpy = measure(g, NULL, M_MEMCPY, reps, min_time, &r7);
+		if (r1 < 0 || r2 < 0 || r3 < 0 || r4 < 0 || r5 < 0 || r6 < 0 || r7 < 0) {
+			status = cli_fail("bench: a timed run failed");
+			goto out;
+		}
+	}
+	if (json) {
+		printf("{\n  \"ref\": \"%s\", \"target\": \"%s\", \"threads\": %d, \"tensors\": %zu,\n",
+		       paths[0], paths[1], ulp_pool_threads(pool), n);
+		printf("  \"total\": ");
+		json_group(stdout, total, "  ");
+		printf(",\n  \"by_dtype\": {");
+		int first = 1;
+		for (int d = 0; d < ULP_DT__COUNT; d++) {
+			if (!groups[d].enabled)
+				continue;
+			printf("%s\n    \"%s\": ", first ? "" : ",", groups[d].name);
+			json_group(stdout, &groups[d], "    ");
+			first = 0;
+		}
+		printf("\n  }\n}\n");
+	} else {
+		printf("ulpack bench: %s -> %s, %zu tensors, %d threads (MB/s: median of %d)\n", paths[0],
+		       paths[1], n, ulp_pool_threads(pool), reps);
+		printf("%-6s %10s %10s %7s %7s %7s %6s %10s %10s | %8s %8s %8s %8s | %8s %8s %9s\n", "dtype",
+		       "raw", "ulpack", "ratio", "bits/w", "bound", "x bnd", "zstd19bgx", "zstd3bgx",
+		       "enc", "dec", "enc-mt", "dec-mt", "z3enc", "z3dec", "memcpy");
+		for (int d = 0; d < ULP_DT__COUNT; d++)
+			if (groups[d].enabled)
+				text_group(&groups[d]);
+		text_group(total);
+	}
+	if (!total->ok)
+		status = 1;
+out:
+	for (size_t i = 0; i < n; i++) {
+		free(pairs[i].blob);
+		free(pairs[i].out);
+		free(pairs[i].bgxor);
+		free(pairs[i].zbuf);
+	}
+	for (int d = 0; d < ULP_DT__COUNT; d++)
+		free(groups[d].p);
+	free(order);
+	free(pairs);
+	ulp_pool_free(pool);
+	ulp_st_free(rst);
+	ulp_st_free(tst);
+	free(rbuf);
+	free(tbuf);
+	return status;
+}

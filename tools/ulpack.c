@@ -1,0 +1,108 @@
+/* SPDX-License-Identifier: MIT */
+/* ulpack.c - the ulpack command: dispatch to subcommands and shared helpers. */
+#include "cli.h"
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+static const struct {
+	const char *name;
+	int (*fn)(int, char **);
+	const char *summary;
+} commands[] = {
+	{"bench", cmd_bench, "REF.safetensors TARGET.safetensors [--json] [--threads N]: codec benchmark"},
+	{"synth", cmd_synth, "OUTDIR [--steps N] [--dtype D]: write a synthetic training trajectory"},
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: ulpack COMMAND [ARGS]   (ulpack COMMAND --help for details)\n\ncommands:\n");
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		fprintf(f, "  %-6s %s\n", commands[i].name, commands[i].summary);
+	fprintf(f, "\nulpack %s; see ulpack(1) and ulpack-format(5).\n", ULP_VERSION_STRING);
+}
+
+int cli_fail(const char *fmt, ...)
+{
+	va_list ap;
+	fputs("ulpack: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	return 1;
+}
+
+int cli_is_help(const char *a)
+{
+	return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0;
+}
+
+double cli_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int cli_read_file(const char *path, uint8_t **buf, size_t *len)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		cli_fail("%s: %s", path, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		close(fd);
+		cli_fail("%s: not a regular file", path);
+		return -1;
+	}
+	uint8_t *b = malloc(st.st_size ? (size_t)st.st_size : 1);
+	if (!b) {
+		close(fd);
+		cli_fail("%s: out of memory for %lld bytes", path, (long long)st.st_size);
+		return -1;
+	}
+	size_t got = 0;
+	while (got < (size_t)st.st_size) {
+		ssize_t r = read(fd, b + got, (size_t)st.st_size - got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			cli_fail("%s: %s", path, r < 0 ? strerror(errno) : "file shrank while reading");
+			free(b);
+			close(fd);
+			return -1;
+		}
+		got += (size_t)r;
+	}
+	close(fd);
+	*buf = b;
+	*len = got;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2 || cli_is_help(argv[1])) {
+		usage(argc < 2 ? stderr : stdout);
+		return argc < 2 ? 2 : 0;
+	}
+	if (strcmp(argv[1], "--version") == 0) {
+		printf("ulpack %s\n", ULP_VERSION_STRING);
+		return 0;
+	}
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		if (strcmp(argv[1], commands[i].name) == 0)
+			return commands[i].fn(argc - 1, argv + 1);
+	cli_fail("unknown command '%s' (try ulpack --help)", argv[1]);
+	return 2;
+}
