@@ -236,7 +236,7 @@ int cmd_synth(int argc, char **argv)
 					t->m[j] = b1 * t->m[j] + (1 - b1) * g;
 					t->v[j] = b2 * t->v[j] + (1 - b2) * g * g;
 					float upd = (t->m[j] / c1) / (sqrtf(t->v[j] / c2) + eps);
-					t->w[j] -= lr * 0.01f * (upd + (t->kind ? 0.0f : wd * t->w[j]));
+					t->w[j] -= lr * 0.1f * (upd + (t->kind ? 0.0f : wd * t->w[j]));
 				}
 			}
 		}

@@ -327,7 +327,7 @@ static int make_rans(enc *e, ulp_pool *pool, int anchor, cand *c, double *bound_
 	if (bound_bits)
 		*bound_bits = ulp_counts_entropy_bits(merged, e->n_ctx, e->alphabet) +
 		              (double)(anchor ? (uint64_t)e->n * (e->f.w - e->f.a_bits)
-		                              : ulp_delta_raw_bits(&e->f, e->syms, e->n));
+		                              : ulp_delta_raw_bits(&e->f, merged));
 	rc = ulp_table_choose(merged, e->n_ctx, e->alphabet, &t, &cost_bits);
 	if (rc < 0)
 		goto out;
@@ -463,7 +463,7 @@ int64_t ulp_encode(const ulp_enc_opts *opts, ulp_pool *pool, ulp_dtype dt, void 
 		if (!e.syms)
 			goto out;
 		if (ref) {
-			rc = make_rans(&e, pool, 0, &other, &bound);
+			rc = make_rans(&e, pool, 0, &other, stats ? &bound : NULL);
 			if (rc < 0)
 				goto out;
 			if (other.size < best.size) {

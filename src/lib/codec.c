@@ -26,6 +26,8 @@
 #include "codec.h"
 #include <stdlib.h>
 
+#define ULP_DEC_BLOCK 2048 /* elements a decode block; a multiple of 32 lanes */
+
 int ulp_fmt_get(ulp_dtype dt, ulp_fmt *f)
 {
 	switch (dt) {
@@ -46,13 +48,10 @@ int ulp_fmt_get(ulp_dtype dt, ulp_fmt *f)
 
 static inline unsigned z_symbol(uint64_t z, unsigned *nraw)
 {
-	if (z < 4) {
-		*nraw = 0;
-		return (unsigned)z;
-	}
-	unsigned b = 64 - (unsigned)__builtin_clzll(z);
-	*nraw = b - 3;
-	return 4 * (b - 3) + (unsigned)(z >> (b - 3));
+	/* with b = bitlen(z | 4), z < 8 gives b = 3 and symbol z: no branch */
+	unsigned k = 61 - (unsigned)__builtin_clzll(z | 4); /* b - 3 */
+	*nraw = k;
+	return 4 * k + (unsigned)(z >> k);
 }
 
 static inline unsigned sym_nraw(unsigned s)
@@ -63,6 +62,41 @@ static inline unsigned sym_nraw(unsigned s)
 static inline uint64_t sym_base(unsigned s)
 {
 	return s < 4 ? s : (uint64_t)(4 | (s & 3)) << ((s >> 2) - 1);
+}
+
+/* One rANS decode step of a lane: symbol out, state renormalized from the
+ * 16-bit words at *wp without a branch. The caller guarantees a word is there. */
+static inline __attribute__((always_inline)) uint8_t rans_step(uint32_t *xp, const uint32_t *row,
+                                                               uint32_t mask, unsigned pb,
+                                                               const uint8_t **wp)
+{
+	uint32_t xs = *xp;
+	uint32_t e = row[xs & mask];
+	xs = ((e >> 12 & 0xfff) + 1) * (xs >> pb) + (e & 0xfff);
+	uint32_t nw = xs < ULP_RANS_L;
+	uint32_t w16 = ulp_ld16(*wp) & (0u - nw);
+	*xp = (xs << (nw << 4)) | w16;
+	*wp += nw << 1;
+	return (uint8_t)(e >> 24);
+}
+
+/* n (0..64) bits of the raw tail starting at bit pos, LSB-first. The caller
+ * guarantees pos + n <= 8 * len; reads never leave [raw, raw + len). */
+static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos, unsigned n)
+{
+	size_t byte = (size_t)(pos >> 3);
+	unsigned sh = (unsigned)(pos & 7);
+	if (__builtin_expect(n <= 56 && byte + 8 <= len, 1))
+		return (ulp_ld64(raw + byte) >> sh) & ((1ull << n) - 1);
+	uint64_t v = 0;
+	for (unsigned got = 0; got < n;) { /* tail or wide: byte by byte */
+		unsigned take = ULP_MIN(8 - sh, n - got);
+		v |= (uint64_t)((raw[byte] >> sh) & ((1u << take) - 1)) << got;
+		got += take;
+		byte++;
+		sh = 0;
+	}
+	return v;
 }
 
 /* ---- per-width transforms ------------------------------------------------ */
@@ -112,12 +146,26 @@ static inline uint64_t sym_base(unsigned s)
 	                       ulp_bitw *bw)                                             \
 	{                                                                               \
 		if (r) {                                                                \
-			for (size_t i = 0; i < n; i++) {                                \
+			/* G elements (at most 56 raw bits together) per write */      \
+			const unsigned G = W <= 8 ? 8 : W <= 16 ? 4 : 1;                \
+			size_t i = 0;                                                   \
+			for (; W <= 32 && i + G <= n; i += G) {                         \
+				uint64_t acc = 0;                                       \
+				unsigned tot = 0;                                       \
+				for (unsigned g = 0; g < G; g++) {                      \
+					T z = zz##W((T)(phi##W(x[i + g]) - phi##W(r[i + g]))); \
+					unsigned nraw;                                  \
+					(void)z_symbol(z, &nraw);                       \
+					acc |= ((uint64_t)z & ((1ull << nraw) - 1)) << tot; \
+					tot += nraw;                                    \
+				}                                                       \
+				ulp_bitw_put(bw, acc, tot);                             \
+			}                                                               \
+			for (; i < n; i++) {                                            \
 				T z = zz##W((T)(phi##W(x[i]) - phi##W(r[i])));          \
 				unsigned nraw;                                          \
 				(void)z_symbol(z, &nraw);                               \
-				if (nraw)                                               \
-					ulp_bitw_put64(bw, (uint64_t)z & ((2ull << (nraw - 1)) - 1), nraw); \
+				ulp_bitw_put64(bw, (uint64_t)z & ((1ull << nraw) - 1), nraw);        \
 			}                                                               \
 		} else {                                                                \
 			const unsigned sh = f->a_shift, nb = W - f->a_bits;             \
@@ -143,59 +191,95 @@ static inline uint64_t sym_base(unsigned s)
 			ulp_rans_enc_put(&x[i & lm], pp, &es[(size_t)row * 256 + syms[i]], pb); \
 		}                                                                       \
 	}                                                                               \
+	/* Decoding runs in blocks of ULP_DEC_BLOCK elements, in two passes:     \
+	 * A decodes the block's symbols (one rANS step per element, lanes     \
+	 * independent), B pulls each element's raw bits at a position known   \
+	 * from a running sum, and rebuilds the element. Splitting keeps both  \
+	 * loops short and free of serial bit-reader dependencies. */          \
 	static int decode##W(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes,         \
 	                     uint32_t *x, const uint8_t **wpp, const uint8_t *wend,      \
-	                     ulp_bitr *br, const T *r, size_t n, T *out, ulp_err *err)   \
+	                     const uint8_t *raw, size_t raw_len, uint64_t raw_bits,      \
+	                     const T *r, size_t n, T *out, ulp_err *err)                 \
 	{                                                                               \
 		const unsigned pb = d->prob_bits, lm = lanes - 1;                       \
 		const uint32_t mask = (1u << pb) - 1;                                   \
+		const unsigned sh = r ? f->mshift : 0, ash = f->a_shift, ab = f->a_bits; \
+		const T em = (T)((1u << f->ebits) - 1);                                 \
+		const uint32_t *row0 = d->row[0];                                       \
 		const uint8_t *wp = *wpp;                                               \
-		if (r) {                                                                \
-			const unsigned sh = f->mshift;                                  \
-			const T em = (T)((1u << f->ebits) - 1);                         \
-			for (size_t i = 0; i < n; i++) {                                \
-				uint32_t *xs = &x[i & lm];                              \
-				T ri = r[i];                                            \
-				const uint32_t *row = d->row[(ri >> sh) & em];          \
-				if (!row)                                               \
-					return ULP_CORRUPT(err, "element %zu: reference exponent %u has no table row", \
-					                   i, (unsigned)((ri >> sh) & em)); \
-				uint32_t e = row[*xs & mask];                           \
-				*xs = ((e >> 12 & 0xfff) + 1) * (*xs >> pb) + (e & 0xfff); \
-				if (*xs < ULP_RANS_L) {                                 \
-					if (wend - wp < 2)                              \
-						return ULP_CORRUPT(err, "rANS stream ends early at element %zu", i); \
-					*xs = *xs << 16 | ulp_ld16(wp);                 \
-					wp += 2;                                        \
+		uint8_t syms[ULP_DEC_BLOCK];                                            \
+		uint64_t pos = 0;                                                       \
+		if (!r && !row0)                                                        \
+			return ULP_CORRUPT(err, "anchor table has no row for context 0"); \
+		for (size_t b0 = 0; b0 < n; b0 += ULP_DEC_BLOCK) {                      \
+			const size_t bn = ULP_MIN((size_t)ULP_DEC_BLOCK, n - b0);       \
+			const T *rb = r ? r + b0 : NULL;                                \
+			T *ob = out + b0;                                               \
+			/* pass A: symbols; word reads unchecked while the stream holds \
+			 * a block's worst case (one word an element) */               \
+			if ((size_t)(wend - wp) >= 2 * bn) {                            \
+				if (rb) {                                               \
+					for (size_t i = 0; i < bn; i++) {               \
+						const uint32_t *row = d->row[(rb[i] >> sh) & em]; \
+						if (__builtin_expect(!row, 0))          \
+							return ULP_CORRUPT(err, "element %zu: reference exponent %u has no table row", \
+							                   b0 + i, (unsigned)((rb[i] >> sh) & em)); \
+						syms[i] = rans_step(&x[i & lm], row, mask, pb, &wp); \
+					}                                               \
+				} else {                                                \
+					for (size_t i = 0; i < bn; i++)                 \
+						syms[i] = rans_step(&x[i & lm], row0, mask, pb, &wp); \
 				}                                                       \
-				unsigned s = e >> 24, nr = sym_nraw(s);                 \
-				uint64_t z = sym_base(s);                               \
-				if (nr)                                                 \
-					z |= ulp_bitr_get64(br, nr);                    \
-				out[i] = phi_inv##W((T)(phi##W(ri) + unzz##W((T)z)));   \
+			} else {                                                        \
+				for (size_t i = 0; i < bn; i++) {                       \
+					const uint32_t *row = rb ? d->row[(rb[i] >> sh) & em] : row0; \
+					if (!row)                                       \
+						return ULP_CORRUPT(err, "element %zu: reference exponent %u has no table row", \
+						                   b0 + i, (unsigned)((rb[i] >> sh) & em)); \
+					uint32_t *xs = &x[i & lm];                      \
+					uint32_t e = row[*xs & mask];                   \
+					*xs = ((e >> 12 & 0xfff) + 1) * (*xs >> pb) + (e & 0xfff); \
+					if (*xs < ULP_RANS_L) {                         \
+						if (wend - wp < 2)                      \
+							return ULP_CORRUPT(err, "rANS stream ends early at element %zu", b0 + i); \
+						*xs = *xs << 16 | ulp_ld16(wp);         \
+						wp += 2;                                \
+					}                                               \
+					syms[i] = (uint8_t)(e >> 24);                   \
+				}                                                       \
 			}                                                               \
-		} else {                                                                \
-			const unsigned sh = f->a_shift, ab = f->a_bits, nb = W - ab;    \
-			const uint64_t lo = ((uint64_t)1 << sh) - 1;                    \
-			const uint32_t *row = d->row[0];                                \
-			if (!row)                                                       \
-				return ULP_CORRUPT(err, "anchor table has no row for context 0"); \
-			for (size_t i = 0; i < n; i++) {                                \
-				uint32_t *xs = &x[i & lm];                              \
-				uint32_t e = row[*xs & mask];                           \
-				*xs = ((e >> 12 & 0xfff) + 1) * (*xs >> pb) + (e & 0xfff); \
-				if (*xs < ULP_RANS_L) {                                 \
-					if (wend - wp < 2)                              \
-						return ULP_CORRUPT(err, "rANS stream ends early at element %zu", i); \
-					*xs = *xs << 16 | ulp_ld16(wp);                 \
-					wp += 2;                                        \
+			/* pass B: raw bits and reconstruction */                       \
+			uint64_t need = 0;                                              \
+			if (rb) {                                                       \
+				for (size_t i = 0; i < bn; i++)                         \
+					need += d->nraw[syms[i]];                       \
+			} else {                                                        \
+				need = (uint64_t)bn * (W - ab);                         \
+			}                                                               \
+			if (need > raw_bits - pos)                                      \
+				return ULP_CORRUPT(err, "raw tail of %llu bits is too short for element block %zu", \
+				                   (unsigned long long)raw_bits, b0);   \
+			if (rb) {                                                       \
+				for (size_t i = 0; i < bn; i++) {                       \
+					unsigned s = syms[i], nr = d->nraw[s];          \
+					uint64_t z = d->base[s] | raw_bits_at(raw, raw_len, pos, nr); \
+					pos += nr;                                      \
+					ob[i] = phi_inv##W((T)(phi##W(rb[i]) + unzz##W((T)z))); \
 				}                                                       \
-				uint64_t v = ulp_bitr_get64(br, nb);                    \
-				uint64_t u = (v & lo) | ((uint64_t)(e >> 24) << sh) |   \
-				             ((v >> sh) << (sh + ab));                  \
-				out[i] = (T)u;                                          \
+			} else {                                                        \
+				const unsigned nb = W - ab;                             \
+				const uint64_t lo = ((uint64_t)1 << ash) - 1;           \
+				for (size_t i = 0; i < bn; i++) {                       \
+					uint64_t v = raw_bits_at(raw, raw_len, pos, nb); \
+					pos += nb;                                      \
+					ob[i] = (T)((v & lo) | ((uint64_t)syms[i] << ash) | \
+					            ((v >> ash) << (ash + ab)));        \
+				}                                                       \
 			}                                                               \
 		}                                                                       \
+		if (pos != raw_bits)                                                    \
+			return ULP_CORRUPT(err, "raw tail holds %llu bits, the symbols use %llu", \
+			                   (unsigned long long)raw_bits, (unsigned long long)pos); \
 		*wpp = wp;                                                              \
 		return 0;                                                               \
 	}
@@ -231,12 +315,12 @@ void ulp_anchor_symbols(const ulp_fmt *f, const void *src, size_t n, uint8_t *sy
 	         anchor_symbols64(f, src, n, syms, counts));
 }
 
-uint64_t ulp_delta_raw_bits(const ulp_fmt *f, const uint8_t *syms, size_t n)
+uint64_t ulp_delta_raw_bits(const ulp_fmt *f, const uint64_t *counts)
 {
-	(void)f;
 	uint64_t bits = 0;
-	for (size_t i = 0; i < n; i++)
-		bits += sym_nraw(syms[i]);
+	for (unsigned c = 0; c < f->n_ctx; c++)
+		for (unsigned s = 0; s < f->alphabet; s++)
+			bits += counts[(size_t)c * f->alphabet + s] * sym_nraw(s);
 	return bits;
 }
 
@@ -255,7 +339,8 @@ int ulp_chunk_encode(const ulp_fmt *f, const ulp_table *t, const ulp_rans_esym *
                      size_t n, uint8_t *rans_dst, size_t rans_cap, size_t *rans_len,
                      uint8_t *raw_dst, size_t raw_cap, uint64_t *raw_bits)
 {
-	if (rans_cap < ulp_chunk_rans_bound(n, lanes) || ((uintptr_t)rans_dst & 1))
+	if (rans_cap < ulp_chunk_rans_bound(n, lanes) || ((uintptr_t)rans_dst & 1) ||
+	    raw_cap < ulp_chunk_raw_bound(f, n))
 		return -ULP_E_OVERFLOW;
 	/* words grow down from the end of rans_dst */
 	uint16_t *end = (uint16_t *)(rans_dst + (rans_cap & ~(size_t)1));
@@ -302,13 +387,11 @@ int ulp_chunk_decode(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, const 
 			return ULP_CORRUPT(err, "rANS lane %u starts in invalid state %#x", l, x[l]);
 	}
 	const uint8_t *wp = rans + 4 * lanes, *wend = rans + rans_len;
-	ulp_bitr br;
-	ulp_bitr_init(&br, raw, raw + raw_len);
 	int rc;
-	DISPATCH(f, rc = decode8(f, d, lanes, x, &wp, wend, &br, ref, n, dst, err),
-	         rc = decode16(f, d, lanes, x, &wp, wend, &br, ref, n, dst, err),
-	         rc = decode32(f, d, lanes, x, &wp, wend, &br, ref, n, dst, err),
-	         rc = decode64(f, d, lanes, x, &wp, wend, &br, ref, n, dst, err));
+	DISPATCH(f, rc = decode8(f, d, lanes, x, &wp, wend, raw, raw_len, raw_bits, ref, n, dst, err),
+	         rc = decode16(f, d, lanes, x, &wp, wend, raw, raw_len, raw_bits, ref, n, dst, err),
+	         rc = decode32(f, d, lanes, x, &wp, wend, raw, raw_len, raw_bits, ref, n, dst, err),
+	         rc = decode64(f, d, lanes, x, &wp, wend, raw, raw_len, raw_bits, ref, n, dst, err));
 	if (rc < 0)
 		return rc;
 	for (unsigned l = 0; l < lanes; l++)
@@ -318,9 +401,6 @@ int ulp_chunk_decode(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, const 
 	if (wp != wend)
 		return ULP_CORRUPT(err, "%zu rANS bytes left after the last element",
 		                   (size_t)(wend - wp));
-	if (br.over || br.consumed != raw_bits)
-		return ULP_CORRUPT(err, "raw tail holds %llu bits, the symbols need %llu",
-		                   (unsigned long long)raw_bits, (unsigned long long)br.consumed);
 	return 0;
 }
 
@@ -338,6 +418,10 @@ int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)
 	for (unsigned c = 0; c < t->n_ctx; c++)
 		if (t->ctx_row[c] != ULP_CTX_UNUSED)
 			d.row[c] = d.slots + ((size_t)t->ctx_row[c] << t->prob_bits);
+	for (unsigned s = 0; s < 256; s++) {
+		d.nraw[s] = (uint8_t)sym_nraw(s);
+		d.base[s] = sym_base(s);
+	}
 	*out = d;
 	return 0;
 }

@@ -28,6 +28,8 @@ typedef struct ulp_dtab {
 	unsigned n_ctx;
 	const uint32_t **row; /* n_ctx entries, pointing into slots */
 	uint32_t *slots;      /* owned */
+	uint8_t nraw[256];    /* DELTA: raw-tail bits of each symbol */
+	uint64_t base[256];   /* DELTA: z with its raw tail zeroed */
 } ulp_dtab;
 
 int ulp_dtab_build(const ulp_table *t, ulp_dtab *out);
@@ -39,8 +41,8 @@ void ulp_delta_symbols(const ulp_fmt *f, const void *src, const void *ref, size_
                        uint8_t *syms, uint64_t *counts);
 void ulp_anchor_symbols(const ulp_fmt *f, const void *src, size_t n, uint8_t *syms,
                         uint64_t *counts);
-/* Sum of raw-tail bits of n elements (DELTA: from syms). */
-uint64_t ulp_delta_raw_bits(const ulp_fmt *f, const uint8_t *syms, size_t n);
+/* Raw-tail bits of the elements counted in counts (DELTA). */
+uint64_t ulp_delta_raw_bits(const ulp_fmt *f, const uint64_t *counts);
 
 /* Bytes a chunk's rANS part and raw part may need at most. */
 size_t ulp_chunk_rans_bound(size_t n, unsigned lanes);

@@ -62,10 +62,10 @@ static inline void ulp_rans_esym_init(ulp_rans_esym *s, uint32_t cum, uint32_t f
 static inline void ulp_rans_enc_put(uint32_t *x, uint16_t **pp, const ulp_rans_esym *s, unsigned n)
 {
 	uint32_t v = *x;
-	if (v >= s->x_max) {
-		*--*pp = (uint16_t)v;
-		v >>= 16;
-	}
+	uint32_t nw = v >= s->x_max; /* branch-free: the store below p is harmless */
+	(*pp)[-1] = (uint16_t)v;
+	*pp -= nw;
+	v >>= nw << 4;
 	uint32_t q = (uint32_t)(((uint64_t)v * s->rcp) >> s->shift);
 	*x = (q << n) + (v - q * s->freq) + s->cum;
 }
@@ -83,24 +83,19 @@ static inline void ulp_bitw_init(ulp_bitw *w, uint8_t *p, uint8_t *end)
 	w->p = p; w->end = end; w->acc = 0; w->fill = 0; w->overflow = 0;
 }
 
-/* n <= 32 */
-static inline void ulp_bitw_put(ulp_bitw *w, uint64_t v, unsigned n)
+/* v < 2^n, n <= 56. Branch-free: always stores 8 bytes at p, so the buffer
+ * must extend 8 bytes past the last whole byte written (ulp_chunk_raw_bound). */
+static inline __attribute__((always_inline)) void ulp_bitw_put(ulp_bitw *w, uint64_t v, unsigned n)
 {
-	w->acc |= v << w->fill;
+	w->acc |= v << w->fill; /* fill < 8 */
 	w->fill += n;
-	if (w->fill >= 32) {
-		if (w->end - w->p >= 4) {
-			ulp_st32(w->p, (uint32_t)w->acc);
-			w->p += 4;
-		} else {
-			w->overflow = 1;
-		}
-		w->acc >>= 32;
-		w->fill -= 32;
-	}
+	ulp_st64(w->p, w->acc);
+	w->p += w->fill >> 3;
+	w->acc >>= w->fill & ~7u;
+	w->fill &= 7;
 }
 
-static inline void ulp_bitw_put64(ulp_bitw *w, uint64_t v, unsigned n)
+static inline __attribute__((always_inline)) void ulp_bitw_put64(ulp_bitw *w, uint64_t v, unsigned n)
 {
 	if (n > 32) {
 		ulp_bitw_put(w, v & 0xffffffffu, 32);
@@ -157,7 +152,7 @@ static inline void ulp_bitr_refill(ulp_bitr *r)
 }
 
 /* n <= 32 */
-static inline uint64_t ulp_bitr_get(ulp_bitr *r, unsigned n)
+static inline __attribute__((always_inline)) uint64_t ulp_bitr_get(ulp_bitr *r, unsigned n)
 {
 	if (r->fill < n) {
 		ulp_bitr_refill(r);
@@ -173,7 +168,7 @@ static inline uint64_t ulp_bitr_get(ulp_bitr *r, unsigned n)
 	return v;
 }
 
-static inline uint64_t ulp_bitr_get64(ulp_bitr *r, unsigned n)
+static inline __attribute__((always_inline)) uint64_t ulp_bitr_get64(ulp_bitr *r, unsigned n)
 {
 	if (n > 32) {
 		uint64_t lo = ulp_bitr_get(r, 32);

@@ -154,6 +154,16 @@ static void normalize(const uint64_t *c, unsigned a, unsigned n, uint16_t *f)
 		f[s] = (uint16_t)v;
 		sum += (int64_t)v;
 	}
+	/* Usually the whole correction fits on the most frequent symbol, where
+	 * it costs least relative to its size. */
+	unsigned top = 0;
+	for (unsigned s = 1; s < a; s++)
+		if (f[s] > f[top])
+			top = s;
+	if ((int64_t)f[top] - (sum - (int64_t)m) >= 1 && (int64_t)f[top] - (sum - (int64_t)m) <= (int64_t)m) {
+		f[top] = (uint16_t)((int64_t)f[top] - (sum - (int64_t)m));
+		return;
+	}
 	while (sum > (int64_t)m) { /* take from the symbol where it costs least */
 		int best = -1;
 		uint64_t best_cost = UINT64_MAX;
@@ -213,7 +223,15 @@ static void row_range(const uint16_t *f, unsigned *lo, unsigned *hi)
 static unsigned row_best_k(const uint16_t *f, unsigned lo, unsigned hi)
 {
 	unsigned best_k = 0, best = UINT32_MAX;
-	for (unsigned k = 0; k <= ULP_PROB_BITS_MAX; k++) {
+	uint32_t sum = 0;
+	for (unsigned s = lo; s < hi; s++)
+		sum += f[s];
+	/* the best order sits near log2 of the mean frequency */
+	unsigned mean = hi > lo ? sum / (hi - lo) : 0, lg = 0;
+	while (lg < ULP_PROB_BITS_MAX && (1u << (lg + 1)) <= mean)
+		lg++;
+	unsigned k0 = lg > 2 ? lg - 2 : 0, k1 = ULP_MIN(lg + 1, ULP_PROB_BITS_MAX);
+	for (unsigned k = k0; k <= k1; k++) {
 		unsigned len = 0;
 		for (unsigned s = lo; s < hi; s++)
 			len += eg_len(f[s], k);
@@ -363,103 +381,130 @@ int ulp_table_read(const uint8_t *src, size_t len, unsigned n, unsigned alphabet
 
 /* ---- choice ------------------------------------------------------------- */
 
-/* Builds the table for a grouping (contexts with count >= thr own a row,
- * the rest share one) at precision n, and returns its total cost. */
-static int build_grouped(const uint64_t *counts, unsigned n_ctx, unsigned a, unsigned n,
-                         uint64_t thr, ulp_table *t, uint64_t *cost_q16)
+/* Exact serialized bits of one row (see write_table). */
+static uint64_t row_bits(const uint16_t *f)
 {
-	uint64_t *tot = calloc(n_ctx, sizeof(uint64_t));
-	uint64_t *rare = calloc(256, sizeof(uint64_t));
-	unsigned n_rows = 0, n_rare = 0;
-	int rc = -ULP_E_NOMEM;
-	if (!tot || !rare)
-		goto out;
-	for (unsigned c = 0; c < n_ctx; c++) {
-		for (unsigned s = 0; s < a; s++)
-			tot[c] += counts[(size_t)c * a + s];
-		if (tot[c] == 0)
-			continue;
-		if (tot[c] >= thr) {
-			n_rows++;
-		} else {
-			n_rare++;
-			for (unsigned s = 0; s < a; s++)
-				rare[s] += counts[(size_t)c * a + s];
-		}
-	}
-	if (n_rows + n_rare == 0) { /* empty tensor: one row, context 0 */
-		n_rare = 1;
-		tot[0] = 0;
-	}
-	rc = table_alloc(t, n_rows + (n_rare > 0), n_ctx);
-	if (rc < 0)
-		goto out;
-	t->prob_bits = n;
-	t->alphabet = a;
-	uint64_t cost = 0;
-	unsigned row = 0;
-	for (unsigned c = 0; c < n_ctx; c++) {
-		if (tot[c] == 0 || tot[c] < thr)
-			continue;
-		normalize(counts + (size_t)c * a, a, n, t->freq + (size_t)row * 256);
-		cost += row_cost_q16(counts + (size_t)c * a, t->freq + (size_t)row * 256, a, n);
-		t->ctx_row[c] = (uint16_t)row++;
-	}
-	if (n_rare) {
-		normalize(rare, a, n, t->freq + (size_t)row * 256);
-		cost += row_cost_q16(rare, t->freq + (size_t)row * 256, a, n);
-		int any = 0;
-		for (unsigned c = 0; c < n_ctx; c++)
-			if (tot[c] > 0 && tot[c] < thr) {
-				t->ctx_row[c] = (uint16_t)row;
-				any = 1;
-			}
-		if (!any)
-			t->ctx_row[0] = (uint16_t)row;
-	}
-	cost += (uint64_t)ulp_table_size(t) * 8 << 16;
-	*cost_q16 = cost;
-out:
-	free(tot);
-	free(rare);
-	return rc;
+	unsigned lo, hi;
+	row_range(f, &lo, &hi);
+	unsigned k = row_best_k(f, lo, hi);
+	uint64_t bits = 20;
+	for (unsigned s = lo; s < hi; s++)
+		bits += eg_len(f[s], k);
+	return bits;
 }
 
-int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned alphabet, ulp_table *out,
+typedef struct ctxinfo {
+	unsigned c;        /* context id */
+	uint64_t total;    /* elements in it */
+	uint64_t cost;     /* Q16 bits of its symbols under its own row */
+	uint64_t bits;     /* serialized bits of its own row */
+} ctxinfo;
+
+static int cmp_ctx(const void *a, const void *b)
+{
+	const ctxinfo *x = a, *y = b;
+	if (x->total != y->total)
+		return x->total > y->total ? -1 : 1;
+	return x->c < y->c ? -1 : x->c > y->c;
+}
+
+/*
+ * Candidate tables: at each precision n, the K most frequent contexts own a
+ * row and the others share one, for every K the decoder budget allows
+ * (K + 1 rows of 2^n slots, at most max(2^12, elements / 2) slots, so building
+ * the decoder's tables never costs more than decoding). The cheapest in
+ * table bits + coded bits wins; ties keep the earlier candidate.
+ */
+int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_table *out,
                      uint64_t *cost_bits)
 {
-	static const uint64_t thresholds[] = {0, 16, 64, 256, 1024, 4096, UINT64_MAX};
-	static const unsigned precisions[] = {12, 11, 10, 9, 8, 7, 6};
-	ulp_table best = {0};
-	uint64_t best_cost = UINT64_MAX;
 	uint64_t total = 0;
-	for (size_t i = 0; i < (size_t)n_ctx * alphabet; i++)
-		total += counts[i];
-	for (size_t pi = 0; pi < ULP_ARRAY_LEN(precisions); pi++) {
-		unsigned n = precisions[pi];
-		/* low precisions only pay off for small tensors */
-		if (n < 12 && total > ((uint64_t)64 << n))
-			continue;
-		for (size_t ti = 0; ti < ULP_ARRAY_LEN(thresholds); ti++) {
-			ulp_table t = {0};
-			uint64_t cost;
-			int rc = build_grouped(counts, n_ctx, alphabet, n, thresholds[ti], &t, &cost);
-			if (rc < 0) {
-				ulp_table_free(&best);
-				return rc;
+	unsigned used = 0;
+	ctxinfo *ci = calloc(n_ctx, sizeof(*ci));
+	uint64_t *rest = malloc(256 * sizeof(uint64_t));
+	uint64_t *all = calloc(256, sizeof(uint64_t));
+	uint16_t f[256];
+	int rc = -ULP_E_NOMEM;
+	if (!ci || !rest || !all)
+		goto out;
+	for (unsigned c = 0; c < n_ctx; c++) {
+		uint64_t t = 0;
+		for (unsigned s = 0; s < a; s++) {
+			t += counts[(size_t)c * a + s];
+			all[s] += counts[(size_t)c * a + s];
+		}
+		if (t) {
+			ci[used].c = c;
+			ci[used++].total = t;
+		}
+		total += t;
+	}
+	qsort(ci, used, sizeof(*ci), cmp_ctx);
+	uint64_t budget = ULP_MAX((uint64_t)1 << ULP_PROB_BITS_MAX, total / 2);
+	uint64_t best_cost = UINT64_MAX;
+	unsigned best_n = ULP_PROB_BITS_MAX, best_k = 0;
+	for (unsigned n = ULP_PROB_BITS_MAX; n >= ULP_PROB_BITS_MIN; n--) {
+		if (n < ULP_PROB_BITS_MAX && total > ((uint64_t)64 << n))
+			continue; /* low precisions only pay off on small tensors */
+		for (unsigned i = 0; i < used; i++) {
+			normalize(counts + (size_t)ci[i].c * a, a, n, f);
+			ci[i].cost = row_cost_q16(counts + (size_t)ci[i].c * a, f, a, n);
+			ci[i].bits = row_bits(f);
+		}
+		uint64_t own_cost = 0, own_bits = 0;
+		memcpy(rest, all, 256 * sizeof(uint64_t));
+		unsigned kmax = (unsigned)ULP_MIN((uint64_t)used, (budget >> n) - 1);
+		for (unsigned k = 0; k <= kmax; k++) {
+			if (k > 0) { /* context k-1 leaves the shared row */
+				own_cost += ci[k - 1].cost;
+				own_bits += ci[k - 1].bits;
+				for (unsigned s = 0; s < a; s++)
+					rest[s] -= counts[(size_t)ci[k - 1].c * a + s];
 			}
+			int shared = k < used || used == 0;
+			unsigned rows = k + (unsigned)shared;
+			uint64_t cost = own_cost + (own_bits << 16);
+			if (shared) {
+				normalize(rest, a, n, f);
+				cost += row_cost_q16(rest, f, a, n) + (row_bits(f) << 16);
+			}
+			/* row count, context map */
+			uint64_t map = eg_len(rows - 1, 0) + eg_len(ULP_MAX(used, 1u) - 1, 0) +
+			               (uint64_t)ULP_MAX(used, 1u) * bits_for(rows);
+			cost += map << 16;
 			if (cost < best_cost) {
-				ulp_table_free(&best);
-				best = t;
 				best_cost = cost;
-			} else {
-				ulp_table_free(&t);
+				best_n = n;
+				best_k = k;
 			}
 		}
 	}
-	*out = best;
+	/* build the winner */
+	rc = table_alloc(out, best_k + (best_k < used || used == 0), n_ctx);
+	if (rc < 0)
+		goto out;
+	out->prob_bits = best_n;
+	out->alphabet = a;
+	memcpy(rest, all, 256 * sizeof(uint64_t));
+	for (unsigned k = 0; k < best_k; k++) {
+		normalize(counts + (size_t)ci[k].c * a, a, best_n, out->freq + (size_t)k * 256);
+		out->ctx_row[ci[k].c] = (uint16_t)k;
+		for (unsigned s = 0; s < a; s++)
+			rest[s] -= counts[(size_t)ci[k].c * a + s];
+	}
+	if (out->n_rows > best_k) {
+		normalize(rest, a, best_n, out->freq + (size_t)best_k * 256);
+		for (unsigned i = best_k; i < used; i++)
+			out->ctx_row[ci[i].c] = (uint16_t)best_k;
+		if (used == 0)
+			out->ctx_row[0] = 0;
+	}
 	*cost_bits = (best_cost + 65535) >> 16;
-	return 0;
+out:
+	free(ci);
+	free(rest);
+	free(all);
+	return rc;
 }
 
 /* ---- encoder and decoder views ------------------------------------------- */
