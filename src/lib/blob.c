@@ -18,7 +18,16 @@
 #include "codec.h"
 #include <stdio.h>
 #include <stdlib.h>
+#include <xxhash.h>
 #include <zstd.h>
+
+/* Fuzzing builds accept blobs whose checks fail, so that the fuzzer reaches
+ * the parsers and decoders behind them (as zstd does with its checksums). */
+#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+#define ULP_FUZZING 1
+#else
+#define ULP_FUZZING 0
+#endif
 
 #define BLOB_MAGIC "ULPb"
 #define BLOB_VERSION 1
@@ -148,6 +157,16 @@ static void cand_free(cand *c)
 	memset(c, 0, sizeof(*c));
 }
 
+/* ulpack-format(5) 3.3: a chunk's check is XXH3-64 of its decoded bytes
+ * XOR XXH3-64 of its payload bytes seeded with ULP_PAYLOAD_SEED, so damage
+ * anywhere in the payload is detected even where it would not change the
+ * decoded bytes. */
+#define ULP_PAYLOAD_SEED 0x554c50616b636b21ull
+static uint64_t payload_hash(const uint8_t *p, size_t len)
+{
+	return XXH3_64bits_withSeed(p, len, ULP_PAYLOAD_SEED);
+}
+
 /* Header bytes before the payloads, for candidate c (dst NULL: count only). */
 static size_t write_header(const enc *e, const cand *c, uint8_t *dst)
 {
@@ -179,7 +198,8 @@ static size_t write_header(const enc *e, const cand *c, uint8_t *dst)
 			} else if (c->codec != ULP_CODEC_RAW) {
 				o += put_varint(dst ? dst + o : NULL, c->ch[k].len);
 			}
-			ulp_st64(tmp, e->sum[k]);
+			if (dst)
+				ulp_st64(tmp, e->sum[k] ^ payload_hash(c->ch[k].buf, c->ch[k].len));
 			PUT(tmp, 8);
 		}
 	}
@@ -392,14 +412,69 @@ static int make_raw(enc *e, cand *c)
 	return 0;
 }
 
+/* Keeps the smaller of *best and *other in *best and frees the other. */
+static void keep_smaller(const enc *e, cand *best, cand *other)
+{
+	if (other->size < best->size) {
+		cand_free_zstd(e, best);
+		*best = *other;
+	} else {
+		cand_free_zstd(e, other);
+	}
+	memset(other, 0, sizeof(*other));
+}
+
+/* Builds exactly the requested codec (ulp_enc_opts.force_codec). */
+static int force(enc *e, ulp_pool *pool, int codec, int is_float, cand *c, double *bound)
+{
+	const int has_ref = e->ref != NULL;
+	switch (codec) {
+	case ULP_CODEC_RAW:
+		return make_raw(e, c);
+	case ULP_CODEC_IDENT:
+		if (!has_ref || memcmp(e->src, e->ref, e->n * e->esize) != 0)
+			return -ULP_E_INVAL;
+		memset(c, 0, sizeof(*c));
+		c->codec = ULP_CODEC_IDENT;
+		cand_size(e, c);
+		return 0;
+	case ULP_CODEC_ZSTD:
+	case ULP_CODEC_ZSTD_XOR:
+		if (codec == ULP_CODEC_ZSTD_XOR && !has_ref)
+			return -ULP_E_INVAL;
+		return make_zstd(e, pool, codec, c);
+	case ULP_CODEC_DELTA:
+	case ULP_CODEC_ANCHOR:
+		if (!is_float || (codec == ULP_CODEC_DELTA && !has_ref))
+			return -ULP_E_INVAL;
+		e->syms = malloc(e->n ? e->n : 1);
+		if (!e->syms)
+			return -ULP_E_NOMEM;
+		return make_rans(e, pool, codec == ULP_CODEC_ANCHOR, c, bound);
+	default:
+		return -ULP_E_INVAL;
+	}
+}
+
 size_t ulp_encode_bound(ulp_dtype dt, size_t src_len, const ulp_enc_opts *o)
 {
 	unsigned cl = o && o->chunk_log2 ? o->chunk_log2 : ULP_DEFAULT_CHUNK_LOG2;
 	if (cl < CHUNK_LOG2_MIN)
 		cl = CHUNK_LOG2_MIN;
 	size_t n = src_len / ulp_dtype_size(dt) + 1;
-	/* RAW is always a candidate: header + directory (8 bytes a chunk) + bytes */
-	return src_len + 4 + 4 + 10 + 64 + 4 + 8 * (size_t)n_chunks_for(n, cl) + 16;
+	size_t chunks = (size_t)n_chunks_for(n, cl);
+	/* RAW is always a candidate: header + directory (at most 28 bytes a chunk) + bytes */
+	size_t bound = src_len + 4 + 4 + 10 + 64 + 4 + 28 * chunks + 16;
+	ulp_fmt f;
+	if (o && o->force_codec && ulp_fmt_get(dt, &f) == 0) {
+		/* a forced rANS codec: states, one word an element, raw tail, tables */
+		size_t rows = ULP_MIN((size_t)f.n_ctx, n);
+		size_t table = rows * (3 + (size_t)f.alphabet * 37 / 8) + (size_t)f.n_ctx * 4 + 64;
+		bound += src_len * 2 + n * 2 + chunks * (4 * ULP_LANES_MAX + 16) + table;
+	} else if (o && o->force_codec) {
+		bound += src_len / 8 + 64 * chunks + 64; /* zstd's worst case */
+	}
+	return bound;
 }
 
 static int64_t assemble(const enc *e, const cand *c, uint8_t *dst, size_t cap)
@@ -449,6 +524,12 @@ int64_t ulp_encode(const ulp_enc_opts *opts, ulp_pool *pool, ulp_dtype dt, void 
 		return -ULP_E_NOMEM;
 	ulp_pool_run(pool, e.n_chunks, job_checksum, &e);
 
+	if (o->force_codec) {
+		rc = force(&e, pool, o->force_codec - 1, is_float, &best, stats ? &bound : NULL);
+		if (rc < 0)
+			goto out;
+		goto write;
+	}
 	if (ref && memcmp(src, ref, src_len) == 0) {
 		best.codec = ULP_CODEC_IDENT;
 		cand_size(&e, &best);
@@ -466,24 +547,14 @@ int64_t ulp_encode(const ulp_enc_opts *opts, ulp_pool *pool, ulp_dtype dt, void 
 			rc = make_rans(&e, pool, 0, &other, stats ? &bound : NULL);
 			if (rc < 0)
 				goto out;
-			if (other.size < best.size) {
-				cand_free(&best);
-				best = other;
-			} else {
-				cand_free(&other);
-			}
+			keep_smaller(&e, &best, &other);
 		}
 		/* ANCHOR when there is no reference, or the delta gains little */
 		if (!ref || o->effort || best.size * 4 > (size_t)src_len * 3) {
 			rc = make_rans(&e, pool, 1, &other, NULL);
 			if (rc < 0)
 				goto out;
-			if (other.size < best.size) {
-				cand_free(&best);
-				best = other;
-			} else {
-				cand_free(&other);
-			}
+			keep_smaller(&e, &best, &other);
 		}
 	}
 	/* zstd where ULPack does not apply, on small tensors, or where it looks weak */
@@ -494,12 +565,7 @@ int64_t ulp_encode(const ulp_enc_opts *opts, ulp_pool *pool, ulp_dtype dt, void 
 			rc = make_zstd(&e, pool, codec, &other);
 			if (rc < 0)
 				goto out;
-			if (other.size < best.size) {
-				cand_free_zstd(&e, &best);
-				best = other;
-			} else {
-				cand_free_zstd(&e, &other);
-			}
+			keep_smaller(&e, &best, &other);
 		}
 	}
 write:
@@ -555,6 +621,7 @@ const ulp_blob_info *ulp_blob_get_info(const ulp_blob *b)
 
 int ulp_blob_open(const void *data, size_t len, ulp_blob **out, char *errbuf, size_t errcap)
 {
+#define FAIL(...) do { rc = ULP_CORRUPT(&err, __VA_ARGS__); goto fail; } while (0)
 	ulp_err err = {errbuf, errcap};
 	const uint8_t *p = data, *end = p + len;
 	ulp_blob *b;
@@ -577,15 +644,13 @@ int ulp_blob_open(const void *data, size_t len, ulp_blob **out, char *errbuf, si
 	b->info.dtype = (ulp_dtype)p[6];
 	unsigned cl = p[7];
 	p += 8;
-	rc = ULP_CORRUPT(&err, "blob header: bad codec %u, dtype %u or chunk size 2^%u",
-	                 b->info.codec, b->info.dtype, cl);
 	if (b->info.codec >= ULP_CODEC__COUNT || b->info.dtype >= ULP_DT__COUNT ||
 	    cl < CHUNK_LOG2_MIN || cl > CHUNK_LOG2_MAX)
-		goto fail;
+		FAIL("blob header: bad codec %u, dtype %u or chunk size 2^%u", b->info.codec,
+		     b->info.dtype, cl);
 	b->esize = ulp_dtype_size(b->info.dtype);
-	rc = ULP_CORRUPT(&err, "blob header: bad element count");
 	if (get_varint(&p, end, &v) < 0 || v > ((uint64_t)1 << 56) / b->esize)
-		goto fail;
+		FAIL("blob header: bad element count");
 	b->info.n_elems = v;
 	b->info.raw_bytes = v * b->esize;
 	b->info.chunk_elems = 1u << cl;
@@ -593,9 +658,8 @@ int ulp_blob_open(const void *data, size_t len, ulp_blob **out, char *errbuf, si
 	uint64_t nch = codec == ULP_CODEC_IDENT ? 0 : n_chunks_for(v, cl);
 	b->info.n_chunks = (uint32_t)nch;
 	b->info.has_ref = codec_has_ref(codec);
-	rc = ULP_CORRUPT(&err, "blob header truncated");
 	if (end - p < 32 + (b->info.has_ref ? 32 : 0))
-		goto fail;
+		FAIL("blob header truncated");
 	memcpy(b->info.content_sha256, p, 32);
 	p += 32;
 	if (b->info.has_ref) {
@@ -613,9 +677,8 @@ int ulp_blob_open(const void *data, size_t len, ulp_blob **out, char *errbuf, si
 			                 ulp_dtype_name(b->info.dtype));
 			goto fail;
 		}
-		rc = ULP_CORRUPT(&err, "blob header truncated in the table section");
 		if (end - p < 3)
-			goto fail;
+			FAIL("blob header truncated in the table section");
 		unsigned ll = p[0], pb = p[1];
 		p += 2;
 		if (ll > 5) {
@@ -625,7 +688,7 @@ int ulp_blob_open(const void *data, size_t len, ulp_blob **out, char *errbuf, si
 		b->lanes = 1u << ll;
 		uint64_t tlen;
 		if (get_varint(&p, end, &tlen) < 0 || tlen > (uint64_t)(end - p))
-			goto fail;
+			FAIL("blob table length runs past the blob");
 		int anchor = codec == ULP_CODEC_ANCHOR;
 		rc = ulp_table_read(p, (size_t)tlen, pb, anchor ? 1u << b->f.a_bits : b->f.alphabet,
 		                    anchor ? 1 : b->f.n_ctx, &t, &err);
@@ -643,23 +706,20 @@ int ulp_blob_open(const void *data, size_t len, ulp_blob **out, char *errbuf, si
 		goto fail;
 	}
 	b->ch = calloc(nch ? nch : 1, sizeof(blob_chunk));
-	rc = -ULP_E_NOMEM;
-	if (!b->ch)
+	if (!b->ch) {
+		rc = -ULP_E_NOMEM;
 		goto fail;
+	}
 	uint64_t payload = 0;
 	for (uint64_t k = 0; k < nch; k++) {
 		blob_chunk *c = &b->ch[k];
 		uint64_t first = k << cl, count = ULP_MIN((uint64_t)1 << cl, v - first);
 		uint64_t bytes = count * b->esize;
-		if (v == 0) /* unreachable: nch == 0 */
-			break;
-		rc = ULP_CORRUPT(&err, "blob directory entry %llu is malformed", (unsigned long long)k);
 		if (codec_is_rans(codec)) {
 			uint64_t rl, rb;
-			if (get_varint(&p, end, &rl) < 0 || get_varint(&p, end, &rb) < 0)
-				goto fail;
-			if (rl > b->len || rb > bytes * 8)
-				goto fail;
+			if (get_varint(&p, end, &rl) < 0 || get_varint(&p, end, &rb) < 0 ||
+			    rl > b->len || rb > bytes * 8)
+				FAIL("blob directory entry %llu is malformed", (unsigned long long)k);
 			c->rans_len = (size_t)rl;
 			c->raw_bits = rb;
 			c->len = (size_t)(rl + (rb + 7) / 8);
@@ -668,22 +728,22 @@ int ulp_blob_open(const void *data, size_t len, ulp_blob **out, char *errbuf, si
 		} else {
 			uint64_t zl;
 			if (get_varint(&p, end, &zl) < 0 || zl > b->len)
-				goto fail;
+				FAIL("blob directory entry %llu is malformed", (unsigned long long)k);
 			c->len = (size_t)zl;
 		}
 		if (end - p < 8)
-			goto fail;
+			FAIL("blob directory entry %llu is truncated", (unsigned long long)k);
 		c->sum = ulp_ld64(p);
 		p += 8;
 		c->off = (size_t)payload; /* relative until the header end is known */
 		payload += c->len;
 		if (payload > b->len)
-			goto fail;
+			FAIL("blob chunk %llu runs past the blob", (unsigned long long)k);
 	}
-	rc = ULP_CORRUPT(&err, "blob header check missing");
 	if (end - p < 4)
-		goto fail;
-	if (ulp_ld32(p) != (uint32_t)ulp_xxh64(data, (size_t)(p - (const uint8_t *)data))) {
+		FAIL("blob header check missing");
+	if (ulp_ld32(p) != (uint32_t)ulp_xxh64(data, (size_t)(p - (const uint8_t *)data)) &&
+	    !ULP_FUZZING) {
 		rc = ULP_CORRUPT(&err, "blob header check does not match: header damaged");
 		goto fail;
 	}
@@ -700,6 +760,7 @@ int ulp_blob_open(const void *data, size_t len, ulp_blob **out, char *errbuf, si
 fail:
 	ulp_blob_close(b);
 	return rc;
+#undef FAIL
 }
 
 void ulp_blob_chunk_range(const ulp_blob *b, uint32_t k, uint64_t *off, uint64_t *len)
@@ -763,8 +824,8 @@ static int64_t decode_chunk(const ulp_blob *b, uint32_t k, uint8_t *dst, size_t 
 			return rc;
 	}
 	}
-	if (ulp_xxh64(dst, (size_t)len) != c->sum)
-		return ULP_ERR(err, -ULP_E_CHECKSUM, "chunk %u: decoded bytes fail their checksum", k);
+	if ((ulp_xxh64(dst, (size_t)len) ^ payload_hash(p, c->len)) != c->sum && !ULP_FUZZING)
+		return ULP_ERR(err, -ULP_E_CHECKSUM, "chunk %u: checksum mismatch (damaged payload or wrong reference)", k);
 	return (int64_t)len;
 }
 

@@ -540,7 +540,8 @@ int ulp_st_parse(const void *head, size_t head_len, uint64_t file_size, ulp_st *
 			}
 		free(byname);
 	}
-	qsort(st->t, st->n, sizeof(*st->t), cmp_begin);
+	if (st->n)
+		qsort(st->t, st->n, sizeof(*st->t), cmp_begin);
 	for (size_t i = 1; i < st->n; i++)
 		if (st->t[i].begin < st->t[i - 1].end) {
 			rc = ULP_CORRUPT(&err, "tensors '%s' and '%s' overlap", st->t[i - 1].name,

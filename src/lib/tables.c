@@ -176,6 +176,8 @@ static void normalize(const uint64_t *c, unsigned a, unsigned n, uint16_t *f)
 				best = (int)s;
 			}
 		}
+		if (best < 0)
+			break; /* unreachable: callers ensure 2^n >= symbols present */
 		f[best]--;
 		sum--;
 	}
@@ -191,6 +193,8 @@ static void normalize(const uint64_t *c, unsigned a, unsigned n, uint16_t *f)
 				best = (int)s;
 			}
 		}
+		if (best < 0)
+			break;
 		f[best]++;
 		sum++;
 	}
@@ -319,10 +323,10 @@ int ulp_table_read(const uint8_t *src, size_t len, unsigned n, unsigned alphabet
 {
 	ulp_table t = {0};
 	tbr r = {src, 0, (uint64_t)len * 8, 0};
-	const uint32_t m = 1u << n;
 	if (n < ULP_PROB_BITS_MIN || n > ULP_PROB_BITS_MAX)
 		return ULP_CORRUPT(err, "probability precision %u outside [%d, %d]", n,
 		                   ULP_PROB_BITS_MIN, ULP_PROB_BITS_MAX);
+	const uint32_t m = 1u << n;
 	uint32_t n_rows = tbr_eg(&r, 0) + 1;
 	if (r.over || n_rows > n_ctx)
 		return ULP_CORRUPT(err, "table declares %u rows for %u contexts", n_rows, n_ctx);
@@ -440,11 +444,14 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 		total += t;
 	}
 	qsort(ci, used, sizeof(*ci), cmp_ctx);
+	unsigned present = 0; /* a precision must give every present symbol a slot */
+	for (unsigned s = 0; s < a; s++)
+		present += all[s] != 0;
 	uint64_t budget = ULP_MAX((uint64_t)1 << ULP_PROB_BITS_MAX, total / 2);
 	uint64_t best_cost = UINT64_MAX;
 	unsigned best_n = ULP_PROB_BITS_MAX, best_k = 0;
 	for (unsigned n = ULP_PROB_BITS_MAX; n >= ULP_PROB_BITS_MIN; n--) {
-		if (n < ULP_PROB_BITS_MAX && total > ((uint64_t)64 << n))
+		if (n < ULP_PROB_BITS_MAX && (total > ((uint64_t)64 << n) || present > (1u << n)))
 			continue; /* low precisions only pay off on small tensors */
 		for (unsigned i = 0; i < used; i++) {
 			normalize(counts + (size_t)ci[i].c * a, a, n, f);

@@ -109,6 +109,8 @@ typedef struct ulp_enc_opts {
 	unsigned chunk_log2; /* elements per chunk = 2^chunk_log2, 10..24; 0: default */
 	int zstd_level;      /* level of the zstd candidates; 0: 3 */
 	int effort;          /* 0: try zstd only where ULPack looks weak; 1: try every codec */
+	int force_codec;     /* 0: choose; ULP_CODEC_x + 1: use codec x (tests, benchmarks);
+	                        -INVAL if x cannot code this input */
 } ulp_enc_opts;
 
 typedef struct ulp_enc_stats {
@@ -127,8 +129,9 @@ size_t ulp_encode_bound(ulp_dtype dt, size_t src_len, const ulp_enc_opts *opts);
  * Encodes a tensor of dtype dt (src_len bytes, a whole number of elements
  * unless dt is ULP_DT_UNKNOWN) into one self-contained blob, against ref
  * (same dtype and length, or NULL for a standalone coding). Keeps the
- * smallest of the codecs that apply, and decodes its own output to check it.
- * The output bytes depend only on (opts, dt, src, ref): never on the pool.
+ * smallest of the codecs that apply. The output bytes depend only on
+ * (opts, dt, src, ref): never on the pool. Callers that store the blob should
+ * decode it and compare (ulp_blob_validate with deep) before relying on it.
  * @return blob size written to dst, or a negative ULP_E_*.
  * Thread-safe; pool may be NULL; stats may be NULL.
  */

@@ -1,0 +1,38 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# cli_bench.sh - `ulpack synth` writes a deterministic trajectory and
+# `ulpack bench --json` on a pair of it reports every promised field, a
+# successful round trip, and ULPack below zstd -19 on the byte-grouped XOR.
+. "$(dirname "$0")/lib.sh"
+
+"$ULPACK" synth "$T/a" --steps 2 --dim 64 || fail "synth"
+"$ULPACK" synth "$T/b" --steps 2 --dim 64 || fail "synth again"
+cmp -s "$T/a/checkpoint-200/model.safetensors" "$T/b/checkpoint-200/model.safetensors" \
+	&& ok "synth is deterministic" || fail "synth differs between runs"
+for dt in f16 f32 mixed; do
+	"$ULPACK" synth "$T/$dt" --steps 2 --dim 32 --dtype "$dt" || fail "synth --dtype $dt"
+done
+
+"$ULPACK" bench "$T/a/checkpoint-100/model.safetensors" "$T/a/checkpoint-200/model.safetensors" \
+	--json --threads 2 --reps 1 --min-time 0.01 > "$T/bench.json" || fail "bench exit status"
+"$PY" - "$T/bench.json" <<'PYEOF' || fail "bench json"
+import json, sys
+d = json.load(open(sys.argv[1]))
+keys = ["raw_bytes", "ulpack_bytes", "bound_bytes", "zstd19_bgxor_bytes", "zstd3_bgxor_bytes",
+        "encode_mbps", "decode_mbps", "encode_mbps_mt", "decode_mbps_mt", "zstd3_encode_mbps",
+        "zstd3_decode_mbps", "memcpy_mbps", "roundtrip_ok"]
+for g in [d["total"]] + list(d["by_dtype"].values()):
+    missing = [k for k in keys if k not in g]
+    assert not missing, missing
+    assert g["roundtrip_ok"] is True
+    assert g["ulpack_bytes"] < g["zstd19_bgxor_bytes"], g
+    assert g["ulpack_bytes"] <= 1.05 * g["bound_bytes"] + 4096, g
+    assert g["decode_mbps"] > 0 and g["encode_mbps"] > 0
+assert "BF16" in d["by_dtype"]
+print("bench json ok:", d["total"]["ulpack_bytes"], "of", d["total"]["raw_bytes"])
+PYEOF
+"$ULPACK" bench "$T/mixed/checkpoint-100/model.safetensors" "$T/mixed/checkpoint-200/model.safetensors" \
+	--reps 1 --min-time 0.01 > "$T/bench.txt" || fail "bench on mixed dtypes"
+grep -q '^F32 ' "$T/bench.txt" && grep -q '^BF16 ' "$T/bench.txt" && grep -q '^total ' "$T/bench.txt" \
+	&& ok "text report per dtype" || fail "text report: $(cat "$T/bench.txt")"
+finish

@@ -1,0 +1,270 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_golden.c - frozen blobs of format v1 (tests/golden/v1) must still
+ * decode to their inputs, the encoder must still produce them byte for byte,
+ * and the damaged blobs of tests/golden/bad must fail with their exact error.
+ *
+ *   test_golden            check against $ULP_GOLDEN_DIR
+ *   test_golden --regen D  write D/v1 and D/bad (only when the format changes
+ *                          on purpose: bump the version and keep the old ones)
+ */
+#include "tap.h"
+#include "ulpack.h"
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <zstd.h>
+
+#define ULP_GOLDEN_ZSTD_VERSION 10504 /* libzstd that wrote the frozen zstd blobs */
+
+typedef struct gcase {
+	const char *name;
+	ulp_dtype dt;
+	size_t n;        /* elements */
+	int codec;       /* forced codec, or -1 to let the encoder choose */
+	int with_ref;
+	int kind;        /* input pattern */
+} gcase;
+
+static const gcase cases[] = {
+	{"bf16-delta", ULP_DT_BF16, 5000, -1, 1, 0},
+	{"bf16-anchor", ULP_DT_BF16, 3000, -1, 0, 0},
+	{"f16-delta", ULP_DT_F16, 4000, ULP_CODEC_DELTA, 1, 0},
+	{"f32-delta-chunks", ULP_DT_F32, 3000, ULP_CODEC_DELTA, 1, 0},
+	{"f32-anchor", ULP_DT_F32, 2000, ULP_CODEC_ANCHOR, 0, 0},
+	{"f64-delta", ULP_DT_F64, 1500, ULP_CODEC_DELTA, 1, 0},
+	{"e4m3-delta", ULP_DT_F8_E4M3, 3000, ULP_CODEC_DELTA, 1, 0},
+	{"e5m2-anchor", ULP_DT_F8_E5M2, 3000, ULP_CODEC_ANCHOR, 0, 0},
+	{"bf16-zstd-xor", ULP_DT_BF16, 2000, ULP_CODEC_ZSTD_XOR, 1, 0},
+	{"i64-zstd", ULP_DT_I64, 1000, -1, 0, 1},
+	{"bytes-raw", ULP_DT_UNKNOWN, 1500, -1, 0, 2},
+	{"bf16-ident", ULP_DT_BF16, 1000, -1, 1, 3},
+	{"f32-empty", ULP_DT_F32, 0, -1, 0, 0},
+};
+
+/* Deterministic inputs, independent of tap_rand's other users. */
+static void make_input(const gcase *c, uint8_t *x, uint8_t *r)
+{
+	uint64_t s = 0x1234567ull + (uint64_t)c->n * 31 + (uint64_t)c->dt;
+	unsigned es = ulp_dtype_size(c->dt);
+	for (size_t i = 0; i < c->n; i++) {
+		s = s * 6364136223846793005ull + 1442695040888963407ull;
+		uint64_t v = s >> 11;
+		uint64_t rv, xv;
+		switch (c->kind) {
+		case 1: rv = xv = i * 3 + (v & 3); break;           /* integers */
+		case 2: rv = xv = v; break;                          /* noise */
+		default: {
+			/* a float-like value: exponent near the top of its field, small step */
+			unsigned w = es * 8;
+			uint64_t base = w == 8 ? 0x30 : w == 16 ? 0x3c00 : w == 32 ? 0x3c000000u : 0x3f80000000000000ull;
+			rv = base + (v % (w == 8 ? 40 : 5000)) + ((v >> 40 & 1) ? (w == 64 ? 1ull << 63 : 1ull << (w - 1)) : 0);
+			xv = c->kind == 3 ? rv : rv + ((v >> 20) % 21) - 10;
+		}
+		}
+		memcpy(x + i * es, &xv, es);
+		memcpy(r + i * es, &rv, es);
+	}
+}
+
+static int encode_case(const gcase *c, uint8_t **blob, size_t *len, uint8_t **x, uint8_t **r)
+{
+	size_t bytes = c->n * ulp_dtype_size(c->dt);
+	*x = malloc(bytes + 1);
+	*r = malloc(bytes + 1);
+	make_input(c, *x, *r);
+	ulp_enc_opts o = {.chunk_log2 = 10, .force_codec = c->codec + 1};
+	size_t cap = ulp_encode_bound(c->dt, bytes, &o);
+	*blob = malloc(cap);
+	int64_t n = ulp_encode(&o, NULL, c->dt, *blob, cap, *x, bytes, c->with_ref ? *r : NULL,
+	                       c->with_ref ? bytes : 0, NULL);
+	if (n < 0)
+		return (int)n;
+	*len = (size_t)n;
+	return 0;
+}
+
+static uint8_t *slurp(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return NULL;
+	uint8_t *b = malloc(1 << 20);
+	*len = fread(b, 1, 1 << 20, f);
+	fclose(f);
+	return b;
+}
+
+static int spit(const char *path, const void *p, size_t len)
+{
+	FILE *f = fopen(path, "wb");
+	if (!f)
+		return -1;
+	size_t w = fwrite(p, 1, len, f);
+	return fclose(f) == 0 && w == len ? 0 : -1;
+}
+
+/* Damaged blobs: derived from bf16-delta; each with its exact error. */
+typedef struct bad {
+	const char *name;
+	int code;
+	const char *msg;
+} bad;
+
+static const bad bads[] = {
+	{"magic", -ULP_E_CORRUPT, "bad magic"},
+	{"version", -ULP_E_VERSION, "version 2"},
+	{"short", -ULP_E_CORRUPT, "shorter than any header"},
+	{"codec", -ULP_E_CORRUPT, "bad codec"},
+	{"header", -ULP_E_CORRUPT, "header check does not match"},
+	{"trailing", -ULP_E_CORRUPT, "follow the header"},
+	{"payload", -ULP_E_CHECKSUM, "checksum mismatch"},
+	{"truncated", -ULP_E_CORRUPT, "follow the header"},
+};
+
+static size_t make_bad(const char *name, const uint8_t *good, size_t len, uint8_t *out)
+{
+	memcpy(out, good, len);
+	if (!strcmp(name, "magic"))
+		out[0] = 'X';
+	else if (!strcmp(name, "version"))
+		out[4] = 2;
+	else if (!strcmp(name, "short"))
+		return 20;
+	else if (!strcmp(name, "codec"))
+		out[5] = 9;
+	else if (!strcmp(name, "header"))
+		out[20] ^= 0x10; /* inside the content sha256 */
+	else if (!strcmp(name, "trailing"))
+		out[len++] = 0;
+	else if (!strcmp(name, "payload"))
+		out[len - 1] ^= 0x01;
+	else if (!strcmp(name, "truncated"))
+		return len - 3;
+	return len;
+}
+
+static int regen(const char *dir)
+{
+	char path[4096];
+	snprintf(path, sizeof(path), "%s/v1", dir);
+	mkdir(dir, 0755);
+	mkdir(path, 0755);
+	snprintf(path, sizeof(path), "%s/bad", dir);
+	mkdir(path, 0755);
+	snprintf(path, sizeof(path), "%s/v1/SHA256SUMS", dir);
+	FILE *sums = fopen(path, "w");
+	if (!sums)
+		return 1;
+	uint8_t *first = NULL;
+	size_t first_len = 0;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		uint8_t *b, *x, *r;
+		size_t len;
+		if (encode_case(&cases[i], &b, &len, &x, &r) < 0)
+			return 1;
+		snprintf(path, sizeof(path), "%s/v1/%s.blob", dir, cases[i].name);
+		if (spit(path, b, len) < 0)
+			return 1;
+		uint8_t sha[32];
+		char hex[65];
+		ulp_sha256(b, len, sha);
+		ulp_sha256_hex(sha, hex);
+		fprintf(sums, "%s  %s.blob\n", hex, cases[i].name);
+		if (i == 0) {
+			first = b;
+			first_len = len;
+		} else {
+			free(b);
+		}
+		free(x);
+		free(r);
+	}
+	fclose(sums);
+	uint8_t *out = malloc(first_len + 16);
+	for (size_t i = 0; i < sizeof(bads) / sizeof(bads[0]); i++) {
+		size_t len = make_bad(bads[i].name, first, first_len, out);
+		snprintf(path, sizeof(path), "%s/bad/%s.blob", dir, bads[i].name);
+		if (spit(path, out, len) < 0)
+			return 1;
+	}
+	free(out);
+	free(first);
+	printf("wrote %s\n", dir);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 3 && !strcmp(argv[1], "--regen"))
+		return regen(argv[2]);
+	const char *dir = getenv("ULP_GOLDEN_DIR");
+	if (!dir)
+		dir = "tests/golden";
+	char path[4096];
+	snprintf(path, sizeof(path), "%s/v1/SHA256SUMS", dir);
+	size_t sums_len;
+	char *sums = (char *)slurp(path, &sums_len);
+	REQUIRE(sums != NULL, "cannot read %s: %s", path, strerror(errno));
+	sums[sums_len] = 0;
+	uint8_t *bf16_delta = NULL, *bf16_ref = NULL;
+	size_t bf16_len = 0;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		const gcase *c = &cases[i];
+		uint8_t *b, *x, *r;
+		size_t len, glen;
+		REQUIRE(encode_case(c, &b, &len, &x, &r) == 0, "encode %s", c->name);
+		snprintf(path, sizeof(path), "%s/v1/%s.blob", dir, c->name);
+		uint8_t *g = slurp(path, &glen);
+		REQUIRE(g != NULL, "missing golden blob %s", path);
+		uint8_t sha[32];
+		char hex[65], line[256];
+		ulp_sha256(g, glen, sha);
+		ulp_sha256_hex(sha, hex);
+		snprintf(line, sizeof(line), "%s  %s.blob", hex, c->name);
+		CHECK(strstr(sums, line) != NULL, "%s: sha256 of the frozen blob changed", c->name);
+		/* zstd's output may change between its versions; ours must not */
+		int zstd_codec = glen > 5 && (g[5] == ULP_CODEC_ZSTD || g[5] == ULP_CODEC_ZSTD_XOR);
+		if (!zstd_codec || ZSTD_versionNumber() == ULP_GOLDEN_ZSTD_VERSION)
+			CHECK(len == glen && memcmp(b, g, len) == 0, "%s: encoder output differs from the frozen blob", c->name);
+		size_t bytes = c->n * ulp_dtype_size(c->dt);
+		char err[256] = "";
+		CHECK(ulp_blob_validate(g, glen, c->with_ref ? r : NULL, c->with_ref ? bytes : 0, 1, err, sizeof(err)) == 0,
+		      "%s: frozen blob does not validate: %s", c->name, err);
+		ulp_blob *h;
+		REQUIRE(ulp_blob_open(g, glen, &h, err, sizeof(err)) == 0, "%s: open: %s", c->name, err);
+		uint8_t *out = malloc(bytes + 1);
+		int64_t n = ulp_blob_decode(h, NULL, out, bytes, ulp_blob_get_info(h)->has_ref ? r : NULL,
+		                            ulp_blob_get_info(h)->has_ref ? bytes : 0);
+		CHECK(n == (int64_t)bytes && memcmp(out, x, bytes) == 0, "%s: frozen blob decodes to its input", c->name);
+		ulp_blob_close(h);
+		free(out);
+		if (i == 0) {
+			bf16_delta = g;
+			bf16_len = glen;
+			bf16_ref = r;
+			r = NULL;
+		} else {
+			free(g);
+		}
+		free(b);
+		free(x);
+		free(r);
+	}
+	for (size_t i = 0; i < sizeof(bads) / sizeof(bads[0]); i++) {
+		size_t len;
+		snprintf(path, sizeof(path), "%s/bad/%s.blob", dir, bads[i].name);
+		uint8_t *g = slurp(path, &len);
+		REQUIRE(g != NULL, "missing bad blob %s", path);
+		char err[256] = "";
+		int rc = ulp_blob_validate(g, len, bf16_ref, cases[0].n * 2, 1, err, sizeof(err));
+		CHECK(rc == bads[i].code && strstr(err, bads[i].msg), "bad/%s: got %d '%s', want %d '%s'",
+		      bads[i].name, rc, err, bads[i].code, bads[i].msg);
+		free(g);
+	}
+	(void)bf16_len;
+	free(bf16_delta);
+	free(bf16_ref);
+	free(sums);
+	return tap_done();
+}

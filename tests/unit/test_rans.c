@@ -1,0 +1,188 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_rans.c - the coder's pieces: the reciprocal division is exact for
+ * every frequency, tables normalize, serialize and parse back identically,
+ * hostile tables are rejected, and chunk streams round-trip for skewed,
+ * uniform and single-symbol distributions at every lane count.
+ */
+#include "tap.h"
+#include "codec.h"
+#include <string.h>
+
+static void test_reciprocal(void)
+{
+	int bad = 0;
+	for (unsigned n = ULP_PROB_BITS_MIN; n <= ULP_PROB_BITS_MAX; n++)
+		for (uint32_t f = 1; f <= (1u << n) && !bad; f++) {
+			ulp_rans_esym s;
+			ulp_rans_esym_init(&s, 0, f, n);
+			uint32_t probes[] = {ULP_RANS_L, ULP_RANS_L + 1, s.x_max - 1, 0x7fffffffu,
+			                     0x7fffffffu - f, (0x7fffffffu / f) * f, (0x7fffffffu / f) * f - 1};
+			for (size_t i = 0; i < sizeof(probes) / sizeof(probes[0]); i++) {
+				uint32_t x = probes[i];
+				uint32_t q = (uint32_t)(((uint64_t)x * s.rcp) >> s.shift);
+				if (q != x / f)
+					bad++;
+			}
+			for (int i = 0; i < 64; i++) {
+				uint32_t x = (uint32_t)(tap_rand() & 0x7fffffffu);
+				if ((uint32_t)(((uint64_t)x * s.rcp) >> s.shift) != x / f)
+					bad++;
+			}
+		}
+	CHECK(bad == 0, "%d reciprocal quotients wrong", bad);
+}
+
+static void fill_counts(uint64_t *c, unsigned n_ctx, unsigned a, int kind)
+{
+	memset(c, 0, sizeof(uint64_t) * n_ctx * a);
+	for (unsigned x = 0; x < n_ctx; x++) {
+		if (kind == 0 && (tap_rand() & 1))
+			continue; /* sparse contexts */
+		for (unsigned s = 0; s < a; s++) {
+			switch (kind) {
+			case 0: c[x * a + s] = (tap_rand() % 4 == 0) ? tap_rand() % 100000 : 0; break;
+			case 1: c[x * a + s] = 1000; break;
+			case 2: c[x * a + s] = s == (x % a) ? 5000000 : (s == 0 ? 1 : 0); break;
+			default: c[x * a + s] = (uint64_t)1 << (s % 30); break;
+			}
+		}
+	}
+}
+
+static void test_tables(void)
+{
+	const unsigned n_ctx = 64, a = 60;
+	uint64_t *c = malloc(sizeof(uint64_t) * n_ctx * a);
+	for (int kind = 0; kind < 4; kind++) {
+		ulp_table t, u;
+		uint64_t cost;
+		fill_counts(c, n_ctx, a, kind);
+		REQUIRE(ulp_table_choose(c, n_ctx, a, &t, &cost) == 0, "choose kind %d", kind);
+		/* every used context has a row; every row sums to 2^n and covers its counts */
+		int ok = 1;
+		for (unsigned x = 0; x < n_ctx; x++) {
+			uint64_t tot = 0;
+			for (unsigned s = 0; s < a; s++)
+				tot += c[x * a + s];
+			if (!tot)
+				continue;
+			if (t.ctx_row[x] == ULP_CTX_UNUSED) {
+				ok = 0;
+				continue;
+			}
+			const uint16_t *f = t.freq + (size_t)t.ctx_row[x] * 256;
+			for (unsigned s = 0; s < a; s++)
+				if (c[x * a + s] && !f[s])
+					ok = 0;
+		}
+		for (unsigned r = 0; r < t.n_rows; r++) {
+			uint32_t sum = 0;
+			for (unsigned s = 0; s < 256; s++)
+				sum += t.freq[r * 256 + s];
+			if (sum != 1u << t.prob_bits)
+				ok = 0;
+		}
+		CHECK(ok, "table kind %d covers its counts", kind);
+		size_t len = ulp_table_size(&t);
+		uint8_t *buf = malloc(len);
+		CHECK(ulp_table_write(&t, buf, len) == (int64_t)len, "write");
+		ulp_err err = {0};
+		REQUIRE(ulp_table_read(buf, len, t.prob_bits, a, n_ctx, &u, &err) == 0, "read back kind %d", kind);
+		CHECK(u.n_rows == t.n_rows && !memcmp(u.freq, t.freq, t.n_rows * 256 * 2) &&
+		      !memcmp(u.ctx_row, t.ctx_row, n_ctx * 2), "table kind %d identical after parse", kind);
+		/* every truncation and every single-bit flip: rejected or a valid table */
+		int crashes_none = 1;
+		for (size_t l = 0; l < len; l++) {
+			ulp_table v;
+			if (ulp_table_read(buf, l, t.prob_bits, a, n_ctx, &v, &err) == 0) {
+				crashes_none = 0; /* a strict prefix must never parse */
+				ulp_table_free(&v);
+			}
+		}
+		CHECK(crashes_none, "truncated tables rejected (kind %d)", kind);
+		for (size_t bit = 0; bit < len * 8; bit++) {
+			ulp_table v;
+			buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+			if (ulp_table_read(buf, len, t.prob_bits, a, n_ctx, &v, &err) == 0) {
+				for (unsigned r = 0; r < v.n_rows; r++) {
+					uint32_t sum = 0;
+					for (unsigned s = 0; s < 256; s++)
+						sum += v.freq[r * 256 + s];
+					if (sum != 1u << v.prob_bits)
+						crashes_none = 0;
+				}
+				ulp_table_free(&v);
+			}
+			buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+		}
+		CHECK(crashes_none, "bit-flipped tables either rejected or valid (kind %d)", kind);
+		free(buf);
+		ulp_table_free(&t);
+		ulp_table_free(&u);
+	}
+	free(c);
+}
+
+/* ANCHOR chunks of F32 with a chosen distribution of exponent symbols */
+static void test_streams(void)
+{
+	ulp_fmt f;
+	ulp_fmt_get(ULP_DT_F32, &f);
+	const size_t n = 5000;
+	uint32_t *x = malloc(n * 4), *y = malloc(n * 4);
+	uint8_t *syms = malloc(n);
+	for (int dist = 0; dist < 4; dist++)
+		for (unsigned ll = 0; ll <= 5; ll++) {
+			unsigned lanes = 1u << ll;
+			uint64_t counts[256] = {0};
+			for (size_t i = 0; i < n; i++) {
+				uint32_t e;
+				switch (dist) {
+				case 0: e = 127; break;                            /* one symbol */
+				case 1: e = (uint32_t)(tap_rand() & 255); break;   /* uniform */
+				case 2: e = (tap_rand() % 1000) ? 120 : (uint32_t)(tap_rand() & 255); break;
+				default: e = 100 + (uint32_t)(tap_rand() % 3); break;
+				}
+				x[i] = (uint32_t)(tap_rand() & 0x807fffffu) | e << 23;
+			}
+			ulp_anchor_symbols(&f, x, n, syms, counts);
+			ulp_table t;
+			ulp_rans_esym *es;
+			ulp_dtab d;
+			uint64_t cost;
+			REQUIRE(ulp_table_choose(counts, 1, 256, &t, &cost) == 0, "choose");
+			REQUIRE(ulp_table_esyms(&t, &es) == 0 && ulp_dtab_build(&t, &d) == 0, "views");
+			size_t rc = ulp_chunk_rans_bound(n, lanes), wc = ulp_chunk_raw_bound(&f, n);
+			uint8_t *rb = malloc(rc), *wb = malloc(wc);
+			size_t rl;
+			uint64_t bits;
+			REQUIRE(ulp_chunk_encode(&f, &t, es, lanes, syms, x, NULL, n, rb, rc, &rl, wb, wc, &bits) == 0, "encode");
+			ulp_err err = {0};
+			int r = ulp_chunk_decode(&f, &d, lanes, rb, rl, wb, (size_t)((bits + 7) / 8), bits, NULL, n, y, &err);
+			CHECK(r == 0 && memcmp(x, y, n * 4) == 0, "stream dist %d lanes %u", dist, lanes);
+			/* damage: a changed final state or a missing word is detected */
+			if (rl > 4 * lanes + 2) {
+				CHECK(ulp_chunk_decode(&f, &d, lanes, rb, rl - 2, wb, (size_t)((bits + 7) / 8), bits, NULL, n, y, &err) < 0,
+				      "short rANS stream detected (dist %d lanes %u)", dist, lanes);
+			}
+			CHECK(ulp_chunk_decode(&f, &d, lanes, rb, rl, wb, (size_t)((bits + 7) / 8) + 1, bits + 8, NULL, n, y, &err) < 0,
+			      "extra raw bits detected");
+			free(rb);
+			free(wb);
+			free(es);
+			ulp_dtab_free(&d);
+			ulp_table_free(&t);
+		}
+	free(x);
+	free(y);
+	free(syms);
+}
+
+int main(void)
+{
+	test_reciprocal();
+	test_tables();
+	test_streams();
+	return tap_done();
+}
