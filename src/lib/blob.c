@@ -228,17 +228,26 @@ static int job_checksum(void *arg, size_t k)
 	return 0;
 }
 
+/* Each chunk of a rANS candidate owns a region of its arena: the rANS part
+ * from the start, the raw tail (written by pass 1) after the rANS bound. */
+static size_t region_size(const enc *e)
+{
+	size_t c = ULP_MIN(e->n, (size_t)1 << e->chunk_log2);
+	return (ulp_chunk_rans_bound(c, ULP_LANES_MAX) + ulp_chunk_raw_bound(&e->f, c) + 1) & ~(size_t)1;
+}
+
 static int job_symbols(void *arg, size_t k)
 {
 	enc *e = arg;
+	cand *c = e->c;
 	size_t first, count;
 	chunk_span(e, k, &first, &count);
 	uint64_t *cnt = e->counts + k * (size_t)e->n_ctx * e->alphabet;
-	if (e->anchor)
-		ulp_anchor_symbols(&e->f, e->src + first * e->esize, count, e->syms + first, cnt);
-	else
-		ulp_delta_symbols(&e->f, e->src + first * e->esize, e->ref + first * e->esize,
-		                  count, e->syms + first, cnt);
+	uint8_t *region = c->arena + k * region_size(e);
+	size_t rb = ulp_chunk_rans_bound(count, 1u << c->lanes_log2);
+	ulp_pass1(&e->f, e->anchor, e->src + first * e->esize,
+	          e->anchor ? NULL : e->ref + first * e->esize, count, e->syms + first, cnt,
+	          region + rb, ulp_chunk_raw_bound(&e->f, count), &c->ch[k].raw_bits);
 	return 0;
 }
 
@@ -249,23 +258,18 @@ static int job_rans(void *arg, size_t k)
 	size_t first, count;
 	chunk_span(e, k, &first, &count);
 	unsigned lanes = 1u << c->lanes_log2;
-	size_t rb = ulp_chunk_rans_bound(count, lanes), wb = ulp_chunk_raw_bound(&e->f, count);
-	uint8_t *buf = c->arena + first * (2 + e->esize) + k * (4 * ULP_LANES_MAX + 16);
-	uint8_t *raw = malloc(wb);
-	if (!raw)
-		return -ULP_E_NOMEM;
-	size_t rans_len;
-	uint64_t raw_bits;
+	size_t rb = ulp_chunk_rans_bound(count, lanes), rans_len;
+	uint8_t *buf = c->arena + k * region_size(e);
 	int rc = ulp_chunk_encode(&e->f, e->t, e->es, lanes, e->syms + first,
-	                          e->src + first * e->esize,
 	                          e->anchor ? NULL : e->ref + first * e->esize, count, buf, rb,
-	                          &rans_len, raw, wb, &raw_bits);
+	                          &rans_len);
 	if (rc == 0) {
-		size_t raw_len = (size_t)((raw_bits + 7) / 8);
-		memcpy(buf + rans_len, raw, raw_len);
-		c->ch[k] = (enc_chunk){buf, rans_len, raw_bits, rans_len + raw_len};
+		size_t raw_len = (size_t)((c->ch[k].raw_bits + 7) / 8);
+		memmove(buf + rans_len, buf + rb, raw_len);
+		c->ch[k].buf = buf;
+		c->ch[k].rans_len = rans_len;
+		c->ch[k].len = rans_len + raw_len;
 	}
-	free(raw);
 	return rc;
 }
 
@@ -335,13 +339,20 @@ static int make_rans(enc *e, ulp_pool *pool, int anchor, cand *c, double *bound_
 	e->n_ctx = anchor ? 1 : e->f.n_ctx;
 	e->alphabet = anchor ? 1u << e->f.a_bits : e->f.alphabet;
 	size_t cells = (size_t)e->n_ctx * e->alphabet;
-	e->counts = calloc(cells * (e->n_chunks ? e->n_chunks : 1), sizeof(uint64_t));
+	/* one count table a chunk, merged in chunk order; a single chunk counts
+	 * straight into the merged table */
 	merged = calloc(cells, sizeof(uint64_t));
+	e->counts = e->n_chunks > 1 ? calloc(cells * e->n_chunks, sizeof(uint64_t)) : merged;
+	c->lanes_log2 = lanes_log2_for(ULP_MIN(e->n, (size_t)1 << e->chunk_log2));
+	c->arena = malloc(e->n_chunks * region_size(e) + 16);
 	rc = -ULP_E_NOMEM;
-	if (!e->counts || !merged || cand_alloc_chunks(e, c) < 0)
+	if (!e->counts || !merged || !c->arena || cand_alloc_chunks(e, c) < 0)
 		goto out;
-	ULP_TRY(ulp_pool_run(pool, e->n_chunks, job_symbols, e));
-	for (size_t k = 0; k < e->n_chunks; k++)
+	e->c = c;
+	rc = ulp_pool_run(pool, e->n_chunks, job_symbols, e);
+	if (rc < 0)
+		goto out;
+	for (size_t k = 0; e->counts != merged && k < e->n_chunks; k++)
 		for (size_t i = 0; i < cells; i++)
 			merged[i] += e->counts[k * cells + i];
 	if (bound_bits)
@@ -355,19 +366,14 @@ static int make_rans(enc *e, ulp_pool *pool, int anchor, cand *c, double *bound_
 	if (rc < 0)
 		goto out;
 	c->prob_bits = t.prob_bits;
-	c->lanes_log2 = lanes_log2_for(ULP_MIN(e->n, (size_t)1 << e->chunk_log2));
 	c->table_len = ulp_table_size(&t);
 	c->table = malloc(c->table_len);
 	rc = -ULP_E_NOMEM;
 	if (!c->table)
 		goto out;
 	ulp_table_write(&t, c->table, c->table_len);
-	c->arena = malloc(e->n * (2 + (size_t)e->esize) + e->n_chunks * (4 * ULP_LANES_MAX + 16) + 16);
-	if (!c->arena)
-		goto out;
 	e->t = &t;
 	e->es = es;
-	e->c = c;
 	rc = ulp_pool_run(pool, e->n_chunks, job_rans, e);
 	if (rc < 0)
 		goto out;
@@ -377,8 +383,9 @@ out:
 		cand_free(c);
 	ulp_table_free(&t);
 	free(es);
+	if (e->counts != merged)
+		free(e->counts);
 	free(merged);
-	free(e->counts);
 	e->counts = NULL;
 	return rc;
 }
@@ -517,7 +524,9 @@ int64_t ulp_encode(const ulp_enc_opts *opts, ulp_pool *pool, ulp_dtype dt, void 
 	e.n_chunks = n_chunks_for(e.n, e.chunk_log2);
 	int is_float = ulp_fmt_get(dt, &e.f) == 0;
 	ulp_sha256(src, src_len, e.sha);
-	if (ref)
+	if (ref && o->ref_sha256)
+		memcpy(e.ref_sha, o->ref_sha256, 32);
+	else if (ref)
 		ulp_sha256(ref, ref_len, e.ref_sha);
 	e.sum = calloc(e.n_chunks ? e.n_chunks : 1, sizeof(uint64_t));
 	if (!e.sum)
@@ -557,8 +566,9 @@ int64_t ulp_encode(const ulp_enc_opts *opts, ulp_pool *pool, ulp_dtype dt, void 
 			keep_smaller(&e, &best, &other);
 		}
 	}
-	/* zstd where ULPack does not apply, on small tensors, or where it looks weak */
-	if (!is_float || o->effort || src_len <= 65536 || best.size * 20 > (size_t)src_len * 17) {
+	/* zstd where ULPack does not apply, on tiny tensors (where tables weigh
+	 * most), or where ULPack gains little */
+	if (!is_float || o->effort || src_len <= 4096 || best.size * 20 > (size_t)src_len * 17) {
 		for (int codec = ULP_CODEC_ZSTD; codec <= ULP_CODEC_ZSTD_XOR; codec++) {
 			if (codec == ULP_CODEC_ZSTD_XOR && !ref)
 				continue;

@@ -23,6 +23,7 @@
  *     exactly from (symbol, raw) by sym_base/sym_nraw below.
  *  2. Kernels never read or write outside [ptr, ptr + len) of any argument.
  */
+#include "config.h"
 #include "codec.h"
 #include <stdlib.h>
 
@@ -118,63 +119,50 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 	{                                                                               \
 		return (T)((T)(z >> 1) ^ (T)(0 - (T)(z & 1)));                          \
 	}                                                                               \
-	static void delta_symbols##W(const ulp_fmt *f, const T *x, const T *r, size_t n,  \
-	                             uint8_t *syms, uint64_t *counts)                    \
+	/* pass 1 of DELTA: symbols, counts, and the raw tail (forward) */            \
+	static void delta_pass1##W(const ulp_fmt *f, const T *x, const T *r, size_t n,    \
+	                           uint8_t *syms, uint64_t *counts, ulp_bitw *bw)        \
 	{                                                                               \
 		const unsigned a = f->alphabet, sh = f->mshift;                        \
 		const T em = (T)((1u << f->ebits) - 1);                                 \
-		for (size_t i = 0; i < n; i++) {                                        \
+		/* G elements (at most 56 raw bits together) per bit-writer call */    \
+		const unsigned G = W <= 8 ? 8 : W <= 16 ? 4 : 1;                        \
+		size_t i = 0;                                                           \
+		for (; W <= 32 && i + G <= n; i += G) {                                 \
+			uint64_t acc = 0;                                               \
+			unsigned tot = 0;                                               \
+			for (unsigned g = 0; g < G; g++) {                              \
+				T ri = r[i + g];                                        \
+				T z = zz##W((T)(phi##W(x[i + g]) - phi##W(ri)));        \
+				unsigned nraw, s = z_symbol(z, &nraw);                  \
+				syms[i + g] = (uint8_t)s;                               \
+				counts[(size_t)((ri >> sh) & em) * a + s]++;            \
+				acc |= ((uint64_t)z & ((1ull << nraw) - 1)) << tot;     \
+				tot += nraw;                                            \
+			}                                                               \
+			ulp_bitw_put(bw, acc, tot);                                     \
+		}                                                                       \
+		for (; i < n; i++) {                                                    \
 			T z = zz##W((T)(phi##W(x[i]) - phi##W(r[i])));                  \
 			unsigned nraw, s = z_symbol(z, &nraw);                          \
 			syms[i] = (uint8_t)s;                                           \
 			counts[(size_t)((r[i] >> sh) & em) * a + s]++;                  \
+			ulp_bitw_put64(bw, (uint64_t)z & ((1ull << nraw) - 1), nraw);   \
 		}                                                                       \
 	}                                                                               \
-	static void anchor_symbols##W(const ulp_fmt *f, const T *x, size_t n,            \
-	                              uint8_t *syms, uint64_t *counts)                   \
+	/* pass 1 of ANCHOR */                                                          \
+	static void anchor_pass1##W(const ulp_fmt *f, const T *x, size_t n,              \
+	                            uint8_t *syms, uint64_t *counts, ulp_bitw *bw)       \
 	{                                                                               \
-		const unsigned sh = f->a_shift;                                         \
-		const T am = (T)((1u << f->a_bits) - 1);                                \
+		const unsigned sh = f->a_shift, ab = f->a_bits, nb = W - ab;            \
+		const T am = (T)((1u << ab) - 1);                                       \
+		const uint64_t lo = ((uint64_t)1 << sh) - 1;                            \
 		for (size_t i = 0; i < n; i++) {                                        \
+			uint64_t u = x[i];                                              \
 			unsigned s = (unsigned)((x[i] >> sh) & am);                     \
 			syms[i] = (uint8_t)s;                                           \
 			counts[s]++;                                                    \
-		}                                                                       \
-	}                                                                               \
-	/* raw tail, forward */                                                         \
-	static void put_raw##W(const ulp_fmt *f, const T *x, const T *r, size_t n,        \
-	                       ulp_bitw *bw)                                             \
-	{                                                                               \
-		if (r) {                                                                \
-			/* G elements (at most 56 raw bits together) per write */      \
-			const unsigned G = W <= 8 ? 8 : W <= 16 ? 4 : 1;                \
-			size_t i = 0;                                                   \
-			for (; W <= 32 && i + G <= n; i += G) {                         \
-				uint64_t acc = 0;                                       \
-				unsigned tot = 0;                                       \
-				for (unsigned g = 0; g < G; g++) {                      \
-					T z = zz##W((T)(phi##W(x[i + g]) - phi##W(r[i + g]))); \
-					unsigned nraw;                                  \
-					(void)z_symbol(z, &nraw);                       \
-					acc |= ((uint64_t)z & ((1ull << nraw) - 1)) << tot; \
-					tot += nraw;                                    \
-				}                                                       \
-				ulp_bitw_put(bw, acc, tot);                             \
-			}                                                               \
-			for (; i < n; i++) {                                            \
-				T z = zz##W((T)(phi##W(x[i]) - phi##W(r[i])));          \
-				unsigned nraw;                                          \
-				(void)z_symbol(z, &nraw);                               \
-				ulp_bitw_put64(bw, (uint64_t)z & ((1ull << nraw) - 1), nraw);        \
-			}                                                               \
-		} else {                                                                \
-			const unsigned sh = f->a_shift, nb = W - f->a_bits;             \
-			const uint64_t lo = ((uint64_t)1 << sh) - 1;                    \
-			for (size_t i = 0; i < n; i++) {                                \
-				uint64_t u = x[i];                                      \
-				uint64_t v = (u & lo) | ((u >> (sh + f->a_bits)) << sh); \
-				ulp_bitw_put64(bw, v, nb);                              \
-			}                                                               \
+			ulp_bitw_put64(bw, (u & lo) | ((u >> (sh + ab)) << sh), nb);    \
 		}                                                                       \
 	}                                                                               \
 	/* rANS, backward; row of each element from its reference */                   \
@@ -217,9 +205,15 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 			T *ob = out + b0;                                               \
 			/* pass A: symbols; word reads unchecked while the stream holds \
 			 * a block's worst case (one word an element) */               \
-			if ((size_t)(wend - wp) >= 2 * bn) {                            \
+			size_t i0 = 0;                                                  \
+			if ((W == 16 || W == 32) && lanes == 32 && bn >= 32 &&         \
+			    (size_t)(wend - wp) >= 2 * bn && ulp_use_avx2()) {          \
+				size_t m = ulp_rans_syms_avx2(f, d, x, &wp, rb, bn & ~(size_t)31, syms); \
+				i0 = m == SIZE_MAX ? 0 : m;                             \
+			}                                                               \
+			if ((size_t)(wend - wp) >= 2 * (bn - i0)) {                     \
 				if (rb) {                                               \
-					for (size_t i = 0; i < bn; i++) {               \
+					for (size_t i = i0; i < bn; i++) {              \
 						const uint32_t *row = d->row[(rb[i] >> sh) & em]; \
 						if (__builtin_expect(!row, 0))          \
 							return ULP_CORRUPT(err, "element %zu: reference exponent %u has no table row", \
@@ -227,11 +221,11 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 						syms[i] = rans_step(&x[i & lm], row, mask, pb, &wp); \
 					}                                               \
 				} else {                                                \
-					for (size_t i = 0; i < bn; i++)                 \
+					for (size_t i = i0; i < bn; i++)                \
 						syms[i] = rans_step(&x[i & lm], row0, mask, pb, &wp); \
 				}                                                       \
 			} else {                                                        \
-				for (size_t i = 0; i < bn; i++) {                       \
+				for (size_t i = i0; i < bn; i++) {                      \
 					const uint32_t *row = rb ? d->row[(rb[i] >> sh) & em] : row0; \
 					if (!row)                                       \
 						return ULP_CORRUPT(err, "element %zu: reference exponent %u has no table row", \
@@ -260,7 +254,11 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 				return ULP_CORRUPT(err, "raw tail of %llu bits is too short for element block %zu", \
 				                   (unsigned long long)raw_bits, b0);   \
 			if (rb) {                                                       \
-				for (size_t i = 0; i < bn; i++) {                       \
+				size_t j0 = 0;                                          \
+				if (W == 16 && ulp_use_avx2())                          \
+					j0 = ulp_rebuild16_avx2(syms, (const uint16_t *)(const void *)rb, bn, \
+					                        raw, raw_len, &pos, (uint16_t *)(void *)ob); \
+				for (size_t i = j0; i < bn; i++) {                      \
 					unsigned s = syms[i], nr = d->nraw[s];          \
 					uint64_t z = d->base[s] | raw_bits_at(raw, raw_len, pos, nr); \
 					pos += nr;                                      \
@@ -290,29 +288,32 @@ DEFINE_WIDTH(32, uint32_t)
 DEFINE_WIDTH(64, uint64_t)
 
 #define DISPATCH(f, call8, call16, call32, call64) \
-	switch ((f)->w) {                           \
-	case 8: call8; break;                       \
-	case 16: call16; break;                     \
-	case 32: call32; break;                     \
-	default: call64; break;                     \
-	}
+	do {                                        \
+		switch ((f)->w) {                   \
+		case 8: call8; break;               \
+		case 16: call16; break;             \
+		case 32: call32; break;             \
+		default: call64; break;             \
+		}                                   \
+	} while (0);
 
-void ulp_delta_symbols(const ulp_fmt *f, const void *src, const void *ref, size_t n,
-                       uint8_t *syms, uint64_t *counts)
+void ulp_pass1(const ulp_fmt *f, int anchor, const void *src, const void *ref, size_t n,
+               uint8_t *syms, uint64_t *counts, uint8_t *raw, size_t raw_cap, uint64_t *raw_bits)
 {
-	DISPATCH(f, delta_symbols8(f, src, ref, n, syms, counts),
-	         delta_symbols16(f, src, ref, n, syms, counts),
-	         delta_symbols32(f, src, ref, n, syms, counts),
-	         delta_symbols64(f, src, ref, n, syms, counts));
-}
-
-void ulp_anchor_symbols(const ulp_fmt *f, const void *src, size_t n, uint8_t *syms,
-                        uint64_t *counts)
-{
-	DISPATCH(f, anchor_symbols8(f, src, n, syms, counts),
-	         anchor_symbols16(f, src, n, syms, counts),
-	         anchor_symbols32(f, src, n, syms, counts),
-	         anchor_symbols64(f, src, n, syms, counts));
+	ulp_bitw bw;
+	ulp_bitw_init(&bw, raw, raw + raw_cap);
+	if (anchor)
+		DISPATCH(f, anchor_pass18(f, src, n, syms, counts, &bw),
+		         anchor_pass116(f, src, n, syms, counts, &bw),
+		         anchor_pass132(f, src, n, syms, counts, &bw),
+		         anchor_pass164(f, src, n, syms, counts, &bw))
+	else
+		DISPATCH(f, delta_pass18(f, src, ref, n, syms, counts, &bw),
+		         delta_pass116(f, src, ref, n, syms, counts, &bw),
+		         delta_pass132(f, src, ref, n, syms, counts, &bw),
+		         delta_pass164(f, src, ref, n, syms, counts, &bw))
+	*raw_bits = (uint64_t)(bw.p - raw) * 8 + bw.fill;
+	ulp_bitw_finish(&bw, raw);
 }
 
 uint64_t ulp_delta_raw_bits(const ulp_fmt *f, const uint64_t *counts)
@@ -335,12 +336,10 @@ size_t ulp_chunk_raw_bound(const ulp_fmt *f, size_t n)
 }
 
 int ulp_chunk_encode(const ulp_fmt *f, const ulp_table *t, const ulp_rans_esym *es,
-                     unsigned lanes, const uint8_t *syms, const void *src, const void *ref,
-                     size_t n, uint8_t *rans_dst, size_t rans_cap, size_t *rans_len,
-                     uint8_t *raw_dst, size_t raw_cap, uint64_t *raw_bits)
+                     unsigned lanes, const uint8_t *syms, const void *ref, size_t n,
+                     uint8_t *rans_dst, size_t rans_cap, size_t *rans_len)
 {
-	if (rans_cap < ulp_chunk_rans_bound(n, lanes) || ((uintptr_t)rans_dst & 1) ||
-	    raw_cap < ulp_chunk_raw_bound(f, n))
+	if (rans_cap < ulp_chunk_rans_bound(n, lanes) || ((uintptr_t)rans_dst & 1))
 		return -ULP_E_OVERFLOW;
 	/* words grow down from the end of rans_dst */
 	uint16_t *end = (uint16_t *)(rans_dst + (rans_cap & ~(size_t)1));
@@ -357,16 +356,6 @@ int ulp_chunk_encode(const ulp_fmt *f, const ulp_table *t, const ulp_rans_esym *
 	for (unsigned l = 0; l < lanes; l++)
 		ulp_st32(rans_dst + 4 * l, x[l]);
 	*rans_len = 4 * lanes + words;
-
-	ulp_bitw bw;
-	ulp_bitw_init(&bw, raw_dst, raw_dst + raw_cap);
-	uint64_t before = 0;
-	DISPATCH(f, put_raw8(f, src, ref, n, &bw), put_raw16(f, src, ref, n, &bw),
-	         put_raw32(f, src, ref, n, &bw), put_raw64(f, src, ref, n, &bw));
-	before = (uint64_t)(bw.p - raw_dst) * 8 + bw.fill;
-	if (ulp_bitw_finish(&bw, raw_dst) < 0)
-		return -ULP_E_OVERFLOW;
-	*raw_bits = before;
 	return 0;
 }
 
@@ -404,6 +393,34 @@ int ulp_chunk_decode(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, const 
 	return 0;
 }
 
+#ifndef ULP_HAVE_AVX2
+size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
+                          size_t raw_len, uint64_t *pos, uint16_t *out)
+{
+	(void)syms, (void)ref, (void)n, (void)raw, (void)raw_len, (void)pos, (void)out;
+	return 0;
+}
+
+size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, uint32_t *x, const uint8_t **wpp,
+                          const void *ref, size_t n, uint8_t *syms)
+{
+	(void)f, (void)d, (void)x, (void)wpp, (void)ref, (void)n, (void)syms;
+	return SIZE_MAX; /* never called: ulp_use_avx2() is 0 */
+}
+#endif
+
+int ulp_use_avx2(void)
+{
+#ifdef ULP_HAVE_AVX2
+	static int have = -1;
+	if (have < 0)
+		__atomic_store_n(&have, (ulp_cpu_features() & ULP_CPU_AVX2) != 0, __ATOMIC_RELAXED);
+	return have && (__atomic_load_n(&ulp_cpu_mask_active, __ATOMIC_RELAXED) & ULP_CPU_AVX2);
+#else
+	return 0;
+#endif
+}
+
 int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)
 {
 	ulp_dtab d = {0};
@@ -411,13 +428,18 @@ int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)
 	d.n_ctx = t->n_ctx;
 	ULP_TRY(ulp_table_dslots(t, &d.slots));
 	d.row = calloc(t->n_ctx, sizeof(*d.row));
-	if (!d.row) {
-		free(d.slots);
+	d.row_off = malloc(t->n_ctx * sizeof(*d.row_off));
+	if (!d.row || !d.row_off) {
+		ulp_dtab_free(&d);
 		return -ULP_E_NOMEM;
 	}
-	for (unsigned c = 0; c < t->n_ctx; c++)
-		if (t->ctx_row[c] != ULP_CTX_UNUSED)
+	for (unsigned c = 0; c < t->n_ctx; c++) {
+		d.row_off[c] = -1;
+		if (t->ctx_row[c] != ULP_CTX_UNUSED) {
 			d.row[c] = d.slots + ((size_t)t->ctx_row[c] << t->prob_bits);
+			d.row_off[c] = (int32_t)((uint32_t)t->ctx_row[c] << t->prob_bits);
+		}
+	}
 	for (unsigned s = 0; s < 256; s++) {
 		d.nraw[s] = (uint8_t)sym_nraw(s);
 		d.base[s] = sym_base(s);
@@ -432,6 +454,8 @@ void ulp_dtab_free(ulp_dtab *d)
 		return;
 	free(d->slots);
 	free(d->row);
+	free(d->row_off);
 	d->slots = NULL;
 	d->row = NULL;
+	d->row_off = NULL;
 }

@@ -28,6 +28,7 @@ typedef struct ulp_dtab {
 	unsigned n_ctx;
 	const uint32_t **row; /* n_ctx entries, pointing into slots */
 	uint32_t *slots;      /* owned */
+	int32_t *row_off;     /* n_ctx entries: row * 2^prob_bits, or -1 (owned) */
 	uint8_t nraw[256];    /* DELTA: raw-tail bits of each symbol */
 	uint64_t base[256];   /* DELTA: z with its raw tail zeroed */
 } ulp_dtab;
@@ -35,12 +36,14 @@ typedef struct ulp_dtab {
 int ulp_dtab_build(const ulp_table *t, ulp_dtab *out);
 void ulp_dtab_free(ulp_dtab *d);
 
-/* Pass 1: symbols of n elements into syms, counts[ctx * alphabet + sym]++.
- * ANCHOR uses context 0 and alphabet 2^a_bits. */
-void ulp_delta_symbols(const ulp_fmt *f, const void *src, const void *ref, size_t n,
-                       uint8_t *syms, uint64_t *counts);
-void ulp_anchor_symbols(const ulp_fmt *f, const void *src, size_t n, uint8_t *syms,
-                        uint64_t *counts);
+/*
+ * Pass 1 of a chunk (DELTA, or ANCHOR when anchor != 0 and ref is NULL):
+ * symbols of n elements into syms, counts[ctx * alphabet + sym]++ (ANCHOR:
+ * context 0, alphabet 2^a_bits), and the raw tail into raw (at least
+ * ulp_chunk_raw_bound bytes), *raw_bits its exact length.
+ */
+void ulp_pass1(const ulp_fmt *f, int anchor, const void *src, const void *ref, size_t n,
+               uint8_t *syms, uint64_t *counts, uint8_t *raw, size_t raw_cap, uint64_t *raw_bits);
 /* Raw-tail bits of the elements counted in counts (DELTA). */
 uint64_t ulp_delta_raw_bits(const ulp_fmt *f, const uint64_t *counts);
 
@@ -48,14 +51,26 @@ uint64_t ulp_delta_raw_bits(const ulp_fmt *f, const uint64_t *counts);
 size_t ulp_chunk_rans_bound(size_t n, unsigned lanes);
 size_t ulp_chunk_raw_bound(const ulp_fmt *f, size_t n);
 
-/*
- * Pass 2: codes one chunk. rANS part ([lanes x u32 states][u16 words]) into
- * rans_dst, raw tail into raw_dst. ref is NULL for ANCHOR.
- */
+/* Pass 2: the chunk's rANS part ([lanes x u32 states][u16 words]) into
+ * rans_dst, from the symbols of pass 1. ref is NULL for ANCHOR. */
 int ulp_chunk_encode(const ulp_fmt *f, const ulp_table *t, const ulp_rans_esym *es,
-                     unsigned lanes, const uint8_t *syms, const void *src, const void *ref,
-                     size_t n, uint8_t *rans_dst, size_t rans_cap, size_t *rans_len,
-                     uint8_t *raw_dst, size_t raw_cap, uint64_t *raw_bits);
+                     unsigned lanes, const uint8_t *syms, const void *ref, size_t n,
+                     uint8_t *rans_dst, size_t rans_cap, size_t *rans_len);
+
+/*
+ * AVX2 symbol pass (rans_avx2.c): decodes n symbols (n a multiple of 32, 32
+ * lanes) of a 16- or 32-bit dtype (ref NULL: ANCHOR) into syms; the word
+ * stream must hold 2n bytes from *wpp. Returns n, or SIZE_MAX (x and *wpp
+ * untouched) at an unused context.
+ */
+size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, uint32_t *x, const uint8_t **wpp,
+                          const void *ref, size_t n, uint8_t *syms);
+/* AVX2 reconstruction of 16-bit DELTA elements from their symbols and the raw
+ * tail at bit *pos; returns how many it did (the caller does the rest). */
+size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
+                          size_t raw_len, uint64_t *pos, uint16_t *out);
+/* 1 if the AVX2 kernels are built, supported and allowed by ulp_set_cpu_mask. */
+int ulp_use_avx2(void);
 
 /* Decodes one chunk into dst (n elements); every stream is bounds-checked. */
 int ulp_chunk_decode(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, const uint8_t *rans,

@@ -111,6 +111,8 @@ typedef struct ulp_enc_opts {
 	int effort;          /* 0: try zstd only where ULPack looks weak; 1: try every codec */
 	int force_codec;     /* 0: choose; ULP_CODEC_x + 1: use codec x (tests, benchmarks);
 	                        -INVAL if x cannot code this input */
+	const uint8_t *ref_sha256; /* SHA-256 of the reference when the caller knows it
+	                              (an archive does), or NULL to compute it */
 } ulp_enc_opts;
 
 typedef struct ulp_enc_stats {

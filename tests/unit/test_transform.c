@@ -4,7 +4,9 @@
  * every 16-bit pattern (BF16, F16) against 64+ references including signed
  * zeros, infinities, NaNs with payloads, subnormals and extremes; every 8-bit
  * pair (F8_E4M3, F8_E5M2); randomized 32- and 64-bit with the same edge sets.
- * Each case runs through DELTA and ANCHOR blobs (forced), encode then decode.
+ * Each case runs through DELTA and ANCHOR blobs (forced), encode then decode
+ * on every CPU path (scalar reference and AVX2 where the CPU has it), with
+ * 8 and 32 rANS lanes.
  */
 #include "tap.h"
 #include "ulpack.h"
@@ -23,10 +25,19 @@ static int roundtrip(ulp_dtype dt, const void *x, const void *r, size_t bytes, i
 		char err[200] = "";
 		ulp_blob *b;
 		if (ulp_blob_open(blob, (size_t)n, &b, err, sizeof(err)) == 0) {
-			int64_t d = ulp_blob_decode(b, NULL, out, bytes, codec == ULP_CODEC_DELTA ? r : NULL,
-			                            codec == ULP_CODEC_DELTA ? bytes : 0);
-			ok = d == (int64_t)bytes && memcmp(out, x, bytes) == 0;
-			ok = ok && ulp_blob_get_info(b)->codec == codec;
+			ok = ulp_blob_get_info(b)->codec == codec;
+			/* every CPU path: the scalar reference and each SIMD kernel */
+			const unsigned masks[] = {0, ULP_CPU_AVX2};
+			for (int m = 0; m < 2; m++) {
+				if (masks[m] && !(ulp_cpu_features() & masks[m]))
+					continue;
+				unsigned old = ulp_set_cpu_mask(masks[m]);
+				memset(out, 0, bytes);
+				int64_t d = ulp_blob_decode(b, NULL, out, bytes, codec == ULP_CODEC_DELTA ? r : NULL,
+				                            codec == ULP_CODEC_DELTA ? bytes : 0);
+				ulp_set_cpu_mask(old);
+				ok = ok && d == (int64_t)bytes && memcmp(out, x, bytes) == 0;
+			}
 			ulp_blob_close(b);
 		} else {
 			fprintf(stderr, "open: %s\n", err);
@@ -71,8 +82,8 @@ static void test16(ulp_dtype dt)
 	for (size_t k = 0; k < nr; k++) {
 		for (size_t i = 0; i < n; i++)
 			r[i] = refs[k];
-		CHECK(roundtrip(dt, x, r, n * 2, ULP_CODEC_DELTA, 12), "%s delta, all patterns vs %#06x",
-		      ulp_dtype_name(dt), refs[k]);
+		CHECK(roundtrip(dt, x, r, n * 2, ULP_CODEC_DELTA, (k & 1) ? 20 : 12),
+		      "%s delta, all patterns vs %#06x", ulp_dtype_name(dt), refs[k]);
 	}
 	/* varied references: per element, mixing edges and random, and x near r */
 	for (int v = 0; v < 4; v++) {
@@ -89,6 +100,8 @@ static void test16(ulp_dtype dt)
 	for (size_t i = 0; i < n; i++)
 		x[i] = (uint16_t)i;
 	CHECK(roundtrip(dt, x, NULL, n * 2, ULP_CODEC_ANCHOR, 12), "%s anchor, all patterns",
+	      ulp_dtype_name(dt));
+	CHECK(roundtrip(dt, x, NULL, n * 2, ULP_CODEC_ANCHOR, 20), "%s anchor, 32 lanes",
 	      ulp_dtype_name(dt));
 	free(x);
 	free(r);

@@ -1,0 +1,157 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rans_avx2.c - AVX2 kernel of the rANS symbol pass (pass A of the decoder in
+ * codec.c), compiled alone with -mavx2 -mbmi2 and chosen at run time.
+ *
+ * It decodes exactly what the scalar reference decodes: 32 lanes as four
+ * vectors of eight states; for eight consecutive elements (eight consecutive
+ * lanes) it gathers the table row of each element's context, gathers the slot
+ * entries, updates the states, and renormalizes the lanes that fell below
+ * 2^15 from the next words, which go to those lanes in lane order (the
+ * scalar order), spread by a permutation looked up from the lane mask.
+ *
+ * Invariants (callers guarantee):
+ *  1. lanes == 32 and n is a multiple of 32.
+ *  2. The word stream holds at least 2 n bytes from *wp, so every 16-byte
+ *     load of words stays inside it.
+ *  3. d->row_off[c] is row * 2^prob_bits for used contexts, -1 otherwise;
+ *     an element with an unused context stops the kernel, which then
+ *     returns SIZE_MAX and leaves x and *wpp untouched.
+ */
+#include "codec.h"
+#include <immintrin.h>
+
+/* perm[m]: for each lane j set in m, the index of its word (popcount of the
+ * lanes below j in m); lanes not in m take index 0 (blended away). */
+static uint32_t perm[256][8];
+
+__attribute__((constructor)) static void init_perm(void)
+{
+	for (unsigned m = 0; m < 256; m++) {
+		unsigned k = 0;
+		for (unsigned j = 0; j < 8; j++)
+			perm[m][j] = (m >> j & 1) ? k++ : 0;
+	}
+}
+
+size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, uint32_t *x, const uint8_t **wpp,
+                          const void *ref, size_t n, uint8_t *syms)
+{
+	const unsigned pb = d->prob_bits;
+	const __m128i pbv = _mm_cvtsi32_si128((int)pb);
+	const __m256i mask = _mm256_set1_epi32((int)((1u << pb) - 1));
+	const __m256i m12 = _mm256_set1_epi32(0xfff), one = _mm256_set1_epi32(1);
+	const __m256i lbound = _mm256_set1_epi32((int)ULP_RANS_L);
+	const __m256i em = _mm256_set1_epi32((int)((1u << f->ebits) - 1));
+	const __m128i shv = _mm_cvtsi32_si128((int)f->mshift);
+	const int *row_off = d->row_off;
+	const int *slots = (const int *)d->slots;
+	const __m256i pack_lo = _mm256_setr_epi8(3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+	                                         3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+	const uint8_t *wp = *wpp;
+	__m256i xv[4];
+	for (int j = 0; j < 4; j++)
+		xv[j] = _mm256_loadu_si256((const __m256i *)(x + 8 * j));
+	const __m256i off0 = _mm256_set1_epi32(row_off[0]);
+	size_t i = 0;
+	for (; i < n; i += 8) {
+		__m256i off;
+		if (ref) {
+			__m256i r = f->w == 16
+			                ? _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)ref + i)))
+			                : _mm256_loadu_si256((const __m256i *)((const uint32_t *)ref + i));
+			__m256i ctx = _mm256_and_si256(_mm256_srl_epi32(r, shv), em);
+			off = _mm256_i32gather_epi32(row_off, ctx, 4);
+			if (_mm256_movemask_ps(_mm256_castsi256_ps(off)))
+				break; /* an unused context: the scalar path reports it */
+		} else {
+			off = off0;
+		}
+		__m256i X = xv[(i >> 3) & 3];
+		__m256i e = _mm256_i32gather_epi32(slots, _mm256_add_epi32(off, _mm256_and_si256(X, mask)), 4);
+		__m256i fr = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(e, 12), m12), one);
+		X = _mm256_add_epi32(_mm256_mullo_epi32(fr, _mm256_srl_epi32(X, pbv)), _mm256_and_si256(e, m12));
+		/* symbols: the top byte of each entry */
+		__m256i sb = _mm256_shuffle_epi8(e, pack_lo);
+		uint32_t lo = (uint32_t)_mm256_extract_epi32(sb, 0), hi = (uint32_t)_mm256_extract_epi32(sb, 4);
+		memcpy(syms + i, &lo, 4);
+		memcpy(syms + i + 4, &hi, 4);
+		/* renormalize */
+		__m256i need = _mm256_cmpgt_epi32(lbound, X);
+		unsigned m = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(need));
+		__m256i words = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)wp));
+		words = _mm256_permutevar8x32_epi32(words, _mm256_loadu_si256((const __m256i *)perm[m]));
+		X = _mm256_blendv_epi8(X, _mm256_or_si256(_mm256_slli_epi32(X, 16), words), need);
+		wp += 2 * (unsigned)__builtin_popcount(m);
+		xv[(i >> 3) & 3] = X;
+	}
+	/* stopped by an unused context: nothing is handed back, the caller
+	 * decodes the whole range again in scalar and reports the element */
+	if (i < n)
+		return SIZE_MAX;
+	for (int j = 0; j < 4; j++)
+		_mm256_storeu_si256((__m256i *)(x + 8 * j), xv[j]);
+	*wpp = wp;
+	return i;
+}
+
+/*
+ * AVX2 reconstruction pass (pass B of the decoder) for 16-bit DELTA:
+ * eight elements at a time, each element's raw bits gathered from its bit
+ * position (a prefix sum of the raw lengths of its symbols), then
+ * z -> d -> x = phi_inv(phi(r) + d). Works while every gather stays inside
+ * the raw tail; returns the number of elements done (a multiple of 8) and
+ * advances *pos by their raw bits. The scalar loop finishes the rest.
+ */
+size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
+                          size_t raw_len, uint64_t *pos, uint16_t *out)
+{
+	const __m256i one = _mm256_set1_epi32(1), three = _mm256_set1_epi32(3),
+	              four = _mm256_set1_epi32(4), seven = _mm256_set1_epi32(7),
+	              zero = _mm256_setzero_si256(), h = _mm256_set1_epi32(0x8000),
+	              ffff = _mm256_set1_epi32(0xffff), bcast7 = _mm256_set1_epi32(7);
+	const __m256i hi_half = _mm256_setr_epi32(0, 0, 0, 0, -1, -1, -1, -1);
+	uint64_t p = *pos;
+	size_t i = 0;
+	/* a group reads at most 8 * 13 bits from byte p / 8, plus 8 bytes of gather */
+	for (; i + 8 <= n && p / 8 + 13 + 8 <= raw_len; i += 8) {
+		__m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(syms + i)));
+		__m256i nr = _mm256_max_epi32(_mm256_sub_epi32(_mm256_srli_epi32(s, 2), one), zero);
+		/* exclusive prefix sum of nr across the eight lanes */
+		__m256i inc = _mm256_add_epi32(nr, _mm256_slli_si256(nr, 4));
+		inc = _mm256_add_epi32(inc, _mm256_slli_si256(inc, 8));
+		inc = _mm256_add_epi32(inc, _mm256_and_si256(hi_half, _mm256_permutevar8x32_epi32(inc, _mm256_set1_epi32(3))));
+		__m256i exc = _mm256_sub_epi32(inc, nr);
+		uint32_t total = (uint32_t)_mm256_extract_epi32(inc, 7);
+		__m256i bitpos = _mm256_add_epi32(_mm256_set1_epi32((int)(p & 7)), exc);
+		__m256i byte = _mm256_srli_epi32(bitpos, 3);
+		__m256i shift = _mm256_and_si256(bitpos, seven);
+		const long long *base_ptr = (const long long *)(raw + p / 8);
+		__m256i g0 = _mm256_i32gather_epi64(base_ptr, _mm256_castsi256_si128(byte), 1);
+		__m256i g1 = _mm256_i32gather_epi64(base_ptr, _mm256_extracti128_si256(byte, 1), 1);
+		g0 = _mm256_srlv_epi64(g0, _mm256_cvtepu32_epi64(_mm256_castsi256_si128(shift)));
+		g1 = _mm256_srlv_epi64(g1, _mm256_cvtepu32_epi64(_mm256_extracti128_si256(shift, 1)));
+		/* low 32 bits of each 64-bit lane, back in element order */
+		__m256i bits = _mm256_permutevar8x32_epi32(
+			_mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(g0), _mm256_castsi256_ps(g1), 0x88)),
+			_mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+		__m256i rmask = _mm256_sub_epi32(_mm256_sllv_epi32(one, nr), one);
+		__m256i lead = _mm256_or_si256(four, _mm256_and_si256(s, three));
+		__m256i base = _mm256_blendv_epi8(_mm256_sllv_epi32(lead, nr), s, _mm256_cmpgt_epi32(four, s));
+		__m256i z = _mm256_or_si256(base, _mm256_and_si256(bits, rmask));
+		/* d = unzigzag(z); key = phi(r) + d; x = phi_inv(key), 16 bits */
+		__m256i d = _mm256_xor_si256(_mm256_srli_epi32(z, 1), _mm256_sub_epi32(zero, _mm256_and_si256(z, one)));
+		__m256i r = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(ref + i)));
+		__m256i rs = _mm256_srli_epi32(r, 15);
+		__m256i phir = _mm256_xor_si256(r, _mm256_or_si256(_mm256_sub_epi32(zero, rs), h));
+		__m256i key = _mm256_and_si256(_mm256_add_epi32(phir, d), ffff);
+		__m256i ks = _mm256_srli_epi32(key, 15);
+		__m256i x = _mm256_and_si256(_mm256_xor_si256(key, _mm256_or_si256(_mm256_sub_epi32(ks, one), h)), ffff);
+		__m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+		_mm_storeu_si128((__m128i *)(out + i), packed);
+		p += total;
+		(void)bcast7;
+	}
+	*pos = p;
+	return i;
+}
