@@ -9,6 +9,15 @@
 /* Each subcommand: argc/argv start at the subcommand name; returns the exit status. */
 int cmd_bench(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
+int cmd_init(int argc, char **argv);
+int cmd_import(int argc, char **argv);
+int cmd_ls(int argc, char **argv);
+int cmd_cat(int argc, char **argv);
+int cmd_export(int argc, char **argv);
+int cmd_stat(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
+int cmd_rm(int argc, char **argv);
+int cmd_gc(int argc, char **argv);
 
 /* Prints "ulpack: <msg>\n" to stderr; returns 1 (the failure exit status). */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

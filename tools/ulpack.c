@@ -15,6 +15,15 @@ static const struct {
 	int (*fn)(int, char **);
 	const char *summary;
 } commands[] = {
+	{"init", cmd_init, "ARCHIVE: create an empty archive"},
+	{"import", cmd_import, "ARCHIVE SRC_DIR [--prefix P]: archive a directory tree, in step order"},
+	{"ls", cmd_ls, "ARCHIVE [PATH]: list a directory of the archive"},
+	{"cat", cmd_cat, "ARCHIVE PATH: write a file's original bytes to stdout"},
+	{"export", cmd_export, "ARCHIVE PATH DEST: write a file or a tree out, with modes and mtimes"},
+	{"stat", cmd_stat, "ARCHIVE [PATH] [--json]: sizes, ratios, bits/weight, chain depths"},
+	{"verify", cmd_verify, "ARCHIVE [PATH]: decode everything and check every sha256"},
+	{"rm", cmd_rm, "ARCHIVE PATH [-r]: remove a file or tree (space returns with gc)"},
+	{"gc", cmd_gc, "ARCHIVE: drop what nothing reaches, rewrite sparse packs"},
 	{"bench", cmd_bench, "REF.safetensors TARGET.safetensors [--json] [--threads N]: codec benchmark"},
 	{"synth", cmd_synth, "OUTDIR [--steps N] [--dtype D]: write a synthetic training trajectory"},
 };
@@ -23,7 +32,7 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: ulpack COMMAND [ARGS]   (ulpack COMMAND --help for details)\n\ncommands:\n");
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-		fprintf(f, "  %-6s %s\n", commands[i].name, commands[i].summary);
+		fprintf(f, "  %-7s %s\n", commands[i].name, commands[i].summary);
 	fprintf(f, "\nulpack %s; see ulpack(1) and ulpack-format(5).\n", ULP_VERSION_STRING);
 }
 

@@ -3,7 +3,9 @@
  * pool.c - a fixed pool of worker threads running parallel-for jobs.
  *
  * Invariants:
- *  1. At most one ulp_pool_run() is in flight per pool (callers serialize).
+ *  1. At most one ulp_pool_run() is in flight per pool: a caller that finds
+ *     the pool busy runs its jobs itself, in order (so callers never wait on
+ *     each other and a job may itself call ulp_pool_run()).
  *  2. Jobs are claimed through one atomic counter, so each index runs once.
  *  3. ulp_pool_run() returns only after every worker has left the job.
  */
@@ -25,6 +27,7 @@ struct ulp_pool {
 	int (*fn)(void *, size_t);
 	void *arg;
 	int rc;                 /* first error, 0 if none */
+	pthread_mutex_t run_mu; /* held by the ulp_pool_run() in flight */
 };
 
 static void run_jobs(ulp_pool *p)
@@ -81,6 +84,7 @@ int ulp_pool_new(int threads, ulp_pool **out)
 	pthread_mutex_init(&p->mu, NULL);
 	pthread_cond_init(&p->cv_work, NULL);
 	pthread_cond_init(&p->cv_done, NULL);
+	pthread_mutex_init(&p->run_mu, NULL);
 	for (int i = 0; i < threads - 1; i++) {
 		if (pthread_create(&p->tid[i], NULL, worker, p) != 0)
 			break;
@@ -103,6 +107,7 @@ void ulp_pool_free(ulp_pool *p)
 	pthread_cond_destroy(&p->cv_work);
 	pthread_cond_destroy(&p->cv_done);
 	pthread_mutex_destroy(&p->mu);
+	pthread_mutex_destroy(&p->run_mu);
 	free(p->tid);
 	free(p);
 }
@@ -114,7 +119,7 @@ int ulp_pool_threads(const ulp_pool *p)
 
 int ulp_pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg)
 {
-	if (!p || p->n_workers == 0 || n <= 1) {
+	if (!p || p->n_workers == 0 || n <= 1 || pthread_mutex_trylock(&p->run_mu) != 0) {
 		int first = 0;
 		for (size_t i = 0; i < n; i++) {
 			int rc = fn(arg, i);
@@ -139,5 +144,6 @@ int ulp_pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg)
 		pthread_cond_wait(&p->cv_done, &p->mu);
 	int rc = p->rc;
 	pthread_mutex_unlock(&p->mu);
+	pthread_mutex_unlock(&p->run_mu);
 	return rc;
 }

@@ -190,6 +190,155 @@ void ulp_sha256(const void *data, size_t len, uint8_t out[ULP_SHA256_LEN]);
 /** Lowercase hex of a sha256 into out[65]. */
 void ulp_sha256_hex(const uint8_t sha[ULP_SHA256_LEN], char out[65]);
 
+/* ---- archives ------------------------------------------------------------ */
+
+/*
+ * An archive is a directory: ulpack.db (the SQLite index), packs/ (immutable
+ * pack files of blobs) and staging/ (files being written through a mount).
+ * Paths inside an archive are relative, '/'-separated, without '.' or '..'
+ * components ("run/checkpoint-100/model.safetensors"); "" is the root.
+ * An archive handle is thread-safe: every thread gets its own index
+ * connection; the decode cache and pool are shared.
+ */
+typedef struct ulp_archive ulp_archive;
+
+#define ULP_DEFAULT_MAX_CHAIN 16
+#define ULP_DEFAULT_CACHE_SIZE ((uint64_t)1 << 30)
+
+typedef struct ulp_archive_opts {
+	uint64_t cache_size;  /* decode cache bytes; 0: ULP_DEFAULT_CACHE_SIZE */
+	unsigned max_chain;   /* deltas a chain may hold before an anchor; 0: stored value */
+	int threads;          /* decode/encode threads; 0: one per CPU */
+	int read_only;        /* open the index read-only; writes fail with -INVAL */
+} ulp_archive_opts;
+
+/** Creates an empty archive in dir (created if missing; must be empty of
+ *  archive files). Errors: EXIST, IO. errbuf gets the cause. */
+int ulp_archive_init(const char *dir, char *errbuf, size_t errcap);
+/** Opens an archive. Errors: NOENT (no archive), VERSION (schema too new),
+ *  CORRUPT (not an archive), IO. errbuf gets the cause. Caller closes. */
+int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive **out,
+                     char *errbuf, size_t errcap);
+void ulp_archive_close(ulp_archive *a);
+/** The calling thread's last error on this archive: names the file and cause. */
+const char *ulp_archive_errmsg(const ulp_archive *a);
+/** The archive's directory. */
+const char *ulp_archive_dir(const ulp_archive *a);
+
+/* What an archive knows of a path. */
+typedef struct ulp_stat {
+	int is_dir, is_symlink;
+	uint64_t size;          /* bytes (symlink: target length) */
+	uint32_t mode;          /* permission bits and type (S_IFREG, S_IFDIR, S_IFLNK) */
+	uint32_t uid, gid;
+	int64_t mtime_ns;
+	uint8_t sha256[ULP_SHA256_LEN]; /* files: of the whole content */
+	uint64_t stored_bytes;  /* bytes of the blobs only this file introduced */
+	int64_t step;           /* parsed from the path, -1 if none */
+	unsigned chain_depth;   /* deepest delta chain among its tensors */
+	int anchor;             /* 1 if no tensor needs a reference */
+	int kind;               /* 1 safetensors (coded per tensor), 0 opaque */
+} ulp_stat;
+
+/** Metadata of a path without decoding anything. Errors: NOENT. */
+int ulp_archive_stat(ulp_archive *a, const char *path, ulp_stat *st);
+/** Calls cb for each entry of directory path (name, stat); stops at a
+ *  non-zero return, which it returns. Errors: NOENT. */
+int ulp_archive_readdir(ulp_archive *a, const char *path,
+                        int (*cb)(void *arg, const char *name, const ulp_stat *st), void *arg);
+/** Symlink target into buf (NUL-terminated). */
+int ulp_archive_readlink(ulp_archive *a, const char *path, char *buf, size_t cap);
+
+/* Reading: a handle maps byte ranges onto the stored header and the chunks
+ * they overlap, decoded through the shared cache. */
+typedef struct ulp_file ulp_file;
+int ulp_file_open(ulp_archive *a, const char *path, ulp_file **out);
+/** Reads up to len bytes at off; thread-safe. @return bytes read (0 at EOF). */
+int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off);
+const ulp_stat *ulp_file_get_stat(const ulp_file *f);
+void ulp_file_close(ulp_file *f);
+
+/* Writing. */
+typedef struct ulp_meta {
+	uint32_t mode;          /* permission bits (type bits ignored) */
+	uint32_t uid, gid;
+	int64_t mtime_ns;
+} ulp_meta;
+
+typedef struct ulp_put_result {
+	uint64_t raw_bytes;      /* size of the file */
+	uint64_t stored_bytes;   /* new blob bytes written */
+	unsigned tensors, deltas, anchors, reused; /* tensors coded, as deltas, standalone, deduplicated */
+	int skipped;             /* 1: an identical file was already there */
+	char ref_path[512];      /* the file it was coded against ("" if none) */
+} ulp_put_result;
+
+/**
+ * Archives the file open on fd (read from offset 0 to EOF) at path, replacing
+ * what was there atomically. Safetensors files are coded per tensor against
+ * the nearest step of their series; anything else is stored as zstd blobs.
+ * Every blob is decoded and compared with the input before the index
+ * transaction commits; on any error the archive is unchanged.
+ * Errors: IO, NOSPC, NOMEM, INVAL. res may be NULL.
+ */
+int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *meta,
+                    ulp_put_result *res);
+int ulp_archive_symlink(ulp_archive *a, const char *path, const char *target, const ulp_meta *meta);
+int ulp_archive_mkdir(ulp_archive *a, const char *path, const ulp_meta *meta);
+/** Removes a file or symlink (rm) or an empty directory (rmdir). Blobs stay
+ *  until gc. Errors: NOENT, BUSY (directory not empty). */
+int ulp_archive_remove(ulp_archive *a, const char *path);
+/** Renames a file, symlink or directory (over an existing file). */
+int ulp_archive_rename(ulp_archive *a, const char *from, const char *to);
+/** Changes mode, owner or mtime (fields with the flag set in which). */
+enum { ULP_SET_MODE = 1, ULP_SET_OWNER = 2, ULP_SET_MTIME = 4 };
+int ulp_archive_setattr(ulp_archive *a, const char *path, unsigned which, const ulp_meta *meta);
+
+typedef struct ulp_gc_result {
+	uint64_t blobs_removed, packs_removed, packs_rewritten, bytes_reclaimed;
+} ulp_gc_result;
+/** Drops blobs nothing reaches (no file, no chain) and rewrites or removes
+ *  the packs that held them, verifying every blob it rewrites. */
+int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res);
+
+/**
+ * Decodes every file under prefix ("" for all) and checks its sha256; calls
+ * bad(arg, path, why) for each damaged file. @return number of damaged
+ * files, or a negative error.
+ */
+int64_t ulp_archive_verify(ulp_archive *a, const char *prefix,
+                           void (*bad)(void *arg, const char *path, const char *why), void *arg);
+
+/* Counters of the decode cache (monotonic since open). */
+typedef struct ulp_counters {
+	uint64_t chunks_decoded;  /* chunk decodes of any codec */
+	uint64_t deltas_decoded;  /* of which needed a reference */
+	uint64_t cache_hits, cache_misses;
+	uint64_t cache_bytes;     /* bytes held now */
+	uint64_t max_walk;        /* longest chain walked by one cold chunk read */
+} ulp_counters;
+void ulp_archive_counters(ulp_archive *a, ulp_counters *c);
+
+/* Sizes for `ulpack stat`: per file under prefix, and totals per dtype. */
+typedef struct ulp_dtype_total {
+	uint64_t raw_bytes, stored_bytes, elements, tensors, deltas, anchors;
+} ulp_dtype_total;
+typedef struct ulp_report {
+	uint64_t files, dirs, raw_bytes, stored_bytes, blobs, pack_bytes;
+	unsigned max_chain_depth;
+	ulp_dtype_total by_dtype[ULP_DT__COUNT]; /* tensors only (kind 1 files) */
+	uint64_t opaque_raw, opaque_stored;      /* other files and non-tensor bytes */
+} ulp_report;
+int ulp_archive_report(ulp_archive *a, const char *prefix,
+                       int (*per_file)(void *arg, const char *path, const ulp_stat *st), void *arg,
+                       ulp_report *out);
+
+/** Step number parsed from a path (checkpoint-1500, step_1500, step-1500,
+ *  global_step1500, iter_0001500, epoch3-step1500, else the last number of
+ *  the file name), or -1. *series receives the path with the step's digits
+ *  replaced by "{S}" (malloc'd; NULL when there is no step). */
+int64_t ulp_parse_step(const char *path, char **series);
+
 /* ---- CPU dispatch -------------------------------------------------------- */
 
 enum { ULP_CPU_AVX2 = 1u << 0 };

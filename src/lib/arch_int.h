@@ -1,0 +1,216 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * arch_int.h - internals of the archive modules: index.c (the SQLite index,
+ * sole user of sqlite3.h), pack.c (sole writer and mapper of pack files),
+ * cache.c (the decode cache), read.c (files as byte ranges over chunks),
+ * ingest.c (archiving a file), maint.c (verify, remove, gc, report).
+ */
+#ifndef ULP_ARCH_INT_H
+#define ULP_ARCH_INT_H
+
+#include "ulp_int.h"
+#include <pthread.h>
+
+/* ---- decode cache (cache.c) -------------------------------------------- */
+
+enum { ULP_CK_CHUNK = 0, ULP_CK_BLOB = 1 };
+
+typedef struct ulp_ckey {
+	uint8_t sha[ULP_SHA256_LEN]; /* content */
+	uint32_t chunk;              /* chunk index (ULP_CK_CHUNK) */
+	uint32_t kind;               /* ULP_CK_* */
+} ulp_ckey;
+
+typedef struct ulp_cache ulp_cache;
+typedef struct ulp_centry ulp_centry;
+
+int ulp_cache_new(uint64_t cap, ulp_cache **out);
+void ulp_cache_free(ulp_cache *c);
+/*
+ * Looks key up and pins the entry. If it is loaded, *data is its value and
+ * *must_load 0. If not, exactly one caller gets *must_load 1 and must call
+ * ulp_cache_fill() or ulp_cache_fail(); the others wait for it (one decode
+ * when several threads want the same chunk). Returns a negative error if the
+ * loader failed.
+ */
+int ulp_cache_get(ulp_cache *c, const ulp_ckey *key, ulp_centry **e, void **data, int *must_load);
+void ulp_cache_fill(ulp_cache *c, ulp_centry *e, void *data, size_t size, void (*destroy)(void *));
+void ulp_cache_fail(ulp_cache *c, ulp_centry *e, int rc);
+/* Unpins; the entry may then be evicted (LRU by bytes). */
+void ulp_cache_put(ulp_cache *c, ulp_centry *e);
+/* A buffer of size bytes for a chunk, reusing evicted ones where possible;
+ * its destroy function is ulp_cache_free_buf. */
+void *ulp_cache_alloc(ulp_cache *c, size_t size);
+void ulp_cache_free_buf(void *p);
+uint64_t ulp_cache_bytes(ulp_cache *c);
+/* Debug check of the invariants (cache.c header). */
+int ulp_cache_state_ok(ulp_cache *c);
+
+/* ---- the archive handle ------------------------------------------------- */
+
+typedef struct ulp_tstate ulp_tstate; /* per-thread: index connection, error text */
+
+struct ulp_archive {
+	char *dir;
+	int read_only;
+	unsigned max_chain;
+	pthread_key_t tls;
+	pthread_mutex_t mu;          /* guards tstates, packs */
+	ulp_tstate *tstates;         /* every thread's state, freed at close */
+	ulp_cache *cache;
+	ulp_pool *pool;
+	pthread_mutex_t write_mu;    /* one writer at a time in this process */
+	struct pack_map *packs;      /* mapped packs, by id */
+	size_t n_packs, cap_packs;
+	/* counters */
+	uint64_t chunks_decoded, deltas_decoded, hits, misses, max_walk;
+};
+
+/* Records the thread's error message; returns code. */
+int ulp_arch_err(const ulp_archive *a, int code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* ---- index (index.c) ------------------------------------------------- */
+
+#define ULP_SCHEMA_VERSION 1
+
+typedef struct sqlite3 sqlite3;
+typedef struct sqlite3_stmt sqlite3_stmt;
+
+/* The calling thread's connection (opened on first use); NULL on error
+ * (message recorded). */
+sqlite3 *ulp_db(ulp_archive *a);
+int ulp_db_create(const char *path, ulp_err *err);
+int ulp_db_check(ulp_archive *a, ulp_err *err);
+int ulp_db_exec(ulp_archive *a, const char *sql);
+int ulp_db_begin(ulp_archive *a);   /* BEGIN IMMEDIATE, retried while busy */
+int ulp_db_commit(ulp_archive *a);
+void ulp_db_rollback(ulp_archive *a);
+/* Prepared statement of the calling thread for sql (cached per connection). */
+sqlite3_stmt *ulp_db_stmt(ulp_archive *a, const char *sql);
+int ulp_db_err(ulp_archive *a, const char *what);
+void ulp_tstate_free_all(ulp_archive *a);
+
+/* Entry types of the index */
+enum { ULP_ENT_FILE = 0, ULP_ENT_DIR = 1, ULP_ENT_LINK = 2 };
+
+/* A blob row. */
+typedef struct ulp_blobrow {
+	int64_t id;
+	int64_t pack;
+	uint64_t offset, stored, raw;
+	unsigned depth;
+	int codec;
+} ulp_blobrow;
+int ulp_index_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_blobrow *out);
+int ulp_index_pack_name(ulp_archive *a, int64_t id, char *name, size_t cap);
+
+/* One extent of a file: bytes [offset, offset + length) are the content. */
+typedef struct ulp_extent {
+	uint64_t offset, length;
+	uint8_t content[ULP_SHA256_LEN];
+} ulp_extent;
+/* A file's metadata, stored header (malloc'd, may be NULL) and extents
+ * (malloc'd) in offset order. Errors: NOENT. */
+int ulp_index_file(ulp_archive *a, const char *path, ulp_stat *st, uint8_t **header,
+                   size_t *header_len, ulp_extent **ext, size_t *n_ext);
+
+/* What one put adds to the index (ingest.c builds it, index.c stores it). */
+typedef struct ulp_newblob {
+	uint8_t content[ULP_SHA256_LEN];
+	uint8_t ref[ULP_SHA256_LEN];
+	int has_ref;
+	int codec;
+	unsigned depth;
+	uint64_t raw, stored, offset; /* offset in the new pack */
+} ulp_newblob;
+typedef struct ulp_newext {
+	uint64_t offset, length;
+	uint8_t content[ULP_SHA256_LEN];
+	const char *name;             /* tensor name or NULL */
+	int dtype;                    /* ulp_dtype, -1 for opaque bytes */
+} ulp_newext;
+typedef struct ulp_newfile {
+	const char *path;
+	ulp_meta meta;
+	int type;                     /* ULP_ENT_FILE or ULP_ENT_LINK */
+	const char *target;           /* symlinks */
+	int kind;
+	const uint8_t *header;
+	size_t header_len;
+	uint64_t size;
+	uint8_t sha[ULP_SHA256_LEN];
+	uint64_t stored;
+	unsigned depth;
+	int anchor;
+} ulp_newfile;
+/* Stores a file (inside the caller's transaction): its parents, the pack
+ * (pack_name NULL if none), the new blobs, the entry (replacing any file or
+ * symlink at its path) and its extents. */
+int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_name,
+                       uint64_t pack_size, const ulp_newblob *b, size_t nb, const ulp_newext *x,
+                       size_t nx);
+/* The archived file of series nearest to step (either side), other than
+ * path; *id = -1 if none. */
+int ulp_index_nearest(ulp_archive *a, const char *series, int64_t step, const char *path,
+                      int64_t *id, char *ref_path, size_t cap);
+/* The content of tensor name (dtype, length bytes) in file id, and its blob. */
+int ulp_index_tensor(ulp_archive *a, int64_t file, const char *name, int dtype, uint64_t length,
+                     uint8_t content[ULP_SHA256_LEN], ulp_blobrow *row);
+/* Creates the directories above path that do not exist (mode 0755). */
+int ulp_index_mkdirs(ulp_archive *a, const char *path, int64_t mtime_ns);
+
+/* Files (type 0) under prefix, in step order. */
+int ulp_index_files(ulp_archive *a, const char *prefix,
+                    int (*cb)(void *arg, const char *path, const ulp_stat *st), void *arg);
+/* gc support: drop unreachable blobs; list packs with their live bytes;
+ * list a pack's blobs; add a pack; move a blob; drop an empty pack. */
+int ulp_index_gc_sweep(ulp_archive *a, uint64_t *removed);
+int ulp_index_packs(ulp_archive *a, int (*cb)(void *arg, int64_t id, const char *name, uint64_t size,
+                                              uint64_t live_bytes, uint64_t live_blobs), void *arg);
+int ulp_index_pack_blobs(ulp_archive *a, int64_t pack,
+                         int (*cb)(void *arg, const uint8_t *content, uint64_t offset, uint64_t stored),
+                         void *arg);
+int ulp_index_pack_add(ulp_archive *a, const char *name, uint64_t size, int64_t *id);
+int ulp_index_blob_move(ulp_archive *a, const uint8_t *content, int64_t pack, uint64_t offset);
+int ulp_index_pack_drop(ulp_archive *a, int64_t pack);
+int ulp_index_has_pack(ulp_archive *a, const char *name);
+
+/* Directory part of path (malloc'd) and its last component. */
+char *ulp_path_parent(const char *path);
+const char *ulp_path_name(const char *path);
+/* Normalizes a user path to the archive form; -INVAL for '..' or NUL. */
+int ulp_path_clean(const char *in, char *out, size_t cap);
+
+/* ---- packs (pack.c) ---------------------------------------------------- */
+
+typedef struct ulp_pack_writer ulp_pack_writer;
+int ulp_pack_writer_new(ulp_archive *a, ulp_pack_writer **out);
+/* Appends a blob; *offset receives its offset in the pack. */
+int ulp_pack_append(ulp_pack_writer *w, const void *blob, size_t len, uint64_t *offset);
+uint64_t ulp_pack_size(const ulp_pack_writer *w);
+/* Makes the pack durable under its content name: write, fsync, rename,
+ * fsync of the directory. name receives its file name. */
+int ulp_pack_commit(ulp_pack_writer *w, char name[80]);
+/* Removes the pack's file (temporary or committed) and frees w. */
+void ulp_pack_discard(ulp_pack_writer *w, int committed);
+void ulp_pack_free(ulp_pack_writer *w);
+/* Bytes of a blob: pointer into the mapped pack. */
+int ulp_pack_blob(ulp_archive *a, int64_t pack, uint64_t offset, uint64_t len, const uint8_t **p);
+void ulp_pack_unmap_all(ulp_archive *a);
+void ulp_pack_forget(ulp_archive *a, int64_t pack);
+
+/* ---- reading (read.c) ----------------------------------------------- */
+
+/* Pins the decoded chunk k of content sha (walking its chain through the
+ * cache). *walk receives the number of decodes this call performed. */
+int ulp_read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
+                   ulp_centry **e, const uint8_t **data, size_t *len, unsigned *walk);
+/* Pins the parsed blob of content sha. */
+int ulp_read_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_centry **e,
+                  const ulp_blob **b);
+/* Decodes a whole content into dst (raw_bytes of its blob). */
+int ulp_read_content(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint8_t *dst, size_t len);
+int ulp_stat_from_row(sqlite3_stmt *st, ulp_stat *out);
+
+#endif

@@ -1,0 +1,110 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * archive.c - creating, opening and closing an archive directory, and its
+ * counters. An archive is ARCHIVE/ulpack.db, ARCHIVE/packs/, ARCHIVE/staging/.
+ */
+#include "arch_int.h"
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void tstate_nop(void *p)
+{
+	(void)p; /* thread states are freed at close (they hold connections) */
+}
+
+int ulp_archive_init(const char *dir, char *errbuf, size_t errcap)
+{
+	ulp_err err = {errbuf, errcap};
+	char path[4200];
+	if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+		return ULP_ERR(&err, errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", dir, strerror(errno));
+	snprintf(path, sizeof(path), "%s/ulpack.db", dir);
+	if (access(path, F_OK) == 0)
+		return ULP_ERR(&err, -ULP_E_EXIST, "%s: already an archive", dir);
+	for (const char *sub = "packs"; sub; sub = strcmp(sub, "packs") == 0 ? "staging" : NULL) {
+		snprintf(path, sizeof(path), "%s/%s", dir, sub);
+		if (mkdir(path, 0755) < 0 && errno != EEXIST)
+			return ULP_ERR(&err, errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", path,
+			               strerror(errno));
+	}
+	snprintf(path, sizeof(path), "%s/ulpack.db", dir);
+	return ulp_db_create(path, &err);
+}
+
+int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive **out,
+                     char *errbuf, size_t errcap)
+{
+	ulp_err err = {errbuf, errcap};
+	static const ulp_archive_opts defaults = {0};
+	const ulp_archive_opts *o = opts ? opts : &defaults;
+	struct stat sb;
+	char path[4200];
+	if (stat(dir, &sb) < 0 || !S_ISDIR(sb.st_mode))
+		return ULP_ERR(&err, -ULP_E_NOENT, "%s: %s", dir,
+		               errno == ENOENT || S_ISDIR(sb.st_mode) == 0 ? "no such archive directory" : strerror(errno));
+	snprintf(path, sizeof(path), "%s/ulpack.db", dir);
+	if (access(path, F_OK) != 0)
+		return ULP_ERR(&err, -ULP_E_NOENT, "%s: not a ulpack archive (no ulpack.db; create one with 'ulpack init')", dir);
+	ulp_archive *a = calloc(1, sizeof(*a));
+	if (!a)
+		return -ULP_E_NOMEM;
+	a->dir = strdup(dir);
+	a->read_only = o->read_only;
+	a->max_chain = o->max_chain;
+	pthread_mutex_init(&a->mu, NULL);
+	pthread_mutex_init(&a->write_mu, NULL);
+	int rc = -ULP_E_NOMEM;
+	if (!a->dir || pthread_key_create(&a->tls, tstate_nop) != 0) {
+		free(a->dir);
+		free(a);
+		return rc;
+	}
+	rc = ulp_cache_new(o->cache_size ? o->cache_size : ULP_DEFAULT_CACHE_SIZE, &a->cache);
+	if (rc == 0)
+		rc = ulp_pool_new(o->threads, &a->pool);
+	if (rc == 0)
+		rc = ulp_db_check(a, &err);
+	if (rc < 0) {
+		ulp_archive_close(a);
+		return rc;
+	}
+	if (!a->read_only) { /* staging/ may be missing in archives copied by hand */
+		snprintf(path, sizeof(path), "%s/staging", dir);
+		mkdir(path, 0755);
+	}
+	*out = a;
+	return 0;
+}
+
+void ulp_archive_close(ulp_archive *a)
+{
+	if (!a)
+		return;
+	ulp_cache_free(a->cache);
+	ulp_pool_free(a->pool);
+	ulp_pack_unmap_all(a);
+	ulp_tstate_free_all(a);
+	pthread_key_delete(a->tls);
+	pthread_mutex_destroy(&a->mu);
+	pthread_mutex_destroy(&a->write_mu);
+	free(a->dir);
+	free(a);
+}
+
+const char *ulp_archive_dir(const ulp_archive *a)
+{
+	return a->dir;
+}
+
+void ulp_archive_counters(ulp_archive *a, ulp_counters *c)
+{
+	c->chunks_decoded = __atomic_load_n(&a->chunks_decoded, __ATOMIC_RELAXED);
+	c->deltas_decoded = __atomic_load_n(&a->deltas_decoded, __ATOMIC_RELAXED);
+	c->cache_hits = __atomic_load_n(&a->hits, __ATOMIC_RELAXED);
+	c->cache_misses = __atomic_load_n(&a->misses, __ATOMIC_RELAXED);
+	c->cache_bytes = ulp_cache_bytes(a->cache);
+	c->max_walk = __atomic_load_n(&a->max_walk, __ATOMIC_RELAXED);
+}

@@ -1,0 +1,319 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cache.c - the decode cache: values (decoded chunks, parsed blobs) keyed by
+ * content, bounded in bytes, LRU, thread-safe, with single-flight loading.
+ *
+ * Invariants (checked by ulp_cache_state_ok):
+ *  1. Every entry is in the hash table exactly once.
+ *  2. An entry is on the LRU list iff it is loaded and unpinned (refs == 0).
+ *  3. bytes == sum of the sizes of loaded entries.
+ *  4. Eviction only frees loaded, unpinned entries; bytes may exceed cap
+ *     only while pinned entries hold more than cap.
+ *  5. A loading entry has exactly one loader; waiters hold a pin and wait on
+ *     cv until it is loaded or failed.
+ */
+#include "arch_int.h"
+#include <stdlib.h>
+
+enum { ST_LOADING, ST_LOADED, ST_FAILED };
+
+struct ulp_centry {
+	ulp_ckey key;
+	uint64_t hash;
+	ulp_centry *next;          /* hash chain */
+	ulp_centry *lru_prev, *lru_next;
+	void *data;
+	size_t size;
+	void (*destroy)(void *);
+	int refs;                  /* pins */
+	int state;
+	int rc;                    /* ST_FAILED: the loader's error */
+};
+
+#define FREE_BUFS 8
+
+struct ulp_cache {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	ulp_centry **tab;
+	size_t tab_size;           /* power of two */
+	size_t count;
+	ulp_centry lru;            /* sentinel: lru.lru_next is the oldest */
+	uint64_t bytes, cap;
+	void *free_buf[FREE_BUFS]; /* buffers of free_size bytes, for reuse */
+	size_t free_size;
+	int n_free;
+};
+
+/* Buffers carry their size in front, so a freed one can be reused. */
+typedef struct bufhdr {
+	size_t size;
+	size_t pad;
+} bufhdr;
+
+static uint64_t key_hash(const ulp_ckey *k)
+{
+	uint64_t h;
+	memcpy(&h, k->sha, 8); /* the content hash is already uniform */
+	return h ^ ((uint64_t)k->chunk * 0x9E3779B97F4A7C15ull) ^ k->kind;
+}
+
+int ulp_cache_new(uint64_t cap, ulp_cache **out)
+{
+	ulp_cache *c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ULP_E_NOMEM;
+	c->tab_size = 1024;
+	c->tab = calloc(c->tab_size, sizeof(*c->tab));
+	if (!c->tab) {
+		free(c);
+		return -ULP_E_NOMEM;
+	}
+	pthread_mutex_init(&c->mu, NULL);
+	pthread_cond_init(&c->cv, NULL);
+	c->lru.lru_next = c->lru.lru_prev = &c->lru;
+	c->cap = cap;
+	*out = c;
+	return 0;
+}
+
+static void lru_unlink(ulp_centry *e)
+{
+	if (e->lru_next) {
+		e->lru_prev->lru_next = e->lru_next;
+		e->lru_next->lru_prev = e->lru_prev;
+		e->lru_next = e->lru_prev = NULL;
+	}
+}
+
+static void lru_push(ulp_cache *c, ulp_centry *e)
+{
+	e->lru_prev = c->lru.lru_prev;
+	e->lru_next = &c->lru;
+	c->lru.lru_prev->lru_next = e;
+	c->lru.lru_prev = e;
+}
+
+static void tab_remove(ulp_cache *c, ulp_centry *e)
+{
+	ulp_centry **pp = &c->tab[e->hash & (c->tab_size - 1)];
+	while (*pp != e)
+		pp = &(*pp)->next;
+	*pp = e->next;
+	c->count--;
+}
+
+static void grow(ulp_cache *c)
+{
+	size_t ns = c->tab_size * 2;
+	ulp_centry **nt = calloc(ns, sizeof(*nt));
+	if (!nt)
+		return; /* longer chains, still correct */
+	for (size_t i = 0; i < c->tab_size; i++) {
+		ulp_centry *e = c->tab[i];
+		while (e) {
+			ulp_centry *next = e->next;
+			e->next = nt[e->hash & (ns - 1)];
+			nt[e->hash & (ns - 1)] = e;
+			e = next;
+		}
+	}
+	free(c->tab);
+	c->tab = nt;
+	c->tab_size = ns;
+}
+
+/* Frees the value of an entry that left the cache (mu held). */
+static void release_value(ulp_cache *c, ulp_centry *e)
+{
+	if (!e->data)
+		return;
+	if (e->destroy == ulp_cache_free_buf) {
+		bufhdr *h = (bufhdr *)e->data - 1;
+		if (c->n_free < FREE_BUFS && (c->n_free == 0 || h->size == c->free_size)) {
+			c->free_size = h->size;
+			c->free_buf[c->n_free++] = h;
+			return;
+		}
+	}
+	if (e->destroy)
+		e->destroy(e->data);
+}
+
+static void evict(ulp_cache *c)
+{
+	while (c->bytes > c->cap && c->lru.lru_next != &c->lru) {
+		ulp_centry *e = c->lru.lru_next;
+		lru_unlink(e);
+		tab_remove(c, e);
+		c->bytes -= e->size;
+		release_value(c, e);
+		free(e);
+	}
+}
+
+void ulp_cache_free(ulp_cache *c)
+{
+	if (!c)
+		return;
+	for (size_t i = 0; i < c->tab_size; i++) {
+		ulp_centry *e = c->tab[i];
+		while (e) {
+			ulp_centry *next = e->next;
+			if (e->data && e->destroy)
+				e->destroy(e->data);
+			free(e);
+			e = next;
+		}
+	}
+	for (int i = 0; i < c->n_free; i++)
+		free(c->free_buf[i]);
+	free(c->tab);
+	pthread_cond_destroy(&c->cv);
+	pthread_mutex_destroy(&c->mu);
+	free(c);
+}
+
+int ulp_cache_get(ulp_cache *c, const ulp_ckey *key, ulp_centry **out, void **data, int *must_load)
+{
+	uint64_t h = key_hash(key);
+	pthread_mutex_lock(&c->mu);
+	ulp_centry *e = c->tab[h & (c->tab_size - 1)];
+	while (e && (e->hash != h || memcmp(&e->key, key, sizeof(*key)) != 0))
+		e = e->next;
+	if (!e) {
+		e = calloc(1, sizeof(*e));
+		if (!e) {
+			pthread_mutex_unlock(&c->mu);
+			return -ULP_E_NOMEM;
+		}
+		e->key = *key;
+		e->hash = h;
+		e->state = ST_LOADING;
+		e->refs = 1;
+		if (c->count + 1 > c->tab_size)
+			grow(c);
+		e->next = c->tab[h & (c->tab_size - 1)];
+		c->tab[h & (c->tab_size - 1)] = e;
+		c->count++;
+		pthread_mutex_unlock(&c->mu);
+		*out = e;
+		*data = NULL;
+		*must_load = 1;
+		return 0;
+	}
+	if (e->refs++ == 0)
+		lru_unlink(e);
+	while (e->state == ST_LOADING)
+		pthread_cond_wait(&c->cv, &c->mu);
+	if (e->state == ST_FAILED) {
+		int rc = e->rc;
+		if (--e->refs == 0) {
+			tab_remove(c, e);
+			free(e);
+		}
+		pthread_mutex_unlock(&c->mu);
+		return rc;
+	}
+	pthread_mutex_unlock(&c->mu);
+	*out = e;
+	*data = e->data;
+	*must_load = 0;
+	return 0;
+}
+
+void ulp_cache_fill(ulp_cache *c, ulp_centry *e, void *data, size_t size, void (*destroy)(void *))
+{
+	pthread_mutex_lock(&c->mu);
+	e->data = data;
+	e->size = size;
+	e->destroy = destroy;
+	e->state = ST_LOADED;
+	c->bytes += size;
+	pthread_cond_broadcast(&c->cv);
+	evict(c);
+	pthread_mutex_unlock(&c->mu);
+}
+
+void ulp_cache_fail(ulp_cache *c, ulp_centry *e, int rc)
+{
+	pthread_mutex_lock(&c->mu);
+	e->state = ST_FAILED;
+	e->rc = rc < 0 ? rc : -ULP_E_IO;
+	pthread_cond_broadcast(&c->cv);
+	if (--e->refs == 0) { /* nobody waits: drop it, a later get retries */
+		tab_remove(c, e);
+		free(e);
+	}
+	pthread_mutex_unlock(&c->mu);
+}
+
+void ulp_cache_put(ulp_cache *c, ulp_centry *e)
+{
+	if (!e)
+		return;
+	pthread_mutex_lock(&c->mu);
+	if (--e->refs == 0) {
+		if (e->state == ST_LOADED) {
+			lru_push(c, e);
+			evict(c);
+		} else { /* failed, last waiter gone */
+			tab_remove(c, e);
+			free(e);
+		}
+	}
+	pthread_mutex_unlock(&c->mu);
+}
+
+void *ulp_cache_alloc(ulp_cache *c, size_t size)
+{
+	bufhdr *h = NULL;
+	pthread_mutex_lock(&c->mu);
+	if (c->n_free && c->free_size == size)
+		h = c->free_buf[--c->n_free];
+	pthread_mutex_unlock(&c->mu);
+	if (!h) {
+		h = malloc(sizeof(bufhdr) + (size ? size : 1));
+		if (!h)
+			return NULL;
+		h->size = size;
+	}
+	return h + 1;
+}
+
+void ulp_cache_free_buf(void *p)
+{
+	if (p)
+		free((bufhdr *)p - 1);
+}
+
+uint64_t ulp_cache_bytes(ulp_cache *c)
+{
+	pthread_mutex_lock(&c->mu);
+	uint64_t b = c->bytes;
+	pthread_mutex_unlock(&c->mu);
+	return b;
+}
+
+int ulp_cache_state_ok(ulp_cache *c)
+{
+	int ok = 1;
+	uint64_t bytes = 0;
+	size_t count = 0;
+	pthread_mutex_lock(&c->mu);
+	for (size_t i = 0; i < c->tab_size; i++)
+		for (ulp_centry *e = c->tab[i]; e; e = e->next) {
+			count++;
+			if ((e->hash & (c->tab_size - 1)) != i)
+				ok = 0;
+			if (e->state == ST_LOADED)
+				bytes += e->size;
+			int on_lru = e->lru_next != NULL;
+			if (on_lru != (e->state == ST_LOADED && e->refs == 0))
+				ok = 0;
+		}
+	if (count != c->count || bytes != c->bytes)
+		ok = 0;
+	pthread_mutex_unlock(&c->mu);
+	return ok;
+}

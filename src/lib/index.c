@@ -1,0 +1,1206 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * index.c - the SQLite index of an archive; the only module that includes
+ * sqlite3.h. Every thread gets its own connection (WAL, foreign keys, busy
+ * timeout) and its own cache of prepared statements.
+ *
+ * Schema (version 1):
+ *   meta(key, value)                 schema_version, max_chain, created_by
+ *   packs(id, name, size)            immutable pack files under packs/
+ *   blobs(id, content, codec, ref, depth, raw_size, stored_size, pack, offset)
+ *                                    one blob per content (sha256 of the
+ *                                    decoded bytes); ref is the content it
+ *                                    needs, depth its chain length (0: none)
+ *   entries(id, path, parent, name, type, size, mode, uid, gid, mtime_ns,
+ *           sha256, kind, header, run, series, step, target, stored, depth,
+ *           anchor)                  files, directories and symlinks
+ *   extents(file, offset, length, blob, name, dtype)
+ *                                    how a file's bytes after its header are
+ *                                    made, in order; name/dtype for tensors
+ * Views runs(run, files, raw_bytes, stored_bytes) and steps(run, step, files).
+ *
+ * Invariants:
+ *  1. A file's header (its first length(header) bytes) and its extents tile
+ *     [0, size) exactly, in offset order.
+ *  2. Every blob's ref names the content of another blob (or is NULL), and
+ *     depth = depth(ref) + 1; following refs terminates (depth decreases).
+ *  3. Every pack row's file exists and is durable before the transaction
+ *     that inserts the row commits.
+ */
+#include "arch_int.h"
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#define N_STMTS 64
+
+struct ulp_tstate {
+	sqlite3 *db;
+	char err[1024];
+	struct {
+		const char *sql; /* static strings: compared by address */
+		sqlite3_stmt *st;
+	} stmts[N_STMTS];
+	int n_stmts;
+	ulp_tstate *next;
+};
+
+static const char *const schema =
+	"PRAGMA journal_mode=WAL;"
+	"BEGIN;"
+	"CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+	"CREATE TABLE packs(id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, size INTEGER NOT NULL);"
+	"CREATE TABLE blobs(id INTEGER PRIMARY KEY, content BLOB UNIQUE NOT NULL, codec INTEGER NOT NULL,"
+	" ref BLOB, depth INTEGER NOT NULL, raw_size INTEGER NOT NULL, stored_size INTEGER NOT NULL,"
+	" pack INTEGER NOT NULL REFERENCES packs(id), offset INTEGER NOT NULL);"
+	"CREATE INDEX blobs_pack ON blobs(pack);"
+	"CREATE TABLE entries(id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL, parent TEXT NOT NULL,"
+	" name TEXT NOT NULL, type INTEGER NOT NULL, size INTEGER NOT NULL DEFAULT 0,"
+	" mode INTEGER NOT NULL, uid INTEGER NOT NULL DEFAULT 0, gid INTEGER NOT NULL DEFAULT 0,"
+	" mtime_ns INTEGER NOT NULL, sha256 BLOB, kind INTEGER NOT NULL DEFAULT 0, header BLOB,"
+	" run TEXT, series TEXT, step INTEGER, target TEXT, stored INTEGER NOT NULL DEFAULT 0,"
+	" depth INTEGER NOT NULL DEFAULT 0, anchor INTEGER NOT NULL DEFAULT 1);"
+	"CREATE INDEX entries_parent ON entries(parent);"
+	"CREATE INDEX entries_series ON entries(series, step);"
+	"CREATE TABLE extents(file INTEGER NOT NULL REFERENCES entries(id) ON DELETE CASCADE,"
+	" offset INTEGER NOT NULL, length INTEGER NOT NULL, blob INTEGER NOT NULL REFERENCES blobs(id),"
+	" name TEXT, dtype INTEGER, PRIMARY KEY(file, offset));"
+	"CREATE INDEX extents_blob ON extents(blob);"
+	"CREATE VIEW runs AS SELECT run, count(*) AS files, sum(size) AS raw_bytes,"
+	" sum(stored) AS stored_bytes FROM entries WHERE type = 0 GROUP BY run;"
+	"CREATE VIEW steps AS SELECT run, step, count(*) AS files FROM entries"
+	" WHERE type = 0 AND step >= 0 GROUP BY run, step;"
+	"INSERT INTO meta VALUES('schema_version', '1');"
+	"INSERT INTO meta VALUES('created_by', 'ulpack " ULP_VERSION_STRING "');"
+	"INSERT INTO entries(path, parent, name, type, mode, mtime_ns) VALUES('', '', '', 1, 16877, 0);"
+	"COMMIT;";
+
+static ulp_tstate *tstate(const ulp_archive *ca)
+{
+	ulp_archive *a = (ulp_archive *)ca;
+	ulp_tstate *t = pthread_getspecific(a->tls);
+	if (!t) {
+		t = calloc(1, sizeof(*t));
+		if (!t)
+			return NULL;
+		pthread_setspecific(a->tls, t);
+		pthread_mutex_lock(&a->mu);
+		t->next = a->tstates;
+		a->tstates = t;
+		pthread_mutex_unlock(&a->mu);
+	}
+	return t;
+}
+
+int ulp_arch_err(const ulp_archive *a, int code, const char *fmt, ...)
+{
+	ulp_tstate *t = tstate(a);
+	if (t) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(t->err, sizeof(t->err), fmt, ap);
+		va_end(ap);
+	}
+	return code;
+}
+
+const char *ulp_archive_errmsg(const ulp_archive *a)
+{
+	ulp_tstate *t = pthread_getspecific(a->tls);
+	return t && t->err[0] ? t->err : "no error";
+}
+
+static int open_conn(const char *dir, int read_only, sqlite3 **out, ulp_err *err)
+{
+	char path[4096];
+	snprintf(path, sizeof(path), "%s/ulpack.db", dir);
+	sqlite3 *db = NULL;
+	int flags = (read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) | SQLITE_OPEN_NOMUTEX;
+	int rc = sqlite3_open_v2(path, &db, flags, NULL);
+	if (rc != SQLITE_OK) {
+		int code = access(path, F_OK) != 0 ? -ULP_E_NOENT : -ULP_E_IO;
+		ULP_ERR(err, code, "%s: %s", path, db ? sqlite3_errmsg(db) : "cannot open");
+		sqlite3_close(db);
+		return code;
+	}
+	sqlite3_busy_timeout(db, 30000);
+	sqlite3_exec(db, "PRAGMA foreign_keys=ON; PRAGMA synchronous=NORMAL;", NULL, NULL, NULL);
+	*out = db;
+	return 0;
+}
+
+sqlite3 *ulp_db(ulp_archive *a)
+{
+	ulp_tstate *t = tstate(a);
+	if (!t)
+		return NULL;
+	if (!t->db) {
+		ulp_err e = {t->err, sizeof(t->err)};
+		if (open_conn(a->dir, a->read_only, &t->db, &e) < 0)
+			return NULL;
+	}
+	return t->db;
+}
+
+void ulp_tstate_free_all(ulp_archive *a)
+{
+	ulp_tstate *t = a->tstates;
+	while (t) {
+		ulp_tstate *next = t->next;
+		for (int i = 0; i < t->n_stmts; i++)
+			sqlite3_finalize(t->stmts[i].st);
+		sqlite3_close(t->db);
+		free(t);
+		t = next;
+	}
+	a->tstates = NULL;
+}
+
+int ulp_db_err(ulp_archive *a, const char *what)
+{
+	sqlite3 *db = ulp_db(a);
+	int rc = db ? sqlite3_errcode(db) : SQLITE_CANTOPEN;
+	int code = rc == SQLITE_FULL ? -ULP_E_NOSPC
+	         : rc == SQLITE_BUSY || rc == SQLITE_LOCKED ? -ULP_E_BUSY
+	         : rc == SQLITE_CORRUPT || rc == SQLITE_NOTADB ? -ULP_E_CORRUPT
+	         : rc == SQLITE_READONLY ? -ULP_E_INVAL
+	         : rc == SQLITE_NOMEM ? -ULP_E_NOMEM : -ULP_E_IO;
+	return ulp_arch_err(a, code, "%s/ulpack.db: %s: %s", a->dir, what,
+	                    db ? sqlite3_errmsg(db) : "cannot open");
+}
+
+int ulp_db_exec(ulp_archive *a, const char *sql)
+{
+	sqlite3 *db = ulp_db(a);
+	if (!db)
+		return -ULP_E_IO;
+	if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK)
+		return ulp_db_err(a, sql);
+	return 0;
+}
+
+int ulp_db_begin(ulp_archive *a)
+{
+	return ulp_db_exec(a, "BEGIN IMMEDIATE");
+}
+
+int ulp_db_commit(ulp_archive *a)
+{
+	return ulp_db_exec(a, "COMMIT");
+}
+
+void ulp_db_rollback(ulp_archive *a)
+{
+	sqlite3 *db = ulp_db(a);
+	if (db && !sqlite3_get_autocommit(db))
+		sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+}
+
+sqlite3_stmt *ulp_db_stmt(ulp_archive *a, const char *sql)
+{
+	sqlite3 *db = ulp_db(a);
+	if (!db)
+		return NULL;
+	ulp_tstate *t = pthread_getspecific(a->tls);
+	for (int i = 0; i < t->n_stmts; i++)
+		if (t->stmts[i].sql == sql) {
+			sqlite3_reset(t->stmts[i].st);
+			sqlite3_clear_bindings(t->stmts[i].st);
+			return t->stmts[i].st;
+		}
+	sqlite3_stmt *st;
+	if (sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, NULL) != SQLITE_OK) {
+		ulp_db_err(a, "prepare");
+		return NULL;
+	}
+	if (t->n_stmts < N_STMTS) {
+		t->stmts[t->n_stmts].sql = sql;
+		t->stmts[t->n_stmts++].st = st;
+	}
+	return st;
+}
+
+int ulp_db_create(const char *path, ulp_err *err)
+{
+	sqlite3 *db;
+	int rc = sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
+	if (rc != SQLITE_OK) {
+		ULP_ERR(err, -ULP_E_IO, "%s: %s", path, db ? sqlite3_errmsg(db) : "cannot create");
+		sqlite3_close(db);
+		return -ULP_E_IO;
+	}
+	char *msg = NULL;
+	rc = sqlite3_exec(db, schema, NULL, NULL, &msg);
+	int code = 0;
+	if (rc != SQLITE_OK) {
+		code = rc == SQLITE_FULL ? -ULP_E_NOSPC : -ULP_E_IO;
+		ULP_ERR(err, code, "%s: creating the index: %s", path, msg ? msg : "?");
+	}
+	sqlite3_free(msg);
+	sqlite3_close(db);
+	return code;
+}
+
+/* Checks that the index is an archive of a schema this build reads. */
+int ulp_db_check(ulp_archive *a, ulp_err *err)
+{
+	sqlite3 *db = ulp_db(a);
+	if (!db)
+		return ULP_ERR(err, -ULP_E_NOENT, "%s", ulp_archive_errmsg(a));
+	sqlite3_stmt *st;
+	int rc = sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'schema_version'", -1, &st, NULL);
+	if (rc != SQLITE_OK)
+		return ULP_ERR(err, -ULP_E_CORRUPT, "%s/ulpack.db: not a ulpack archive index (%s)", a->dir,
+		               sqlite3_errmsg(db));
+	int code = 0;
+	if (sqlite3_step(st) != SQLITE_ROW) {
+		code = ULP_ERR(err, -ULP_E_CORRUPT, "%s/ulpack.db: no schema version", a->dir);
+	} else {
+		int v = sqlite3_column_int(st, 0);
+		if (v > ULP_SCHEMA_VERSION)
+			code = ULP_ERR(err, -ULP_E_VERSION,
+			               "%s/ulpack.db: schema version %d is newer than this build reads (%d); upgrade ulpack",
+			               a->dir, v, ULP_SCHEMA_VERSION);
+		else if (v < 1)
+			code = ULP_ERR(err, -ULP_E_CORRUPT, "%s/ulpack.db: bad schema version %d", a->dir, v);
+	}
+	sqlite3_finalize(st);
+	if (code == 0 && a->max_chain == 0) {
+		a->max_chain = ULP_DEFAULT_MAX_CHAIN;
+		if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'max_chain'", -1, &st, NULL) == SQLITE_OK) {
+			if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_int(st, 0) > 0)
+				a->max_chain = (unsigned)sqlite3_column_int(st, 0);
+			sqlite3_finalize(st);
+		}
+	}
+	return code;
+}
+
+int ulp_index_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_blobrow *out)
+{
+	static const char sql[] = "SELECT id, pack, offset, stored_size, raw_size, depth, codec FROM blobs WHERE content = ?";
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_blob(st, 1, sha, ULP_SHA256_LEN, SQLITE_STATIC);
+	int rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW) {
+		out->id = sqlite3_column_int64(st, 0);
+		out->pack = sqlite3_column_int64(st, 1);
+		out->offset = (uint64_t)sqlite3_column_int64(st, 2);
+		out->stored = (uint64_t)sqlite3_column_int64(st, 3);
+		out->raw = (uint64_t)sqlite3_column_int64(st, 4);
+		out->depth = (unsigned)sqlite3_column_int(st, 5);
+		out->codec = sqlite3_column_int(st, 6);
+		sqlite3_reset(st);
+		return 0;
+	}
+	sqlite3_reset(st);
+	if (rc == SQLITE_DONE) {
+		char hex[65];
+		ulp_sha256_hex(sha, hex);
+		return ulp_arch_err(a, -ULP_E_NOENT, "%s/ulpack.db: no blob holds content %.16s", a->dir, hex);
+	}
+	return ulp_db_err(a, "blob lookup");
+}
+
+int ulp_index_pack_name(ulp_archive *a, int64_t id, char *name, size_t cap)
+{
+	static const char sql[] = "SELECT name FROM packs WHERE id = ?";
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_int64(st, 1, id);
+	if (sqlite3_step(st) != SQLITE_ROW) {
+		sqlite3_reset(st);
+		return ulp_arch_err(a, -ULP_E_CORRUPT, "%s/ulpack.db: pack %lld is not in the index", a->dir,
+		                    (long long)id);
+	}
+	snprintf(name, cap, "%s", (const char *)sqlite3_column_text(st, 0));
+	sqlite3_reset(st);
+	return 0;
+}
+
+/* Fills a ulp_stat from a row of ENTRY_COLS. */
+#define ENTRY_COLS "type, size, mode, uid, gid, mtime_ns, sha256, stored, step, depth, anchor, kind, length(target)"
+
+int ulp_stat_from_row(sqlite3_stmt *st, ulp_stat *s)
+{
+	memset(s, 0, sizeof(*s));
+	int type = sqlite3_column_int(st, 0);
+	s->is_dir = type == ULP_ENT_DIR;
+	s->is_symlink = type == ULP_ENT_LINK;
+	s->size = (uint64_t)sqlite3_column_int64(st, 1);
+	s->mode = (uint32_t)sqlite3_column_int(st, 2) & 07777;
+	s->mode |= s->is_dir ? 0040000 : s->is_symlink ? 0120000 : 0100000;
+	s->uid = (uint32_t)sqlite3_column_int(st, 3);
+	s->gid = (uint32_t)sqlite3_column_int(st, 4);
+	s->mtime_ns = sqlite3_column_int64(st, 5);
+	if (sqlite3_column_bytes(st, 6) == ULP_SHA256_LEN)
+		memcpy(s->sha256, sqlite3_column_blob(st, 6), ULP_SHA256_LEN);
+	s->stored_bytes = (uint64_t)sqlite3_column_int64(st, 7);
+	s->step = sqlite3_column_type(st, 8) == SQLITE_NULL ? -1 : sqlite3_column_int64(st, 8);
+	s->chain_depth = (unsigned)sqlite3_column_int(st, 9);
+	s->anchor = sqlite3_column_int(st, 10);
+	s->kind = sqlite3_column_int(st, 11);
+	if (s->is_symlink)
+		s->size = (uint64_t)sqlite3_column_int64(st, 12);
+	return 0;
+}
+
+int ulp_archive_stat(ulp_archive *a, const char *path, ulp_stat *out)
+{
+	static const char sql[] = "SELECT " ENTRY_COLS " FROM entries WHERE path = ?";
+	char p[4096];
+	ULP_TRY(ulp_path_clean(path, p, sizeof(p)));
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
+	int rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW) {
+		ulp_stat_from_row(st, out);
+		sqlite3_reset(st);
+		return 0;
+	}
+	sqlite3_reset(st);
+	if (rc == SQLITE_DONE)
+		return ulp_arch_err(a, -ULP_E_NOENT, "%s: no such file in archive %s", p, a->dir);
+	return ulp_db_err(a, "stat");
+}
+
+int ulp_index_file(ulp_archive *a, const char *path, ulp_stat *out, uint8_t **header,
+                   size_t *header_len, ulp_extent **ext, size_t *n_ext)
+{
+	static const char sql[] = "SELECT " ENTRY_COLS ", id, header FROM entries WHERE path = ?";
+	static const char sql_ext[] = "SELECT e.offset, e.length, b.content FROM extents e"
+	                              " JOIN blobs b ON b.id = e.blob WHERE e.file = ? ORDER BY e.offset";
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_text(st, 1, path, -1, SQLITE_STATIC);
+	int rc = sqlite3_step(st);
+	if (rc != SQLITE_ROW) {
+		sqlite3_reset(st);
+		if (rc == SQLITE_DONE)
+			return ulp_arch_err(a, -ULP_E_NOENT, "%s: no such file in archive %s", path, a->dir);
+		return ulp_db_err(a, "file lookup");
+	}
+	ulp_stat_from_row(st, out);
+	int64_t id = sqlite3_column_int64(st, 13);
+	size_t hl = (size_t)sqlite3_column_bytes(st, 14);
+	uint8_t *h = NULL;
+	if (hl) {
+		h = malloc(hl);
+		if (!h) {
+			sqlite3_reset(st);
+			return -ULP_E_NOMEM;
+		}
+		memcpy(h, sqlite3_column_blob(st, 14), hl);
+	}
+	sqlite3_reset(st);
+	st = ulp_db_stmt(a, sql_ext);
+	if (!st) {
+		free(h);
+		return -ULP_E_IO;
+	}
+	sqlite3_bind_int64(st, 1, id);
+	ulp_extent *x = NULL;
+	size_t n = 0, cap = 0;
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		if (n == cap) {
+			cap = cap ? cap * 2 : 64;
+			ulp_extent *nx = realloc(x, cap * sizeof(*x));
+			if (!nx) {
+				rc = SQLITE_NOMEM;
+				break;
+			}
+			x = nx;
+		}
+		x[n].offset = (uint64_t)sqlite3_column_int64(st, 0);
+		x[n].length = (uint64_t)sqlite3_column_int64(st, 1);
+		if (sqlite3_column_bytes(st, 2) != ULP_SHA256_LEN) {
+			rc = SQLITE_CORRUPT;
+			break;
+		}
+		memcpy(x[n++].content, sqlite3_column_blob(st, 2), ULP_SHA256_LEN);
+	}
+	sqlite3_reset(st);
+	if (rc != SQLITE_DONE) {
+		free(h);
+		free(x);
+		return rc == SQLITE_NOMEM ? -ULP_E_NOMEM : ulp_arch_err(a, -ULP_E_CORRUPT, "%s: bad extents in the index", path);
+	}
+	*header = h;
+	*header_len = hl;
+	*ext = x;
+	*n_ext = n;
+	return 0;
+}
+
+int ulp_archive_readdir(ulp_archive *a, const char *path,
+                        int (*cb)(void *arg, const char *name, const ulp_stat *st), void *arg)
+{
+	static const char sql[] = "SELECT " ENTRY_COLS ", name FROM entries WHERE parent = ? AND path <> '' ORDER BY name";
+	char p[4096];
+	ulp_stat s;
+	ULP_TRY(ulp_path_clean(path, p, sizeof(p)));
+	ULP_TRY(ulp_archive_stat(a, p, &s));
+	if (!s.is_dir)
+		return ulp_arch_err(a, -ULP_E_INVAL, "%s: not a directory", p);
+	/* a private statement: callbacks may query the index themselves */
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *st;
+	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "readdir");
+	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
+	int rc = 0, r;
+	while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+		ulp_stat_from_row(st, &s);
+		rc = cb(arg, (const char *)sqlite3_column_text(st, 13), &s);
+		if (rc)
+			break;
+	}
+	if (r != SQLITE_ROW && r != SQLITE_DONE)
+		rc = ulp_db_err(a, "readdir");
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int ulp_archive_readlink(ulp_archive *a, const char *path, char *buf, size_t cap)
+{
+	static const char sql[] = "SELECT target FROM entries WHERE path = ? AND type = 2";
+	char p[4096];
+	ULP_TRY(ulp_path_clean(path, p, sizeof(p)));
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
+	int rc = sqlite3_step(st);
+	if (rc != SQLITE_ROW) {
+		sqlite3_reset(st);
+		return ulp_arch_err(a, -ULP_E_NOENT, "%s: not a symbolic link", p);
+	}
+	snprintf(buf, cap, "%s", (const char *)sqlite3_column_text(st, 0));
+	sqlite3_reset(st);
+	return 0;
+}
+
+/* ---- paths ------------------------------------------------------------- */
+
+int ulp_path_clean(const char *in, char *out, size_t cap)
+{
+	size_t o = 0;
+	const char *p = in;
+	while (*p) {
+		while (*p == '/')
+			p++;
+		const char *s = p;
+		while (*p && *p != '/')
+			p++;
+		size_t len = (size_t)(p - s);
+		if (len == 0 || (len == 1 && s[0] == '.'))
+			continue;
+		if (len == 2 && s[0] == '.' && s[1] == '.')
+			return -ULP_E_INVAL; /* never escapes the archive */
+		if (o + len + 2 > cap)
+			return -ULP_E_INVAL;
+		if (o)
+			out[o++] = '/';
+		memcpy(out + o, s, len);
+		o += len;
+	}
+	out[o] = 0;
+	return 0;
+}
+
+char *ulp_path_parent(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	size_t len = slash ? (size_t)(slash - path) : 0;
+	char *p = malloc(len + 1);
+	if (p) {
+		memcpy(p, path, len);
+		p[len] = 0;
+	}
+	return p;
+}
+
+const char *ulp_path_name(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	return slash ? slash + 1 : path;
+}
+
+/* ---- steps -------------------------------------------------------------- */
+
+static int is_digit(char c)
+{
+	return c >= '0' && c <= '9';
+}
+
+int64_t ulp_parse_step(const char *path, char **series)
+{
+	static const char *const keys[] = {"global_step", "checkpoint-", "checkpoint_", "checkpoint",
+	                                   "step_", "step-", "step", "iter_", "iter-", "iteration_",
+	                                   "iteration-", "iter", "ckpt-", "ckpt_", "ckpt"};
+	size_t len = strlen(path);
+	const char *best = NULL, *digits = NULL;
+	/* components from the last to the first; within one, the first key */
+	const char *end = path + len;
+	while (end > path && !digits) {
+		const char *start = end;
+		while (start > path && start[-1] != '/')
+			start--;
+		for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]) && !digits; k++) {
+			size_t kl = strlen(keys[k]);
+			for (const char *s = start; s + kl < end; s++) {
+				if (strncmp(s, keys[k], kl) != 0 || !is_digit(s[kl]))
+					continue;
+				/* "step" must not be the tail of a longer word (e.g. "mystep") */
+				if (s > start && ((s[-1] >= 'a' && s[-1] <= 'z') || (s[-1] >= 'A' && s[-1] <= 'Z')) &&
+				    strncmp(keys[k], "global", 6) != 0)
+					continue;
+				best = s;
+				digits = s + kl;
+				break;
+			}
+		}
+		end = start > path ? start - 1 : path;
+	}
+	if (!digits) { /* the last number of the file name */
+		const char *name = strrchr(path, '/');
+		name = name ? name + 1 : path;
+		for (const char *s = path + len; s > name; s--)
+			if (is_digit(s[-1])) {
+				const char *e = s;
+				while (s > name && is_digit(s[-1]))
+					s--;
+				digits = s;
+				best = s;
+				(void)e;
+				break;
+			}
+	}
+	(void)best;
+	if (!digits) {
+		if (series)
+			*series = NULL;
+		return -1;
+	}
+	const char *de = digits;
+	int64_t v = 0;
+	while (is_digit(*de) && v < ((int64_t)1 << 58)) {
+		v = v * 10 + (*de - '0');
+		de++;
+	}
+	while (is_digit(*de))
+		de++;
+	if (series) {
+		size_t pre = (size_t)(digits - path), post = strlen(de);
+		*series = malloc(pre + 3 + post + 1);
+		if (*series) {
+			memcpy(*series, path, pre);
+			memcpy(*series + pre, "{S}", 3);
+			memcpy(*series + pre + 3, de, post + 1);
+		}
+	}
+	return v;
+}
+
+/* ---- writing ------------------------------------------------------------ */
+
+int ulp_index_mkdirs(ulp_archive *a, const char *path, int64_t mtime_ns)
+{
+	static const char sql[] = "INSERT OR IGNORE INTO entries(path, parent, name, type, mode, mtime_ns)"
+	                          " VALUES(?, ?, ?, 1, 493, ?)";
+	static const char sql_type[] = "SELECT type FROM entries WHERE path = ?";
+	char buf[4096];
+	snprintf(buf, sizeof(buf), "%s", path);
+	for (char *s = buf; (s = strchr(s, '/')); s++) {
+		*s = 0;
+		sqlite3_stmt *st = ulp_db_stmt(a, sql_type);
+		if (!st)
+			return -ULP_E_IO;
+		sqlite3_bind_text(st, 1, buf, -1, SQLITE_STATIC);
+		int rc = sqlite3_step(st);
+		int type = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
+		sqlite3_reset(st);
+		if (type >= 0 && type != ULP_ENT_DIR)
+			return ulp_arch_err(a, -ULP_E_INVAL, "%s: a component of the path is not a directory", buf);
+		if (type < 0) {
+			char *parent = ulp_path_parent(buf);
+			st = ulp_db_stmt(a, sql);
+			if (!st || !parent) {
+				free(parent);
+				return -ULP_E_IO;
+			}
+			sqlite3_bind_text(st, 1, buf, -1, SQLITE_STATIC);
+			sqlite3_bind_text(st, 2, parent, -1, SQLITE_STATIC);
+			sqlite3_bind_text(st, 3, ulp_path_name(buf), -1, SQLITE_STATIC);
+			sqlite3_bind_int64(st, 4, mtime_ns);
+			rc = sqlite3_step(st);
+			sqlite3_reset(st);
+			free(parent);
+			if (rc != SQLITE_DONE)
+				return ulp_db_err(a, "mkdir");
+		}
+		*s = '/';
+	}
+	return 0;
+}
+
+int ulp_index_nearest(ulp_archive *a, const char *series, int64_t step, const char *path,
+                      int64_t *id, char *ref_path, size_t cap)
+{
+	static const char sql[] = "SELECT id, path FROM entries WHERE series = ? AND type = 0 AND kind = 1"
+	                          " AND path <> ? ORDER BY abs(step - ?), step LIMIT 1";
+	*id = -1;
+	ref_path[0] = 0;
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_text(st, 1, series, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 2, path, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 3, step);
+	int rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW) {
+		*id = sqlite3_column_int64(st, 0);
+		snprintf(ref_path, cap, "%s", (const char *)sqlite3_column_text(st, 1));
+	}
+	sqlite3_reset(st);
+	return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : ulp_db_err(a, "reference lookup");
+}
+
+int ulp_index_tensor(ulp_archive *a, int64_t file, const char *name, int dtype, uint64_t length,
+                     uint8_t content[ULP_SHA256_LEN], ulp_blobrow *row)
+{
+	static const char sql[] = "SELECT b.content FROM extents e JOIN blobs b ON b.id = e.blob"
+	                          " WHERE e.file = ? AND e.name = ? AND e.dtype = ? AND e.length = ?";
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_int64(st, 1, file);
+	sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+	sqlite3_bind_int(st, 3, dtype);
+	sqlite3_bind_int64(st, 4, (sqlite3_int64)length);
+	int rc = sqlite3_step(st);
+	if (rc != SQLITE_ROW || sqlite3_column_bytes(st, 0) != ULP_SHA256_LEN) {
+		sqlite3_reset(st);
+		return -ULP_E_NOENT;
+	}
+	memcpy(content, sqlite3_column_blob(st, 0), ULP_SHA256_LEN);
+	sqlite3_reset(st);
+	return ulp_index_blob(a, content, row);
+}
+
+static int step_rc(ulp_archive *a, sqlite3_stmt *st, const char *what)
+{
+	int rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	return rc == SQLITE_DONE || rc == SQLITE_ROW ? 0 : ulp_db_err(a, what);
+}
+
+int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_name,
+                       uint64_t pack_size, const ulp_newblob *b, size_t nb, const ulp_newext *x,
+                       size_t nx)
+{
+	static const char sql_pack[] = "INSERT INTO packs(name, size) VALUES(?, ?)";
+	static const char sql_blob[] = "INSERT OR IGNORE INTO blobs(content, codec, ref, depth, raw_size,"
+	                               " stored_size, pack, offset) VALUES(?, ?, ?, ?, ?, ?, ?, ?)";
+	static const char sql_old[] = "SELECT type FROM entries WHERE path = ?";
+	static const char sql_del[] = "DELETE FROM entries WHERE path = ?";
+	static const char sql_ent[] = "INSERT INTO entries(path, parent, name, type, size, mode, uid, gid,"
+	                              " mtime_ns, sha256, kind, header, run, series, step, target, stored,"
+	                              " depth, anchor) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
+	static const char sql_ext[] = "INSERT INTO extents(file, offset, length, blob, name, dtype)"
+	                              " VALUES(?, ?, ?, (SELECT id FROM blobs WHERE content = ?), ?, ?)";
+	sqlite3_stmt *st;
+	int rc;
+	ULP_TRY(ulp_index_mkdirs(a, f->path, f->meta.mtime_ns));
+	if (!(st = ulp_db_stmt(a, sql_old)))
+		return -ULP_E_IO;
+	sqlite3_bind_text(st, 1, f->path, -1, SQLITE_STATIC);
+	int old = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
+	sqlite3_reset(st);
+	if (old == ULP_ENT_DIR)
+		return ulp_arch_err(a, -ULP_E_EXIST, "%s: is a directory", f->path);
+	int64_t pack = 0;
+	if (pack_name) {
+		if (!(st = ulp_db_stmt(a, sql_pack)))
+			return -ULP_E_IO;
+		sqlite3_bind_text(st, 1, pack_name, -1, SQLITE_STATIC);
+		sqlite3_bind_int64(st, 2, (sqlite3_int64)pack_size);
+		ULP_TRY(step_rc(a, st, "insert pack"));
+		pack = sqlite3_last_insert_rowid(ulp_db(a));
+	}
+	for (size_t i = 0; i < nb; i++) {
+		if (!(st = ulp_db_stmt(a, sql_blob)))
+			return -ULP_E_IO;
+		sqlite3_bind_blob(st, 1, b[i].content, ULP_SHA256_LEN, SQLITE_STATIC);
+		sqlite3_bind_int(st, 2, b[i].codec);
+		if (b[i].has_ref)
+			sqlite3_bind_blob(st, 3, b[i].ref, ULP_SHA256_LEN, SQLITE_STATIC);
+		sqlite3_bind_int(st, 4, (int)b[i].depth);
+		sqlite3_bind_int64(st, 5, (sqlite3_int64)b[i].raw);
+		sqlite3_bind_int64(st, 6, (sqlite3_int64)b[i].stored);
+		sqlite3_bind_int64(st, 7, pack);
+		sqlite3_bind_int64(st, 8, (sqlite3_int64)b[i].offset);
+		ULP_TRY(step_rc(a, st, "insert blob"));
+	}
+	if (old >= 0) {
+		if (!(st = ulp_db_stmt(a, sql_del)))
+			return -ULP_E_IO;
+		sqlite3_bind_text(st, 1, f->path, -1, SQLITE_STATIC);
+		ULP_TRY(step_rc(a, st, "replace file"));
+	}
+	char *parent = ulp_path_parent(f->path), *series = NULL;
+	int64_t step = ulp_parse_step(f->path, &series);
+	const char *slash = strchr(f->path, '/');
+	if (!(st = ulp_db_stmt(a, sql_ent)) || !parent) {
+		free(parent);
+		free(series);
+		return -ULP_E_IO;
+	}
+	sqlite3_bind_text(st, 1, f->path, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 2, parent, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 3, ulp_path_name(f->path), -1, SQLITE_STATIC);
+	sqlite3_bind_int(st, 4, f->type);
+	sqlite3_bind_int64(st, 5, (sqlite3_int64)f->size);
+	sqlite3_bind_int(st, 6, (int)(f->meta.mode & 07777));
+	sqlite3_bind_int64(st, 7, f->meta.uid);
+	sqlite3_bind_int64(st, 8, f->meta.gid);
+	sqlite3_bind_int64(st, 9, f->meta.mtime_ns);
+	if (f->type == ULP_ENT_FILE)
+		sqlite3_bind_blob(st, 10, f->sha, ULP_SHA256_LEN, SQLITE_STATIC);
+	sqlite3_bind_int(st, 11, f->kind);
+	if (f->header_len)
+		sqlite3_bind_blob(st, 12, f->header, (int)f->header_len, SQLITE_STATIC);
+	sqlite3_bind_text(st, 13, f->path, slash ? (int)(slash - f->path) : -1, SQLITE_STATIC);
+	if (series)
+		sqlite3_bind_text(st, 14, series, -1, SQLITE_STATIC);
+	if (step >= 0)
+		sqlite3_bind_int64(st, 15, step);
+	if (f->target)
+		sqlite3_bind_text(st, 16, f->target, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 17, (sqlite3_int64)f->stored);
+	sqlite3_bind_int(st, 18, (int)f->depth);
+	sqlite3_bind_int(st, 19, f->anchor);
+	rc = step_rc(a, st, "insert file");
+	free(parent);
+	free(series);
+	if (rc < 0)
+		return rc;
+	int64_t id = sqlite3_last_insert_rowid(ulp_db(a));
+	for (size_t i = 0; i < nx; i++) {
+		if (!(st = ulp_db_stmt(a, sql_ext)))
+			return -ULP_E_IO;
+		sqlite3_bind_int64(st, 1, id);
+		sqlite3_bind_int64(st, 2, (sqlite3_int64)x[i].offset);
+		sqlite3_bind_int64(st, 3, (sqlite3_int64)x[i].length);
+		sqlite3_bind_blob(st, 4, x[i].content, ULP_SHA256_LEN, SQLITE_STATIC);
+		if (x[i].name)
+			sqlite3_bind_text(st, 5, x[i].name, -1, SQLITE_STATIC);
+		if (x[i].dtype >= 0)
+			sqlite3_bind_int(st, 6, x[i].dtype);
+		ULP_TRY(step_rc(a, st, "insert extent"));
+	}
+	return 0;
+}
+
+/* ---- namespace operations ------------------------------------------------ */
+
+static int insert_entry(ulp_archive *a, const char *p, int type, const ulp_meta *m, const char *target)
+{
+	ulp_newfile f = {.path = p, .type = type, .target = target, .anchor = 1};
+	if (m)
+		f.meta = *m;
+	if (type == ULP_ENT_LINK)
+		f.size = strlen(target);
+	return ulp_index_put_file(a, &f, NULL, 0, NULL, 0, NULL, 0);
+}
+
+static int in_tx(ulp_archive *a, int rc)
+{
+	if (rc == 0)
+		rc = ulp_db_commit(a);
+	if (rc < 0)
+		ulp_db_rollback(a);
+	return rc;
+}
+
+int ulp_archive_symlink(ulp_archive *a, const char *path, const char *target, const ulp_meta *m)
+{
+	char p[4096];
+	if (a->read_only || ulp_path_clean(path, p, sizeof(p)) < 0 || !p[0])
+		return ulp_arch_err(a, -ULP_E_INVAL, "%s: cannot create a link there", path);
+	ulp_stat s;
+	if (ulp_archive_stat(a, p, &s) == 0)
+		return ulp_arch_err(a, -ULP_E_EXIST, "%s: exists", p);
+	ULP_TRY(ulp_db_begin(a));
+	return in_tx(a, insert_entry(a, p, ULP_ENT_LINK, m, target));
+}
+
+int ulp_archive_mkdir(ulp_archive *a, const char *path, const ulp_meta *m)
+{
+	static const char sql[] = "INSERT INTO entries(path, parent, name, type, mode, uid, gid, mtime_ns)"
+	                          " VALUES(?, ?, ?, 1, ?, ?, ?, ?)";
+	char p[4096];
+	if (a->read_only || ulp_path_clean(path, p, sizeof(p)) < 0 || !p[0])
+		return ulp_arch_err(a, -ULP_E_INVAL, "%s: cannot create a directory there", path);
+	ulp_stat s;
+	if (ulp_archive_stat(a, p, &s) == 0)
+		return ulp_arch_err(a, -ULP_E_EXIST, "%s: exists", p);
+	ULP_TRY(ulp_db_begin(a));
+	int64_t now = (int64_t)time(NULL) * 1000000000;
+	int rc = ulp_index_mkdirs(a, p, now);
+	char *parent = ulp_path_parent(p);
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (rc == 0 && st && parent) {
+		sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, 2, parent, -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, 3, ulp_path_name(p), -1, SQLITE_STATIC);
+		sqlite3_bind_int(st, 4, m ? (int)(m->mode & 07777) : 0755);
+		sqlite3_bind_int64(st, 5, m ? m->uid : 0);
+		sqlite3_bind_int64(st, 6, m ? m->gid : 0);
+		sqlite3_bind_int64(st, 7, m ? m->mtime_ns : now);
+		rc = step_rc(a, st, "mkdir");
+	} else if (rc == 0) {
+		rc = -ULP_E_NOMEM;
+	}
+	free(parent);
+	return in_tx(a, rc);
+}
+
+int ulp_archive_remove(ulp_archive *a, const char *path)
+{
+	static const char sql_kids[] = "SELECT 1 FROM entries WHERE parent = ? AND path <> '' LIMIT 1";
+	static const char sql_del[] = "DELETE FROM entries WHERE path = ?";
+	char p[4096];
+	ulp_stat s;
+	if (a->read_only || ulp_path_clean(path, p, sizeof(p)) < 0 || !p[0])
+		return ulp_arch_err(a, -ULP_E_INVAL, "%s: cannot remove that", path);
+	ULP_TRY(ulp_db_begin(a));
+	int rc = ulp_archive_stat(a, p, &s);
+	if (rc == 0 && s.is_dir) {
+		sqlite3_stmt *st = ulp_db_stmt(a, sql_kids);
+		if (!st)
+			rc = -ULP_E_IO;
+		else {
+			sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
+			if (sqlite3_step(st) == SQLITE_ROW)
+				rc = ulp_arch_err(a, -ULP_E_BUSY, "%s: directory not empty", p);
+			sqlite3_reset(st);
+		}
+	}
+	if (rc == 0) {
+		sqlite3_stmt *st = ulp_db_stmt(a, sql_del);
+		if (!st)
+			rc = -ULP_E_IO;
+		else {
+			sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
+			rc = step_rc(a, st, "remove");
+		}
+	}
+	return in_tx(a, rc);
+}
+
+int ulp_archive_rename(ulp_archive *a, const char *from, const char *to)
+{
+	static const char sql_sel[] = "SELECT id, path FROM entries WHERE path = ? OR (substr(path, 1, ?) = ?)";
+	static const char sql_upd[] = "UPDATE entries SET path = ?, parent = ?, name = ?, run = ?, series = ?,"
+	                              " step = ? WHERE id = ?";
+	static const char sql_del[] = "DELETE FROM entries WHERE path = ?";
+	char f[4096], t[4096];
+	ulp_stat sf, stt;
+	if (a->read_only || ulp_path_clean(from, f, sizeof(f)) < 0 || ulp_path_clean(to, t, sizeof(t)) < 0 ||
+	    !f[0] || !t[0])
+		return ulp_arch_err(a, -ULP_E_INVAL, "%s -> %s: invalid rename", from, to);
+	size_t fl = strlen(f);
+	if (strncmp(t, f, fl) == 0 && t[fl] == '/')
+		return ulp_arch_err(a, -ULP_E_INVAL, "%s: cannot move a directory into itself", f);
+	if (strcmp(f, t) == 0)
+		return ulp_archive_stat(a, f, &sf);
+	ULP_TRY(ulp_db_begin(a));
+	int rc = ulp_archive_stat(a, f, &sf);
+	if (rc == 0 && ulp_archive_stat(a, t, &stt) == 0) {
+		if (stt.is_dir && !sf.is_dir)
+			rc = ulp_arch_err(a, -ULP_E_EXIST, "%s: is a directory", t);
+		else if (!stt.is_dir && sf.is_dir)
+			rc = ulp_arch_err(a, -ULP_E_INVAL, "%s: not a directory", t);
+		else if (stt.is_dir) /* only an empty one may be replaced */
+			rc = ulp_archive_remove(a, t) == 0 ? 0 : ulp_arch_err(a, -ULP_E_BUSY, "%s: directory not empty", t);
+		else {
+			sqlite3_stmt *st = ulp_db_stmt(a, sql_del);
+			if (!st)
+				rc = -ULP_E_IO;
+			else {
+				sqlite3_bind_text(st, 1, t, -1, SQLITE_STATIC);
+				rc = step_rc(a, st, "rename over");
+			}
+		}
+	}
+	if (rc == 0)
+		rc = ulp_index_mkdirs(a, t, (int64_t)time(NULL) * 1000000000);
+	/* the entry and everything below it */
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *sel = NULL;
+	char prefix[4200];
+	snprintf(prefix, sizeof(prefix), "%s/", f);
+	if (rc == 0 && sqlite3_prepare_v2(db, sql_sel, -1, &sel, NULL) != SQLITE_OK)
+		rc = ulp_db_err(a, "rename");
+	if (rc == 0) {
+		sqlite3_bind_text(sel, 1, f, -1, SQLITE_STATIC);
+		sqlite3_bind_int(sel, 2, (int)strlen(prefix));
+		sqlite3_bind_text(sel, 3, prefix, -1, SQLITE_STATIC);
+		while (rc == 0 && sqlite3_step(sel) == SQLITE_ROW) {
+			int64_t id = sqlite3_column_int64(sel, 0);
+			const char *old = (const char *)sqlite3_column_text(sel, 1);
+			char np[8400];
+			snprintf(np, sizeof(np), "%s%s", t, old + fl);
+			char *parent = ulp_path_parent(np), *series = NULL;
+			int64_t step = ulp_parse_step(np, &series);
+			const char *slash = strchr(np, '/');
+			sqlite3_stmt *up = ulp_db_stmt(a, sql_upd);
+			if (!up || !parent) {
+				rc = -ULP_E_IO;
+			} else {
+				sqlite3_bind_text(up, 1, np, -1, SQLITE_STATIC);
+				sqlite3_bind_text(up, 2, parent, -1, SQLITE_STATIC);
+				sqlite3_bind_text(up, 3, ulp_path_name(np), -1, SQLITE_STATIC);
+				sqlite3_bind_text(up, 4, np, slash ? (int)(slash - np) : -1, SQLITE_STATIC);
+				if (series)
+					sqlite3_bind_text(up, 5, series, -1, SQLITE_STATIC);
+				if (step >= 0)
+					sqlite3_bind_int64(up, 6, step);
+				sqlite3_bind_int64(up, 7, id);
+				rc = step_rc(a, up, "rename");
+			}
+			free(parent);
+			free(series);
+		}
+	}
+	sqlite3_finalize(sel);
+	return in_tx(a, rc);
+}
+
+int ulp_archive_setattr(ulp_archive *a, const char *path, unsigned which, const ulp_meta *m)
+{
+	static const char sql[] = "UPDATE entries SET mode = CASE WHEN ?1 THEN ?2 ELSE mode END,"
+	                          " uid = CASE WHEN ?3 THEN ?4 ELSE uid END, gid = CASE WHEN ?3 THEN ?5 ELSE gid END,"
+	                          " mtime_ns = CASE WHEN ?6 THEN ?7 ELSE mtime_ns END WHERE path = ?8";
+	char p[4096];
+	ulp_stat s;
+	if (a->read_only || ulp_path_clean(path, p, sizeof(p)) < 0)
+		return ulp_arch_err(a, -ULP_E_INVAL, "%s: cannot change attributes", path);
+	ULP_TRY(ulp_archive_stat(a, p, &s));
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_int(st, 1, (which & ULP_SET_MODE) != 0);
+	sqlite3_bind_int(st, 2, (int)(m->mode & 07777));
+	sqlite3_bind_int(st, 3, (which & ULP_SET_OWNER) != 0);
+	sqlite3_bind_int64(st, 4, m->uid);
+	sqlite3_bind_int64(st, 5, m->gid);
+	sqlite3_bind_int(st, 6, (which & ULP_SET_MTIME) != 0);
+	sqlite3_bind_int64(st, 7, m->mtime_ns);
+	sqlite3_bind_text(st, 8, p, -1, SQLITE_STATIC);
+	return step_rc(a, st, "setattr");
+}
+
+/* ---- listing, reports and gc support ---------------------------------------- */
+
+int ulp_index_files(ulp_archive *a, const char *prefix,
+                    int (*cb)(void *arg, const char *path, const ulp_stat *st), void *arg)
+{
+	static const char sql[] = "SELECT " ENTRY_COLS ", path FROM entries WHERE type = 0 AND"
+	                          " (?1 = '' OR path = ?1 OR substr(path, 1, length(?1) + 1) = ?1 || '/')"
+	                          " ORDER BY step IS NOT NULL, step, path";
+	char p[4096];
+	ULP_TRY(ulp_path_clean(prefix, p, sizeof(p)));
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *st;
+	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "list files");
+	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
+	int rc = 0, r;
+	while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+		ulp_stat s;
+		ulp_stat_from_row(st, &s);
+		if ((rc = cb(arg, (const char *)sqlite3_column_text(st, 13), &s)) != 0)
+			break;
+	}
+	if (r != SQLITE_ROW && r != SQLITE_DONE)
+		rc = ulp_db_err(a, "list files");
+	sqlite3_finalize(st);
+	return rc;
+}
+
+struct tally_ctx {
+	int (*cb)(void *, const char *, const ulp_stat *);
+	void *arg;
+	ulp_report *r;
+};
+
+static int tally(void *x, const char *path, const ulp_stat *s)
+{
+	struct tally_ctx *c = x;
+	c->r->files++;
+	c->r->raw_bytes += s->size;
+	c->r->stored_bytes += s->stored_bytes;
+	return c->cb ? c->cb(c->arg, path, s) : 0;
+}
+
+int ulp_archive_report(ulp_archive *a, const char *prefix,
+                       int (*per_file)(void *arg, const char *path, const ulp_stat *st), void *arg,
+                       ulp_report *out)
+{
+	static const char sql_dt[] =
+		"WITH f AS (SELECT id FROM entries WHERE type = 0 AND (?1 = '' OR path = ?1 OR"
+		" substr(path, 1, length(?1) + 1) = ?1 || '/')),"
+		" x AS (SELECT e.blob, e.dtype, e.length FROM extents e JOIN f ON f.id = e.file)"
+		" SELECT x.dtype, sum(x.length), (SELECT sum(b.stored_size) FROM blobs b WHERE b.id IN"
+		" (SELECT blob FROM x x2 WHERE x2.dtype IS x.dtype)), count(*),"
+		" (SELECT count(*) FROM blobs b WHERE b.depth > 0 AND b.id IN (SELECT blob FROM x x2 WHERE x2.dtype IS x.dtype)),"
+		" (SELECT count(*) FROM blobs b WHERE b.depth = 0 AND b.id IN (SELECT blob FROM x x2 WHERE x2.dtype IS x.dtype))"
+		" FROM x GROUP BY x.dtype";
+	static const char sql_tot[] =
+		"SELECT (SELECT count(*) FROM entries WHERE type = 1), (SELECT count(*) FROM blobs),"
+		" (SELECT coalesce(sum(size), 0) FROM packs), (SELECT coalesce(max(depth), 0) FROM blobs)";
+	memset(out, 0, sizeof(*out));
+	char p[4096];
+	ULP_TRY(ulp_path_clean(prefix, p, sizeof(p)));
+	struct tally_ctx c = {per_file, arg, out};
+	ULP_TRY(ulp_index_files(a, p, tally, &c));
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *st;
+	if (!db || sqlite3_prepare_v2(db, sql_dt, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "report");
+	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
+	while (sqlite3_step(st) == SQLITE_ROW) {
+		uint64_t raw = (uint64_t)sqlite3_column_int64(st, 1), stored = (uint64_t)sqlite3_column_int64(st, 2);
+		if (sqlite3_column_type(st, 0) == SQLITE_NULL) {
+			out->opaque_raw += raw;
+			out->opaque_stored += stored;
+			continue;
+		}
+		int dt = sqlite3_column_int(st, 0);
+		if (dt < 0 || dt >= ULP_DT__COUNT)
+			continue;
+		ulp_dtype_total *d = &out->by_dtype[dt];
+		d->raw_bytes = raw;
+		d->stored_bytes = stored;
+		d->elements = raw / ulp_dtype_size((ulp_dtype)dt);
+		d->tensors = (uint64_t)sqlite3_column_int64(st, 3);
+		d->deltas = (uint64_t)sqlite3_column_int64(st, 4);
+		d->anchors = (uint64_t)sqlite3_column_int64(st, 5);
+	}
+	sqlite3_finalize(st);
+	if (sqlite3_prepare_v2(db, sql_tot, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "report");
+	if (sqlite3_step(st) == SQLITE_ROW) {
+		out->dirs = (uint64_t)sqlite3_column_int64(st, 0);
+		out->blobs = (uint64_t)sqlite3_column_int64(st, 1);
+		out->pack_bytes = (uint64_t)sqlite3_column_int64(st, 2);
+		out->max_chain_depth = (unsigned)sqlite3_column_int(st, 3);
+	}
+	sqlite3_finalize(st);
+	return 0;
+}
+
+int ulp_index_gc_sweep(ulp_archive *a, uint64_t *removed)
+{
+	static const char sql[] =
+		"WITH RECURSIVE live(content) AS (SELECT b.content FROM extents e JOIN blobs b ON b.id = e.blob"
+		" UNION SELECT b.ref FROM blobs b JOIN live l ON b.content = l.content WHERE b.ref IS NOT NULL)"
+		" DELETE FROM blobs WHERE content NOT IN (SELECT content FROM live)";
+	ULP_TRY(ulp_db_exec(a, sql));
+	*removed = (uint64_t)sqlite3_changes(ulp_db(a));
+	return 0;
+}
+
+int ulp_index_packs(ulp_archive *a, int (*cb)(void *arg, int64_t id, const char *name, uint64_t size,
+                                              uint64_t live_bytes, uint64_t live_blobs), void *arg)
+{
+	static const char sql[] = "SELECT p.id, p.name, p.size, coalesce(sum(b.stored_size), 0), count(b.id)"
+	                          " FROM packs p LEFT JOIN blobs b ON b.pack = p.id GROUP BY p.id ORDER BY p.id";
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *st;
+	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "packs");
+	int rc = 0;
+	while (rc == 0 && sqlite3_step(st) == SQLITE_ROW)
+		rc = cb(arg, sqlite3_column_int64(st, 0), (const char *)sqlite3_column_text(st, 1),
+		        (uint64_t)sqlite3_column_int64(st, 2), (uint64_t)sqlite3_column_int64(st, 3),
+		        (uint64_t)sqlite3_column_int64(st, 4));
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int ulp_index_pack_blobs(ulp_archive *a, int64_t pack,
+                         int (*cb)(void *arg, const uint8_t *content, uint64_t offset, uint64_t stored),
+                         void *arg)
+{
+	static const char sql[] = "SELECT content, offset, stored_size FROM blobs WHERE pack = ? ORDER BY offset";
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *st;
+	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "pack blobs");
+	sqlite3_bind_int64(st, 1, pack);
+	int rc = 0;
+	while (rc == 0 && sqlite3_step(st) == SQLITE_ROW)
+		rc = cb(arg, sqlite3_column_blob(st, 0), (uint64_t)sqlite3_column_int64(st, 1),
+		        (uint64_t)sqlite3_column_int64(st, 2));
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int ulp_index_pack_add(ulp_archive *a, const char *name, uint64_t size, int64_t *id)
+{
+	static const char sql[] = "INSERT INTO packs(name, size) VALUES(?, ?)";
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 2, (sqlite3_int64)size);
+	ULP_TRY(step_rc(a, st, "insert pack"));
+	*id = sqlite3_last_insert_rowid(ulp_db(a));
+	return 0;
+}
+
+int ulp_index_blob_move(ulp_archive *a, const uint8_t *content, int64_t pack, uint64_t offset)
+{
+	static const char sql[] = "UPDATE blobs SET pack = ?, offset = ? WHERE content = ?";
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_int64(st, 1, pack);
+	sqlite3_bind_int64(st, 2, (sqlite3_int64)offset);
+	sqlite3_bind_blob(st, 3, content, ULP_SHA256_LEN, SQLITE_STATIC);
+	return step_rc(a, st, "move blob");
+}
+
+int ulp_index_pack_drop(ulp_archive *a, int64_t pack)
+{
+	static const char sql[] = "DELETE FROM packs WHERE id = ? AND NOT EXISTS (SELECT 1 FROM blobs WHERE pack = ?)";
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_int64(st, 1, pack);
+	sqlite3_bind_int64(st, 2, pack);
+	return step_rc(a, st, "drop pack");
+}
+
+int ulp_index_has_pack(ulp_archive *a, const char *name)
+{
+	static const char sql[] = "SELECT 1 FROM packs WHERE name = ?";
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+	int r = sqlite3_step(st) == SQLITE_ROW;
+	sqlite3_reset(st);
+	return r;
+}

@@ -1,0 +1,275 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * maint.c - keeping an archive honest: verify (decode everything, check
+ * every sha256) and gc (drop what nothing reaches, rewrite or remove packs).
+ *
+ * gc invariants:
+ *  1. A blob is kept while a file's extent or another kept blob's reference
+ *     names its content (a deleted file never breaks another's chain).
+ *  2. A rewritten blob is decoded and checked against its content sha256
+ *     before the new pack is committed; the index moves to the new pack in
+ *     one transaction; the old pack file is removed only after it commits.
+ *  3. Pack files the index does not name (left by a crash between the pack
+ *     rename and the index commit) and temporary files of dead processes are
+ *     removed while gc holds the index's write lock, when no import can be
+ *     between those two steps.
+ */
+#include "arch_int.h"
+#include <dirent.h>
+#include <errno.h>
+#include <openssl/evp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define VERIFY_BLOCK ((size_t)64 << 20)
+
+typedef struct vctx {
+	ulp_archive *a;
+	void (*bad)(void *, const char *, const char *);
+	void *arg;
+	int64_t damaged;
+	uint8_t *buf;
+} vctx;
+
+static int verify_one(void *arg, const char *path, const ulp_stat *st)
+{
+	vctx *v = arg;
+	ulp_file *f;
+	char why[1200];
+	int rc = ulp_file_open(v->a, path, &f);
+	if (rc == 0) {
+		EVP_MD_CTX *sha = EVP_MD_CTX_new();
+		EVP_DigestInit_ex(sha, EVP_sha256(), NULL);
+		uint64_t off = 0;
+		while (off < st->size) {
+			int64_t n = ulp_file_pread(f, v->buf, VERIFY_BLOCK, off);
+			if (n <= 0) {
+				rc = n < 0 ? (int)n : -ULP_E_IO;
+				break;
+			}
+			EVP_DigestUpdate(sha, v->buf, (size_t)n);
+			off += (uint64_t)n;
+		}
+		uint8_t d[32];
+		unsigned int dl;
+		EVP_DigestFinal_ex(sha, d, &dl);
+		EVP_MD_CTX_free(sha);
+		ulp_file_close(f);
+		if (rc == 0 && memcmp(d, st->sha256, 32) != 0) {
+			rc = -ULP_E_CHECKSUM;
+			ulp_arch_err(v->a, rc, "%s: decoded bytes do not match the stored sha256", path);
+		}
+	}
+	if (rc < 0) {
+		snprintf(why, sizeof(why), "%s", ulp_archive_errmsg(v->a));
+		v->damaged++;
+		if (v->bad)
+			v->bad(v->arg, path, why);
+	}
+	return 0;
+}
+
+int64_t ulp_archive_verify(ulp_archive *a, const char *prefix,
+                           void (*bad)(void *arg, const char *path, const char *why), void *arg)
+{
+	vctx v = {a, bad, arg, 0, malloc(VERIFY_BLOCK)};
+	if (!v.buf)
+		return -ULP_E_NOMEM;
+	int rc = ulp_index_files(a, prefix, verify_one, &v);
+	free(v.buf);
+	return rc < 0 ? rc : v.damaged;
+}
+
+/* ---- gc ------------------------------------------------------------------ */
+
+typedef struct packinfo {
+	int64_t id;
+	char name[80];
+	uint64_t size, live, blobs;
+} packinfo;
+
+typedef struct gctx {
+	ulp_archive *a;
+	packinfo *p;
+	size_t n, cap;
+} gctx;
+
+static int collect_pack(void *arg, int64_t id, const char *name, uint64_t size, uint64_t live,
+                        uint64_t blobs)
+{
+	gctx *g = arg;
+	if (g->n == g->cap) {
+		g->cap = g->cap ? g->cap * 2 : 32;
+		packinfo *np = realloc(g->p, g->cap * sizeof(*np));
+		if (!np)
+			return -ULP_E_NOMEM;
+		g->p = np;
+	}
+	packinfo *pi = &g->p[g->n++];
+	pi->id = id;
+	snprintf(pi->name, sizeof(pi->name), "%s", name);
+	pi->size = size;
+	pi->live = live;
+	pi->blobs = blobs;
+	return 0;
+}
+
+typedef struct moved {
+	uint8_t content[32];
+	uint64_t offset;
+} moved;
+
+typedef struct rctx {
+	ulp_archive *a;
+	int64_t pack;
+	ulp_pack_writer *w;
+	moved *m;
+	size_t n, cap;
+} rctx;
+
+static int rewrite_blob(void *arg, const uint8_t *content, uint64_t offset, uint64_t stored)
+{
+	rctx *r = arg;
+	const uint8_t *p;
+	ULP_TRY(ulp_pack_blob(r->a, r->pack, offset, stored, &p));
+	/* invariant 2: the content must decode to its sha256 before it moves */
+	ulp_blob *b;
+	char why[256];
+	int rc = ulp_blob_open(p, (size_t)stored, &b, why, sizeof(why));
+	if (rc < 0)
+		return ulp_arch_err(r->a, rc, "gc: blob in pack %lld is damaged: %s", (long long)r->pack, why);
+	size_t raw = (size_t)ulp_blob_get_info(b)->raw_bytes;
+	ulp_blob_close(b);
+	uint8_t *buf = malloc(raw ? raw : 1), sha[32];
+	if (!buf)
+		return -ULP_E_NOMEM;
+	rc = ulp_read_content(r->a, content, buf, raw);
+	if (rc == 0) {
+		ulp_sha256(buf, raw, sha);
+		if (memcmp(sha, content, 32) != 0)
+			rc = ulp_arch_err(r->a, -ULP_E_CHECKSUM, "gc: a blob of pack %lld does not decode to its content",
+			                  (long long)r->pack);
+	}
+	free(buf);
+	if (rc < 0)
+		return rc;
+	if (r->n == r->cap) {
+		r->cap = r->cap ? r->cap * 2 : 64;
+		moved *nm = realloc(r->m, r->cap * sizeof(*nm));
+		if (!nm)
+			return -ULP_E_NOMEM;
+		r->m = nm;
+	}
+	memcpy(r->m[r->n].content, content, 32);
+	ULP_TRY(ulp_pack_append(r->w, p, (size_t)stored, &r->m[r->n].offset));
+	r->n++;
+	return 0;
+}
+
+/* Removes pack files the index does not know and dead processes' temporaries. */
+static uint64_t sweep_files(ulp_archive *a)
+{
+	char dir[4200], path[4400];
+	uint64_t freed = 0;
+	snprintf(dir, sizeof(dir), "%s/packs", a->dir);
+	DIR *d = opendir(dir);
+	if (!d)
+		return 0;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		const char *n = de->d_name;
+		int drop = 0;
+		if (!strncmp(n, "tmp-", 4)) {
+			long pid = strtol(n + 4, NULL, 10);
+			drop = pid > 0 && kill((pid_t)pid, 0) < 0 && errno == ESRCH;
+		} else if (strlen(n) > 5 && !strcmp(n + strlen(n) - 5, ".pack")) {
+			drop = ulp_index_has_pack(a, n) == 0;
+		}
+		if (drop) {
+			snprintf(path, sizeof(path), "%s/%s", dir, n);
+			FILE *f = fopen(path, "rb");
+			if (f) {
+				fseek(f, 0, SEEK_END);
+				freed += (uint64_t)ftell(f);
+				fclose(f);
+			}
+			unlink(path);
+		}
+	}
+	closedir(d);
+	return freed;
+}
+
+int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res)
+{
+	ulp_gc_result r = {0};
+	gctx g = {a, NULL, 0, 0};
+	char path[4400];
+	if (a->read_only)
+		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is open read-only", a->dir);
+	pthread_mutex_lock(&a->write_mu);
+	int rc = ulp_db_begin(a);
+	if (rc == 0)
+		rc = ulp_index_gc_sweep(a, &r.blobs_removed);
+	if (rc == 0)
+		rc = ulp_index_packs(a, collect_pack, &g);
+	for (size_t i = 0; rc == 0 && i < g.n; i++) {
+		packinfo *pi = &g.p[i];
+		if (pi->blobs == 0) {
+			rc = ulp_index_pack_drop(a, pi->id);
+			continue;
+		}
+		if (pi->live * 2 >= pi->size)
+			continue; /* mostly live: keep */
+		rctx rx = {a, pi->id, NULL, NULL, 0, 0};
+		char name[80];
+		int64_t nid;
+		rc = ulp_pack_writer_new(a, &rx.w);
+		if (rc == 0)
+			rc = ulp_index_pack_blobs(a, pi->id, rewrite_blob, &rx);
+		if (rc == 0)
+			rc = ulp_pack_commit(rx.w, name);
+		if (rc == 0 && ulp_index_has_pack(a, name) == 1)
+			rc = ulp_arch_err(a, -ULP_E_EXIST, "gc: pack %s exists already", name);
+		if (rc == 0)
+			rc = ulp_index_pack_add(a, name, ulp_pack_size(rx.w), &nid);
+		for (size_t k = 0; rc == 0 && k < rx.n; k++)
+			rc = ulp_index_blob_move(a, rx.m[k].content, nid, rx.m[k].offset);
+		if (rc == 0)
+			rc = ulp_index_pack_drop(a, pi->id);
+		if (rc == 0) {
+			r.packs_rewritten++;
+			ulp_pack_free(rx.w);
+		} else if (rx.w) {
+			ulp_pack_discard(rx.w, 1);
+		}
+		free(rx.m);
+	}
+	if (rc == 0)
+		rc = ulp_db_commit(a);
+	if (rc < 0) {
+		ulp_db_rollback(a);
+	} else {
+		/* after the commit: remove the files of packs the index dropped */
+		for (size_t i = 0; i < g.n; i++)
+			if (g.p[i].blobs == 0 || g.p[i].live * 2 < g.p[i].size) {
+				snprintf(path, sizeof(path), "%s/packs/%s", a->dir, g.p[i].name);
+				if (ulp_index_has_pack(a, g.p[i].name) == 0 && unlink(path) == 0) {
+					r.packs_removed += g.p[i].blobs == 0;
+					r.bytes_reclaimed += g.p[i].size - g.p[i].live;
+					ulp_pack_forget(a, g.p[i].id);
+				}
+			}
+		if (ulp_db_begin(a) == 0) { /* invariant 3 */
+			r.bytes_reclaimed += sweep_files(a);
+			ulp_db_commit(a);
+		}
+	}
+	pthread_mutex_unlock(&a->write_mu);
+	free(g.p);
+	if (rc == 0 && res)
+		*res = r;
+	return rc;
+}

@@ -1,0 +1,399 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * read.c - files as byte ranges: a read maps its range onto the file's stored
+ * header and the chunks of the blobs it overlaps, and decodes only those,
+ * through the decode cache; a delta chunk first gets the same chunk of its
+ * reference the same way, so a cold read walks the chain back to the anchor
+ * and reading steps in order decodes one delta per step.
+ *
+ * Invariants:
+ *  1. A decoded chunk enters the cache only after its checksum matched
+ *     (ulp_blob_decode_chunk checks it), so the cache never holds wrong bytes.
+ *  2. A chain walk is bounded: it stops with CORRUPT past ULP_WALK_MAX links,
+ *     whatever the index says.
+ */
+#include "arch_int.h"
+#include <stdio.h>
+#include <stdlib.h>
+
+#define ULP_WALK_MAX 4096
+
+struct ulp_file {
+	ulp_archive *a;
+	ulp_stat st;
+	uint8_t *header;      /* the stored header bytes (safetensors), or NULL */
+	size_t header_len;
+	ulp_extent *ext;      /* tiling [header_len, size) */
+	size_t n_ext;
+	char path[];
+};
+
+static void blob_destroy(void *p)
+{
+	ulp_blob_close(p);
+}
+
+int ulp_read_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_centry **e,
+                  const ulp_blob **out)
+{
+	ulp_ckey key = {.kind = ULP_CK_BLOB};
+	memcpy(key.sha, sha, ULP_SHA256_LEN);
+	void *data;
+	int must_load;
+	ULP_TRY(ulp_cache_get(a->cache, &key, e, &data, &must_load));
+	if (!must_load) {
+		*out = data;
+		return 0;
+	}
+	ulp_blobrow row;
+	const uint8_t *p;
+	ulp_blob *b = NULL;
+	char why[256], name[128] = "?";
+	int rc = ulp_index_blob(a, sha, &row);
+	if (rc == 0)
+		rc = ulp_pack_blob(a, row.pack, row.offset, row.stored, &p);
+	if (rc == 0) {
+		rc = ulp_blob_open(p, (size_t)row.stored, &b, why, sizeof(why));
+		if (rc == 0 && memcmp(ulp_blob_get_info(b)->content_sha256, sha, ULP_SHA256_LEN) != 0) {
+			ulp_blob_close(b);
+			rc = -ULP_E_CORRUPT;
+			snprintf(why, sizeof(why), "blob holds other content than the index says");
+		}
+		if (rc < 0) {
+			char hex[65];
+			ulp_sha256_hex(sha, hex);
+			ulp_index_pack_name(a, row.pack, name, sizeof(name));
+			rc = ulp_arch_err(a, rc, "blob %.16s at %s/packs/%s+%llu: %s", hex, a->dir, name,
+			                  (unsigned long long)row.offset, why);
+		}
+	}
+	if (rc < 0) {
+		ulp_cache_fail(a->cache, *e, rc);
+		return rc;
+	}
+	ulp_cache_fill(a->cache, *e, b, 65536 + (size_t)ulp_blob_get_info(b)->n_chunks * 48, blob_destroy);
+	*out = b;
+	return 0;
+}
+
+static int read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
+                      ulp_centry **e, const uint8_t **data, size_t *len, unsigned *walk,
+                      unsigned depth)
+{
+	ulp_ckey key = {.chunk = k, .kind = ULP_CK_CHUNK};
+	memcpy(key.sha, sha, ULP_SHA256_LEN);
+	void *d;
+	int must_load;
+	if (depth > ULP_WALK_MAX)
+		return ulp_arch_err(a, -ULP_E_CORRUPT, "%s: a delta chain is longer than %d links", a->dir,
+		                    ULP_WALK_MAX);
+	ULP_TRY(ulp_cache_get(a->cache, &key, e, &d, &must_load));
+	if (!must_load) {
+		__atomic_fetch_add(&a->hits, 1, __ATOMIC_RELAXED);
+		const ulp_blob *b;
+		ulp_centry *be;
+		/* the length is the chunk's: ask the (cached) blob */
+		int rc = ulp_read_blob(a, sha, &be, &b);
+		if (rc < 0) {
+			ulp_cache_put(a->cache, *e);
+			return rc;
+		}
+		uint64_t off, l;
+		ulp_blob_chunk_range(b, k, &off, &l);
+		ulp_cache_put(a->cache, be);
+		*data = d;
+		*len = (size_t)l;
+		return 0;
+	}
+	__atomic_fetch_add(&a->misses, 1, __ATOMIC_RELAXED);
+	const ulp_blob *b;
+	ulp_centry *be = NULL, *re = NULL;
+	uint8_t *buf = NULL;
+	int rc = ulp_read_blob(a, sha, &be, &b);
+	if (rc < 0)
+		goto fail;
+	const ulp_blob_info *in = ulp_blob_get_info(b);
+	uint64_t off, l;
+	ulp_blob_chunk_range(b, k, &off, &l);
+	if (off >= in->raw_bytes && !(off == 0 && in->raw_bytes == 0)) {
+		rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: chunk %u past the end of a blob", a->dir, k);
+		goto fail;
+	}
+	const uint8_t *ref = NULL;
+	size_t ref_len = 0;
+	if (in->has_ref) {
+		rc = read_chunk(a, in->ref_sha256, k, &re, &ref, &ref_len, walk, depth + 1);
+		if (rc < 0)
+			goto fail;
+		if (ref_len != l) {
+			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: a delta and its reference differ in chunk %u size",
+			                  a->dir, k);
+			goto fail;
+		}
+	}
+	buf = ulp_cache_alloc(a->cache, (size_t)l);
+	if (!buf) {
+		rc = -ULP_E_NOMEM;
+		goto fail;
+	}
+	if (in->codec == ULP_CODEC_IDENT) {
+		memcpy(buf, ref, (size_t)l);
+	} else if (l > 0) {
+		int64_t n = ulp_blob_decode_chunk(b, k, buf, (size_t)l, ref, ref_len);
+		if (n < 0) {
+			char hex[65];
+			ulp_sha256_hex(sha, hex);
+			rc = ulp_arch_err(a, (int)n, "%s: chunk %u of blob %.16s: %s", a->dir, k, hex,
+			                  n == -ULP_E_CHECKSUM ? "checksum mismatch (damaged pack)" : ulp_strerror((int)n));
+			goto fail;
+		}
+	}
+	__atomic_fetch_add(&a->chunks_decoded, 1, __ATOMIC_RELAXED);
+	if (in->has_ref)
+		__atomic_fetch_add(&a->deltas_decoded, 1, __ATOMIC_RELAXED);
+	(*walk)++;
+	ulp_cache_put(a->cache, re);
+	ulp_cache_put(a->cache, be);
+	ulp_cache_fill(a->cache, *e, buf, (size_t)l, ulp_cache_free_buf);
+	*data = buf;
+	*len = (size_t)l;
+	return 0;
+fail:
+	ulp_cache_free_buf(buf);
+	ulp_cache_put(a->cache, re);
+	ulp_cache_put(a->cache, be);
+	ulp_cache_fail(a->cache, *e, rc);
+	return rc;
+}
+
+int ulp_read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_t k, ulp_centry **e,
+                   const uint8_t **data, size_t *len, unsigned *walk)
+{
+	unsigned w = 0;
+	int rc = read_chunk(a, sha, k, e, data, len, &w, 0);
+	uint64_t m = __atomic_load_n(&a->max_walk, __ATOMIC_RELAXED);
+	while (w > m && !__atomic_compare_exchange_n(&a->max_walk, &m, w, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+	if (walk)
+		*walk = w;
+	return rc;
+}
+
+/* ---- parallel prefetch of the chunks a range needs ---------------------- */
+
+typedef struct want {
+	const uint8_t *sha;
+	uint32_t k;
+} want;
+
+typedef struct prefetch {
+	ulp_archive *a;
+	want *w;
+} prefetch;
+
+static int job_prefetch(void *arg, size_t i)
+{
+	prefetch *p = arg;
+	ulp_centry *e;
+	const uint8_t *d;
+	size_t l;
+	int rc = ulp_read_chunk(p->a, p->w[i].sha, p->w[i].k, &e, &d, &l, NULL);
+	if (rc == 0)
+		ulp_cache_put(p->a->cache, e);
+	return 0; /* errors surface in the copy that follows */
+}
+
+int ulp_read_content(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint8_t *dst, size_t len)
+{
+	const ulp_blob *b;
+	ulp_centry *be;
+	ULP_TRY(ulp_read_blob(a, sha, &be, &b));
+	const ulp_blob_info *in = ulp_blob_get_info(b);
+	uint64_t raw = in->raw_bytes, ce = (uint64_t)in->chunk_elems;
+	uint32_t nk = in->n_elems ? (uint32_t)((in->n_elems + ce - 1) / ce) : 0;
+	ulp_cache_put(a->cache, be);
+	if (raw != len)
+		return ulp_arch_err(a, -ULP_E_CORRUPT, "%s: content of %llu bytes where %zu were expected",
+		                    a->dir, (unsigned long long)raw, len);
+	if (nk > 1) {
+		want *w = malloc(nk * sizeof(*w));
+		if (w) {
+			for (uint32_t k = 0; k < nk; k++)
+				w[k] = (want){sha, k};
+			prefetch p = {a, w};
+			ulp_pool_run(a->pool, nk, job_prefetch, &p);
+			free(w);
+		}
+	}
+	size_t o = 0;
+	for (uint32_t k = 0; k < nk; k++) {
+		ulp_centry *e;
+		const uint8_t *d;
+		size_t l;
+		ULP_TRY(ulp_read_chunk(a, sha, k, &e, &d, &l, NULL));
+		if (o + l > len) {
+			ulp_cache_put(a->cache, e);
+			return ulp_arch_err(a, -ULP_E_CORRUPT, "%s: chunks overrun their content", a->dir);
+		}
+		memcpy(dst + o, d, l);
+		o += l;
+		ulp_cache_put(a->cache, e);
+	}
+	return 0;
+}
+
+/* ---- files ----------------------------------------------------------------- */
+
+int ulp_file_open(ulp_archive *a, const char *path, ulp_file **out)
+{
+	char p[4096];
+	ULP_TRY(ulp_path_clean(path, p, sizeof(p)));
+	size_t pl = strlen(p);
+	ulp_file *f = calloc(1, sizeof(*f) + pl + 1);
+	if (!f)
+		return -ULP_E_NOMEM;
+	memcpy(f->path, p, pl + 1);
+	f->a = a;
+	int rc = ulp_index_file(a, p, &f->st, &f->header, &f->header_len, &f->ext, &f->n_ext);
+	if (rc == 0 && (f->st.is_dir || f->st.is_symlink))
+		rc = ulp_arch_err(a, -ULP_E_INVAL, "%s: not a regular file", p);
+	/* invariant 1 of index.c: header and extents tile [0, size) */
+	uint64_t at = f->header_len;
+	for (size_t i = 0; rc == 0 && i < f->n_ext; i++) {
+		if (f->ext[i].offset != at)
+			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: extents leave a hole at byte %llu", p,
+			                  (unsigned long long)at);
+		at += f->ext[i].length;
+	}
+	if (rc == 0 && at != f->st.size)
+		rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: extents cover %llu of %llu bytes", p,
+		                  (unsigned long long)at, (unsigned long long)f->st.size);
+	if (rc < 0) {
+		ulp_file_close(f);
+		return rc;
+	}
+	*out = f;
+	return 0;
+}
+
+void ulp_file_close(ulp_file *f)
+{
+	if (!f)
+		return;
+	free(f->header);
+	free(f->ext);
+	free(f);
+}
+
+const ulp_stat *ulp_file_get_stat(const ulp_file *f)
+{
+	return &f->st;
+}
+
+/* The extent holding byte off (off >= header_len, off < size). */
+static size_t find_extent(const ulp_file *f, uint64_t off)
+{
+	size_t lo = 0, hi = f->n_ext;
+	while (hi - lo > 1) {
+		size_t mid = (lo + hi) / 2;
+		if (f->ext[mid].offset <= off)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* Chunk geometry of an extent's content: bytes per chunk. */
+static int chunk_bytes(ulp_archive *a, const ulp_extent *x, uint64_t *cb)
+{
+	const ulp_blob *b;
+	ulp_centry *be;
+	ULP_TRY(ulp_read_blob(a, x->content, &be, &b));
+	const ulp_blob_info *in = ulp_blob_get_info(b);
+	*cb = (uint64_t)in->chunk_elems * (in->n_elems ? in->raw_bytes / in->n_elems : 1);
+	if (in->raw_bytes != x->length) {
+		ulp_cache_put(a->cache, be);
+		return ulp_arch_err(a, -ULP_E_CORRUPT, "blob of %llu bytes behind an extent of %llu",
+		                    (unsigned long long)in->raw_bytes, (unsigned long long)x->length);
+	}
+	ulp_cache_put(a->cache, be);
+	return 0;
+}
+
+int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
+{
+	ulp_archive *a = f->a;
+	uint8_t *out = dst;
+	if (off >= f->st.size)
+		return 0;
+	if (len > f->st.size - off)
+		len = (size_t)(f->st.size - off);
+	size_t done = 0;
+	if (off < f->header_len) {
+		size_t n = ULP_MIN(len, (size_t)(f->header_len - off));
+		memcpy(out, f->header + off, n);
+		done = n;
+	}
+	if (done == len)
+		return (int64_t)len;
+	/* which chunks: prefetch them in parallel when there are several */
+	size_t first = find_extent(f, off + done), nwant = 0, cap = 0;
+	want *w = NULL;
+	int rc = 0;
+	for (size_t i = first; i < f->n_ext && f->ext[i].offset < off + len && rc == 0; i++) {
+		const ulp_extent *x = &f->ext[i];
+		uint64_t cb;
+		if (x->length == 0)
+			continue;
+		if ((rc = chunk_bytes(a, x, &cb)) < 0)
+			break;
+		uint64_t lo = ULP_MAX(off + done, x->offset) - x->offset;
+		uint64_t hi = ULP_MIN(off + len, x->offset + x->length) - x->offset;
+		for (uint64_t k = lo / cb; k * cb < hi; k++) {
+			if (nwant == cap) {
+				cap = cap ? cap * 2 : 16;
+				want *nw = realloc(w, cap * sizeof(*w));
+				if (!nw) {
+					rc = -ULP_E_NOMEM;
+					break;
+				}
+				w = nw;
+			}
+			w[nwant++] = (want){x->content, (uint32_t)k};
+		}
+	}
+	if (rc == 0 && nwant > 1) {
+		prefetch p = {a, w};
+		ulp_pool_run(a->pool, nwant, job_prefetch, &p);
+	}
+	free(w);
+	for (size_t i = first; rc == 0 && done < len && i < f->n_ext; i++) {
+		const ulp_extent *x = &f->ext[i];
+		uint64_t cb;
+		if (x->length == 0)
+			continue;
+		if ((rc = chunk_bytes(a, x, &cb)) < 0)
+			break;
+		while (done < len && off + done < x->offset + x->length) {
+			uint64_t rel = off + done - x->offset;
+			uint32_t k = (uint32_t)(rel / cb);
+			ulp_centry *e;
+			const uint8_t *d;
+			size_t l;
+			if ((rc = ulp_read_chunk(a, x->content, k, &e, &d, &l, NULL)) < 0)
+				break;
+			uint64_t in_chunk = rel - (uint64_t)k * cb;
+			size_t n = (size_t)ULP_MIN((uint64_t)(len - done), l - in_chunk);
+			memcpy(out + done, d + in_chunk, n);
+			done += n;
+			ulp_cache_put(a->cache, e);
+		}
+	}
+	if (rc < 0) {
+		char why[1024];
+		snprintf(why, sizeof(why), "%s", ulp_archive_errmsg(a));
+		return ulp_arch_err(a, rc, "%s: %s", f->path, why);
+	}
+	return (int64_t)done;
+}
