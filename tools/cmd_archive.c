@@ -358,7 +358,7 @@ int cmd_ls(int argc, char **argv)
 
 /* ---- cat and export --------------------------------------------------------- */
 
-#define IO_BLOCK ((size_t)64 << 20)
+#define IO_BLOCK ((size_t)8 << 20) /* a few chunks: memory stays near the cache size */
 
 static int write_all(int fd, const uint8_t *p, size_t n, const char *what)
 {

@@ -198,6 +198,8 @@ void ulp_pack_free(ulp_pack_writer *w);
 /* Bytes of a blob: pointer into the mapped pack. */
 int ulp_pack_blob(ulp_archive *a, int64_t pack, uint64_t offset, uint64_t len, const uint8_t **p);
 void ulp_pack_unmap_all(ulp_archive *a);
+/* Drops this process's hold on the pages of a mapped range it has used. */
+void ulp_pack_release(const void *p, size_t len);
 void ulp_pack_forget(ulp_archive *a, int64_t pack);
 
 /* ---- reading (read.c) ----------------------------------------------- */

@@ -783,6 +783,17 @@ void ulp_blob_chunk_range(const ulp_blob *b, uint32_t k, uint64_t *off, uint64_t
 	*len = count * b->esize;
 }
 
+void ulp_blob_chunk_payload(const ulp_blob *b, uint32_t k, const uint8_t **p, size_t *len)
+{
+	if (k >= b->info.n_chunks) {
+		*p = b->data;
+		*len = 0;
+		return;
+	}
+	*p = b->data + b->ch[k].off;
+	*len = b->ch[k].len;
+}
+
 static int64_t decode_chunk(const ulp_blob *b, uint32_t k, uint8_t *dst, size_t cap,
                             const uint8_t *ref, size_t ref_len, ulp_err *err)
 {

@@ -25,7 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define ULP_SEGMENT ((size_t)16 << 20)
+#define ULP_SEGMENT ((size_t)4 << 20) /* bytes a segment of an opaque file: bounds memory */
 
 typedef struct seg {
 	uint64_t offset, length;

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#define VERIFY_BLOCK ((size_t)64 << 20)
+#define VERIFY_BLOCK ((size_t)8 << 20)
 
 typedef struct vctx {
 	ulp_archive *a;

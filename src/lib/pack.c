@@ -243,6 +243,16 @@ int ulp_pack_blob(ulp_archive *a, int64_t pack, uint64_t offset, uint64_t len, c
 	return 0;
 }
 
+void ulp_pack_release(const void *p, size_t len)
+{
+	/* the pages stay in the page cache; this process just stops holding them,
+	 * so its memory stays near the decode cache's size */
+	uintptr_t page = 4096, lo = (uintptr_t)p & ~(page - 1);
+	uintptr_t hi = ((uintptr_t)p + len + page - 1) & ~(page - 1);
+	if (len && hi > lo)
+		madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 void ulp_pack_forget(ulp_archive *a, int64_t pack)
 {
 	/* the mapping stays valid (invariant 2); only the lookup entry goes, so

@@ -447,7 +447,9 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 	unsigned present = 0; /* a precision must give every present symbol a slot */
 	for (unsigned s = 0; s < a; s++)
 		present += all[s] != 0;
-	uint64_t budget = ULP_MAX((uint64_t)1 << ULP_PROB_BITS_MAX, total / 2);
+	/* at most 2^16 slots (256 KiB of decoder tables): beyond that the tables
+	 * fall out of L2 and memory grows with the tensor, for no measurable gain */
+	uint64_t budget = ULP_MIN(ULP_MAX((uint64_t)1 << ULP_PROB_BITS_MAX, total / 2), (uint64_t)1 << 16);
 	uint64_t best_cost = UINT64_MAX;
 	unsigned best_n = ULP_PROB_BITS_MAX, best_k = 0;
 	for (unsigned n = ULP_PROB_BITS_MAX; n >= ULP_PROB_BITS_MIN; n -= 2) {

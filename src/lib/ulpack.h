@@ -167,6 +167,8 @@ void ulp_blob_close(ulp_blob *b);
 const ulp_blob_info *ulp_blob_get_info(const ulp_blob *b);
 /** Byte range [*off, *off + *len) of the decoded content held by chunk k. */
 void ulp_blob_chunk_range(const ulp_blob *b, uint32_t k, uint64_t *off, uint64_t *len);
+/** The stored bytes of chunk k (inside the blob's data; empty for ident). */
+void ulp_blob_chunk_payload(const ulp_blob *b, uint32_t k, const uint8_t **p, size_t *len);
 /**
  * Decodes chunk k into dst (at least its length). ref points at the same byte
  * range of the reference (NULL when the blob has none). Thread-safe for one

@@ -1,0 +1,377 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_archive.c - the archive library: steps parsed from every path form;
+ * a trajectory put in shuffled order gets nearest-step references and chains
+ * no deeper than max_chain; every file reads back byte for byte at random
+ * offsets; a cold read of the last step walks at most max_chain + 1 links a
+ * chunk; identical files and tensors are stored once; malformed safetensors
+ * and other files are stored opaque; damage in a pack is reported for
+ * exactly the files that depend on it; rm + gc keeps other chains intact;
+ * the decode cache keeps its invariants under concurrent readers; archive
+ * open errors name the cause.
+ */
+#include "tap.h"
+#include "arch_int.h"
+#include <fcntl.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char root[256];
+
+static void test_steps(void)
+{
+	static const struct {
+		const char *path;
+		int64_t step;
+		const char *series;
+	} cases[] = {
+		{"run/checkpoint-1500/model.safetensors", 1500, "run/checkpoint-{S}/model.safetensors"},
+		{"run/step_1500/model.safetensors", 1500, "run/step_{S}/model.safetensors"},
+		{"run/step-1500/model.safetensors", 1500, "run/step-{S}/model.safetensors"},
+		{"run/global_step1500/mp_rank_00_model_states.safetensors", 1500,
+		 "run/global_step{S}/mp_rank_00_model_states.safetensors"},
+		{"run/iter_0001500/model.safetensors", 1500, "run/iter_{S}/model.safetensors"},
+		{"run/epoch3-step1500/model.safetensors", 1500, "run/epoch3-step{S}/model.safetensors"},
+		{"run/weights_1500.safetensors", 1500, "run/weights_{S}.safetensors"},
+		{"run/checkpoint-10/model-00001-of-00004.safetensors", 10,
+		 "run/checkpoint-{S}/model-00001-of-00004.safetensors"},
+		{"run/config.json", -1, NULL},
+		{"mystep5/x", -1, NULL}, /* "step" inside a word is not a step */
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char *series = NULL;
+		int64_t s = ulp_parse_step(cases[i].path, &series);
+		CHECK(s == cases[i].step, "%s: step %lld", cases[i].path, (long long)s);
+		CHECK((!series && !cases[i].series) || (series && cases[i].series && !strcmp(series, cases[i].series)),
+		      "%s: series %s", cases[i].path, series ? series : "(none)");
+		free(series);
+	}
+}
+
+/* A small bf16 trajectory, step s: weights drift a little each step. */
+static void write_step(const char *path, int s, size_t n)
+{
+	uint16_t *w = malloc(n * 2), *b = malloc(256 * 2), *z = malloc(64 * 2);
+	uint64_t r = 12345;
+	for (size_t i = 0; i < n; i++) {
+		r = r * 6364136223846793005ull + 1442695040888963407ull;
+		w[i] = (uint16_t)(0x3c00 + ((r >> 33) % 3000) + (uint16_t)(s * ((r >> 20) % 7)));
+	}
+	for (int i = 0; i < 256; i++)
+		b[i] = (uint16_t)(0x3f80 + (i % 3) + s);
+	memset(z, 0, 128); /* frozen */
+	uint64_t sw[2] = {n / 256, 256}, sb[1] = {256}, sz[1] = {64};
+	ulp_st_wtensor t[3] = {{"w", ULP_DT_BF16, 2, sw, w}, {"b", ULP_DT_BF16, 1, sb, b},
+	                       {"frozen", ULP_DT_BF16, 1, sz, z}};
+	REQUIRE(ulp_st_write(path, t, 3, NULL) == 0, "write %s", path);
+	free(w);
+	free(b);
+	free(z);
+}
+
+static int put_path(ulp_archive *a, const char *apath, const char *file, ulp_put_result *res)
+{
+	int fd = open(file, O_RDONLY);
+	REQUIRE(fd >= 0, "open %s", file);
+	ulp_meta m = {0644, 0, 0, 1000000000ll * 1700000000};
+	int rc = ulp_archive_put(a, apath, fd, &m, res);
+	close(fd);
+	return rc;
+}
+
+static int same_bytes(ulp_archive *a, const char *apath, const char *file)
+{
+	FILE *f = fopen(file, "rb");
+	fseek(f, 0, SEEK_END);
+	size_t len = (size_t)ftell(f);
+	fseek(f, 0, SEEK_SET);
+	uint8_t *want = malloc(len + 1), *got = malloc(len + 1);
+	size_t rd = fread(want, 1, len, f);
+	fclose(f);
+	ulp_file *h;
+	int ok = rd == len && ulp_file_open(a, apath, &h) == 0;
+	if (ok) {
+		ok = ulp_file_pread(h, got, len + 100, 0) == (int64_t)len && !memcmp(got, want, len);
+		for (int i = 0; ok && i < 300; i++) { /* random ranges */
+			uint64_t off = tap_rand() % (len + 1), l = tap_rand() % 5000;
+			int64_t n = ulp_file_pread(h, got, (size_t)l, off);
+			uint64_t exp = off + l > len ? len - off : l;
+			ok = n == (int64_t)exp && !memcmp(got, want + off, (size_t)exp);
+		}
+		ulp_file_close(h);
+	}
+	free(want);
+	free(got);
+	return ok;
+}
+
+static void bad_cb(void *arg, const char *path, const char *why)
+{
+	(void)why;
+	char *list = arg;
+	strcat(list, path);
+	strcat(list, ";");
+}
+
+static int flip_pack_byte_of(ulp_archive *a, const char *apath)
+{
+	/* the first blob of the file's last extent: flip its last byte */
+	ulp_stat st;
+	uint8_t *h;
+	size_t hl, n;
+	ulp_extent *x;
+	if (ulp_index_file(a, apath, &st, &h, &hl, &x, &n) < 0 || !n)
+		return -1;
+	ulp_blobrow row;
+	int rc = ulp_index_blob(a, x[0].content, &row);
+	char name[128], path[512];
+	if (rc == 0)
+		rc = ulp_index_pack_name(a, row.pack, name, sizeof(name));
+	free(h);
+	free(x);
+	if (rc < 0)
+		return rc;
+	snprintf(path, sizeof(path), "%s/packs/%s", ulp_archive_dir(a), name);
+	int fd = open(path, O_RDWR);
+	uint8_t c;
+	off_t at = (off_t)(row.offset + row.stored - 1);
+	if (fd < 0 || pread(fd, &c, 1, at) != 1)
+		return -1;
+	c ^= 0x5a;
+	rc = pwrite(fd, &c, 1, at) == 1 ? 0 : -1;
+	close(fd);
+	return rc;
+}
+
+static void test_trajectory(void)
+{
+	char dir[512], file[512], ap[512];
+	char err[512];
+	snprintf(dir, sizeof(dir), "%s/arch", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init: %s", err);
+	CHECK(ulp_archive_init(dir, err, sizeof(err)) == -ULP_E_EXIST && strstr(err, "already"), "init twice");
+	ulp_archive *a;
+	ulp_archive_opts o = {.max_chain = 3, .cache_size = 1 << 20, .threads = 2};
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "open: %s", err);
+	const int steps[] = {1000, 200, 600, 100, 800, 400, 300, 900, 500, 700};
+	const size_t n = 20000;
+	for (int i = 0; i < 10; i++) {
+		snprintf(file, sizeof(file), "%s/s%d.safetensors", root, steps[i]);
+		write_step(file, steps[i] / 100, n);
+		snprintf(ap, sizeof(ap), "run/checkpoint-%d/model.safetensors", steps[i]);
+		ulp_put_result res;
+		REQUIRE(put_path(a, ap, file, &res) == 0, "put %s: %s", ap, ulp_archive_errmsg(a));
+		/* nearest step among those already archived, either side */
+		int best = -1;
+		for (int j = 0; j < i; j++)
+			if (best < 0 || abs(steps[j] - steps[i]) < abs(best - steps[i]) ||
+			    (abs(steps[j] - steps[i]) == abs(best - steps[i]) && steps[j] < best))
+				best = steps[j];
+		char want[128] = "";
+		if (best >= 0)
+			snprintf(want, sizeof(want), "run/checkpoint-%d/model.safetensors", best);
+		CHECK(!strcmp(res.ref_path, want), "%s: reference %s, expected %s", ap, res.ref_path, want);
+		CHECK(res.tensors == 3, "three tensors");
+		if (i > 0)
+			CHECK(res.reused >= 1, "frozen tensor deduplicated at %s", ap);
+		ulp_stat st;
+		REQUIRE(ulp_archive_stat(a, ap, &st) == 0, "stat");
+		CHECK(st.chain_depth <= 3, "%s: chain depth %u > max_chain", ap, st.chain_depth);
+		CHECK(st.step == steps[i] && st.kind == 1 && st.size > 40000, "stat fields");
+	}
+	for (int i = 0; i < 10; i++) {
+		snprintf(file, sizeof(file), "%s/s%d.safetensors", root, steps[i]);
+		snprintf(ap, sizeof(ap), "run/checkpoint-%d/model.safetensors", steps[i]);
+		CHECK(same_bytes(a, ap, file), "%s reads back", ap);
+	}
+	CHECK(ulp_cache_state_ok(a->cache), "cache invariants");
+	ulp_archive_close(a);
+
+	/* a cold read decodes at most max_chain deltas a chunk */
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "reopen");
+	snprintf(file, sizeof(file), "%s/s1000.safetensors", root);
+	CHECK(same_bytes(a, "run/checkpoint-1000/model.safetensors", file), "cold read");
+	ulp_counters c;
+	ulp_archive_counters(a, &c);
+	CHECK(c.max_walk >= 1 && c.max_walk <= 4, "cold walk of %llu links", (unsigned long long)c.max_walk);
+
+	/* an identical file costs no new blob; other files are opaque */
+	ulp_put_result res;
+	REQUIRE(put_path(a, "copy/model.safetensors", file, &res) == 0, "put copy");
+	CHECK(res.stored_bytes == 0 && res.reused == 3, "identical file stored once (%llu new bytes)",
+	      (unsigned long long)res.stored_bytes);
+	snprintf(file, sizeof(file), "%s/junk.safetensors", root);
+	FILE *f = fopen(file, "wb");
+	uint64_t lie = 40;
+	fwrite(&lie, 8, 1, f);
+	fputs("{\"a\":{\"dtype\":\"F32\",\"shape\":[1000],\"data_offsets\":[0,4000]}}", f);
+	for (int i = 0; i < 3000; i++)
+		fputc(i % 251, f);
+	fclose(f);
+	REQUIRE(put_path(a, "run/checkpoint-1000/junk.safetensors", file, &res) == 0, "put malformed");
+	CHECK(same_bytes(a, "run/checkpoint-1000/junk.safetensors", file), "malformed safetensors kept as is");
+	ulp_stat st;
+	CHECK(ulp_archive_stat(a, "run/checkpoint-1000/junk.safetensors", &st) == 0 && st.kind == 0, "opaque");
+	CHECK(ulp_archive_stat(a, "run/checkpoint-1000", &st) == 0 && st.is_dir, "implicit directory");
+	CHECK(ulp_archive_stat(a, "nope", &st) == -ULP_E_NOENT && strstr(ulp_archive_errmsg(a), "nope"),
+	      "missing path named");
+	CHECK(ulp_archive_verify(a, "", NULL, NULL) == 0, "verify clean archive");
+
+	/* damage: exactly the dependents of the damaged blob are reported */
+	char list[4096] = "";
+	REQUIRE(flip_pack_byte_of(a, "run/checkpoint-100/model.safetensors") == 0, "flip");
+	ulp_archive_close(a);
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "reopen");
+	int64_t bad = ulp_archive_verify(a, "", bad_cb, list);
+	CHECK(bad >= 1 && strstr(list, "run/checkpoint-100/model.safetensors;"), "damage found: %s", list);
+	CHECK(!strstr(list, "junk"), "undamaged opaque file unaffected: %s", list);
+	ulp_file *h;
+	uint8_t buf[64];
+	REQUIRE(ulp_file_open(a, "run/checkpoint-100/model.safetensors", &h) == 0, "open damaged");
+	int64_t r = 0;
+	for (uint64_t off = 0; off < ulp_file_get_stat(h)->size && r >= 0; off += sizeof(buf))
+		r = ulp_file_pread(h, buf, sizeof(buf), off);
+	CHECK(r < 0 && strstr(ulp_archive_errmsg(a), "run/checkpoint-100/model.safetensors"),
+	      "reading the damaged file fails naming it: %s", ulp_archive_errmsg(a));
+	ulp_file_close(h);
+	ulp_archive_close(a);
+}
+
+static void test_gc(void)
+{
+	char dir[512], file[512], ap[512], err[512];
+	snprintf(dir, sizeof(dir), "%s/gc", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	ulp_archive *a;
+	ulp_archive_opts o = {.max_chain = 8, .cache_size = 1 << 22};
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "open");
+	for (int s = 1; s <= 4; s++) {
+		snprintf(file, sizeof(file), "%s/g%d.safetensors", root, s);
+		write_step(file, s, 30000);
+		snprintf(ap, sizeof(ap), "r/step_%d/m.safetensors", s);
+		REQUIRE(put_path(a, ap, file, NULL) == 0, "put");
+	}
+	/* step 2 is the reference of 3: removing 2 must not break 3 */
+	CHECK(ulp_archive_remove(a, "r/step_2/m.safetensors") == 0, "rm");
+	CHECK(ulp_archive_remove(a, "r") == -ULP_E_BUSY, "rmdir of a non-empty directory");
+	ulp_gc_result g;
+	CHECK(ulp_archive_gc(a, &g) == 0, "gc: %s", ulp_archive_errmsg(a));
+	snprintf(file, sizeof(file), "%s/g3.safetensors", root);
+	CHECK(same_bytes(a, "r/step_3/m.safetensors", file), "chain through a removed file still reads");
+	CHECK(ulp_archive_verify(a, "", NULL, NULL) == 0, "verify after gc");
+	/* remove everything: gc drops every blob and pack */
+	for (int s = 1; s <= 4; s++) {
+		snprintf(ap, sizeof(ap), "r/step_%d/m.safetensors", s);
+		ulp_archive_remove(a, ap);
+	}
+	CHECK(ulp_archive_gc(a, &g) == 0 && g.blobs_removed > 0, "gc drops blobs");
+	ulp_report rep;
+	CHECK(ulp_archive_report(a, "", NULL, NULL, &rep) == 0 && rep.blobs == 0 && rep.pack_bytes == 0,
+	      "nothing left: %llu blobs", (unsigned long long)rep.blobs);
+	/* rename and namespace operations */
+	ulp_meta m = {0755, 0, 0, 5};
+	CHECK(ulp_archive_mkdir(a, "x/y", &m) == 0, "mkdir -p");
+	CHECK(ulp_archive_rename(a, "x", "z") == 0, "rename dir");
+	ulp_stat st;
+	CHECK(ulp_archive_stat(a, "z/y", &st) == 0 && st.is_dir && ulp_archive_stat(a, "x", &st) < 0, "moved");
+	CHECK(ulp_archive_symlink(a, "z/link", "../t", &m) == 0, "symlink");
+	char t[64];
+	CHECK(ulp_archive_readlink(a, "z/link", t, sizeof(t)) == 0 && !strcmp(t, "../t"), "readlink");
+	CHECK(ulp_path_clean("a/../../etc", t, sizeof(t)) == -ULP_E_INVAL, "'..' refused");
+	ulp_archive_close(a);
+}
+
+/* single-flight and pinning under concurrency */
+typedef struct cthr {
+	ulp_cache *c;
+	int loads;
+	int bad;
+} cthr;
+
+static void *cache_worker(void *arg)
+{
+	cthr *t = arg;
+	for (int i = 0; i < 20000; i++) {
+		ulp_ckey k = {{0}, (uint32_t)(tap_rand() % 64), ULP_CK_CHUNK};
+		ulp_centry *e;
+		void *d;
+		int must;
+		if (ulp_cache_get(t->c, &k, &e, &d, &must) < 0)
+			continue;
+		if (must) {
+			uint32_t *v = ulp_cache_alloc(t->c, 4096);
+			v[0] = k.chunk;
+			ulp_cache_fill(t->c, e, v, 4096, ulp_cache_free_buf);
+			__atomic_fetch_add(&t->loads, 1, __ATOMIC_RELAXED);
+			d = v;
+		}
+		if (((uint32_t *)d)[0] != k.chunk)
+			t->bad = 1;
+		ulp_cache_put(t->c, e);
+	}
+	return NULL;
+}
+
+static void test_cache(void)
+{
+	ulp_cache *c;
+	REQUIRE(ulp_cache_new(32 * 4096, &c) == 0, "cache");
+	cthr t = {c, 0, 0};
+	pthread_t th[4];
+	for (int i = 0; i < 4; i++)
+		pthread_create(&th[i], NULL, cache_worker, &t);
+	for (int i = 0; i < 4; i++)
+		pthread_join(th[i], NULL);
+	CHECK(!t.bad, "every reader saw its own chunk");
+	CHECK(ulp_cache_bytes(c) <= 32 * 4096, "bounded: %llu bytes", (unsigned long long)ulp_cache_bytes(c));
+	CHECK(t.loads > 64, "evictions forced reloads (%d loads)", t.loads);
+	CHECK(ulp_cache_state_ok(c), "cache invariants");
+	ulp_cache_free(c);
+}
+
+static void test_open_errors(void)
+{
+	char dir[512], err[512];
+	ulp_archive *a;
+	snprintf(dir, sizeof(dir), "%s/none", root);
+	CHECK(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == -ULP_E_NOENT && strstr(err, dir), "missing: %s", err);
+	snprintf(dir, sizeof(dir), "%s", root);
+	CHECK(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == -ULP_E_NOENT && strstr(err, "not a ulpack archive"),
+	      "foreign dir: %s", err);
+	snprintf(dir, sizeof(dir), "%s/new", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	char db[600];
+	snprintf(db, sizeof(db), "%s/ulpack.db", dir);
+	sqlite3 *s;
+	sqlite3_open(db, &s);
+	sqlite3_exec(s, "UPDATE meta SET value = '99' WHERE key = 'schema_version'", NULL, NULL, NULL);
+	sqlite3_close(s);
+	CHECK(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == -ULP_E_VERSION && strstr(err, "newer"),
+	      "newer schema: %s", err);
+	snprintf(dir, sizeof(dir), "%s/notdb", root);
+	mkdir(dir, 0755);
+	snprintf(db, sizeof(db), "%s/notdb/ulpack.db", root);
+	FILE *f = fopen(db, "w");
+	fputs("this is not sqlite", f);
+	fclose(f);
+	CHECK(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) < 0 && err[0], "garbage index: %s", err);
+}
+
+int main(void)
+{
+	snprintf(root, sizeof(root), "%s/ulp-arch-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+	REQUIRE(mkdtemp(root), "mkdtemp");
+	test_steps();
+	test_cache();
+	test_open_errors();
+	test_trajectory();
+	test_gc();
+	char cmd[600];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+	if (system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", root);
+	return tap_done();
+}
