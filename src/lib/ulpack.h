@@ -335,6 +335,25 @@ int ulp_archive_report(ulp_archive *a, const char *prefix,
                        int (*per_file)(void *arg, const char *path, const ulp_stat *st), void *arg,
                        ulp_report *out);
 
+/* Staging: files being written (through a mount) before they are archived. */
+typedef struct ulp_stage ulp_stage;
+/** A new staged file in ARCHIVE/staging, empty or a copy of the archived
+ *  file copy_from (when not NULL). Caller commits or discards it. */
+int ulp_stage_new(ulp_archive *a, const char *copy_from, ulp_stage **out);
+/** Its file descriptor (read/write). */
+int ulp_stage_fd(const ulp_stage *s);
+/** Makes the staged bytes durable and records path and meta, so that a crash
+ *  before the commit is recovered at the next open (ulp_stage_recover). */
+int ulp_stage_sync(ulp_stage *s, const char *path, const ulp_meta *meta);
+/** Archives the staged file at path (ulp_archive_put) and frees s on
+ *  success; on failure s stays staged and valid. */
+int ulp_stage_commit(ulp_stage *s, const char *path, const ulp_meta *meta, ulp_put_result *res);
+/** Removes the staged file and frees s (NULL accepted). */
+void ulp_stage_discard(ulp_stage *s);
+/** At mount: archives staged files left by a crash after ulp_stage_sync, and
+ *  removes the others (never acknowledged to a writer). */
+int ulp_stage_recover(ulp_archive *a, unsigned *recovered, unsigned *removed);
+
 /** Step number parsed from a path (checkpoint-1500, step_1500, step-1500,
  *  global_step1500, iter_0001500, epoch3-step1500, else the last number of
  *  the file name), or -1. *series receives the path with the step's digits

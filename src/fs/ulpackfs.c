@@ -1,0 +1,1019 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ulpackfs.c - the FUSE3 front end: mounts an archive so that every archived
+ * file reads as a plain file, and files written into the mount (rsync, cp,
+ * dd, tar, shell redirection) are staged and archived when closed under
+ * their final name. Thin: each operation maps to libulpack calls; errors are
+ * mapped to errno, never invented.
+ *
+ * It uses libfuse's path-based API: the archive's index is keyed by path,
+ * so renames of whole directories need no inode bookkeeping here.
+ *
+ * Open-file invariants:
+ *  1. A path has at most one staged node; while it exists, the node (not
+ *     the archive) answers getattr/read/write for that path.
+ *  2. A node is archived when its last handle is closed (flush of the last
+ *     handle, so close(2) reports errors such as ENOSPC), unless its name is
+ *     an rsync temporary (".name.XXXXXX"): those wait for the rename that
+ *     gives them their final name, and are archived under it.
+ *  3. Archived files are immutable: opened read-only they keep the kernel
+ *     page cache (keep_cache) and no direct_io, so mmap works.
+ */
+#define FUSE_USE_VERSION 312
+#include "config.h"
+#include "ulpack.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <fuse.h>
+#include <fuse_lowlevel.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <syslog.h>
+#include <time.h>
+#include <unistd.h>
+
+#define ULPFS_MAX_READ (4 << 20) /* large reads: whole chunks per request */
+
+typedef struct node {
+	char *path;            /* NULL once unlinked while open */
+	ulp_stage *stage;
+	int handles;           /* open handles */
+	int dirty;             /* written since staged */
+	ulp_meta meta;
+	int mtime_set;         /* utimens set meta.mtime_ns explicitly */
+	struct node *next;
+} node;
+
+typedef struct handle {
+	ulp_file *file;        /* archived, read-only */
+	node *n;               /* staged */
+	char *path;            /* for writes after an early archive (dup'd fds) */
+} handle;
+
+static struct {
+	ulp_archive *a;
+	char *archive;
+	int read_only, foreground;
+	uint64_t cache_size;
+	unsigned max_chain;
+	int threads;
+	pthread_mutex_t mu;    /* guards nodes */
+	node *nodes;
+} fs = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static int err_of(int rc)
+{
+	return -ulp_to_errno(rc);
+}
+
+static void log_err(const char *what, const char *path)
+{
+	syslog(LOG_ERR, "ulpackfs: %s %s: %s", what, path, ulp_archive_errmsg(fs.a));
+	if (fs.foreground)
+		fprintf(stderr, "ulpackfs: %s %s: %s\n", what, path, ulp_archive_errmsg(fs.a));
+}
+
+static const char *rel(const char *path)
+{
+	while (*path == '/')
+		path++;
+	return path;
+}
+
+static int64_t now_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_REALTIME, &t);
+	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* rsync's temporary names: ".<name>.XXXXXX" */
+static int is_temp_name(const char *path)
+{
+	const char *b = strrchr(path, '/');
+	b = b ? b + 1 : path;
+	const char *dot = strrchr(b, '.');
+	if (b[0] != '.' || !dot || dot == b || strlen(dot + 1) != 6)
+		return 0;
+	for (const char *c = dot + 1; *c; c++)
+		if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9')))
+			return 0;
+	return 1;
+}
+
+/* caller holds fs.mu */
+static node *find_node(const char *p)
+{
+	for (node *n = fs.nodes; n; n = n->next)
+		if (n->path && !strcmp(n->path, p))
+			return n;
+	return NULL;
+}
+
+static void unlink_node(node *n)
+{
+	for (node **pp = &fs.nodes; *pp; pp = &(*pp)->next)
+		if (*pp == n) {
+			*pp = n->next;
+			break;
+		}
+	free(n->path);
+	free(n);
+}
+
+static node *new_node(const char *p, ulp_stage *s, const ulp_meta *m)
+{
+	node *n = calloc(1, sizeof(*n));
+	if (!n)
+		return NULL;
+	n->path = strdup(p);
+	n->stage = s;
+	n->meta = *m;
+	n->next = fs.nodes;
+	fs.nodes = n;
+	return n;
+}
+
+/* Archives a staged node under path; on success the node is gone. mu held. */
+static int commit_node(node *n, const char *path)
+{
+	ulp_meta m = n->meta;
+	struct stat sb;
+	if (!n->mtime_set && fstat(ulp_stage_fd(n->stage), &sb) == 0)
+		m.mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+	int rc = ulp_stage_commit(n->stage, path, &m, NULL);
+	if (rc < 0) {
+		log_err("archiving", path);
+		return err_of(rc);
+	}
+	n->stage = NULL;
+	unlink_node(n);
+	return 0;
+}
+
+static void fill_stat(const ulp_stat *s, struct stat *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->st_mode = s->mode;
+	st->st_nlink = s->is_dir ? 2 : 1;
+	st->st_uid = s->uid;
+	st->st_gid = s->gid;
+	st->st_size = (off_t)s->size;
+	st->st_blksize = 1 << 20;
+	/* du shows what the archive really holds for this file */
+	st->st_blocks = (blkcnt_t)((s->is_dir || s->is_symlink ? 0 : s->stored_bytes + 511) / 512);
+	st->st_mtim.tv_sec = s->mtime_ns / 1000000000;
+	st->st_mtim.tv_nsec = s->mtime_ns % 1000000000;
+	st->st_atim = st->st_ctim = st->st_mtim;
+}
+
+static int node_stat(node *n, struct stat *st)
+{
+	struct stat sb;
+	if (fstat(ulp_stage_fd(n->stage), &sb) < 0)
+		return -errno;
+	memset(st, 0, sizeof(*st));
+	st->st_mode = S_IFREG | (n->meta.mode & 07777);
+	st->st_nlink = 1;
+	st->st_uid = n->meta.uid;
+	st->st_gid = n->meta.gid;
+	st->st_size = sb.st_size;
+	st->st_blocks = sb.st_blocks;
+	st->st_blksize = 1 << 20;
+	if (n->mtime_set) {
+		st->st_mtim.tv_sec = n->meta.mtime_ns / 1000000000;
+		st->st_mtim.tv_nsec = n->meta.mtime_ns % 1000000000;
+	} else {
+		st->st_mtim = sb.st_mtim;
+	}
+	st->st_atim = st->st_ctim = st->st_mtim;
+	return 0;
+}
+
+/* ---- operations ------------------------------------------------------------ */
+
+static void *ulpfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
+{
+	if (conn->capable & FUSE_CAP_ASYNC_READ)
+		conn->want |= FUSE_CAP_ASYNC_READ;
+	if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
+		conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+	conn->max_read = ULPFS_MAX_READ; /* must match -o max_read (main) */
+	cfg->hard_remove = 1;   /* open-but-unlinked files are our nodes' business */
+	cfg->use_ino = 0;
+	cfg->kernel_cache = 0;  /* per open: keep_cache for archived files only */
+	cfg->entry_timeout = cfg->attr_timeout = fs.read_only ? 3600.0 : 1.0;
+	cfg->negative_timeout = fs.read_only ? 10.0 : 0.0;
+	return NULL;
+}
+
+static void ulpfs_destroy(void *p)
+{
+	(void)p;
+	pthread_mutex_lock(&fs.mu);
+	while (fs.nodes) { /* temporaries whose rename never came: never promised */
+		ulp_stage_discard(fs.nodes->stage);
+		fs.nodes->stage = NULL;
+		unlink_node(fs.nodes);
+	}
+	pthread_mutex_unlock(&fs.mu);
+}
+
+static int ulpfs_getattr(const char *path, struct stat *st, struct fuse_file_info *fi)
+{
+	const char *p = rel(path);
+	if (fi && fi->fh && ((handle *)(uintptr_t)fi->fh)->n) {
+		pthread_mutex_lock(&fs.mu);
+		int rc = node_stat(((handle *)(uintptr_t)fi->fh)->n, st);
+		pthread_mutex_unlock(&fs.mu);
+		return rc;
+	}
+	pthread_mutex_lock(&fs.mu);
+	node *n = find_node(p);
+	int rc = n ? node_stat(n, st) : 1;
+	pthread_mutex_unlock(&fs.mu);
+	if (rc <= 0)
+		return rc;
+	ulp_stat s;
+	rc = ulp_archive_stat(fs.a, p, &s);
+	if (rc < 0)
+		return err_of(rc);
+	fill_stat(&s, st);
+	return 0;
+}
+
+typedef struct rd {
+	void *buf;
+	fuse_fill_dir_t filler;
+	const char *dir;
+} rd;
+
+static int readdir_cb(void *arg, const char *name, const ulp_stat *s)
+{
+	rd *r = arg;
+	char p[8192];
+	snprintf(p, sizeof(p), "%s%s%s", r->dir, r->dir[0] ? "/" : "", name);
+	pthread_mutex_lock(&fs.mu);
+	int staged = find_node(p) != NULL;
+	pthread_mutex_unlock(&fs.mu);
+	if (staged)
+		return 0; /* listed from the node below */
+	struct stat st;
+	fill_stat(s, &st);
+	return r->filler(r->buf, name, &st, 0, FUSE_FILL_DIR_PLUS) ? 1 : 0;
+}
+
+static int ulpfs_readdir(const char *path, void *buf, fuse_fill_dir_t filler, off_t off,
+                         struct fuse_file_info *fi, enum fuse_readdir_flags flags)
+{
+	(void)off, (void)fi, (void)flags;
+	const char *p = rel(path);
+	filler(buf, ".", NULL, 0, 0);
+	filler(buf, "..", NULL, 0, 0);
+	rd r = {buf, filler, p};
+	int rc = ulp_archive_readdir(fs.a, p, readdir_cb, &r);
+	if (rc < 0)
+		return err_of(rc);
+	size_t pl = strlen(p);
+	pthread_mutex_lock(&fs.mu);
+	for (node *n = fs.nodes; n; n = n->next) {
+		if (!n->path)
+			continue;
+		const char *slash = strrchr(n->path, '/');
+		size_t dl = slash ? (size_t)(slash - n->path) : 0;
+		if (dl == pl && !strncmp(n->path, p, pl)) {
+			struct stat st;
+			if (node_stat(n, &st) == 0)
+				filler(buf, slash ? slash + 1 : n->path, &st, 0, FUSE_FILL_DIR_PLUS);
+		}
+	}
+	pthread_mutex_unlock(&fs.mu);
+	return 0;
+}
+
+static int open_handle(const char *p, struct fuse_file_info *fi, int create, mode_t mode)
+{
+	handle *h = calloc(1, sizeof(*h));
+	if (!h)
+		return -ENOMEM;
+	int acc = fi->flags & O_ACCMODE;
+	int rc = 0;
+	pthread_mutex_lock(&fs.mu);
+	node *n = find_node(p);
+	if (!n && (create || acc != O_RDONLY || (fi->flags & O_TRUNC))) {
+		if (fs.read_only) {
+			rc = -EROFS;
+			goto out;
+		}
+		ulp_stat s;
+		int exists = ulp_archive_stat(fs.a, p, &s) == 0;
+		if (exists && s.is_dir) {
+			rc = -EISDIR;
+			goto out;
+		}
+		if (!exists && !create) {
+			rc = -ENOENT;
+			goto out;
+		}
+		ulp_stage *st;
+		/* copy-up unless the file is new or truncated */
+		int r = ulp_stage_new(fs.a, exists && !(fi->flags & O_TRUNC) && !create ? p : NULL, &st);
+		if (r < 0) {
+			rc = err_of(r);
+			goto out;
+		}
+		struct fuse_context *cx = fuse_get_context();
+		ulp_meta m = {exists ? s.mode & 07777 : (mode & 07777), cx ? cx->uid : 0, cx ? cx->gid : 0, now_ns()};
+		if (exists) {
+			m.uid = s.uid;
+			m.gid = s.gid;
+		}
+		n = new_node(p, st, &m);
+		if (!n) {
+			ulp_stage_discard(st);
+			rc = -ENOMEM;
+			goto out;
+		}
+		n->dirty = create || (fi->flags & O_TRUNC) || !exists;
+	} else if (n && (fi->flags & O_TRUNC)) {
+		if (ftruncate(ulp_stage_fd(n->stage), 0) < 0) {
+			rc = -errno;
+			goto out;
+		}
+		n->dirty = 1;
+	}
+	if (n) {
+		n->handles++;
+		h->n = n;
+		fi->keep_cache = 0;
+	} else {
+		int r = ulp_file_open(fs.a, p, &h->file);
+		if (r < 0) {
+			rc = err_of(r);
+			goto out;
+		}
+		fi->keep_cache = 1; /* archived files never change (invariant 3) */
+	}
+	h->path = strdup(p);
+	fi->fh = (uint64_t)(uintptr_t)h;
+out:
+	pthread_mutex_unlock(&fs.mu);
+	if (rc < 0)
+		free(h);
+	return rc;
+}
+
+static int ulpfs_open(const char *path, struct fuse_file_info *fi)
+{
+	return open_handle(rel(path), fi, 0, 0);
+}
+
+static int ulpfs_create(const char *path, mode_t mode, struct fuse_file_info *fi)
+{
+	return open_handle(rel(path), fi, 1, mode);
+}
+
+/*
+ * A handle whose file was archived by the flush of a close(2) while a dup'd
+ * descriptor stays open (dd does this) goes on: reads come from the archive,
+ * a write stages the file again (copy-up) and the last flush archives it.
+ */
+static int reattach(handle *h)
+{
+	int rc = 0;
+	pthread_mutex_lock(&fs.mu);
+	node *n = find_node(h->path);
+	if (!n) {
+		ulp_stage *st;
+		ulp_stat s;
+		int exists = ulp_archive_stat(fs.a, h->path, &s) == 0;
+		int r = ulp_stage_new(fs.a, exists ? h->path : NULL, &st);
+		if (r < 0) {
+			rc = err_of(r);
+		} else {
+			ulp_meta m = {exists ? s.mode & 07777 : 0644, exists ? s.uid : 0, exists ? s.gid : 0, now_ns()};
+			n = new_node(h->path, st, &m);
+			if (!n) {
+				ulp_stage_discard(st);
+				rc = -ENOMEM;
+			}
+		}
+	}
+	if (n) {
+		n->handles++;
+		h->n = n;
+	}
+	pthread_mutex_unlock(&fs.mu);
+	return rc;
+}
+
+static int ulpfs_read(const char *path, char *buf, size_t size, off_t off, struct fuse_file_info *fi)
+{
+	handle *h = (handle *)(uintptr_t)fi->fh;
+	if (!h->n && !h->file) {
+		int r = ulp_file_open(fs.a, h->path, &h->file);
+		if (r < 0)
+			return err_of(r);
+	}
+	if (h->n) {
+		ssize_t r = pread(ulp_stage_fd(h->n->stage), buf, size, off);
+		return r < 0 ? -errno : (int)r;
+	}
+	int64_t n = ulp_file_pread(h->file, buf, size, (uint64_t)off);
+	if (n < 0) {
+		log_err("read", path);
+		return err_of((int)n); /* a damaged blob: EIO, never wrong bytes */
+	}
+	return (int)n;
+}
+
+static int ulpfs_write(const char *path, const char *buf, size_t size, off_t off, struct fuse_file_info *fi)
+{
+	(void)path;
+	handle *h = (handle *)(uintptr_t)fi->fh;
+	if (!h->n) {
+		if (h->file) { /* archived before: read from it no more */
+			ulp_file_close(h->file);
+			h->file = NULL;
+		}
+		int r = reattach(h);
+		if (r < 0)
+			return r;
+	}
+	ssize_t w = pwrite(ulp_stage_fd(h->n->stage), buf, size, off);
+	if (w < 0)
+		return -errno;
+	pthread_mutex_lock(&fs.mu);
+	h->n->dirty = 1;
+	pthread_mutex_unlock(&fs.mu);
+	return (int)w;
+}
+
+/* flush of the last handle archives the file, so close(2) reports errors */
+static int ulpfs_flush(const char *path, struct fuse_file_info *fi)
+{
+	(void)path;
+	handle *h = (handle *)(uintptr_t)fi->fh;
+	if (!h->n)
+		return 0;
+	int rc = 0;
+	pthread_mutex_lock(&fs.mu);
+	node *n = h->n;
+	if (n->path && n->handles == 1 && n->dirty && !is_temp_name(n->path)) {
+		rc = commit_node(n, n->path);
+		if (rc == 0) {
+			h->n = NULL; /* committed: the handle has nothing left to do */
+			h->file = NULL;
+		}
+	}
+	pthread_mutex_unlock(&fs.mu);
+	return rc;
+}
+
+static int ulpfs_release(const char *path, struct fuse_file_info *fi)
+{
+	(void)path;
+	handle *h = (handle *)(uintptr_t)fi->fh;
+	if (h->file)
+		ulp_file_close(h->file);
+	if (h->n) {
+		pthread_mutex_lock(&fs.mu);
+		node *n = h->n;
+		if (--n->handles == 0) {
+			if (!n->path) { /* unlinked while open */
+				ulp_stage_discard(n->stage);
+				n->stage = NULL;
+				unlink_node(n);
+			} else if (!n->dirty) { /* opened for writing, nothing written */
+				ulp_stage_discard(n->stage);
+				n->stage = NULL;
+				unlink_node(n);
+			} else if (!is_temp_name(n->path)) { /* flush failed: try once more */
+				commit_node(n, n->path);
+			}
+		}
+		pthread_mutex_unlock(&fs.mu);
+	}
+	free(h->path);
+	free(h);
+	return 0;
+}
+
+static int ulpfs_fsync(const char *path, int datasync, struct fuse_file_info *fi)
+{
+	(void)datasync;
+	handle *h = (handle *)(uintptr_t)fi->fh;
+	if (!h || !h->n)
+		return 0;
+	pthread_mutex_lock(&fs.mu);
+	int rc = h->n->path ? ulp_stage_sync(h->n->stage, h->n->path, &h->n->meta) : 0;
+	pthread_mutex_unlock(&fs.mu);
+	if (rc < 0)
+		log_err("fsync", path);
+	return rc < 0 ? err_of(rc) : 0;
+}
+
+static int ulpfs_truncate(const char *path, off_t size, struct fuse_file_info *fi)
+{
+	const char *p = rel(path);
+	if (fi && fi->fh && ((handle *)(uintptr_t)fi->fh)->n) {
+		handle *h = (handle *)(uintptr_t)fi->fh;
+		if (ftruncate(ulp_stage_fd(h->n->stage), size) < 0)
+			return -errno;
+		h->n->dirty = 1;
+		return 0;
+	}
+	pthread_mutex_lock(&fs.mu);
+	node *n = find_node(p);
+	int rc = 0;
+	if (n) {
+		rc = ftruncate(ulp_stage_fd(n->stage), size) < 0 ? -errno : 0;
+		n->dirty = 1;
+	}
+	pthread_mutex_unlock(&fs.mu);
+	if (n)
+		return rc;
+	/* an archived file: stage a copy, truncate, archive again */
+	struct fuse_file_info tfi = {.flags = O_RDWR | (size == 0 ? O_TRUNC : 0)};
+	if ((rc = open_handle(p, &tfi, 0, 0)) < 0)
+		return rc;
+	handle *h = (handle *)(uintptr_t)tfi.fh;
+	rc = ftruncate(ulp_stage_fd(h->n->stage), size) < 0 ? -errno : 0;
+	h->n->dirty = 1;
+	int r2 = ulpfs_flush(path, &tfi);
+	ulpfs_release(path, &tfi);
+	return rc ? rc : r2;
+}
+
+static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
+{
+	const char *f = rel(from), *t = rel(to);
+	if (flags & RENAME_EXCHANGE)
+		return -EINVAL;
+	if (fs.read_only)
+		return -EROFS;
+	ulp_stat s;
+	if ((flags & RENAME_NOREPLACE) && ulp_archive_stat(fs.a, t, &s) == 0)
+		return -EEXIST;
+	pthread_mutex_lock(&fs.mu);
+	node *n = find_node(f), *old = find_node(t);
+	int rc = 0;
+	if (old && old != n) { /* replacing a staged file */
+		if (old->handles) {
+			free(old->path);
+			old->path = NULL;
+		} else {
+			ulp_stage_discard(old->stage);
+			old->stage = NULL;
+			unlink_node(old);
+		}
+	}
+	if (n) {
+		if (n->handles || !n->dirty) { /* still open: rename the staged file */
+			free(n->path);
+			n->path = strdup(t);
+		} else { /* closed: archive it under its final name */
+			rc = commit_node(n, t);
+		}
+		pthread_mutex_unlock(&fs.mu);
+		return rc;
+	}
+	/* staged files below a renamed directory move with it */
+	size_t fl = strlen(f);
+	for (node *x = fs.nodes; x; x = x->next)
+		if (x->path && !strncmp(x->path, f, fl) && x->path[fl] == '/') {
+			char *np = malloc(strlen(t) + strlen(x->path + fl) + 1);
+			if (np) {
+				sprintf(np, "%s%s", t, x->path + fl);
+				free(x->path);
+				x->path = np;
+			}
+		}
+	pthread_mutex_unlock(&fs.mu);
+	rc = ulp_archive_rename(fs.a, f, t);
+	return rc < 0 ? err_of(rc) : 0;
+}
+
+static int ulpfs_unlink(const char *path)
+{
+	const char *p = rel(path);
+	if (fs.read_only)
+		return -EROFS;
+	pthread_mutex_lock(&fs.mu);
+	node *n = find_node(p);
+	if (n) {
+		if (n->handles) {
+			free(n->path);
+			n->path = NULL; /* discarded at its last release */
+		} else {
+			ulp_stage_discard(n->stage);
+			n->stage = NULL;
+			unlink_node(n);
+		}
+	}
+	pthread_mutex_unlock(&fs.mu);
+	int rc = ulp_archive_remove(fs.a, p);
+	if (rc == -ULP_E_NOENT && n)
+		return 0;
+	return rc < 0 ? err_of(rc) : 0;
+}
+
+static int ulpfs_mkdir(const char *path, mode_t mode)
+{
+	if (fs.read_only)
+		return -EROFS;
+	struct fuse_context *cx = fuse_get_context();
+	ulp_meta m = {mode & 07777, cx->uid, cx->gid, now_ns()};
+	int rc = ulp_archive_mkdir(fs.a, rel(path), &m);
+	return rc < 0 ? err_of(rc) : 0;
+}
+
+static int ulpfs_rmdir(const char *path)
+{
+	const char *p = rel(path);
+	if (fs.read_only)
+		return -EROFS;
+	ulp_stat s;
+	int rc = ulp_archive_stat(fs.a, p, &s);
+	if (rc < 0)
+		return err_of(rc);
+	if (!s.is_dir)
+		return -ENOTDIR;
+	size_t pl = strlen(p);
+	pthread_mutex_lock(&fs.mu);
+	for (node *n = fs.nodes; n; n = n->next)
+		if (n->path && !strncmp(n->path, p, pl) && n->path[pl] == '/') {
+			pthread_mutex_unlock(&fs.mu);
+			return -ENOTEMPTY;
+		}
+	pthread_mutex_unlock(&fs.mu);
+	rc = ulp_archive_remove(fs.a, p);
+	return rc == -ULP_E_BUSY ? -ENOTEMPTY : rc < 0 ? err_of(rc) : 0;
+}
+
+static int ulpfs_symlink(const char *target, const char *path)
+{
+	if (fs.read_only)
+		return -EROFS;
+	struct fuse_context *cx = fuse_get_context();
+	ulp_meta m = {0777, cx->uid, cx->gid, now_ns()};
+	int rc = ulp_archive_symlink(fs.a, rel(path), target, &m);
+	return rc < 0 ? err_of(rc) : 0;
+}
+
+static int ulpfs_readlink(const char *path, char *buf, size_t size)
+{
+	int rc = ulp_archive_readlink(fs.a, rel(path), buf, size);
+	return rc < 0 ? err_of(rc) : 0;
+}
+
+static int ulpfs_link(const char *from, const char *to)
+{
+	(void)from, (void)to;
+	return -EPERM; /* no hard links: an archive path names exactly one file */
+}
+
+static int setattr(const char *path, unsigned which, const ulp_meta *m, struct fuse_file_info *fi)
+{
+	const char *p = rel(path);
+	if (fs.read_only)
+		return -EROFS;
+	pthread_mutex_lock(&fs.mu);
+	node *n = fi && fi->fh && ((handle *)(uintptr_t)fi->fh)->n ? ((handle *)(uintptr_t)fi->fh)->n : find_node(p);
+	if (n) {
+		if (which & ULP_SET_MODE)
+			n->meta.mode = m->mode & 07777;
+		if (which & ULP_SET_OWNER) {
+			if (m->uid != (uint32_t)-1)
+				n->meta.uid = m->uid;
+			if (m->gid != (uint32_t)-1)
+				n->meta.gid = m->gid;
+		}
+		if (which & ULP_SET_MTIME) {
+			n->meta.mtime_ns = m->mtime_ns;
+			n->mtime_set = 1;
+		}
+		pthread_mutex_unlock(&fs.mu);
+		return 0;
+	}
+	pthread_mutex_unlock(&fs.mu);
+	ulp_meta mm = *m;
+	if (which & ULP_SET_OWNER) {
+		ulp_stat s;
+		if (ulp_archive_stat(fs.a, p, &s) == 0) {
+			if (mm.uid == (uint32_t)-1)
+				mm.uid = s.uid;
+			if (mm.gid == (uint32_t)-1)
+				mm.gid = s.gid;
+		}
+	}
+	int rc = ulp_archive_setattr(fs.a, p, which, &mm);
+	return rc < 0 ? err_of(rc) : 0;
+}
+
+static int ulpfs_chmod(const char *path, mode_t mode, struct fuse_file_info *fi)
+{
+	ulp_meta m = {.mode = mode};
+	return setattr(path, ULP_SET_MODE, &m, fi);
+}
+
+static int ulpfs_chown(const char *path, uid_t uid, gid_t gid, struct fuse_file_info *fi)
+{
+	ulp_meta m = {.uid = uid, .gid = gid};
+	return setattr(path, ULP_SET_OWNER, &m, fi);
+}
+
+static int ulpfs_utimens(const char *path, const struct timespec tv[2], struct fuse_file_info *fi)
+{
+	if (tv[1].tv_nsec == UTIME_OMIT)
+		return 0;
+	ulp_meta m = {.mtime_ns = tv[1].tv_nsec == UTIME_NOW ? now_ns()
+	                                                     : (int64_t)tv[1].tv_sec * 1000000000 + tv[1].tv_nsec};
+	return setattr(path, ULP_SET_MTIME, &m, fi);
+}
+
+static int ulpfs_statfs(const char *path, struct statvfs *st)
+{
+	(void)path;
+	return statvfs(fs.archive, st) < 0 ? -errno : 0;
+}
+
+/* user.ulpack.* : step, sha256, stored_bytes, ratio, chain_depth, anchor */
+static const char *const xattrs[] = {"user.ulpack.step", "user.ulpack.sha256", "user.ulpack.stored_bytes",
+                                     "user.ulpack.ratio", "user.ulpack.chain_depth", "user.ulpack.anchor"};
+
+static int ulpfs_getxattr(const char *path, const char *name, char *value, size_t size)
+{
+	ulp_stat s;
+	char v[80];
+	int rc = ulp_archive_stat(fs.a, rel(path), &s);
+	if (rc < 0)
+		return err_of(rc);
+	if (s.is_dir || s.is_symlink)
+		return -ENODATA;
+	if (!strcmp(name, xattrs[0]))
+		snprintf(v, sizeof(v), "%lld", (long long)s.step);
+	else if (!strcmp(name, xattrs[1]))
+		ulp_sha256_hex(s.sha256, v);
+	else if (!strcmp(name, xattrs[2]))
+		snprintf(v, sizeof(v), "%llu", (unsigned long long)s.stored_bytes);
+	else if (!strcmp(name, xattrs[3]))
+		snprintf(v, sizeof(v), "%.6f", s.size ? (double)s.stored_bytes / (double)s.size : 0.0);
+	else if (!strcmp(name, xattrs[4]))
+		snprintf(v, sizeof(v), "%u", s.chain_depth);
+	else if (!strcmp(name, xattrs[5]))
+		snprintf(v, sizeof(v), "%d", s.anchor);
+	else
+		return -ENODATA;
+	size_t l = strlen(v);
+	if (size == 0)
+		return (int)l;
+	if (size < l)
+		return -ERANGE;
+	memcpy(value, v, l);
+	return (int)l;
+}
+
+static int ulpfs_listxattr(const char *path, char *list, size_t size)
+{
+	ulp_stat s;
+	int rc = ulp_archive_stat(fs.a, rel(path), &s);
+	if (rc < 0)
+		return err_of(rc);
+	if (s.is_dir || s.is_symlink)
+		return 0;
+	size_t need = 0;
+	for (size_t i = 0; i < sizeof(xattrs) / sizeof(xattrs[0]); i++)
+		need += strlen(xattrs[i]) + 1;
+	if (size == 0)
+		return (int)need;
+	if (size < need)
+		return -ERANGE;
+	for (size_t i = 0, o = 0; i < sizeof(xattrs) / sizeof(xattrs[0]); i++) {
+		memcpy(list + o, xattrs[i], strlen(xattrs[i]) + 1);
+		o += strlen(xattrs[i]) + 1;
+	}
+	return (int)need;
+}
+
+static int ulpfs_setxattr(const char *path, const char *name, const char *value, size_t size, int flags)
+{
+	(void)path, (void)name, (void)value, (void)size, (void)flags;
+	return -ENOTSUP;
+}
+
+static const struct fuse_operations ulpfs_ops = {
+	.init = ulpfs_init,
+	.destroy = ulpfs_destroy,
+	.getattr = ulpfs_getattr,
+	.readdir = ulpfs_readdir,
+	.open = ulpfs_open,
+	.create = ulpfs_create,
+	.read = ulpfs_read,
+	.write = ulpfs_write,
+	.flush = ulpfs_flush,
+	.release = ulpfs_release,
+	.fsync = ulpfs_fsync,
+	.truncate = ulpfs_truncate,
+	.rename = ulpfs_rename,
+	.unlink = ulpfs_unlink,
+	.mkdir = ulpfs_mkdir,
+	.rmdir = ulpfs_rmdir,
+	.symlink = ulpfs_symlink,
+	.readlink = ulpfs_readlink,
+	.link = ulpfs_link,
+	.chmod = ulpfs_chmod,
+	.chown = ulpfs_chown,
+	.utimens = ulpfs_utimens,
+	.statfs = ulpfs_statfs,
+	.getxattr = ulpfs_getxattr,
+	.listxattr = ulpfs_listxattr,
+	.setxattr = ulpfs_setxattr,
+};
+
+/* ---- options and main -------------------------------------------------------- */
+
+enum { KEY_HELP, KEY_VERSION, KEY_RO };
+
+static struct opts {
+	char *cache_size, *max_chain, *threads;
+} o;
+
+static const struct fuse_opt ulpfs_opts[] = {
+	{"cache_size=%s", offsetof(struct opts, cache_size), 0},
+	{"max_chain=%s", offsetof(struct opts, max_chain), 0},
+	{"threads=%s", offsetof(struct opts, threads), 0},
+	FUSE_OPT_KEY("ro", KEY_RO),
+	FUSE_OPT_KEY("-h", KEY_HELP),
+	FUSE_OPT_KEY("--help", KEY_HELP),
+	FUSE_OPT_KEY("-V", KEY_VERSION),
+	FUSE_OPT_KEY("--version", KEY_VERSION),
+	FUSE_OPT_END,
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+	        "usage: ulpackfs ARCHIVE MOUNTPOINT [-o options] [-f]\n"
+	        "Mounts a ulpack archive: every archived checkpoint reads as a plain file; files written\n"
+	        "into the mount (rsync -a, cp, dd, tar) are archived when closed.\n\n"
+	        "options:\n"
+	        "  -o cache_size=SIZE   decode cache (default 1G; K, M, G suffixes)\n"
+	        "  -o max_chain=N       deltas a chain may hold before an anchor (default: the archive's, 16)\n"
+	        "  -o threads=N         decode threads and FUSE worker threads (default: one per CPU)\n"
+	        "  -o ro                read-only\n"
+	        "  -f                   stay in the foreground; -d for debug output\n"
+	        "  and the usual FUSE options (allow_other, default_permissions, ...)\n\n"
+	        "fstab: /data/ckpt-archive /mnt/ckpt fuse.ulpackfs defaults,cache_size=4G 0 0\n"
+	        "See ulpackfs(1).\n");
+}
+
+static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
+{
+	(void)data, (void)outargs;
+	switch (key) {
+	case KEY_HELP:
+		usage(stdout);
+		exit(0);
+	case KEY_VERSION:
+		printf("ulpackfs %s (libfuse %d)\n", ULP_VERSION_STRING, fuse_version());
+		exit(0);
+	case KEY_RO:
+		fs.read_only = 1;
+		return 1; /* also for the kernel */
+	case FUSE_OPT_KEY_NONOPT:
+		if (!fs.archive) {
+			fs.archive = realpath(arg, NULL);
+			if (!fs.archive) {
+				fprintf(stderr, "ulpackfs: %s: %s\n", arg, strerror(errno));
+				exit(1);
+			}
+			return 0;
+		}
+		return 1; /* the mount point */
+	default:
+		if (!strcmp(arg, "-f"))
+			fs.foreground = 1;
+		return 1;
+	}
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	double v = strtod(s, &end);
+	uint64_t m = 1;
+	switch (*end) {
+	case 'k': case 'K': m = 1ull << 10; end++; break;
+	case 'm': case 'M': m = 1ull << 20; end++; break;
+	case 'g': case 'G': m = 1ull << 30; end++; break;
+	case 't': case 'T': m = 1ull << 40; end++; break;
+	}
+	if (*end == 'B' || *end == 'b')
+		end++;
+	if (*end || v <= 0)
+		return -1;
+	*out = (uint64_t)(v * (double)m);
+	return 0;
+}
+
+/* A mount point that is already a mount point is busy. */
+static int is_mount_point(const char *mnt)
+{
+	struct stat a, b;
+	char parent[4200];
+	snprintf(parent, sizeof(parent), "%s/..", mnt);
+	return stat(mnt, &a) == 0 && stat(parent, &b) == 0 && (a.st_dev != b.st_dev || a.st_ino == b.st_ino);
+}
+
+int main(int argc, char **argv)
+{
+	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
+	if (fuse_opt_parse(&args, &o, ulpfs_opts, opt_proc) < 0)
+		return 1;
+	if (!fs.archive) {
+		usage(stderr);
+		return 2;
+	}
+	struct fuse_cmdline_opts co;
+	if (fuse_parse_cmdline(&args, &co) < 0)
+		return 1;
+	if (!co.mountpoint) {
+		usage(stderr);
+		return 2;
+	}
+	fs.foreground = fs.foreground || co.foreground;
+	if (o.cache_size && parse_size(o.cache_size, &fs.cache_size) < 0) {
+		fprintf(stderr, "ulpackfs: bad cache_size '%s' (examples: 512M, 4G)\n", o.cache_size);
+		return 1;
+	}
+	fs.max_chain = o.max_chain ? (unsigned)atoi(o.max_chain) : 0;
+	fs.threads = o.threads ? atoi(o.threads) : 0;
+	if (is_mount_point(co.mountpoint)) {
+		fprintf(stderr, "ulpackfs: %s: already a mount point (busy)\n", co.mountpoint);
+		return 1;
+	}
+	char err[1024];
+	ulp_archive_opts ao = {fs.cache_size, fs.max_chain, fs.threads, fs.read_only};
+	if (ulp_archive_open(fs.archive, &ao, &fs.a, err, sizeof(err)) < 0) {
+		fprintf(stderr, "ulpackfs: %s\n", err);
+		return 1;
+	}
+	if (!fs.read_only) {
+		unsigned rec, rem;
+		if (ulp_stage_recover(fs.a, &rec, &rem) < 0)
+			fprintf(stderr, "ulpackfs: recovering staged files: %s\n", ulp_archive_errmsg(fs.a));
+		else if (rec || rem)
+			fprintf(stderr, "ulpackfs: staging: %u files recovered, %u incomplete removed\n", rec, rem);
+	}
+	/* threads do not survive fuse_daemonize's fork: reopen after it */
+	ulp_archive_close(fs.a);
+	fs.a = NULL;
+	/* large reads: let the kernel ask for big ranges */
+	char mr[64];
+	snprintf(mr, sizeof(mr), "-omax_read=%d", ULPFS_MAX_READ);
+	fuse_opt_add_arg(&args, mr);
+	fuse_opt_add_arg(&args, "-ofsname=ulpackfs");
+	fuse_opt_add_arg(&args, "-osubtype=ulpackfs");
+	struct fuse *f = fuse_new(&args, &ulpfs_ops, sizeof(ulpfs_ops), NULL);
+	int rc = 1;
+	if (!f)
+		goto out;
+	if (fuse_mount(f, co.mountpoint) != 0) {
+		fprintf(stderr, "ulpackfs: cannot mount on %s\n", co.mountpoint);
+		goto out_destroy;
+	}
+	if (fuse_daemonize(fs.foreground) != 0)
+		goto out_unmount;
+	if (ulp_archive_open(fs.archive, &ao, &fs.a, err, sizeof(err)) < 0) {
+		syslog(LOG_ERR, "ulpackfs: %s", err);
+		goto out_unmount;
+	}
+	if (fuse_set_signal_handlers(fuse_get_session(f)) != 0)
+		goto out_unmount;
+	if (co.singlethread) {
+		rc = fuse_loop(f);
+	} else {
+		struct fuse_loop_config *lc = fuse_loop_cfg_create();
+		fuse_loop_cfg_set_clone_fd(lc, co.clone_fd);
+		fuse_loop_cfg_set_max_threads(lc, fs.threads > 0 ? (unsigned)fs.threads * 2 + 2 : 16);
+		rc = fuse_loop_mt(f, lc);
+		fuse_loop_cfg_destroy(lc);
+	}
+	fuse_remove_signal_handlers(fuse_get_session(f));
+out_unmount:
+	fuse_unmount(f);
+out_destroy:
+	fuse_destroy(f);
+out:
+	ulp_archive_close(fs.a);
+	free(co.mountpoint);
+	fuse_opt_free_args(&args);
+	free(fs.archive);
+	return rc ? 1 : 0;
+}
