@@ -6,7 +6,11 @@ set -u
 : "${ULPACK:=$(pwd)/ulpack}"
 T=$(mktemp -d "${TMPDIR:-/tmp}/ulp-test.XXXXXX")
 ULP_CLEANUP=""
+MOUNTS=""
 cleanup() {
+	for m in $MOUNTS; do
+		fusermount3 -u -z "$m" 2>/dev/null
+	done
 	eval "$ULP_CLEANUP"
 	rm -rf "$T"
 }
@@ -31,3 +35,26 @@ finish() {
 }
 # python3 with the standard library (json); prefer the system one.
 PY=$(command -v /usr/bin/python3 || command -v python3)
+
+# ---- mounts ---------------------------------------------------------------
+: "${ULPACKFS:=$(dirname "$ULPACK")/ulpackfs}"
+need_fuse() {
+	[ -c /dev/fuse ] || skip "no /dev/fuse"
+	command -v fusermount3 > /dev/null || skip "no fusermount3 (apt-get install fuse3)"
+}
+# mount_fs ARCHIVE MNT [options...]: mounts and waits until it answers
+mount_fs() {
+	a=$1 m=$2
+	shift 2
+	mkdir -p "$m"
+	"$ULPACKFS" "$a" "$m" "$@" || return 1
+	MOUNTS="$MOUNTS $m"
+	for _ in 1 2 3 4 5 6 7 8 9 10; do
+		mountpoint -q "$m" && return 0
+		sleep 0.2
+	done
+	return 1
+}
+umount_fs() {
+	fusermount3 -u "$1" || { sleep 0.5; fusermount3 -u "$1"; }
+}

@@ -1,0 +1,69 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# fuse_failures.sh - failures lose nothing:
+#  - a full disk under the archive: rsync into the mount fails with ENOSPC,
+#    nothing half-archived, what was archived before still reads; after
+#    space is freed the same rsync completes;
+#  - kill -9 of ulpackfs in the middle of an rsync: after fusermount3 -u and a
+#    remount every file rsync had completed reads back identical, staging
+#    leftovers are cleaned, verify passes and re-running rsync completes.
+. "$(dirname "$0")/lib.sh"
+need_fuse
+command -v rsync > /dev/null || skip "no rsync"
+[ "$(id -u)" = 0 ] || skip "needs root for a small tmpfs"
+
+R="$T/run"
+"$ULPACK" synth "$R" --steps 6 --dim 192 || fail synth
+
+# ---- ENOSPC -----------------------------------------------------------------
+mkdir -p "$T/small"
+mount -t tmpfs -o size=3m tmpfs "$T/small" || skip "cannot mount tmpfs"
+ULP_CLEANUP="umount '$T/small' 2>/dev/null"
+A="$T/small/arch" M="$T/mnt"
+"$ULPACK" init "$A" > /dev/null
+mkdir -p "$T/first" && cp -p -r "$R/checkpoint-100" "$T/first/"
+"$ULPACK" import "$A" "$T/first" --prefix run > /dev/null || fail "first step"
+mount_fs "$A" "$M" || fail mount
+rsync -a "$R/" "$M/run/" 2> "$T/err" && fail "rsync into a full disk succeeded"
+grep -qi "no space" "$T/err" && ok "rsync reports: $(grep -i 'no space' "$T/err" | head -1 | cut -c1-120)" || fail "rsync error: $(cat "$T/err")"
+cmp -s "$R/checkpoint-100/model.safetensors" "$M/run/checkpoint-100/model.safetensors" \
+	&& ok "files archived before still read" || fail "old file broken"
+umount_fs "$M"
+"$ULPACK" verify "$A" > "$T/v" && ok "nothing half-archived: $(cat "$T/v")" || fail "verify after ENOSPC: $(cat "$T/v")"
+mount -o remount,size=256m "$T/small" || fail remount
+mount_fs "$A" "$M" || fail mount
+rsync -a "$R/" "$M/run/" && diff -r "$R" "$M/run" > /dev/null && ok "after freeing space the same rsync completes" \
+	|| fail "rsync after freeing space"
+umount_fs "$M"
+
+# ---- kill -9 of ulpackfs mid-rsync --------------------------------------------
+B="$T/arch2" N="$T/mnt2"
+"$ULPACK" init "$B" > /dev/null
+mkdir -p "$N"
+"$ULPACKFS" "$B" "$N" -f &
+fpid=$!
+for _ in 1 2 3 4 5 6 7 8 9 10; do mountpoint -q "$N" && break; sleep 0.2; done
+MOUNTS="$MOUNTS $N"
+rsync -a --bwlimit=8000 "$R/" "$N/run/" > "$T/rsync.log" 2>&1 &
+rpid=$!
+sleep 1.2
+kill -9 "$fpid"
+wait "$rpid" 2>/dev/null
+wait "$fpid" 2>/dev/null
+fusermount3 -u -z "$N" 2>/dev/null
+ls "$B/staging" > "$T/left"
+mkdir -p "$N"
+mount_fs "$B" "$N" || fail "remount after kill -9"
+[ -z "$(ls "$B/staging")" ] && ok "staging cleaned at mount ($(wc -l < "$T/left") leftovers)" || fail "staging: $(ls "$B/staging")"
+done_files=0
+for f in $(cd "$R" && find . -name '*.safetensors' | sed 's|^\./||'); do
+	if [ -e "$N/run/$f" ]; then
+		cmp -s "$R/$f" "$N/run/$f" || fail "completed file differs: $f"
+		done_files=$((done_files + 1))
+	fi
+done
+ok "$done_files files completed before the kill read back identical"
+rsync -a "$R/" "$N/run/" && diff -r "$R" "$N/run" > /dev/null && ok "re-running rsync completes" || fail "rsync rerun"
+umount_fs "$N"
+"$ULPACK" verify "$B" > "$T/v" && ok "$(cat "$T/v")" || fail "verify: $(cat "$T/v")"
+finish

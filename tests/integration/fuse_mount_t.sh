@@ -1,0 +1,38 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# fuse_mount_t.sh - after `make install` into a temporary prefix: mount(8)
+# mounts an archive with -t fuse (full path of the binary, as mount.fuse3
+# runs it with a fixed PATH), with -t fuse.ulpackfs (the binary linked where
+# that PATH finds it), and through an fstab line (mount -T FSTAB).
+. "$(dirname "$0")/lib.sh"
+need_fuse
+[ "$(id -u)" = 0 ] || skip "mount(8) needs root"
+command -v mount.fuse3 > /dev/null || skip "no mount.fuse3"
+P="$T/prefix"
+make -C "$top_builddir" -s install prefix="$P" > /dev/null 2>&1 || { fail "make install"; finish; }
+[ -x "$P/bin/ulpackfs" ] && [ -x "$P/bin/ulpack" ] && [ -f "$P/share/man/man1/ulpackfs.1" ] \
+	&& ok "installed into $P" || fail "install layout"
+A="$T/arch" M="$T/mnt"
+"$P/bin/ulpack" init "$A" > /dev/null
+"$P/bin/ulpack" synth "$T/run" --steps 2 --dim 32 > /dev/null
+"$P/bin/ulpack" import "$A" "$T/run" > /dev/null
+f=checkpoint-200/model.safetensors
+mkdir -p "$M"
+check() {
+	for _ in 1 2 3 4 5 6 7 8 9 10; do mountpoint -q "$M" && break; sleep 0.2; done
+	cmp -s "$T/run/$f" "$M/$f" && ok "$1" || fail "$1: read"
+	umount "$M" || fusermount3 -u "$M"
+}
+mount -t fuse "$P/bin/ulpackfs#$A" "$M" -o cache_size=16M && check "mount -t fuse /path/ulpackfs#ARCHIVE" || fail "mount -t fuse"
+link=""
+if [ ! -e /usr/local/bin/ulpackfs ]; then
+	ln -s "$P/bin/ulpackfs" /usr/local/bin/ulpackfs && link=/usr/local/bin/ulpackfs
+fi
+if [ -n "$link" ] || [ -x /usr/local/bin/ulpackfs ]; then
+	mount -t fuse.ulpackfs "$A" "$M" -o ro,noatime,cache_size=16M && check "mount -t fuse.ulpackfs -o ro,noatime,cache_size=16M" \
+		|| fail "mount -t fuse.ulpackfs"
+	printf '%s %s fuse.ulpackfs defaults,cache_size=64M 0 0\n' "$A" "$M" > "$T/fstab"
+	mount -T "$T/fstab" "$M" && check "fstab line" || fail "fstab mount"
+fi
+[ -n "$link" ] && rm -f "$link"
+finish
