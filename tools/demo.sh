@@ -1,18 +1,57 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
-# demo.sh - the README's first command: install, build, and run the main job on
-# built-in sample data (a synthetic training trajectory made by `ulpack synth`).
+# demo.sh - the README's first command: install what is missing, build, then the
+# main job on built-in sample data: write a synthetic training run, mount an
+# empty archive with ulpackfs, archive the run with rsync -a, unmount, remount,
+# read every file back and check its sha256, print the ratio and the speeds.
 set -eu
 top=$(cd "$(dirname "$0")/.." && pwd)
 sh "$top/tools/install-deps.sh"
 cd "$top"
-[ -x configure ] || autoreconf -fi >/dev/null
+[ -x configure ] || autoreconf -fi > /dev/null
 mkdir -p build && cd build
 [ -f Makefile ] || ../configure -q
-make -j"$(nproc)" -s ulpack
+make -j"$(nproc)" -s ulpack ulpackfs
+B=$(pwd)
 T=$(mktemp -d "${TMPDIR:-/tmp}/ulpack-demo.XXXXXX")
-trap 'rm -rf "$T"' EXIT
-echo "== writing a synthetic bf16 training run (8 checkpoints, 8.4M parameters each)"
-./ulpack synth "$T/run" --steps 8
-echo "== coding checkpoint-800 against checkpoint-700"
-./ulpack bench "$T/run/checkpoint-700/model.safetensors" "$T/run/checkpoint-800/model.safetensors" --reps 3
+M="$T/mnt"
+trap 'fusermount3 -u -z "$M" 2>/dev/null; rm -rf "$T"' EXIT
+now() { date +%s%N; }
+mbps() { echo "$1 $2" | awk '{ printf "%.1f", $1 / ($2 / 1e9) / 1e6 }'; }
+
+echo "== a synthetic bf16 training run: 8 checkpoints of 8.4M parameters, plus config and optimizer files"
+"$B/ulpack" synth "$T/run" --steps 8
+for d in "$T"/run/checkpoint-*; do
+	printf '{"architectures": ["DemoLM"], "hidden_size": 512}\n' > "$d/config.json"
+	printf '{"global_step": %s}\n' "${d##*-}" > "$d/trainer_state.json"
+done
+raw=$(du -sb "$T/run" | cut -f1)
+echo "== an empty archive, mounted with ulpackfs"
+"$B/ulpack" init "$T/archive"
+mkdir -p "$M"
+"$B/ulpackfs" "$T/archive" "$M"
+echo "== rsync -a run/ MNT/run/"
+t0=$(now)
+rsync -a "$T/run/" "$M/run/"
+t_in=$(( $(now) - t0 ))
+fusermount3 -u "$M"
+echo "== remount, read everything back, compare sha256"
+"$B/ulpackfs" "$T/archive" "$M"
+t0=$(now)
+( cd "$M/run" && find . -type f -exec sha256sum {} + | sort -k2 ) > "$T/mount.sha"
+t_out=$(( $(now) - t0 ))
+( cd "$T/run" && find . -type f -exec sha256sum {} + | sort -k2 ) > "$T/orig.sha"
+if cmp -s "$T/mount.sha" "$T/orig.sha"; then
+	echo "all $(wc -l < "$T/orig.sha") files byte-identical"
+else
+	echo "MISMATCH"; diff "$T/orig.sha" "$T/mount.sha" | head; exit 1
+fi
+ls -l "$M/run/checkpoint-800/"
+python3 -c 'import os,sys; p=sys.argv[1]; print({a: os.getxattr(p, a).decode() for a in os.listxattr(p)})' \
+	"$M/run/checkpoint-800/model.safetensors" 2>/dev/null || true
+fusermount3 -u "$M"
+stored=$(cat "$T"/archive/packs/*.pack | wc -c)
+echo
+echo "raw $raw bytes -> stored $stored bytes: ratio $(echo "$stored $raw" | awk '{ printf "%.4f", $1 / $2 }')"
+echo "rsync into the mount: $(mbps "$raw" "$t_in") MB/s; read back through the mount: $(mbps "$raw" "$t_out") MB/s"
+"$B/ulpack" stat "$T/archive" | sed -n '/^by dtype/,$p'
