@@ -15,7 +15,7 @@ ULPACK=$B/ulpack ULPACKFS=$B/ulpackfs
 DATA=${ULP_DATA_DIR:-$(cd "$(dirname "$0")/.." && pwd)/../shared/data}
 T=$(mktemp -d "${TMPDIR:-/tmp}/ulp-bench.XXXXXX")
 M="$T/mnt"
-trap 'fusermount3 -u -z "$M" 2>/dev/null; rm -rf "$T"' EXIT
+trap 'fusermount3 -u -z "$M" 2>/dev/null; rm -rf "$T"; true' EXIT
 now() { date +%s%N; }
 mbps() { echo "$1 $2" | awk '{ printf "%.1f", $1 / ($2 / 1e9) / 1e6 }'; }
 
@@ -64,3 +64,4 @@ echo "  through the mount, cold (reference cached): $(mbps "$size" "$t_cold") MB
 echo "  through the mount, warm (page cache):       $(mbps "$size" "$t_warm") MB/s"
 echo "  plain file (page cache):                    $(mbps "$size" "$t_file") MB/s"
 echo "  ulpack cat (cold process, chain decoded):   $(mbps "$size" "$t_cat") MB/s"
+exit 0
