@@ -16,6 +16,7 @@
  *     reported as decoded.
  */
 #include "codec.h"
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <xxhash.h>
@@ -273,6 +274,45 @@ static int job_rans(void *arg, size_t k)
 	return rc;
 }
 
+/* One zstd context per thread, reused: creating one per call costs more
+ * than compressing a small tensor. Freed when the thread exits. */
+static pthread_key_t zkey_c, zkey_d;
+static pthread_once_t zonce = PTHREAD_ONCE_INIT;
+
+static void zfree_c(void *p)
+{
+	ZSTD_freeCCtx(p);
+}
+
+static void zfree_d(void *p)
+{
+	ZSTD_freeDCtx(p);
+}
+
+static void zinit(void)
+{
+	pthread_key_create(&zkey_c, zfree_c);
+	pthread_key_create(&zkey_d, zfree_d);
+}
+
+static ZSTD_CCtx *tls_cctx(void)
+{
+	pthread_once(&zonce, zinit);
+	ZSTD_CCtx *c = pthread_getspecific(zkey_c);
+	if (!c && (c = ZSTD_createCCtx()))
+		pthread_setspecific(zkey_c, c);
+	return c;
+}
+
+static ZSTD_DCtx *tls_dctx(void)
+{
+	pthread_once(&zonce, zinit);
+	ZSTD_DCtx *d = pthread_getspecific(zkey_d);
+	if (!d && (d = ZSTD_createDCtx()))
+		pthread_setspecific(zkey_d, d);
+	return d;
+}
+
 static int job_zstd(void *arg, size_t k)
 {
 	enc *e = arg;
@@ -295,7 +335,9 @@ static int job_zstd(void *arg, size_t k)
 		s = tmp;
 	}
 	ulp_byte_group(grp, s, count, e->esize);
-	size_t z = ZSTD_compress(out, cap, grp, bytes, (int)e->zlevel);
+	ZSTD_CCtx *cc = tls_cctx();
+	size_t z = cc ? ZSTD_compressCCtx(cc, out, cap, grp, bytes, (int)e->zlevel)
+	              : ZSTD_compress(out, cap, grp, bytes, (int)e->zlevel);
 	if (ZSTD_isError(z)) {
 		rc = -ULP_E_NOMEM;
 		goto done;
@@ -824,7 +866,9 @@ static int64_t decode_chunk(const ulp_blob *b, uint32_t k, uint8_t *dst, size_t 
 		uint8_t *tmp = malloc(len ? (size_t)len : 1);
 		if (!tmp)
 			return -ULP_E_NOMEM;
-		size_t z = ZSTD_decompress(tmp, (size_t)len, p, c->len);
+		ZSTD_DCtx *dc = tls_dctx();
+		size_t z = dc ? ZSTD_decompressDCtx(dc, tmp, (size_t)len, p, c->len)
+		              : ZSTD_decompress(tmp, (size_t)len, p, c->len);
 		if (ZSTD_isError(z) || z != len) {
 			free(tmp);
 			return ULP_CORRUPT(err, "chunk %u: zstd: %s", k,

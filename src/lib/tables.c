@@ -52,15 +52,21 @@ typedef struct tbw {
 
 static void tbw_put(tbw *w, uint32_t v, unsigned n)
 {
-	for (unsigned i = 0; i < n; i++, w->bits++) {
-		if (!w->p)
-			continue;
+	if (!w->p) {
+		w->bits += n;
+		return;
+	}
+	while (n) { /* a byte at a time */
 		size_t byte = (size_t)(w->bits >> 3);
-		if (byte >= w->cap)
-			continue; /* caller checks the size */
-		if ((w->bits & 7) == 0)
-			w->p[byte] = 0;
-		w->p[byte] |= (uint8_t)(((v >> i) & 1) << (w->bits & 7));
+		unsigned off = (unsigned)(w->bits & 7), take = ULP_MIN(8 - off, n);
+		if (byte < w->cap) { /* the caller checks the size */
+			if (off == 0)
+				w->p[byte] = 0;
+			w->p[byte] |= (uint8_t)((v & ((1u << take) - 1)) << off);
+		}
+		v >>= take;
+		n -= take;
+		w->bits += take;
 	}
 }
 
@@ -145,8 +151,11 @@ static void normalize(const uint64_t *c, unsigned a, unsigned n, uint16_t *f)
 	for (unsigned s = 0; s < a; s++) {
 		if (!c[s])
 			continue;
-		unsigned __int128 num = (unsigned __int128)c[s] * m * 2 + total;
-		uint64_t v = (uint64_t)(num / ((unsigned __int128)total * 2));
+		uint64_t v;
+		if (c[s] < ((uint64_t)1 << 40) && total < ((uint64_t)1 << 40)) /* no overflow: 64-bit */
+			v = (c[s] * m * 2 + total) / (total * 2);
+		else
+			v = (uint64_t)(((unsigned __int128)c[s] * m * 2 + total) / ((unsigned __int128)total * 2));
 		if (v < 1)
 			v = 1;
 		if (v > m)
@@ -412,6 +421,13 @@ static int cmp_ctx(const void *a, const void *b)
 	return x->c < y->c ? -1 : x->c > y->c;
 }
 
+/* Row counts tried: every K up to 8, then about 1.4x apart, and kmax. */
+static unsigned next_k(unsigned k, unsigned kmax)
+{
+	unsigned nk = k < 8 ? k + 1 : k + k / 3;
+	return k < kmax && nk > kmax ? kmax : nk;
+}
+
 /*
  * Candidate tables: at each precision n, the K most frequent contexts own a
  * row and the others share one, for every K the decoder budget allows
@@ -463,12 +479,12 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 		uint64_t own_cost = 0, own_bits = 0;
 		memcpy(rest, all, 256 * sizeof(uint64_t));
 		unsigned kmax = (unsigned)ULP_MIN((uint64_t)used, (budget >> n) - 1);
-		for (unsigned k = 0; k <= kmax; k++) {
-			if (k > 0) { /* context k-1 leaves the shared row */
-				own_cost += ci[k - 1].cost;
-				own_bits += ci[k - 1].bits;
+		for (unsigned k = 0, moved = 0; k <= kmax; k = next_k(k, kmax)) {
+			for (; moved < k; moved++) { /* contexts before k leave the shared row */
+				own_cost += ci[moved].cost;
+				own_bits += ci[moved].bits;
 				for (unsigned s = 0; s < a; s++)
-					rest[s] -= counts[(size_t)ci[k - 1].c * a + s];
+					rest[s] -= counts[(size_t)ci[moved].c * a + s];
 			}
 			int shared = k < used || used == 0;
 			unsigned rows = k + (unsigned)shared;
