@@ -103,130 +103,219 @@ static int add_extent(put *p, uint64_t off, uint64_t len, const uint8_t sha[ULP_
 	return 0;
 }
 
-/* Codes one content (tensor or segment), checks it, appends it to the pack. */
-static int store_blob(put *p, ulp_dtype dt, const uint8_t *src, size_t len,
-                      const uint8_t sha[ULP_SHA256_LEN], const uint8_t *ref,
-                      const uint8_t ref_sha[ULP_SHA256_LEN], unsigned ref_depth)
+/*
+ * Segments are processed in batches (16 MiB, or one larger segment): read, hashed and looked up in order (phase A), coded
+ * and verified in parallel (phase B), appended to the pack in order
+ * (phase C), so the pack and the index do not depend on the thread count.
+ */
+typedef struct job {
+	const seg *s;
+	uint8_t *buf;                      /* the segment's bytes */
+	size_t len;
+	uint8_t sha[ULP_SHA256_LEN];
+	int reuse;                         /* content already stored */
+	unsigned depth;                    /* of the reused blob, or of the reference */
+	int try_ref;                       /* a reference tensor exists */
+	uint8_t ref_sha[ULP_SHA256_LEN];
+	uint8_t *blob;                     /* phase B result */
+	size_t blob_len;
+	int codec, used_ref;
+	int rc;
+	char err[600];
+} job;
+
+typedef struct batch {
+	put *p;
+	job *j;
+	size_t n;
+	int nested;                        /* jobs may use the pool themselves */
+} batch;
+
+/* Phase B: code one content against its reference (or standalone), decode
+ * what was written and compare (invariant 1). */
+static int code_job(void *arg, size_t i)
 {
-	ulp_archive *a = p->a;
-	ulp_enc_opts o = {.ref_sha256 = ref ? ref_sha : NULL};
-	size_t cap = ulp_encode_bound(dt, len, &o);
-	uint8_t *blob = malloc(cap), *check = malloc(len ? len : 1);
-	int rc = -ULP_E_NOMEM;
-	if (!blob || !check)
-		goto out;
-	ulp_enc_stats st;
-	int64_t n = ulp_encode(&o, a->pool, dt, blob, cap, src, len, ref, ref ? len : 0, &st);
-	if (n < 0) {
-		rc = ulp_arch_err(a, (int)n, "%s: encoding failed: %s", p->path, ulp_strerror((int)n));
+	batch *bt = arg;
+	job *j = &bt->j[i];
+	ulp_archive *a = bt->p->a;
+	ulp_dtype dt = j->s->t ? j->s->t->dtype : ULP_DT_UNKNOWN;
+	uint8_t *ref = NULL, *check = NULL;
+	ulp_pool *pool = bt->nested ? a->pool : NULL;
+	if (j->reuse)
+		return 0;
+	if (j->try_ref) {
+		ref = malloc(j->len);
+		if (ref && ulp_read_content(a, j->ref_sha, ref, j->len) < 0) {
+			free(ref); /* an unreadable reference is no reason to fail: standalone */
+			ref = NULL;
+		}
+	}
+	ulp_enc_opts o = {.ref_sha256 = ref ? j->ref_sha : NULL};
+	size_t cap = ulp_encode_bound(dt, j->len, &o);
+	j->blob = malloc(cap);
+	check = malloc(j->len ? j->len : 1);
+	if (!j->blob || !check) {
+		j->rc = -ULP_E_NOMEM;
+		snprintf(j->err, sizeof(j->err), "%s: out of memory coding %zu bytes", bt->p->path, j->len);
 		goto out;
 	}
-	/* invariant 1: decode what was written and compare */
+	ulp_enc_stats st;
+	int64_t n = ulp_encode(&o, pool, dt, j->blob, cap, j->buf, j->len, ref, ref ? j->len : 0, &st);
+	if (n < 0) {
+		j->rc = (int)n;
+		snprintf(j->err, sizeof(j->err), "%s: encoding failed: %s", bt->p->path, ulp_strerror((int)n));
+		goto out;
+	}
 	ulp_blob *b;
-	char why[256];
-	rc = ulp_blob_open(blob, (size_t)n, &b, why, sizeof(why));
+	char why[256] = "decoded blob differs from its input";
+	int rc = ulp_blob_open(j->blob, (size_t)n, &b, why, sizeof(why));
 	if (rc == 0) {
 		int has_ref = ulp_blob_get_info(b)->has_ref;
-		int64_t d = ulp_blob_decode(b, a->pool, check, len, has_ref ? ref : NULL, has_ref ? len : 0);
-		rc = d == (int64_t)len && memcmp(check, src, len) == 0 &&
-		     memcmp(ulp_blob_get_info(b)->content_sha256, sha, ULP_SHA256_LEN) == 0
+		int64_t d = ulp_blob_decode(b, pool, check, j->len, has_ref ? ref : NULL, has_ref ? j->len : 0);
+		rc = d == (int64_t)j->len && memcmp(check, j->buf, j->len) == 0 &&
+		     memcmp(ulp_blob_get_info(b)->content_sha256, j->sha, ULP_SHA256_LEN) == 0
 		         ? 0 : -ULP_E_CHECKSUM;
-		if (rc == 0 && !has_ref)
-			ref = NULL; /* coded standalone after all (smaller) */
+		j->used_ref = has_ref;
 		ulp_blob_close(b);
-		snprintf(why, sizeof(why), "decoded blob differs from its input");
 	}
 	if (rc < 0) {
-		rc = ulp_arch_err(a, rc, "%s: verification before commit failed: %s", p->path, why);
+		j->rc = rc;
+		snprintf(j->err, sizeof(j->err), "%s: verification before commit failed: %s", bt->p->path, why);
 		goto out;
 	}
-	if (!p->pw && (rc = ulp_pack_writer_new(a, &p->pw)) < 0)
-		goto out;
+	j->blob_len = (size_t)n;
+	j->codec = st.codec;
+out:
+	free(ref);
+	free(check);
+	return 0;
+}
+
+/* Phase C: append in order; a content coded twice in one batch is kept once. */
+static int append_job(put *p, job *j)
+{
+	const char *name = j->s->t ? j->s->t->name : NULL;
+	int dtype = j->s->t ? (int)j->s->t->dtype : -1;
+	unsigned depth;
+	if (j->reuse)
+		return add_extent(p, j->s->offset, j->s->length, j->sha, name, dtype, j->depth);
+	if (j->rc < 0)
+		return ulp_arch_err(p->a, j->rc, "%s", j->err);
+	int have = have_content(p, j->sha, &depth);
+	if (have < 0)
+		return have;
+	if (have) {
+		if (p->res)
+			p->res->reused++;
+		return add_extent(p, j->s->offset, j->s->length, j->sha, name, dtype, depth);
+	}
+	int rc;
+	if (!p->pw && (rc = ulp_pack_writer_new(p->a, &p->pw)) < 0)
+		return rc;
 	if (p->n_nb == p->cap_nb) {
 		size_t nc = p->cap_nb ? p->cap_nb * 2 : 64;
 		ulp_newblob *nbv = realloc(p->nb, nc * sizeof(*nbv));
-		if (!nbv) {
-			rc = -ULP_E_NOMEM;
-			goto out;
-		}
+		if (!nbv)
+			return -ULP_E_NOMEM;
 		p->nb = nbv;
 		p->cap_nb = nc;
 	}
 	ulp_newblob *nb = &p->nb[p->n_nb];
 	memset(nb, 0, sizeof(*nb));
-	if ((rc = ulp_pack_append(p->pw, blob, (size_t)n, &nb->offset)) < 0)
-		goto out;
+	if ((rc = ulp_pack_append(p->pw, j->blob, j->blob_len, &nb->offset)) < 0)
+		return rc;
 	p->n_nb++;
-	memcpy(nb->content, sha, ULP_SHA256_LEN);
-	nb->codec = st.codec;
-	nb->raw = len;
-	nb->stored = (uint64_t)n;
-	if (ref) {
+	memcpy(nb->content, j->sha, ULP_SHA256_LEN);
+	nb->codec = j->codec;
+	nb->raw = j->len;
+	nb->stored = j->blob_len;
+	if (j->used_ref) {
 		nb->has_ref = 1;
-		memcpy(nb->ref, ref_sha, ULP_SHA256_LEN);
-		nb->depth = ref_depth + 1;
+		memcpy(nb->ref, j->ref_sha, ULP_SHA256_LEN);
+		nb->depth = j->depth + 1;
 	}
-	p->stored += (uint64_t)n;
+	p->stored += j->blob_len;
 	if (p->res) {
-		if (ref)
+		if (j->used_ref)
 			p->res->deltas++;
-		else if (dt != ULP_DT_UNKNOWN)
+		else if (j->s->t)
 			p->res->anchors++;
 	}
-	rc = 0;
-out:
-	free(blob);
-	free(check);
-	return rc;
+	return add_extent(p, j->s->offset, j->s->length, j->sha, name, dtype, nb->depth);
 }
 
-/* One segment: read, hash, dedup or code against the reference. */
-static int do_segment(put *p, const seg *s, EVP_MD_CTX *file_sha, int64_t ref_file)
+/* Phase A for one segment: read, hash, dedup, find the reference. */
+static int prepare_job(put *p, const seg *s, EVP_MD_CTX *file_sha, int64_t ref_file, job *j)
 {
 	ulp_archive *a = p->a;
-	size_t len = (size_t)s->length;
-	uint8_t *buf = malloc(len ? len : 1), *refbuf = NULL;
-	uint8_t sha[ULP_SHA256_LEN], ref_sha[ULP_SHA256_LEN];
-	unsigned depth = 0;
-	int rc;
-	if (!buf)
-		return ulp_arch_err(a, -ULP_E_NOMEM, "%s: no memory for %zu bytes", p->path, len);
-	if ((rc = read_at(p, buf, len, s->offset)) < 0)
-		goto out;
-	EVP_DigestUpdate(file_sha, buf, len);
-	ulp_sha256(buf, len, sha);
-	ulp_dtype dt = s->t ? s->t->dtype : ULP_DT_UNKNOWN;
+	memset(j, 0, sizeof(*j));
+	j->s = s;
+	j->len = (size_t)s->length;
+	j->buf = malloc(j->len ? j->len : 1);
+	if (!j->buf)
+		return ulp_arch_err(a, -ULP_E_NOMEM, "%s: no memory for %zu bytes", p->path, j->len);
+	ULP_TRY(read_at(p, j->buf, j->len, s->offset));
+	EVP_DigestUpdate(file_sha, j->buf, j->len);
+	ulp_sha256(j->buf, j->len, j->sha);
 	if (s->t && p->res)
 		p->res->tensors++;
-	rc = have_content(p, sha, &depth);
+	int rc = have_content(p, j->sha, &j->depth);
 	if (rc < 0)
-		goto out;
-	if (rc == 1) { /* stored once */
+		return rc;
+	if (rc == 1) {
+		j->reuse = 1;
 		if (p->res)
 			p->res->reused++;
-		rc = add_extent(p, s->offset, s->length, sha, s->t ? s->t->name : NULL,
-		                s->t ? (int)dt : -1, depth);
-		goto out;
+		return 0;
 	}
-	const uint8_t *ref = NULL;
 	ulp_blobrow row;
-	if (s->t && ref_file >= 0 && len > 0 &&
-	    ulp_index_tensor(a, ref_file, s->t->name, (int)dt, s->length, ref_sha, &row) == 0 &&
-	    row.depth < a->max_chain) {
-		refbuf = malloc(len);
-		if (refbuf && ulp_read_content(a, ref_sha, refbuf, len) == 0) {
-			ref = refbuf;
-			depth = row.depth;
-		}
-		/* an unreadable reference is no reason to fail: code standalone */
+	if (s->t && ref_file >= 0 && j->len > 0 &&
+	    ulp_index_tensor(a, ref_file, s->t->name, (int)s->t->dtype, s->length, j->ref_sha, &row) == 0 &&
+	    row.depth < a->max_chain) { /* invariant 3 */
+		j->try_ref = 1;
+		j->depth = row.depth;
 	}
-	rc = store_blob(p, dt, buf, len, sha, ref, ref_sha, depth);
-	if (rc == 0)
-		rc = add_extent(p, s->offset, s->length, sha, s->t ? s->t->name : NULL, s->t ? (int)dt : -1,
-		                p->nb[p->n_nb - 1].depth);
-out:
-	free(buf);
-	free(refbuf);
+	return 0;
+}
+
+static void free_jobs(job *j, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		free(j[i].buf);
+		free(j[i].blob);
+		j[i].buf = j[i].blob = NULL;
+	}
+}
+
+static int do_segments(put *p, const seg *segs, size_t n_segs, EVP_MD_CTX *fsha, int64_t ref_file)
+{
+	/* batches of up to 16 MiB (or one larger segment): enough jobs for the
+	 * pool to balance big and small tensors, memory bounded by the batch */
+	const size_t max_jobs = 256, max_bytes = (size_t)16 << 20;
+	job *jobs = calloc(max_jobs, sizeof(job));
+	int rc = 0;
+	if (!jobs)
+		return -ULP_E_NOMEM;
+	for (size_t i = 0; i < n_segs && rc == 0;) {
+		size_t n = 0, bytes = 0;
+		while (i < n_segs && n < max_jobs && (n == 0 || bytes + segs[i].length <= max_bytes) && rc == 0) {
+			rc = prepare_job(p, &segs[i], fsha, ref_file, &jobs[n]);
+			bytes += (size_t)segs[i].length;
+			n++;
+			i++;
+		}
+		if (rc == 0) {
+			batch bt = {p, jobs, n, n == 1};
+			if (n == 1)
+				code_job(&bt, 0); /* alone: its chunks use the pool */
+			else
+				ulp_pool_run(p->a->pool, n, code_job, &bt);
+			for (size_t k = 0; k < n && rc == 0; k++)
+				rc = append_job(p, &jobs[k]);
+		}
+		free_jobs(jobs, n);
+	}
+	free(jobs);
 	return rc;
 }
 
@@ -330,9 +419,8 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 	free(series);
 	if (rc < 0)
 		goto out;
-	for (size_t i = 0; i < n_segs; i++)
-		if ((rc = do_segment(&P, &segs[i], fsha, ref_file)) < 0)
-			goto out;
+	if ((rc = do_segments(&P, segs, n_segs, fsha, ref_file)) < 0)
+		goto out;
 
 	ulp_newfile nf = {.path = p, .type = ULP_ENT_FILE, .kind = st != NULL, .header = head,
 	                  .header_len = head_len, .size = size, .stored = P.stored, .depth = P.depth,
