@@ -104,7 +104,7 @@ static int add_extent(put *p, uint64_t off, uint64_t len, const uint8_t sha[ULP_
 }
 
 /*
- * Segments are processed in batches (16 MiB, or one larger segment): read, hashed and looked up in order (phase A), coded
+ * Segments are processed in batches (4 MiB a thread, or one larger segment): read, hashed and looked up in order (phase A), coded
  * and verified in parallel (phase B), appended to the pack in order
  * (phase C), so the pack and the index do not depend on the thread count.
  */
@@ -289,9 +289,10 @@ static void free_jobs(job *j, size_t n)
 
 static int do_segments(put *p, const seg *segs, size_t n_segs, EVP_MD_CTX *fsha, int64_t ref_file)
 {
-	/* batches of up to 16 MiB (or one larger segment): enough jobs for the
+	/* batches of 4 MiB a thread (or one larger segment): enough jobs for the
 	 * pool to balance big and small tensors, memory bounded by the batch */
-	const size_t max_jobs = 256, max_bytes = (size_t)16 << 20;
+	const size_t max_jobs = 256,
+	             max_bytes = (size_t)ULP_MAX(2, ulp_pool_threads(p->a->pool)) * ((size_t)4 << 20);
 	job *jobs = calloc(max_jobs, sizeof(job));
 	int rc = 0;
 	if (!jobs)
