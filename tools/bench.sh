@@ -15,7 +15,7 @@ ULPACK=$B/ulpack ULPACKFS=$B/ulpackfs
 DATA=${ULP_DATA_DIR:-$(cd "$(dirname "$0")/.." && pwd)/../shared/data}
 T=$(mktemp -d "${TMPDIR:-/tmp}/ulp-bench.XXXXXX")
 M="$T/mnt"
-trap 'fusermount3 -u -z "$M" 2>/dev/null; rm -rf "$T"; true' EXIT
+trap 'fusermount3 -u -z "$M" 2>/dev/null || true; rm -rf "$T"' EXIT
 now() { date +%s%N; }
 mbps() { echo "$1 $2" | awk '{ printf "%.1f", $1 / ($2 / 1e9) / 1e6 }'; }
 

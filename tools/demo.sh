@@ -15,7 +15,7 @@ make -j"$(nproc)" -s ulpack ulpackfs
 B=$(pwd)
 T=$(mktemp -d "${TMPDIR:-/tmp}/ulpack-demo.XXXXXX")
 M="$T/mnt"
-trap 'fusermount3 -u -z "$M" 2>/dev/null; rm -rf "$T"; true' EXIT
+trap 'fusermount3 -u -z "$M" 2>/dev/null || true; rm -rf "$T"' EXIT
 now() { date +%s%N; }
 mbps() { echo "$1 $2" | awk '{ printf "%.1f", $1 / ($2 / 1e9) / 1e6 }'; }
 
