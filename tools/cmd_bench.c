@@ -76,8 +76,8 @@ static int job_small(void *arg, size_t i)
 {
 	run *r = arg;
 	pair *p = r->g->p[i];
-	if (p->bytes >= ((size_t)2 << ULP_DEFAULT_CHUNK_LOG2))
-		return 0; /* large: done chunk-parallel */
+	if (p->bytes > ((size_t)ulp_dtype_size(p->dt) << ULP_DEFAULT_CHUNK_LOG2))
+		return 0; /* several chunks: done chunk-parallel */
 	return r->mode == M_ENC_MT ? enc_one(p, NULL, 0) : dec_one(p, NULL);
 }
 
@@ -93,10 +93,10 @@ static int run_once(group *g, ulp_pool *pool, int mode)
 		return rc;
 	case M_ENC_MT:
 	case M_DEC_MT: {
-		/* large tensors in parallel over their chunks, small ones across tensors */
+		/* multi-chunk tensors in parallel over their chunks, the others across tensors */
 		for (size_t i = 0; i < g->n && rc == 0; i++) {
 			pair *p = g->p[i];
-			if (p->bytes >= ((size_t)2 << ULP_DEFAULT_CHUNK_LOG2))
+			if (p->bytes > ((size_t)ulp_dtype_size(p->dt) << ULP_DEFAULT_CHUNK_LOG2))
 				rc = mode == M_ENC_MT ? enc_one(p, pool, 0) : dec_one(p, pool);
 		}
 		run r = {g, pool, mode, 0};

@@ -214,5 +214,8 @@ int ulp_read_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_centry 
 /* Decodes a whole content into dst (raw_bytes of its blob). */
 int ulp_read_content(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint8_t *dst, size_t len);
 int ulp_stat_from_row(sqlite3_stmt *st, ulp_stat *out);
+/* Caches the chunks of a content the caller holds decoded. */
+void ulp_read_seed(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], const uint8_t *content,
+                   size_t len, size_t chunk_bytes);
 
 #endif
