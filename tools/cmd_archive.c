@@ -25,25 +25,6 @@ typedef struct aopts {
 	int npos;
 } aopts;
 
-static int parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	double v = strtod(s, &end);
-	uint64_t m = 1;
-	switch (*end) {
-	case 'k': case 'K': m = 1ull << 10; end++; break;
-	case 'm': case 'M': m = 1ull << 20; end++; break;
-	case 'g': case 'G': m = 1ull << 30; end++; break;
-	case 't': case 'T': m = 1ull << 40; end++; break;
-	}
-	if (*end == 'B' || *end == 'b')
-		end++;
-	if (*end || v < 0)
-		return -1;
-	*out = (uint64_t)(v * (double)m);
-	return 0;
-}
-
 /* Returns -1 on --help (printed), -2 on a usage error, else 0. */
 static int parse_common(int argc, char **argv, aopts *ao, const char *usage, int min_pos, int max_pos)
 {
@@ -60,7 +41,7 @@ static int parse_common(int argc, char **argv, aopts *ao, const char *usage, int
 		} else if (!strcmp(a, "--max-chain") && i + 1 < argc) {
 			ao->o.max_chain = (unsigned)atoi(argv[++i]);
 		} else if (!strcmp(a, "--cache-size") && i + 1 < argc) {
-			if (parse_size(argv[++i], &ao->o.cache_size) < 0) {
+			if (ulp_parse_size(argv[++i], &ao->o.cache_size) < 0) {
 				cli_fail("bad size '%s' (examples: 512M, 4G)", argv[i]);
 				return -2;
 			}

@@ -743,6 +743,18 @@ static int ulpfs_statfs(const char *path, struct statvfs *st)
 	return statvfs(fs.archive, st) < 0 ? -errno : 0;
 }
 
+/* getxattr's reply: the length when size is 0, else the value */
+static int xattr_reply(char *value, size_t size, const char *v)
+{
+	size_t l = strlen(v);
+	if (size == 0)
+		return (int)l;
+	if (size < l)
+		return -ERANGE;
+	memcpy(value, v, l);
+	return (int)l;
+}
+
 /* user.ulpack.* : step, sha256, stored_bytes, ratio, chain_depth, anchor */
 static const char *const xattrs[] = {"user.ulpack.step", "user.ulpack.sha256", "user.ulpack.stored_bytes",
                                      "user.ulpack.ratio", "user.ulpack.chain_depth", "user.ulpack.anchor"};
@@ -759,13 +771,7 @@ static int ulpfs_getxattr(const char *path, const char *name, char *value, size_
 		         (unsigned long long)c.deltas_decoded, (unsigned long long)c.cache_hits,
 		         (unsigned long long)c.cache_misses, (unsigned long long)c.cache_bytes,
 		         (unsigned long long)c.max_walk);
-		size_t l = strlen(v);
-		if (size == 0)
-			return (int)l;
-		if (size < l)
-			return -ERANGE;
-		memcpy(value, v, l);
-		return (int)l;
+		return xattr_reply(value, size, v);
 	}
 	int rc = ulp_archive_stat(fs.a, rel(path), &s);
 	if (rc < 0)
@@ -786,13 +792,7 @@ static int ulpfs_getxattr(const char *path, const char *name, char *value, size_
 		snprintf(v, sizeof(v), "%d", s.anchor);
 	else
 		return -ENODATA;
-	size_t l = strlen(v);
-	if (size == 0)
-		return (int)l;
-	if (size < l)
-		return -ERANGE;
-	memcpy(value, v, l);
-	return (int)l;
+	return xattr_reply(value, size, v);
 }
 
 static int ulpfs_listxattr(const char *path, char *list, size_t size)
@@ -919,25 +919,6 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
 	}
 }
 
-static int parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	double v = strtod(s, &end);
-	uint64_t m = 1;
-	switch (*end) {
-	case 'k': case 'K': m = 1ull << 10; end++; break;
-	case 'm': case 'M': m = 1ull << 20; end++; break;
-	case 'g': case 'G': m = 1ull << 30; end++; break;
-	case 't': case 'T': m = 1ull << 40; end++; break;
-	}
-	if (*end == 'B' || *end == 'b')
-		end++;
-	if (*end || v <= 0)
-		return -1;
-	*out = (uint64_t)(v * (double)m);
-	return 0;
-}
-
 /* A mount point that is already a mount point is busy. */
 static int is_mount_point(const char *mnt)
 {
@@ -964,7 +945,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	fs.foreground = fs.foreground || co.foreground;
-	if (o.cache_size && parse_size(o.cache_size, &fs.cache_size) < 0) {
+	if (o.cache_size && ulp_parse_size(o.cache_size, &fs.cache_size) < 0) {
 		fprintf(stderr, "ulpackfs: bad cache_size '%s' (examples: 512M, 4G)\n", o.cache_size);
 		return 1;
 	}

@@ -3,6 +3,7 @@
 #include "ulp_int.h"
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 static const char *const messages[ULP_E__COUNT] = {
 	[ULP_OK] = "success",
@@ -57,4 +58,23 @@ int ulp_err_set(ulp_err *e, int code, const char *file, int line, const char *fm
 		}
 	}
 	return code;
+}
+
+int ulp_parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	double v = strtod(s, &end);
+	uint64_t m = 1;
+	switch (*end) {
+	case 'k': case 'K': m = 1ull << 10; end++; break;
+	case 'm': case 'M': m = 1ull << 20; end++; break;
+	case 'g': case 'G': m = 1ull << 30; end++; break;
+	case 't': case 'T': m = 1ull << 40; end++; break;
+	}
+	if (*end == 'B' || *end == 'b')
+		end++;
+	if (end == s || *end || !(v > 0) || v * (double)m >= 18e18)
+		return -ULP_E_INVAL;
+	*out = (uint64_t)(v * (double)m);
+	return 0;
 }

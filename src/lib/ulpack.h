@@ -354,6 +354,10 @@ void ulp_stage_discard(ulp_stage *s);
  *  removes the others (never acknowledged to a writer). */
 int ulp_stage_recover(ulp_archive *a, unsigned *recovered, unsigned *removed);
 
+/** Parses a size such as "512M", "4G", "1.5T" or "65536" (K, M, G, T are
+ *  powers of 1024; a trailing B is allowed). Errors: INVAL. */
+int ulp_parse_size(const char *s, uint64_t *out);
+
 /** Step number parsed from a path (checkpoint-1500, step_1500, step-1500,
  *  global_step1500, iter_0001500, epoch3-step1500, else the last number of
  *  the file name), or -1. *series receives the path with the step's digits
