@@ -66,4 +66,29 @@ ok "$done_files files completed before the kill read back identical"
 rsync -a "$R/" "$N/run/" && diff -r "$R" "$N/run" > /dev/null && ok "re-running rsync completes" || fail "rsync rerun"
 umount_fs "$N"
 "$ULPACK" verify "$B" > "$T/v" && ok "$(cat "$T/v")" || fail "verify: $(cat "$T/v")"
+
+# ---- fsync is a promise: a file fsynced but not yet closed survives kill -9 ------
+"$ULPACKFS" "$B" "$N" -f &
+fpid=$!
+for _ in 1 2 3 4 5 6 7 8 9 10; do mountpoint -q "$N" && break; sleep 0.2; done
+"$PY" - "$N/synced.bin" "$T/synced.bin" <<'PYEOF2' &
+import os, sys, time
+data = os.urandom(300000)
+open(sys.argv[2], "wb").write(data)
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY, 0o644)
+os.write(fd, data)
+os.fsync(fd)
+open(sys.argv[2] + ".done", "w").close()
+time.sleep(30)                      # killed with the file system before it closes
+PYEOF2
+ppid=$!
+for _ in $(seq 1 50); do [ -e "$T/synced.bin.done" ] && break; sleep 0.1; done
+kill -9 "$fpid"
+kill -9 "$ppid" 2>/dev/null
+wait "$fpid" "$ppid" 2>/dev/null
+fusermount3 -u -z "$N" 2>/dev/null
+mount_fs "$B" "$N" 2> "$T/rec" || fail "remount"
+cmp -s "$T/synced.bin" "$N/synced.bin" && ok "a file fsynced before kill -9 is recovered at mount ($(cat "$T/rec"))" \
+	|| fail "fsynced file lost"
+umount_fs "$N"
 finish

@@ -16,7 +16,9 @@
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
+#include <dirent.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char root[256];
@@ -360,6 +362,67 @@ static void test_open_errors(void)
 	CHECK(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) < 0 && err[0], "garbage index: %s", err);
 }
 
+/* staging: a staged file fsynced by a process that died is recovered;
+ * one never synced is removed */
+static void test_staging(void)
+{
+	char dir[512], err[512];
+	snprintf(dir, sizeof(dir), "%s/stage", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	for (int synced = 0; synced < 2; synced++) {
+		pid_t pid = fork();
+		if (pid == 0) {
+			ulp_archive *a;
+			ulp_stage *s;
+			if (ulp_archive_open(dir, NULL, &a, NULL, 0) < 0 || ulp_stage_new(a, NULL, &s) < 0)
+				_exit(1);
+			const char msg[] = "staged bytes";
+			if (write(ulp_stage_fd(s), msg, sizeof(msg)) != (ssize_t)sizeof(msg))
+				_exit(1);
+			ulp_meta m = {0640, 1, 2, 123456789};
+			if (synced && ulp_stage_sync(s, synced ? "x/synced.txt" : "x/lost.txt", &m) < 0)
+				_exit(1);
+			_exit(0); /* "crash": never committed */
+		}
+		int st;
+		waitpid(pid, &st, 0);
+		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d", synced);
+	}
+	ulp_archive *a;
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
+	unsigned rec, rem;
+	CHECK(ulp_stage_recover(a, &rec, &rem) == 0 && rec == 1 && rem == 1, "recovered %u, removed %u", rec, rem);
+	ulp_stat s;
+	CHECK(ulp_archive_stat(a, "x/synced.txt", &s) == 0 && s.size == 13 && (s.mode & 0777) == 0640 &&
+	      s.mtime_ns == 123456789, "recovered file and metadata");
+	ulp_file *f;
+	char buf[32] = "";
+	REQUIRE(ulp_file_open(a, "x/synced.txt", &f) == 0, "open recovered");
+	CHECK(ulp_file_pread(f, buf, sizeof(buf), 0) == 13 && !strcmp(buf, "staged bytes"), "recovered bytes");
+	ulp_file_close(f);
+	char sd[600];
+	snprintf(sd, sizeof(sd), "%s/staging", dir);
+	DIR *d = opendir(sd);
+	int left = 0;
+	for (struct dirent *de; d && (de = readdir(d));)
+		left += de->d_name[0] != '.';
+	if (d)
+		closedir(d);
+	CHECK(left == 0, "%d staging files left", left);
+	/* a committed stage leaves nothing behind, a copy-up stages the archived bytes */
+	ulp_stage *st;
+	REQUIRE(ulp_stage_new(a, "x/synced.txt", &st) == 0, "copy-up");
+	char cu[32] = "";
+	CHECK(pread(ulp_stage_fd(st), cu, sizeof(cu), 0) == 13 && !strcmp(cu, "staged bytes"), "copy-up bytes");
+	CHECK(pwrite(ulp_stage_fd(st), "S", 1, 0) == 1, "write");
+	ulp_meta m = {0600, 0, 0, 5};
+	CHECK(ulp_stage_commit(st, "x/synced.txt", &m, NULL) == 0, "commit");
+	REQUIRE(ulp_file_open(a, "x/synced.txt", &f) == 0, "reopen");
+	CHECK(ulp_file_pread(f, buf, sizeof(buf), 0) == 13 && !strcmp(buf, "Staged bytes"), "rewritten");
+	ulp_file_close(f);
+	ulp_archive_close(a);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "%s/ulp-arch-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -369,6 +432,7 @@ int main(void)
 	test_open_errors();
 	test_trajectory();
 	test_gc();
+	test_staging();
 	char cmd[600];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	if (system(cmd) != 0)
