@@ -469,7 +469,7 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 	uint64_t best_cost = UINT64_MAX;
 	unsigned best_n = ULP_PROB_BITS_MAX, best_k = 0;
 	for (unsigned n = ULP_PROB_BITS_MAX; n >= ULP_PROB_BITS_MIN; n -= 2) {
-		if (n < ULP_PROB_BITS_MAX && (total > ((uint64_t)16 << n) || present > (1u << n)))
+		if (n < ULP_PROB_BITS_MAX && (total > ((uint64_t)64 << n) || present > (1u << n)))
 			continue; /* low precisions only pay off on small tensors */
 		for (unsigned i = 0; i < used; i++) {
 			normalize(counts + (size_t)ci[i].c * a, a, n, f);
