@@ -471,14 +471,15 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 	for (unsigned n = ULP_PROB_BITS_MAX; n >= ULP_PROB_BITS_MIN; n -= 2) {
 		if (n < ULP_PROB_BITS_MAX && (total > ((uint64_t)64 << n) || present > (1u << n)))
 			continue; /* low precisions only pay off on small tensors */
-		for (unsigned i = 0; i < used; i++) {
+		unsigned kmax = (unsigned)ULP_MIN((uint64_t)used, (budget >> n) - 1);
+		/* only the kmax most frequent contexts can own a row */
+		for (unsigned i = 0; i < kmax; i++) {
 			normalize(counts + (size_t)ci[i].c * a, a, n, f);
 			ci[i].cost = row_cost_q16(counts + (size_t)ci[i].c * a, f, a, n);
 			ci[i].bits = row_bits(f);
 		}
 		uint64_t own_cost = 0, own_bits = 0;
 		memcpy(rest, all, 256 * sizeof(uint64_t));
-		unsigned kmax = (unsigned)ULP_MIN((uint64_t)used, (budget >> n) - 1);
 		for (unsigned k = 0, moved = 0; k <= kmax; k = next_k(k, kmax)) {
 			for (; moved < k; moved++) { /* contexts before k leave the shared row */
 				own_cost += ci[moved].cost;
