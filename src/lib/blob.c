@@ -565,7 +565,10 @@ int64_t ulp_encode(const ulp_enc_opts *opts, ulp_pool *pool, ulp_dtype dt, void 
 	e.n = src_len / e.esize;
 	e.n_chunks = n_chunks_for(e.n, e.chunk_log2);
 	int is_float = ulp_fmt_get(dt, &e.f) == 0;
-	ulp_sha256(src, src_len, e.sha);
+	if (o->src_sha256)
+		memcpy(e.sha, o->src_sha256, 32);
+	else
+		ulp_sha256(src, src_len, e.sha);
 	if (ref && o->ref_sha256)
 		memcpy(e.ref_sha, o->ref_sha256, 32);
 	else if (ref)

@@ -150,7 +150,8 @@ static int code_job(void *arg, size_t i)
 			ref = NULL;
 		}
 	}
-	ulp_enc_opts o = {.ref_sha256 = ref ? j->ref_sha : NULL};
+	/* both identities are known: the content's from phase A, the reference's from the index */
+	ulp_enc_opts o = {.ref_sha256 = ref ? j->ref_sha : NULL, .src_sha256 = j->sha};
 	size_t cap = ulp_encode_bound(dt, j->len, &o);
 	j->blob = malloc(cap);
 	check = malloc(j->len ? j->len : 1);

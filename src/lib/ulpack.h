@@ -113,6 +113,7 @@ typedef struct ulp_enc_opts {
 	                        -INVAL if x cannot code this input */
 	const uint8_t *ref_sha256; /* SHA-256 of the reference when the caller knows it
 	                              (an archive does), or NULL to compute it */
+	const uint8_t *src_sha256; /* SHA-256 of src when the caller has it, or NULL */
 } ulp_enc_opts;
 
 typedef struct ulp_enc_stats {
