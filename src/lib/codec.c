@@ -128,6 +128,28 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 		/* G elements (at most 56 raw bits together) per bit-writer call */    \
 		const unsigned G = W <= 8 ? 8 : W <= 16 ? 4 : 1;                        \
 		size_t i = 0;                                                           \
+		if (W == 16 && n >= 16 && ulp_use_avx2()) {                             \
+			/* symbols and raw tails in AVX2, counting and packing here */  \
+			uint16_t rawv[1024];                                            \
+			uint8_t kv[1024];                                               \
+			while (n - i >= 16) {                                           \
+				size_t m = ULP_MIN((size_t)1024, (n - i) & ~(size_t)15); \
+				ulp_pass1_16_avx2((const uint16_t *)(const void *)(x + i), \
+				                  (const uint16_t *)(const void *)(r + i), m, \
+				                  syms + i, rawv, kv);                  \
+				for (size_t j = 0; j < m; j += 4) {                     \
+					uint64_t acc = 0;                               \
+					unsigned tot = 0;                               \
+					for (unsigned g = 0; g < 4; g++) {              \
+						counts[(size_t)((r[i + j + g] >> sh) & em) * a + syms[i + j + g]]++; \
+						acc |= (uint64_t)rawv[j + g] << tot;    \
+						tot += kv[j + g];                       \
+					}                                               \
+					ulp_bitw_put(bw, acc, tot);                     \
+				}                                                       \
+				i += m;                                                 \
+			}                                                               \
+		}                                                                       \
 		for (; W <= 32 && i + G <= n; i += G) {                                 \
 			uint64_t acc = 0;                                               \
 			unsigned tot = 0;                                               \
@@ -176,7 +198,7 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 		const unsigned lm = lanes - 1;                                          \
 		for (size_t i = n; i-- > 0;) {                                          \
 			unsigned row = r ? t->ctx_row[(r[i] >> sh) & em] : t->ctx_row[0]; \
-			ulp_rans_enc_put(&x[i & lm], pp, &es[(size_t)row * 256 + syms[i]], pb); \
+			ulp_rans_enc_put(&x[i & lm], pp, &es[(size_t)row * t->alphabet + syms[i]], pb); \
 		}                                                                       \
 	}                                                                               \
 	/* Decoding runs in blocks of ULP_DEC_BLOCK elements, in two passes:     \
@@ -394,6 +416,12 @@ int ulp_chunk_decode(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, const 
 }
 
 #ifndef ULP_HAVE_AVX2
+void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, uint8_t *syms,
+                       uint16_t *raw, uint8_t *nraw)
+{
+	(void)x, (void)r, (void)n, (void)syms, (void)raw, (void)nraw;
+}
+
 size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
                           size_t raw_len, uint64_t *pos, uint16_t *out)
 {

@@ -155,3 +155,47 @@ size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, co
 	*pos = p;
 	return i;
 }
+
+/*
+ * AVX2 pass 1 of 16-bit DELTA (the encoder): for n elements (a multiple of
+ * 16) the symbols, the raw tails and their lengths, exactly as the scalar
+ * z_symbol(): z = zigzag(phi(x) - phi(r)), k = bitlen(z | 4) - 3, symbol
+ * 4k + (z >> k), raw = the low k bits. bitlen comes from the exponent of z
+ * converted to float, exact below 2^24.
+ */
+void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, uint8_t *syms,
+                       uint16_t *raw, uint8_t *nraw)
+{
+	const __m256i h = _mm256_set1_epi16((short)0x8000), four = _mm256_set1_epi16(4);
+	const __m256i one32 = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(127 + 3);
+	for (size_t i = 0; i < n; i += 16) {
+		__m256i X = _mm256_loadu_si256((const __m256i *)(x + i));
+		__m256i R = _mm256_loadu_si256((const __m256i *)(r + i));
+		__m256i px = _mm256_xor_si256(X, _mm256_or_si256(_mm256_srai_epi16(X, 15), h));
+		__m256i pr = _mm256_xor_si256(R, _mm256_or_si256(_mm256_srai_epi16(R, 15), h));
+		__m256i d = _mm256_sub_epi16(px, pr);
+		__m256i z = _mm256_xor_si256(_mm256_slli_epi16(d, 1), _mm256_srai_epi16(d, 15));
+		__m256i zf = _mm256_or_si256(z, four);
+		__m256i sym2[2], raw2[2], k2[2];
+		for (int half = 0; half < 2; half++) {
+			__m128i zh = half ? _mm256_extracti128_si256(z, 1) : _mm256_castsi256_si128(z);
+			__m128i fh = half ? _mm256_extracti128_si256(zf, 1) : _mm256_castsi256_si128(zf);
+			__m256i z32 = _mm256_cvtepu16_epi32(zh);
+			__m256i e = _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(fh))), 23);
+			__m256i k = _mm256_sub_epi32(e, bias); /* exponent - 2 = bitlen - 3 */
+			k = _mm256_add_epi32(k, one32);
+			k2[half] = k;
+			sym2[half] = _mm256_add_epi32(_mm256_slli_epi32(k, 2), _mm256_srlv_epi32(z32, k));
+			raw2[half] = _mm256_and_si256(z32, _mm256_sub_epi32(_mm256_sllv_epi32(one32, k), one32));
+		}
+		/* 32-bit lanes back to 16 and 8 bits, in element order */
+		__m256i s16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(sym2[0], sym2[1]), 0xD8);
+		__m256i r16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(raw2[0], raw2[1]), 0xD8);
+		__m256i k16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(k2[0], k2[1]), 0xD8);
+		_mm_storeu_si128((__m128i *)(syms + i),
+		                 _mm_packus_epi16(_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1)));
+		_mm_storeu_si128((__m128i *)(nraw + i),
+		                 _mm_packus_epi16(_mm256_castsi256_si128(k16), _mm256_extracti128_si256(k16, 1)));
+		_mm256_storeu_si256((__m256i *)(raw + i), r16);
+	}
+}

@@ -537,15 +537,15 @@ out:
 
 int ulp_table_esyms(const ulp_table *t, ulp_rans_esym **out)
 {
-	ulp_rans_esym *e = calloc((size_t)t->n_rows * 256, sizeof(*e));
+	ulp_rans_esym *e = calloc((size_t)t->n_rows * t->alphabet, sizeof(*e)); /* dense: stays in L1 */
 	if (!e)
 		return -ULP_E_NOMEM;
 	for (unsigned r = 0; r < t->n_rows; r++) {
 		const uint16_t *f = t->freq + (size_t)r * 256;
 		uint32_t cum = 0;
-		for (unsigned s = 0; s < 256; s++) {
+		for (unsigned s = 0; s < t->alphabet; s++) {
 			if (f[s])
-				ulp_rans_esym_init(&e[(size_t)r * 256 + s], cum, f[s], t->prob_bits);
+				ulp_rans_esym_init(&e[(size_t)r * t->alphabet + s], cum, f[s], t->prob_bits);
 			cum += f[s];
 		}
 	}

@@ -45,7 +45,7 @@ int64_t ulp_table_write(const ulp_table *t, uint8_t *dst, size_t cap);
 int ulp_table_read(const uint8_t *src, size_t len, unsigned prob_bits, unsigned alphabet,
                    unsigned n_ctx, ulp_table *out, ulp_err *err);
 
-/* Encoder view: esym[row * 256 + s]. Caller frees. */
+/* Encoder view: esym[row * alphabet + s]. Caller frees. */
 int ulp_table_esyms(const ulp_table *t, ulp_rans_esym **out);
 /*
  * Decoder view: for each row 2^n u32 slots, entry = sym << 24 | (f-1) << 12 |

@@ -118,6 +118,12 @@ static void test_threads(void)
 	make_pair(x, r, n);
 	ulp_enc_opts o = {.chunk_log2 = 14};
 	blob one = enc(&o, NULL, ULP_DT_BF16, x, n * 2, r);
+	/* every CPU path codes the same bytes */
+	unsigned old = ulp_set_cpu_mask(0);
+	blob scalar = enc(&o, NULL, ULP_DT_BF16, x, n * 2, r);
+	ulp_set_cpu_mask(old);
+	CHECK(scalar.n == one.n && memcmp(scalar.p, one.p, one.n) == 0, "scalar and SIMD encoders agree");
+	free(scalar.p);
 	for (int t = 2; t <= 4; t++) {
 		ulp_pool *pool;
 		REQUIRE(ulp_pool_new(t, &pool) == 0, "pool");
