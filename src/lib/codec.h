@@ -58,13 +58,13 @@ int ulp_chunk_encode(const ulp_fmt *f, const ulp_table *t, const ulp_rans_esym *
                      uint8_t *rans_dst, size_t rans_cap, size_t *rans_len);
 
 /*
- * AVX2 symbol pass (rans_avx2.c): decodes n symbols (n a multiple of 32, 32
- * lanes) of a 16- or 32-bit dtype (ref NULL: ANCHOR) into syms; the word
- * stream must hold 2n bytes from *wpp. Returns n, or SIZE_MAX (x and *wpp
- * untouched) at an unused context.
+ * AVX2 symbol pass (rans_avx2.c): decodes n symbols (n a multiple of 32; 8,
+ * 16 or 32 lanes) of a 16- or 32-bit dtype (ref NULL: ANCHOR) into syms; the
+ * word stream must hold 2n bytes from *wpp. Returns n, or SIZE_MAX (x and
+ * *wpp untouched) at an unused context.
  */
-size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, uint32_t *x, const uint8_t **wpp,
-                          const void *ref, size_t n, uint8_t *syms);
+size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, uint32_t *x,
+                          const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms);
 /* AVX2 reconstruction of 16-bit DELTA elements from their symbols and the raw
  * tail at bit *pos; returns how many it did (the caller does the rest). */
 size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,

@@ -3,15 +3,15 @@
  * rans_avx2.c - AVX2 kernel of the rANS symbol pass (pass A of the decoder in
  * codec.c), compiled alone with -mavx2 -mbmi2 and chosen at run time.
  *
- * It decodes exactly what the scalar reference decodes: 32 lanes as four
- * vectors of eight states; for eight consecutive elements (eight consecutive
+ * It decodes exactly what the scalar reference decodes: 8 to 32 lanes as one
+ * to four vectors of eight states; for eight consecutive elements (eight consecutive
  * lanes) it gathers the table row of each element's context, gathers the slot
  * entries, updates the states, and renormalizes the lanes that fell below
  * 2^15 from the next words, which go to those lanes in lane order (the
  * scalar order), spread by a permutation looked up from the lane mask.
  *
  * Invariants (callers guarantee):
- *  1. lanes == 32 and n is a multiple of 32.
+ *  1. lanes is 8, 16 or 32 and n is a multiple of lanes.
  *  2. The word stream holds at least 2 n bytes from *wp, so every 16-byte
  *     load of words stays inside it.
  *  3. d->row_off[c] is row * 2^prob_bits for used contexts, -1 otherwise;
@@ -34,9 +34,10 @@ __attribute__((constructor)) static void init_perm(void)
 	}
 }
 
-size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, uint32_t *x, const uint8_t **wpp,
-                          const void *ref, size_t n, uint8_t *syms)
+size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, uint32_t *x,
+                          const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms)
 {
+	const unsigned nv = lanes / 8, vm = nv - 1; /* 8, 16 or 32 lanes: 1, 2 or 4 vectors */
 	const unsigned pb = d->prob_bits;
 	const __m128i pbv = _mm_cvtsi32_si128((int)pb);
 	const __m256i mask = _mm256_set1_epi32((int)((1u << pb) - 1));
@@ -50,7 +51,7 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, uint32_t *x, cons
 	                                         3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
 	const uint8_t *wp = *wpp;
 	__m256i xv[4];
-	for (int j = 0; j < 4; j++)
+	for (unsigned j = 0; j < nv; j++)
 		xv[j] = _mm256_loadu_si256((const __m256i *)(x + 8 * j));
 	const __m256i off0 = _mm256_set1_epi32(row_off[0]);
 	size_t i = 0;
@@ -67,7 +68,7 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, uint32_t *x, cons
 		} else {
 			off = off0;
 		}
-		__m256i X = xv[(i >> 3) & 3];
+		__m256i X = xv[(i >> 3) & vm];
 		__m256i e = _mm256_i32gather_epi32(slots, _mm256_add_epi32(off, _mm256_and_si256(X, mask)), 4);
 		__m256i fr = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(e, 12), m12), one);
 		X = _mm256_add_epi32(_mm256_mullo_epi32(fr, _mm256_srl_epi32(X, pbv)), _mm256_and_si256(e, m12));
@@ -83,13 +84,13 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, uint32_t *x, cons
 		words = _mm256_permutevar8x32_epi32(words, _mm256_loadu_si256((const __m256i *)perm[m]));
 		X = _mm256_blendv_epi8(X, _mm256_or_si256(_mm256_slli_epi32(X, 16), words), need);
 		wp += 2 * (unsigned)__builtin_popcount(m);
-		xv[(i >> 3) & 3] = X;
+		xv[(i >> 3) & vm] = X;
 	}
 	/* stopped by an unused context: nothing is handed back, the caller
 	 * decodes the whole range again in scalar and reports the element */
 	if (i < n)
 		return SIZE_MAX;
-	for (int j = 0; j < 4; j++)
+	for (unsigned j = 0; j < nv; j++)
 		_mm256_storeu_si256((__m256i *)(x + 8 * j), xv[j]);
 	*wpp = wp;
 	return i;
