@@ -195,13 +195,22 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 	                        const uint8_t *syms, const T *r, size_t n, uint32_t *x,  \
 	                        uint16_t **pp)                                           \
 	{                                                                               \
-		const unsigned sh = f->mshift, pb = t->prob_bits;                       \
+		const unsigned sh = f->mshift, pb = t->prob_bits, A = t->alphabet;      \
 		const T em = (T)((1u << f->ebits) - 1);                                 \
 		const unsigned lm = lanes - 1;                                          \
-		for (size_t i = n; i-- > 0;) {                                          \
-			unsigned row = r ? t->ctx_row[(r[i] >> sh) & em] : t->ctx_row[0]; \
-			ulp_rans_enc_put(&x[i & lm], pp, &es[(size_t)row * t->alphabet + syms[i]], pb); \
+		const uint16_t *cr = t->ctx_row; /* locals: the stores below are     \
+		                                    uint16_t and could alias t */    \
+		uint16_t *p = *pp;                                                      \
+		if (r) {                                                                \
+			for (size_t i = n; i-- > 0;)                                    \
+				ulp_rans_enc_put(&x[i & lm], &p,                        \
+				                 &es[(size_t)cr[(r[i] >> sh) & em] * A + syms[i]], pb); \
+		} else {                                                                \
+			const ulp_rans_esym *row = es + (size_t)cr[0] * A;              \
+			for (size_t i = n; i-- > 0;)                                    \
+				ulp_rans_enc_put(&x[i & lm], &p, &row[syms[i]], pb);    \
 		}                                                                       \
+		*pp = p;                                                                \
 	}                                                                               \
 	/* Decoding runs in blocks of ULP_DEC_BLOCK elements, in two passes:     \
 	 * A decodes the block's symbols (one rANS step per element, lanes     \
