@@ -204,6 +204,7 @@ static void *ulpfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 	if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
 		conn->want |= FUSE_CAP_PARALLEL_DIROPS;
 	conn->max_read = ULPFS_MAX_READ; /* must match -o max_read (main) */
+	conn->max_write = 1 << 20;       /* the kernel caps it to what it supports */
 	cfg->hard_remove = 1;   /* open-but-unlinked files are our nodes' business */
 	cfg->use_ino = 0;
 	cfg->kernel_cache = 0;  /* per open: keep_cache for archived files only */

@@ -129,6 +129,7 @@ typedef struct batch {
 	job *j;
 	size_t n;
 	int nested;                        /* jobs may use the pool themselves */
+	EVP_MD_CTX *file_sha;              /* job n: the file's hash over the batch, in order */
 } batch;
 
 /* Phase B: code one content against its reference (or standalone), decode
@@ -136,13 +137,29 @@ typedef struct batch {
 static int code_job(void *arg, size_t i)
 {
 	batch *bt = arg;
+	if (i == bt->n) { /* the file's sha256 goes on beside the coding */
+		for (size_t k = 0; k < bt->n; k++)
+			EVP_DigestUpdate(bt->file_sha, bt->j[k].buf, bt->j[k].len);
+		return 0;
+	}
 	job *j = &bt->j[i];
 	ulp_archive *a = bt->p->a;
 	ulp_dtype dt = j->s->t ? j->s->t->dtype : ULP_DT_UNKNOWN;
 	uint8_t *ref = NULL, *check = NULL;
 	ulp_pool *pool = bt->nested ? a->pool : NULL;
-	if (j->reuse)
+	ulp_sha256(j->buf, j->len, j->sha);
+	/* stored once: an earlier file, or earlier in this one (phase C adds
+	 * blobs only between batches, so reading them here is safe) */
+	int have = have_content(bt->p, j->sha, &j->depth);
+	if (have < 0) {
+		j->rc = have;
+		snprintf(j->err, sizeof(j->err), "%s", ulp_archive_errmsg(a));
 		return 0;
+	}
+	if (have) {
+		j->reuse = 1;
+		return 0;
+	}
 	if (j->try_ref) {
 		ref = malloc(j->len);
 		if (ref && ulp_read_content(a, j->ref_sha, ref, j->len) < 0) {
@@ -202,8 +219,13 @@ static int append_job(put *p, job *j)
 	const char *name = j->s->t ? j->s->t->name : NULL;
 	int dtype = j->s->t ? (int)j->s->t->dtype : -1;
 	unsigned depth;
-	if (j->reuse)
+	if (j->rc < 0)
+		return ulp_arch_err(p->a, j->rc, "%s", j->err);
+	if (j->reuse) {
+		if (p->res)
+			p->res->reused++;
 		return add_extent(p, j->s->offset, j->s->length, j->sha, name, dtype, j->depth);
+	}
 	if (j->rc < 0)
 		return ulp_arch_err(p->a, j->rc, "%s", j->err);
 	int have = have_content(p, j->sha, &depth);
@@ -259,20 +281,10 @@ static int prepare_job(put *p, const seg *s, EVP_MD_CTX *file_sha, int64_t ref_f
 	j->buf = malloc(j->len ? j->len : 1);
 	if (!j->buf)
 		return ulp_arch_err(a, -ULP_E_NOMEM, "%s: no memory for %zu bytes", p->path, j->len);
+	(void)file_sha; /* hashed beside the coding (code_job, job n) */
 	ULP_TRY(read_at(p, j->buf, j->len, s->offset));
-	EVP_DigestUpdate(file_sha, j->buf, j->len);
-	ulp_sha256(j->buf, j->len, j->sha);
 	if (s->t && p->res)
 		p->res->tensors++;
-	int rc = have_content(p, j->sha, &j->depth);
-	if (rc < 0)
-		return rc;
-	if (rc == 1) {
-		j->reuse = 1;
-		if (p->res)
-			p->res->reused++;
-		return 0;
-	}
 	ulp_blobrow row;
 	if (s->t && ref_file >= 0 && j->len > 0 &&
 	    ulp_index_tensor(a, ref_file, s->t->name, (int)s->t->dtype, s->length, j->ref_sha, &row) == 0 &&
@@ -311,11 +323,13 @@ static int do_segments(put *p, const seg *segs, size_t n_segs, EVP_MD_CTX *fsha,
 			i++;
 		}
 		if (rc == 0) {
-			batch bt = {p, jobs, n, n == 1};
-			if (n == 1)
-				code_job(&bt, 0); /* alone: its chunks use the pool */
-			else
-				ulp_pool_run(p->a->pool, n, code_job, &bt);
+			batch bt = {p, jobs, n, n == 1, fsha};
+			if (n == 1) { /* alone: its chunks use the pool */
+				code_job(&bt, 0);
+				code_job(&bt, 1);
+			} else {
+				ulp_pool_run(p->a->pool, n + 1, code_job, &bt);
+			}
 			for (size_t k = 0; k < n && rc == 0; k++)
 				rc = append_job(p, &jobs[k]);
 		}
