@@ -408,12 +408,16 @@ static int make_rans(enc *e, ulp_pool *pool, int anchor, cand *c, double *bound_
 	if (rc < 0)
 		goto out;
 	c->prob_bits = t.prob_bits;
-	c->table_len = ulp_table_size(&t);
-	c->table = malloc(c->table_len);
+	c->table = malloc(ulp_table_bound(&t));
 	rc = -ULP_E_NOMEM;
 	if (!c->table)
 		goto out;
-	ulp_table_write(&t, c->table, c->table_len);
+	int64_t tl = ulp_table_write(&t, c->table, ulp_table_bound(&t));
+	if (tl < 0) {
+		rc = (int)tl;
+		goto out;
+	}
+	c->table_len = (size_t)tl;
 	e->t = &t;
 	e->es = es;
 	rc = ulp_pool_run(pool, e->n_chunks, job_rans, e);

@@ -294,12 +294,17 @@ size_t ulp_table_size(const ulp_table *t)
 
 int64_t ulp_table_write(const ulp_table *t, uint8_t *dst, size_t cap)
 {
-	size_t need = ulp_table_size(t);
-	if (need > cap)
-		return -ULP_E_OVERFLOW;
 	tbw w = {dst, cap, 0};
-	write_table(t, &w);
-	return (int64_t)need;
+	write_table(t, &w); /* writes nothing past cap */
+	size_t need = (size_t)((w.bits + 7) >> 3);
+	return need > cap ? -ULP_E_OVERFLOW : (int64_t)need;
+}
+
+size_t ulp_table_bound(const ulp_table *t)
+{
+	/* per row 20 bits + at most 2*13+1+12 bits a frequency; the map: at
+	 * most 2*11+1 + 11 bits a context; the counts: 2 x 23 bits */
+	return ((size_t)t->n_rows * (20 + 39 * (size_t)t->alphabet) + (size_t)t->n_ctx * 34 + 46) / 8 + 8;
 }
 
 void ulp_table_free(ulp_table *t)

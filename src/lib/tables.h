@@ -40,6 +40,8 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned alphabet,
 
 /* Serialized size in bytes, and serialization (returns bytes or -OVERFLOW). */
 size_t ulp_table_size(const ulp_table *t);
+/* Bytes ulp_table_write() may need at most. */
+size_t ulp_table_bound(const ulp_table *t);
 int64_t ulp_table_write(const ulp_table *t, uint8_t *dst, size_t cap);
 /* Parses a table of exactly len bytes for the given alphabet and contexts. */
 int ulp_table_read(const uint8_t *src, size_t len, unsigned prob_bits, unsigned alphabet,
