@@ -201,7 +201,12 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 		const uint16_t *cr = t->ctx_row; /* locals: the stores below are     \
 		                                    uint16_t and could alias t */    \
 		uint16_t *p = *pp;                                                      \
-		if (r) {                                                                \
+		if (r && pb == ULP_PROB_BITS_MAX) { /* the common precision, constant */ \
+			for (size_t i = n; i-- > 0;)                                    \
+				ulp_rans_enc_put(&x[i & lm], &p,                        \
+				                 &es[(size_t)cr[(r[i] >> sh) & em] * A + syms[i]], \
+				                 ULP_PROB_BITS_MAX);                    \
+		} else if (r) {                                                         \
 			for (size_t i = n; i-- > 0;)                                    \
 				ulp_rans_enc_put(&x[i & lm], &p,                        \
 				                 &es[(size_t)cr[(r[i] >> sh) & em] * A + syms[i]], pb); \
