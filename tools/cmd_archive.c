@@ -513,10 +513,47 @@ int cmd_export(int argc, char **argv)
 
 /* ---- stat ------------------------------------------------------------------ */
 
+typedef struct runsum {
+	char name[256];
+	uint64_t files, raw, stored;
+	unsigned max_depth;
+} runsum;
+
 typedef struct sctx {
 	int json;
 	int first;
+	runsum *runs; /* per run: the first component of the path */
+	size_t n_runs, cap_runs;
 } sctx;
+
+static void add_run(sctx *s, const char *path, const ulp_stat *st)
+{
+	const char *slash = strchr(path, '/');
+	size_t l = slash ? (size_t)(slash - path) : strlen(path);
+	if (l >= sizeof(s->runs->name))
+		l = sizeof(s->runs->name) - 1;
+	runsum *r = NULL;
+	for (size_t i = 0; i < s->n_runs && !r; i++)
+		if (strlen(s->runs[i].name) == l && !strncmp(s->runs[i].name, path, l))
+			r = &s->runs[i];
+	if (!r) {
+		if (s->n_runs == s->cap_runs) {
+			s->cap_runs = s->cap_runs ? s->cap_runs * 2 : 16;
+			runsum *nr = realloc(s->runs, s->cap_runs * sizeof(*nr));
+			if (!nr)
+				return;
+			s->runs = nr;
+		}
+		r = &s->runs[s->n_runs++];
+		memset(r, 0, sizeof(*r));
+		memcpy(r->name, path, l);
+	}
+	r->files++;
+	r->raw += st->size;
+	r->stored += st->stored_bytes;
+	if (st->chain_depth > r->max_depth)
+		r->max_depth = st->chain_depth;
+}
 
 static void json_str(FILE *f, const char *s)
 {
@@ -535,6 +572,7 @@ static void json_str(FILE *f, const char *s)
 static int stat_file(void *arg, const char *path, const ulp_stat *st)
 {
 	sctx *s = arg;
+	add_run(s, path, st);
 	double ratio = st->size ? (double)st->stored_bytes / (double)st->size : 0;
 	char sha[65];
 	ulp_sha256_hex(st->sha256, sha);
@@ -579,7 +617,17 @@ int cmd_stat(int argc, char **argv)
 		return cli_fail("%s", ulp_archive_errmsg(a));
 	}
 	if (s.json) {
-		printf("\n  ],\n  \"by_dtype\": {");
+		printf("\n  ],\n  \"runs\": {");
+		for (size_t i = 0; i < s.n_runs; i++) {
+			printf("%s\n    ", i ? "," : "");
+			json_str(stdout, s.runs[i].name);
+			printf(": {\"files\": %llu, \"raw_bytes\": %llu, \"stored_bytes\": %llu, \"ratio\": %.6f,"
+			       " \"max_chain_depth\": %u}",
+			       (unsigned long long)s.runs[i].files, (unsigned long long)s.runs[i].raw,
+			       (unsigned long long)s.runs[i].stored,
+			       s.runs[i].raw ? (double)s.runs[i].stored / (double)s.runs[i].raw : 0.0, s.runs[i].max_depth);
+		}
+		printf("\n  },\n  \"by_dtype\": {");
 		int first = 1;
 		for (int d = 0; d < ULP_DT__COUNT; d++) {
 			const ulp_dtype_total *t = &r.by_dtype[d];
@@ -603,6 +651,12 @@ int cmd_stat(int argc, char **argv)
 		       (unsigned long long)r.blobs, (unsigned long long)r.pack_bytes, r.max_chain_depth,
 		       (unsigned long long)r.opaque_raw, (unsigned long long)r.opaque_stored);
 	} else {
+		printf("\nby run:\n%-24s %8s %14s %14s %7s %6s\n", "run", "files", "raw", "stored", "ratio", "depth");
+		for (size_t i = 0; i < s.n_runs; i++)
+			printf("%-24s %8llu %14llu %14llu %7.4f %6u\n", s.runs[i].name,
+			       (unsigned long long)s.runs[i].files, (unsigned long long)s.runs[i].raw,
+			       (unsigned long long)s.runs[i].stored,
+			       s.runs[i].raw ? (double)s.runs[i].stored / (double)s.runs[i].raw : 0.0, s.runs[i].max_depth);
 		printf("\nby dtype:\n%-8s %14s %14s %7s %9s %8s %8s %8s\n", "dtype", "raw", "stored", "ratio",
 		       "bits/w", "tensors", "deltas", "anchors");
 		for (int d = 0; d < ULP_DT__COUNT; d++) {
@@ -624,6 +678,7 @@ int cmd_stat(int argc, char **argv)
 		       r.raw_bytes ? (double)r.stored_bytes / (double)r.raw_bytes : 0.0, (unsigned long long)r.blobs,
 		       (unsigned long long)r.pack_bytes, r.max_chain_depth);
 	}
+	free(s.runs);
 	ulp_archive_close(a);
 	return 0;
 }

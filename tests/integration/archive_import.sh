@@ -62,8 +62,12 @@ disk=$(cat "$A"/packs/*.pack | wc -c)
 npacks=$(ls "$A"/packs/*.pack | wc -l)
 "$PY" - "$T/all.json" "$disk" "$npacks" <<'PYEOF' && ok "stored bytes = pack bytes on disk ($disk)" || fail "stored bytes vs packs"
 import json, sys
-t = json.load(open(sys.argv[1]))["total"]
+d = json.load(open(sys.argv[1]))
+t = d["total"]
 disk, n = int(sys.argv[2]), int(sys.argv[3])
+assert "syn" in d["runs"] and d["runs"]["syn"]["files"] == 5, d["runs"]          # per run
+assert sum(r["stored_bytes"] for r in d["runs"].values()) == t["stored_bytes"]
+assert "BF16" in d["by_dtype"] and d["by_dtype"]["BF16"]["bits_per_weight"] > 0
 assert t["pack_bytes"] == disk, (t, disk)
 assert t["stored_bytes"] == disk - 8 * n, (t, disk, n)
 PYEOF
