@@ -264,6 +264,27 @@ static void test_gc(void)
 	snprintf(file, sizeof(file), "%s/g3.safetensors", root);
 	CHECK(same_bytes(a, "r/step_3/m.safetensors", file), "chain through a removed file still reads");
 	CHECK(ulp_archive_verify(a, "", NULL, NULL) == 0, "verify after gc");
+	/* a pack mostly dead: its live blob is moved to a new pack, verified */
+	snprintf(file, sizeof(file), "%s/frozen-only.safetensors", root);
+	{ /* the same bias as step 9's, and nothing else */
+		uint16_t bias[256];
+		for (int i = 0; i < 256; i++)
+			bias[i] = (uint16_t)(0x3f80 + (i % 3) + 9);
+		uint64_t sb[1] = {256};
+		ulp_st_wtensor t1 = {"b", ULP_DT_BF16, 1, sb, bias};
+		REQUIRE(ulp_st_write(file, &t1, 1, NULL) == 0, "write bias-only");
+	}
+	char file5[512];
+	snprintf(file5, sizeof(file5), "%s/g5.safetensors", root);
+	write_step(file5, 9, 30000);
+	REQUIRE(put_path(a, "other/g5.safetensors", file5, NULL) == 0, "put g5 (its own pack)");
+	REQUIRE(put_path(a, "other/frozen.safetensors", file, NULL) == 0, "put frozen-only (dedup)");
+	CHECK(ulp_archive_remove(a, "other/g5.safetensors") == 0, "rm g5");
+	CHECK(ulp_archive_gc(a, &g) == 0 && g.packs_rewritten >= 1, "gc rewrote %llu packs",
+	      (unsigned long long)g.packs_rewritten);
+	CHECK(same_bytes(a, "other/frozen.safetensors", file), "moved blob still reads");
+	CHECK(ulp_archive_verify(a, "", NULL, NULL) == 0, "verify after rewrite");
+	ulp_archive_remove(a, "other/frozen.safetensors");
 	/* remove everything: gc drops every blob and pack */
 	for (int s = 1; s <= 4; s++) {
 		snprintf(ap, sizeof(ap), "r/step_%d/m.safetensors", s);
