@@ -46,6 +46,7 @@ typedef struct node {
 	int dirty;             /* written since staged */
 	ulp_meta meta;
 	int mtime_set;         /* utimens set meta.mtime_ns explicitly */
+	uint64_t writes;       /* bumped by every write: a commit knows if it missed one */
 	struct node *next;
 } node;
 
@@ -139,18 +140,44 @@ static node *new_node(const char *p, ulp_stage *s, const ulp_meta *m)
 	return n;
 }
 
-/* Archives a staged node under path; on success the node is gone. mu held. */
-static int commit_node(node *n, const char *path)
+/*
+ * Archives a staged node under path. Called with mu held; mu is released
+ * while the archive does its work, so that other files keep being served
+ * (the node is pinned meanwhile and its staging file stays until mu is held
+ * again). On success the caller gives up `drop` handle counts; the node goes
+ * when no handle is left, else it stays staged and clean (unless a write
+ * came in during the commit).
+ */
+static int commit_node(node *n, const char *path, int drop)
 {
 	ulp_meta m = n->meta;
 	struct stat sb;
 	if (!n->mtime_set && fstat(ulp_stage_fd(n->stage), &sb) == 0)
 		m.mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
-	int rc = ulp_stage_commit(n->stage, path, &m, NULL);
+	char *dst = strdup(path);
+	if (!dst)
+		return -ENOMEM;
+	uint64_t writes = n->writes;
+	n->handles++; /* pinned while mu is released */
+	pthread_mutex_unlock(&fs.mu);
+	int rc = ulp_archive_put(fs.a, dst, ulp_stage_fd(n->stage), &m, NULL);
+	pthread_mutex_lock(&fs.mu);
+	n->handles--;
 	if (rc < 0) {
-		log_err("archiving", path);
+		log_err("archiving", dst);
+		free(dst);
 		return err_of(rc);
 	}
+	if (!n->path) /* unlinked while it was being archived */
+		ulp_archive_remove(fs.a, dst);
+	free(dst);
+	n->handles -= drop;
+	if (n->writes != writes)
+		return 0; /* written to meanwhile: stays staged and dirty */
+	n->dirty = 0;
+	if (n->handles > 0)
+		return 0; /* opened again meanwhile: stays staged, identical to the archive */
+	ulp_stage_discard(n->stage);
 	n->stage = NULL;
 	unlink_node(n);
 	return 0;
@@ -451,6 +478,7 @@ static int ulpfs_write(const char *path, const char *buf, size_t size, off_t off
 		return -errno;
 	pthread_mutex_lock(&fs.mu);
 	h->n->dirty = 1;
+	h->n->writes++;
 	pthread_mutex_unlock(&fs.mu);
 	return (int)w;
 }
@@ -466,7 +494,7 @@ static int ulpfs_flush(const char *path, struct fuse_file_info *fi)
 	pthread_mutex_lock(&fs.mu);
 	node *n = h->n;
 	if (n->path && n->handles == 1 && n->dirty && !is_temp_name(n->path)) {
-		rc = commit_node(n, n->path);
+		rc = commit_node(n, n->path, 1);
 		if (rc == 0) {
 			h->n = NULL; /* committed: the handle has nothing left to do */
 			h->file = NULL;
@@ -495,7 +523,7 @@ static int ulpfs_release(const char *path, struct fuse_file_info *fi)
 				n->stage = NULL;
 				unlink_node(n);
 			} else if (!is_temp_name(n->path)) { /* flush failed: try once more */
-				commit_node(n, n->path);
+				commit_node(n, n->path, 0);
 			}
 		}
 		pthread_mutex_unlock(&fs.mu);
@@ -579,7 +607,19 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 			free(n->path);
 			n->path = strdup(t);
 		} else { /* closed: archive it under its final name */
-			rc = commit_node(n, t);
+			char *old_path = n->path, *new_path = strdup(t);
+			if (!new_path) {
+				pthread_mutex_unlock(&fs.mu);
+				return -ENOMEM;
+			}
+			n->path = new_path; /* the node answers for its new name meanwhile */
+			rc = commit_node(n, t, 0);
+			if (rc < 0 && n->path == new_path) { /* failed: back under its old name */
+				n->path = old_path;
+				free(new_path);
+			} else {
+				free(old_path);
+			}
 		}
 		pthread_mutex_unlock(&fs.mu);
 		return rc;
