@@ -30,14 +30,24 @@
 #define ULP_PROB_BITS_MAX 12
 #define ULP_LANES_MAX 32
 
-/* Encoder view of one symbol: x -> ((x / f) << n) + (x % f) + cum, with the
- * division done by a reciprocal exact for every x < 2^31 (see enc_put). */
+/*
+ * Encoder view of one symbol (32 bytes, so that SIMD code gathers its fields
+ * with a stride of 8 words). The fold x -> ((x / f) << n) + (x % f) + cum is
+ * computed as x + bias + q * cmpl with q = floor(x / f) from a 32-bit
+ * reciprocal: for 2^(lg-1) < f <= 2^lg (f >= 2), rcp = ceil(2^(31+lg) / f)
+ * < 2^32 and q = (x * rcp) >> (31 + lg), exact for every x < 2^31; then
+ * x + cum + q (2^n - f) = (q << n) + (x - q f) + cum. For f = 1, rcp = 2^32 - 1
+ * gives q = x - 1 (x >= 1) and bias = cum + 2^n - 1 makes up for it.
+ */
 typedef struct ulp_rans_esym {
 	uint32_t x_max;   /* renormalize while x >= x_max */
+	uint32_t rcp;     /* reciprocal of f, above */
+	uint32_t rshift;  /* lg - 1, or 0 for f = 1 */
+	uint32_t bias;    /* cum, or cum + 2^n - 1 for f = 1 */
+	uint32_t cmpl;    /* 2^n - f */
 	uint32_t freq;    /* f, 1..2^n */
 	uint32_t cum;     /* start of the symbol's slot range */
-	uint32_t shift;   /* 32 + ceil(log2 f) */
-	uint64_t rcp;     /* ceil(2^shift / f) */
+	uint32_t pad;
 } ulp_rans_esym;
 
 static inline void ulp_rans_esym_init(ulp_rans_esym *s, uint32_t cum, uint32_t freq, unsigned n)
@@ -48,26 +58,32 @@ static inline void ulp_rans_esym_init(ulp_rans_esym *s, uint32_t cum, uint32_t f
 	s->x_max = ((ULP_RANS_L >> n) << 16) * freq;
 	s->freq = freq;
 	s->cum = cum;
-	s->shift = 32 + lg;
-	s->rcp = (((uint64_t)1 << s->shift) + freq - 1) / freq;
+	s->cmpl = (1u << n) - freq;
+	s->pad = 0;
+	if (freq < 2) {
+		s->rcp = ~0u;
+		s->rshift = 0;
+		s->bias = cum + (1u << n) - 1;
+	} else {
+		s->rcp = (uint32_t)((((uint64_t)1 << (31 + lg)) + freq - 1) / freq);
+		s->rshift = lg - 1;
+		s->bias = cum;
+	}
 }
 
-/*
- * Folds a symbol into state *x (precision n), first writing a renormalization
- * word below *pp (the stream grows towards lower addresses). The quotient is
- * exact: with 2^(lg-1) < f <= 2^lg and m = ceil(2^(32+lg)/f), the error term
- * x*(m*f - 2^(32+lg)) / (f*2^(32+lg)) is below 2^(-1-lg) <= 1/(2f) for every
- * x < 2^31, so floor(x*m / 2^(32+lg)) = floor(x/f).
- */
+/* Folds a symbol into state *x (precision n is implied by the tables),
+ * first writing a renormalization word below *pp (the stream grows towards
+ * lower addresses). */
 static inline void ulp_rans_enc_put(uint32_t *x, uint16_t **pp, const ulp_rans_esym *s, unsigned n)
 {
+	(void)n;
 	uint32_t v = *x;
 	uint32_t nw = v >= s->x_max; /* branch-free: the store below p is harmless */
 	(*pp)[-1] = (uint16_t)v;
 	*pp -= nw;
 	v >>= nw << 4;
-	uint32_t q = (uint32_t)(((uint64_t)v * s->rcp) >> s->shift);
-	*x = (q << n) + (v - q * s->freq) + s->cum;
+	uint32_t q = (uint32_t)(((uint64_t)v * s->rcp) >> 32) >> s->rshift;
+	*x = v + s->bias + q * s->cmpl;
 }
 
 /* ---- raw-tail bit writer (LSB-first) ---- */

@@ -9,28 +9,29 @@
 #include "codec.h"
 #include <string.h>
 
+/* The encoder's fold equals ((x / f) << n) + (x % f) + cum for every f and
+ * the x it can meet (below x_max <= 2^31). */
 static void test_reciprocal(void)
 {
 	int bad = 0;
 	for (unsigned n = ULP_PROB_BITS_MIN; n <= ULP_PROB_BITS_MAX; n++)
-		for (uint32_t f = 1; f <= (1u << n) && !bad; f++) {
+		for (uint32_t f = 1; f <= (1u << n) && bad < 10; f++) {
 			ulp_rans_esym s;
-			ulp_rans_esym_init(&s, 0, f, n);
-			uint32_t probes[] = {ULP_RANS_L, ULP_RANS_L + 1, s.x_max - 1, 0x7fffffffu,
-			                     0x7fffffffu - f, (0x7fffffffu / f) * f, (0x7fffffffu / f) * f - 1};
-			for (size_t i = 0; i < sizeof(probes) / sizeof(probes[0]); i++) {
-				uint32_t x = probes[i];
-				uint32_t q = (uint32_t)(((uint64_t)x * s.rcp) >> s.shift);
-				if (q != x / f)
-					bad++;
-			}
-			for (int i = 0; i < 64; i++) {
-				uint32_t x = (uint32_t)(tap_rand() & 0x7fffffffu);
-				if ((uint32_t)(((uint64_t)x * s.rcp) >> s.shift) != x / f)
+			uint32_t cum = (1u << n) - f;
+			ulp_rans_esym_init(&s, cum, f, n);
+			uint32_t probes[] = {ULP_RANS_L >> 4, ULP_RANS_L, ULP_RANS_L + 1, s.x_max - 1,
+			                     (s.x_max / f) * f, (s.x_max / f) * f - 1, 1};
+			for (size_t i = 0; i < sizeof(probes) / sizeof(probes[0]) + 64; i++) {
+				uint32_t x = i < sizeof(probes) / sizeof(probes[0]) ? probes[i]
+				                                                   : 1 + (uint32_t)(tap_rand() % (s.x_max - 1));
+				uint32_t q = (uint32_t)(((uint64_t)x * s.rcp) >> 32) >> s.rshift;
+				uint32_t got = x + s.bias + q * s.cmpl;
+				uint32_t want = ((x / f) << n) + (x % f) + cum;
+				if (got != want)
 					bad++;
 			}
 		}
-	CHECK(bad == 0, "%d reciprocal quotients wrong", bad);
+	CHECK(bad == 0, "%d folds wrong", bad);
 }
 
 static void fill_counts(uint64_t *c, unsigned n_ctx, unsigned a, int kind)
