@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * rans.h - static interleaved rANS with 32-bit states and 16-bit renormalization,
- * and the LSB-first bit I/O of the raw tail.
+ * and the LSB-first bit writer of the raw tail (the decoder reads the tail by
+ * bit position: codec.c, raw_bits_at).
  *
  * READ ME FIRST (ulpack-format(5) section 5):
  *  - A state x lives in [ULP_RANS_L, ULP_RANS_L << 16) between symbols; the
@@ -134,63 +135,6 @@ static inline int64_t ulp_bitw_finish(ulp_bitw *w, uint8_t *start)
 		w->fill = w->fill >= 8 ? w->fill - 8 : 0;
 	}
 	return w->overflow ? -1 : (int64_t)(w->p - start);
-}
-
-/* ---- raw-tail bit reader: never reads past end; reading beyond the data
- * yields zero bits and sets `over`, which callers turn into CORRUPT. ---- */
-typedef struct ulp_bitr {
-	const uint8_t *p, *end;
-	uint64_t acc;
-	unsigned fill;  /* valid bits in acc */
-	uint64_t consumed;
-	int over;
-} ulp_bitr;
-
-static inline void ulp_bitr_init(ulp_bitr *r, const uint8_t *p, const uint8_t *end)
-{
-	r->p = p; r->end = end; r->acc = 0; r->fill = 0; r->consumed = 0; r->over = 0;
-}
-
-static inline void ulp_bitr_refill(ulp_bitr *r)
-{
-	if (r->end - r->p >= 8) {
-		uint64_t v = ulp_ld64(r->p);
-		r->acc |= v << r->fill;
-		unsigned take = (63 - r->fill) >> 3;
-		r->p += take;
-		r->fill += take * 8;
-	} else {
-		while (r->fill <= 56 && r->p < r->end) {
-			r->acc |= (uint64_t)*r->p++ << r->fill;
-			r->fill += 8;
-		}
-	}
-}
-
-/* n <= 32 */
-static inline __attribute__((always_inline)) uint64_t ulp_bitr_get(ulp_bitr *r, unsigned n)
-{
-	if (r->fill < n) {
-		ulp_bitr_refill(r);
-		if (r->fill < n) {
-			r->over = 1;
-			r->fill = n; /* zeros */
-		}
-	}
-	uint64_t v = r->acc & ((n == 64) ? ~0ull : ((1ull << n) - 1));
-	r->acc = n == 64 ? 0 : r->acc >> n;
-	r->fill -= n;
-	r->consumed += n;
-	return v;
-}
-
-static inline __attribute__((always_inline)) uint64_t ulp_bitr_get64(ulp_bitr *r, unsigned n)
-{
-	if (n > 32) {
-		uint64_t lo = ulp_bitr_get(r, 32);
-		return lo | ulp_bitr_get(r, n - 32) << 32;
-	}
-	return ulp_bitr_get(r, n);
 }
 
 #endif
