@@ -90,6 +90,8 @@ void ulp_db_rollback(ulp_archive *a);
 sqlite3_stmt *ulp_db_stmt(ulp_archive *a, const char *sql);
 int ulp_db_err(ulp_archive *a, const char *what);
 void ulp_tstate_free_all(ulp_archive *a);
+void ulp_tstate_exit(void *tstate); /* the thread-state key's destructor */
+size_t ulp_tstate_count(ulp_archive *a); /* live thread states (tests) */
 
 /* Entry types of the index */
 enum { ULP_ENT_FILE = 0, ULP_ENT_DIR = 1, ULP_ENT_LINK = 2 };

@@ -10,11 +10,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static void tstate_nop(void *p)
-{
-	(void)p; /* thread states are freed at close (they hold connections) */
-}
-
 int ulp_archive_init(const char *dir, char *errbuf, size_t errcap)
 {
 	ulp_err err = {errbuf, errcap};
@@ -57,7 +52,7 @@ int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive 
 	pthread_mutex_init(&a->mu, NULL);
 	pthread_mutex_init(&a->write_mu, NULL);
 	int rc = -ULP_E_NOMEM;
-	if (!a->dir || pthread_key_create(&a->tls, tstate_nop) != 0) {
+	if (!a->dir || pthread_key_create(&a->tls, ulp_tstate_exit) != 0) {
 		free(a->dir);
 		free(a);
 		return rc;
@@ -86,8 +81,8 @@ void ulp_archive_close(ulp_archive *a)
 	ulp_cache_free(a->cache);
 	ulp_pool_free(a->pool);
 	ulp_pack_unmap_all(a);
+	pthread_key_delete(a->tls); /* no destructor runs after this */
 	ulp_tstate_free_all(a);
-	pthread_key_delete(a->tls);
 	pthread_mutex_destroy(&a->mu);
 	pthread_mutex_destroy(&a->write_mu);
 	free(a->dir);

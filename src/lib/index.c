@@ -37,6 +37,7 @@
 #define N_STMTS 64
 
 struct ulp_tstate {
+	ulp_archive *a;
 	sqlite3 *db;
 	char err[1024];
 	struct {
@@ -85,6 +86,7 @@ static ulp_tstate *tstate(const ulp_archive *ca)
 		t = calloc(1, sizeof(*t));
 		if (!t)
 			return NULL;
+		t->a = a;
 		pthread_setspecific(a->tls, t);
 		pthread_mutex_lock(&a->mu);
 		t->next = a->tstates;
@@ -144,15 +146,46 @@ sqlite3 *ulp_db(ulp_archive *a)
 	return t->db;
 }
 
+static void tstate_close(ulp_tstate *t)
+{
+	for (int i = 0; i < t->n_stmts; i++)
+		sqlite3_finalize(t->stmts[i].st);
+	sqlite3_close(t->db);
+	free(t);
+}
+
+/* Key destructor: a thread that ends takes its connection with it (FUSE
+ * worker threads come and go). */
+void ulp_tstate_exit(void *p)
+{
+	ulp_tstate *t = p;
+	ulp_archive *a = t->a;
+	pthread_mutex_lock(&a->mu);
+	for (ulp_tstate **pp = &a->tstates; *pp; pp = &(*pp)->next)
+		if (*pp == t) {
+			*pp = t->next;
+			break;
+		}
+	pthread_mutex_unlock(&a->mu);
+	tstate_close(t);
+}
+
+size_t ulp_tstate_count(ulp_archive *a)
+{
+	size_t n = 0;
+	pthread_mutex_lock(&a->mu);
+	for (ulp_tstate *t = a->tstates; t; t = t->next)
+		n++;
+	pthread_mutex_unlock(&a->mu);
+	return n;
+}
+
 void ulp_tstate_free_all(ulp_archive *a)
 {
 	ulp_tstate *t = a->tstates;
 	while (t) {
 		ulp_tstate *next = t->next;
-		for (int i = 0; i < t->n_stmts; i++)
-			sqlite3_finalize(t->stmts[i].st);
-		sqlite3_close(t->db);
-		free(t);
+		tstate_close(t);
 		t = next;
 	}
 	a->tstates = NULL;

@@ -444,6 +444,32 @@ static void test_staging(void)
 	ulp_archive_close(a);
 }
 
+/* threads that come and go (FUSE workers) do not leave connections behind */
+static void *stat_thread(void *arg)
+{
+	ulp_stat st;
+	ulp_archive_stat(arg, "", &st);
+	return NULL;
+}
+
+static void test_thread_churn(void)
+{
+	char dir[512], err[512];
+	snprintf(dir, sizeof(dir), "%s/churn", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	ulp_archive *a;
+	ulp_archive_opts o = {.threads = 1};
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "open");
+	for (int i = 0; i < 64; i++) {
+		pthread_t t;
+		pthread_create(&t, NULL, stat_thread, a);
+		pthread_join(t, NULL);
+	}
+	size_t states = ulp_tstate_count(a);
+	CHECK(states <= 1, "%zu thread states kept after 64 threads ended", states);
+	ulp_archive_close(a);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "%s/ulp-arch-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -454,6 +480,7 @@ int main(void)
 	test_trajectory();
 	test_gc();
 	test_staging();
+	test_thread_churn();
 	char cmd[600];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	if (system(cmd) != 0)
