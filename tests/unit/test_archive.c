@@ -97,8 +97,10 @@ static int same_bytes(ulp_archive *a, const char *apath, const char *file)
 	int ok = rd == len && ulp_file_open(a, apath, &h) == 0;
 	if (ok) {
 		ok = ulp_file_pread(h, got, len + 100, 0) == (int64_t)len && !memcmp(got, want, len);
+		uint64_t rng = 0x9E3779B97F4A7C15ull ^ len; /* local: called from threads too */
 		for (int i = 0; ok && i < 300; i++) { /* random ranges */
-			uint64_t off = tap_rand() % (len + 1), l = tap_rand() % 5000;
+			rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+			uint64_t off = rng % (len + 1), l = (rng >> 32) % 5000;
 			int64_t n = ulp_file_pread(h, got, (size_t)l, off);
 			uint64_t exp = off + l > len ? len - off : l;
 			ok = n == (int64_t)exp && !memcmp(got, want + off, (size_t)exp);
@@ -317,8 +319,10 @@ typedef struct cthr {
 static void *cache_worker(void *arg)
 {
 	cthr *t = arg;
+	uint64_t rng = (uint64_t)(uintptr_t)&rng | 1; /* per thread */
 	for (int i = 0; i < 20000; i++) {
-		ulp_ckey k = {{0}, (uint32_t)(tap_rand() % 64), ULP_CK_CHUNK};
+		rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+		ulp_ckey k = {{0}, (uint32_t)(rng % 64), ULP_CK_CHUNK};
 		ulp_centry *e;
 		void *d;
 		int must;
@@ -470,17 +474,76 @@ static void test_thread_churn(void)
 	ulp_archive_close(a);
 }
 
+/* four readers of the same files at once: cache, pool, index connections */
+typedef struct rthr {
+	ulp_archive *a;
+	int bad;
+} rthr;
+
+static void *read_worker(void *arg)
+{
+	rthr *r = arg;
+	char file[512], ap[512];
+	for (int round = 0; round < 3; round++)
+		for (int s = 1; s <= 3; s++) {
+			snprintf(file, sizeof(file), "%s/c%d.safetensors", root, s);
+			snprintf(ap, sizeof(ap), "run/checkpoint-%d/m.safetensors", s * 10);
+			if (!same_bytes(r->a, ap, file))
+				r->bad++;
+		}
+	return NULL;
+}
+
+static void test_concurrent_reads(void)
+{
+	char dir[512], err[512], file[512], ap[512];
+	snprintf(dir, sizeof(dir), "%s/conc", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	ulp_archive *a;
+	ulp_archive_opts o = {.threads = 2, .cache_size = 64 << 10}; /* evictions while reading */
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "open");
+	for (int s = 1; s <= 3; s++) {
+		snprintf(file, sizeof(file), "%s/c%d.safetensors", root, s);
+		write_step(file, s, 40000);
+		snprintf(ap, sizeof(ap), "run/checkpoint-%d/m.safetensors", s * 10);
+		REQUIRE(put_path(a, ap, file, NULL) == 0, "put");
+	}
+	ulp_archive_close(a);
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "reopen");
+	pthread_t t[4];
+	rthr r[4];
+	for (int i = 0; i < 4; i++) {
+		r[i] = (rthr){a, 0};
+		pthread_create(&t[i], NULL, read_worker, &r[i]);
+	}
+	int bad = 0;
+	for (int i = 0; i < 4; i++) {
+		pthread_join(t[i], NULL);
+		bad += r[i].bad;
+	}
+	CHECK(bad == 0, "%d concurrent reads differ", bad);
+	CHECK(ulp_cache_state_ok(a->cache), "cache invariants after concurrent reads");
+	ulp_archive_close(a);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "%s/ulp-arch-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
 	REQUIRE(mkdtemp(root), "mkdtemp");
-	test_steps();
+	/* ULP_TEST_ONLY=concurrency: the thread tests alone (for ThreadSanitizer) */
+	const char *only = getenv("ULP_TEST_ONLY");
+	int all = !only || strcmp(only, "concurrency") != 0;
+	if (all)
+		test_steps();
 	test_cache();
-	test_open_errors();
-	test_trajectory();
-	test_gc();
-	test_staging();
+	if (all) {
+		test_open_errors();
+		test_trajectory();
+		test_gc();
+		test_staging();
+	}
 	test_thread_churn();
+	test_concurrent_reads();
 	char cmd[600];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	if (system(cmd) != 0)
