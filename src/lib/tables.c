@@ -222,10 +222,10 @@ static uint64_t row_cost_q16(const uint64_t *c, const uint16_t *f, unsigned a, u
 
 /* Row: lo (8 bits), hi (8 bits), k (4 bits), EG_k(f[s]) for lo <= s < hi;
  * f[hi] is implied by the sum. */
-static void row_range(const uint16_t *f, unsigned *lo, unsigned *hi)
+static void row_range(const uint16_t *f, unsigned a, unsigned *lo, unsigned *hi)
 {
-	unsigned l = 0, h = 255;
-	while (l < 255 && !f[l])
+	unsigned l = 0, h = a ? a - 1 : 0; /* f[s] == 0 for s >= a (invariant 2) */
+	while (l < h && !f[l])
 		l++;
 	while (h > l && !f[h])
 		h--;
@@ -233,7 +233,9 @@ static void row_range(const uint16_t *f, unsigned *lo, unsigned *hi)
 	*hi = h;
 }
 
-static unsigned row_best_k(const uint16_t *f, unsigned lo, unsigned hi)
+/* The Exp-Golomb order that codes f[lo..hi) in the fewest bits; *len gets
+ * that number of bits. */
+static unsigned row_best_k(const uint16_t *f, unsigned lo, unsigned hi, unsigned *len)
 {
 	unsigned best_k = 0, best = UINT32_MAX;
 	uint32_t sum = 0;
@@ -245,14 +247,15 @@ static unsigned row_best_k(const uint16_t *f, unsigned lo, unsigned hi)
 		lg++;
 	unsigned k0 = lg > 2 ? lg - 2 : 0, k1 = ULP_MIN(lg + 1, ULP_PROB_BITS_MAX);
 	for (unsigned k = k0; k <= k1; k++) {
-		unsigned len = 0;
+		unsigned l = 0;
 		for (unsigned s = lo; s < hi; s++)
-			len += eg_len(f[s], k);
-		if (len < best) {
-			best = len;
+			l += eg_len(f[s], k);
+		if (l < best) {
+			best = l;
 			best_k = k;
 		}
 	}
+	*len = best;
 	return best_k;
 }
 
@@ -261,9 +264,9 @@ static void write_table(const ulp_table *t, tbw *w)
 	tbw_eg(w, t->n_rows - 1, 0);
 	for (unsigned r = 0; r < t->n_rows; r++) {
 		const uint16_t *f = t->freq + (size_t)r * 256;
-		unsigned lo, hi;
-		row_range(f, &lo, &hi);
-		unsigned k = row_best_k(f, lo, hi);
+		unsigned lo, hi, len;
+		row_range(f, t->alphabet, &lo, &hi);
+		unsigned k = row_best_k(f, lo, hi, &len);
 		tbw_put(w, lo, 8);
 		tbw_put(w, hi, 8);
 		tbw_put(w, k, 4);
@@ -400,15 +403,12 @@ int ulp_table_read(const uint8_t *src, size_t len, unsigned n, unsigned alphabet
 /* ---- choice ------------------------------------------------------------- */
 
 /* Exact serialized bits of one row (see write_table). */
-static uint64_t row_bits(const uint16_t *f)
+static uint64_t row_bits(const uint16_t *f, unsigned a)
 {
-	unsigned lo, hi;
-	row_range(f, &lo, &hi);
-	unsigned k = row_best_k(f, lo, hi);
-	uint64_t bits = 20;
-	for (unsigned s = lo; s < hi; s++)
-		bits += eg_len(f[s], k);
-	return bits;
+	unsigned lo, hi, len;
+	row_range(f, a, &lo, &hi);
+	row_best_k(f, lo, hi, &len);
+	return 20 + (uint64_t)len;
 }
 
 typedef struct ctxinfo {
@@ -481,7 +481,7 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 		for (unsigned i = 0; i < kmax; i++) {
 			normalize(counts + (size_t)ci[i].c * a, a, n, f);
 			ci[i].cost = row_cost_q16(counts + (size_t)ci[i].c * a, f, a, n);
-			ci[i].bits = row_bits(f);
+			ci[i].bits = row_bits(f, a);
 		}
 		uint64_t own_cost = 0, own_bits = 0;
 		memcpy(rest, all, 256 * sizeof(uint64_t));
@@ -497,7 +497,7 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 			uint64_t cost = own_cost + (own_bits << 16);
 			if (shared) {
 				normalize(rest, a, n, f);
-				cost += row_cost_q16(rest, f, a, n) + (row_bits(f) << 16);
+				cost += row_cost_q16(rest, f, a, n) + (row_bits(f, a) << 16);
 			}
 			/* row count, context map */
 			uint64_t map = eg_len(rows - 1, 0) + eg_len(ULP_MAX(used, 1u) - 1, 0) +
