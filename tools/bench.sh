@@ -44,7 +44,7 @@ mkdir -p "$M"
 pid=$(pgrep -n -f "ulpackfs $T/arch")
 t0=$(now); rsync -a "$T/run/" "$M/run/"; t_mount=$(( $(now) - t0 ))
 rss=$(sed -n 's/VmHWM: *//p' "/proc/$pid/status")
-stored=$("$ULPACK" stat "$T/arch" --json | sed -n 's/.*"stored_bytes": \([0-9]*\), "ratio".*"max_chain_depth".*/\1/p')
+stored=$("$ULPACK" stat "$T/arch" --json | sed -n 's/.*"stored_bytes": \([0-9]*\), "ratio".*"max_chain_depth".*/\1/p' | tail -1)
 echo "rsync -a into a plain directory: $(mbps "$raw" "$t_plain") MB/s"
 echo "rsync -a into ulpackfs:          $(mbps "$raw" "$t_mount") MB/s  (raw $raw bytes, stored ${stored:-?})"
 echo "peak memory of ulpackfs during the rsync: $rss"
