@@ -78,3 +78,17 @@ int ulp_parse_size(const char *s, uint64_t *out)
 	*out = (uint64_t)(v * (double)m);
 	return 0;
 }
+
+int ulp_grow(void *arr, size_t *cap, size_t n, size_t size)
+{
+	void **pp = arr;
+	if (n < *cap)
+		return 0;
+	size_t nc = *cap ? *cap * 2 : 16;
+	void *np = realloc(*pp, nc * size);
+	if (!np)
+		return -ULP_E_NOMEM;
+	*pp = np;
+	*cap = nc;
+	return 0;
+}

@@ -443,14 +443,9 @@ int ulp_index_file(ulp_archive *a, const char *path, ulp_stat *out, uint8_t **he
 	ulp_extent *x = NULL;
 	size_t n = 0, cap = 0;
 	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		if (n == cap) {
-			cap = cap ? cap * 2 : 64;
-			ulp_extent *nx = realloc(x, cap * sizeof(*x));
-			if (!nx) {
-				rc = SQLITE_NOMEM;
-				break;
-			}
-			x = nx;
+		if (ulp_grow(&x, &cap, n, sizeof(*x)) < 0) {
+			rc = SQLITE_NOMEM;
+			break;
 		}
 		x[n].offset = (uint64_t)sqlite3_column_int64(st, 0);
 		x[n].length = (uint64_t)sqlite3_column_int64(st, 1);

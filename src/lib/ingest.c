@@ -82,14 +82,7 @@ static int have_content(put *p, const uint8_t sha[ULP_SHA256_LEN], unsigned *dep
 static int add_extent(put *p, uint64_t off, uint64_t len, const uint8_t sha[ULP_SHA256_LEN],
                       const char *name, int dtype, unsigned depth)
 {
-	if (p->n_nx == p->cap_nx) {
-		size_t nc = p->cap_nx ? p->cap_nx * 2 : 64;
-		ulp_newext *n = realloc(p->nx, nc * sizeof(*n));
-		if (!n)
-			return -ULP_E_NOMEM;
-		p->nx = n;
-		p->cap_nx = nc;
-	}
+	ULP_TRY(ulp_grow(&p->nx, &p->cap_nx, p->n_nx, sizeof(*p->nx)));
 	ulp_newext *x = &p->nx[p->n_nx++];
 	x->offset = off;
 	x->length = len;
@@ -239,14 +232,7 @@ static int append_job(put *p, job *j)
 	int rc;
 	if (!p->pw && (rc = ulp_pack_writer_new(p->a, &p->pw)) < 0)
 		return rc;
-	if (p->n_nb == p->cap_nb) {
-		size_t nc = p->cap_nb ? p->cap_nb * 2 : 64;
-		ulp_newblob *nbv = realloc(p->nb, nc * sizeof(*nbv));
-		if (!nbv)
-			return -ULP_E_NOMEM;
-		p->nb = nbv;
-		p->cap_nb = nc;
-	}
+	ULP_TRY(ulp_grow(&p->nb, &p->cap_nb, p->n_nb, sizeof(*p->nb)));
 	ulp_newblob *nb = &p->nb[p->n_nb];
 	memset(nb, 0, sizeof(*nb));
 	if ((rc = ulp_pack_append(p->pw, j->blob, j->blob_len, &nb->offset)) < 0)
@@ -344,13 +330,7 @@ static int add_opaque(seg **v, size_t *n, size_t *cap, uint64_t off, uint64_t le
 {
 	while (len > 0) {
 		uint64_t l = ULP_MIN(len, (uint64_t)ULP_SEGMENT);
-		if (*n == *cap) {
-			*cap = *cap ? *cap * 2 : 64;
-			seg *nv = realloc(*v, *cap * sizeof(seg));
-			if (!nv)
-				return -ULP_E_NOMEM;
-			*v = nv;
-		}
+		ULP_TRY(ulp_grow(v, cap, *n, sizeof(seg)));
 		(*v)[(*n)++] = (seg){off, l, NULL};
 		off += l;
 		len -= l;
@@ -410,15 +390,8 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 			const ulp_st_tensor *t = ulp_st_tensor_at(st, i);
 			if ((rc = add_opaque(&segs, &n_segs, &cap_segs, at, head_len + t->begin - at)) < 0)
 				goto out;
-			if (n_segs == cap_segs) {
-				cap_segs = cap_segs ? cap_segs * 2 : 64;
-				seg *nv = realloc(segs, cap_segs * sizeof(seg));
-				if (!nv) {
-					rc = -ULP_E_NOMEM;
-					goto out;
-				}
-				segs = nv;
-			}
+			if ((rc = ulp_grow(&segs, &cap_segs, n_segs, sizeof(seg))) < 0)
+				goto out;
 			segs[n_segs++] = (seg){head_len + t->begin, t->end - t->begin, t};
 			at = head_len + t->end;
 		}

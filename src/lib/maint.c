@@ -100,13 +100,7 @@ static int collect_pack(void *arg, int64_t id, const char *name, uint64_t size, 
                         uint64_t blobs)
 {
 	gctx *g = arg;
-	if (g->n == g->cap) {
-		g->cap = g->cap ? g->cap * 2 : 32;
-		packinfo *np = realloc(g->p, g->cap * sizeof(*np));
-		if (!np)
-			return -ULP_E_NOMEM;
-		g->p = np;
-	}
+	ULP_TRY(ulp_grow(&g->p, &g->cap, g->n, sizeof(*g->p)));
 	packinfo *pi = &g->p[g->n++];
 	pi->id = id;
 	snprintf(pi->name, sizeof(pi->name), "%s", name);
@@ -155,13 +149,7 @@ static int rewrite_blob(void *arg, const uint8_t *content, uint64_t offset, uint
 	free(buf);
 	if (rc < 0)
 		return rc;
-	if (r->n == r->cap) {
-		r->cap = r->cap ? r->cap * 2 : 64;
-		moved *nm = realloc(r->m, r->cap * sizeof(*nm));
-		if (!nm)
-			return -ULP_E_NOMEM;
-		r->m = nm;
-	}
+	ULP_TRY(ulp_grow(&r->m, &r->cap, r->n, sizeof(*r->m)));
 	memcpy(r->m[r->n].content, content, 32);
 	ULP_TRY(ulp_pack_append(r->w, p, (size_t)stored, &r->m[r->n].offset));
 	r->n++;

@@ -387,15 +387,8 @@ int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
 		uint64_t lo = ULP_MAX(off + done, x->offset) - x->offset;
 		uint64_t hi = ULP_MIN(off + len, x->offset + x->length) - x->offset;
 		for (uint64_t k = lo / cb; k * cb < hi; k++) {
-			if (nwant == cap) {
-				cap = cap ? cap * 2 : 16;
-				want *nw = realloc(w, cap * sizeof(*w));
-				if (!nw) {
-					rc = -ULP_E_NOMEM;
-					break;
-				}
-				w = nw;
-			}
+			if ((rc = ulp_grow(&w, &cap, nwant, sizeof(*w))) < 0)
+				break;
 			w[nwant++] = (want){x->content, (uint32_t)k};
 		}
 	}

@@ -467,16 +467,9 @@ int ulp_st_parse(const void *head, size_t head_len, uint64_t file_size, ulp_st *
 					goto fail;
 				have_meta = 1;
 			} else {
-				if (st->n == st->cap) {
-					size_t nc = st->cap ? st->cap * 2 : 16;
-					ulp_st_tensor *nt = realloc(st->t, nc * sizeof(*nt));
-					if (!nt) {
-						free(name);
-						rc = -ULP_E_NOMEM;
-						goto fail;
-					}
-					st->t = nt;
-					st->cap = nc;
+				if ((rc = ulp_grow(&st->t, &st->cap, st->n, sizeof(*st->t))) < 0) {
+					free(name);
+					goto fail;
 				}
 				ulp_st_tensor *t = &st->t[st->n++];
 				memset(t, 0, sizeof(*t));

@@ -41,6 +41,13 @@ static inline void ulp_st16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = 
 static inline void ulp_st32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static inline void ulp_st64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 
+/*
+ * Makes room for one more element in a growing array: *arr (elements of
+ * size bytes, *cap of them, n in use) doubles when full. 0 or -ULP_E_NOMEM
+ * (*arr unchanged). Usage: if (ulp_grow(&v, &cap, n, sizeof(*v)) < 0) ...
+ */
+int ulp_grow(void *arr, size_t *cap, size_t n, size_t size);
+
 /* 64-bit content checksum of a decoded chunk (XXH3-64, seed 0). */
 uint64_t ulp_xxh64(const void *data, size_t len);
 
