@@ -598,7 +598,8 @@ int cmd_stat(int argc, char **argv)
 	aopts ao;
 	int rc = parse_common(argc, argv, &ao,
 	                      "usage: ulpack stat ARCHIVE [PATH] [--json]\nSizes per file, per dtype and in"
-	                      " total: raw and stored bytes, ratio, bits/weight, chain depths, anchors.\n",
+	                      " total: raw and stored bytes, ratio, bits/weight, chain depths, anchors;\n"
+	                      "per run (the first component of the path) too.\n",
 	                      1, 2);
 	if (rc)
 		return rc == -1 ? 0 : 2;
