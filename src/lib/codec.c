@@ -450,10 +450,13 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, u
 int ulp_use_avx2(void)
 {
 #ifdef ULP_HAVE_AVX2
-	static int have = -1;
-	if (have < 0)
-		__atomic_store_n(&have, (ulp_cpu_features() & ULP_CPU_AVX2) != 0, __ATOMIC_RELAXED);
-	return have && (__atomic_load_n(&ulp_cpu_mask_active, __ATOMIC_RELAXED) & ULP_CPU_AVX2);
+	static int have = -1; /* probed once; a race only stores the same value twice */
+	int h = __atomic_load_n(&have, __ATOMIC_RELAXED);
+	if (h < 0) {
+		h = (ulp_cpu_features() & ULP_CPU_AVX2) != 0;
+		__atomic_store_n(&have, h, __ATOMIC_RELAXED);
+	}
+	return h && (__atomic_load_n(&ulp_cpu_mask_active, __ATOMIC_RELAXED) & ULP_CPU_AVX2);
 #else
 	return 0;
 #endif

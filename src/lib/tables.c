@@ -9,6 +9,7 @@
  */
 #include "tables.h"
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 /* ---- fixed-point log2 (Q16), exact and integer-only ------------------- */
@@ -29,17 +30,20 @@ static uint64_t log2_q16(uint64_t x) /* x >= 1 */
 	return r;
 }
 
+/* log2 in Q16 of 1..2^12, built once (threads encode concurrently) */
+static uint64_t log2_table[(1u << ULP_PROB_BITS_MAX) + 1];
+static pthread_once_t log2_once = PTHREAD_ONCE_INIT;
+
+static void log2_init(void)
+{
+	for (unsigned i = 1; i <= (1u << ULP_PROB_BITS_MAX); i++)
+		log2_table[i] = log2_q16(i);
+}
+
 /* cost in Q16 bits of coding c symbols of frequency f at precision n */
 static uint64_t sym_cost_q16(uint64_t c, unsigned f, unsigned n)
 {
-	static uint64_t lt[(1u << ULP_PROB_BITS_MAX) + 1];
-	static int ready;
-	if (!__atomic_load_n(&ready, __ATOMIC_ACQUIRE)) {
-		for (unsigned i = 1; i <= (1u << ULP_PROB_BITS_MAX); i++)
-			lt[i] = log2_q16(i);
-		__atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
-	}
-	return c * (((uint64_t)n << 16) - lt[f]);
+	return c * (((uint64_t)n << 16) - log2_table[f]);
 }
 
 /* ---- bit writer that can also just count --------------------------------- */
@@ -443,6 +447,7 @@ static unsigned next_k(unsigned k, unsigned kmax)
 int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_table *out,
                      uint64_t *cost_bits)
 {
+	pthread_once(&log2_once, log2_init);
 	uint64_t total = 0;
 	unsigned used = 0;
 	ctxinfo *ci = calloc(n_ctx, sizeof(*ci));
