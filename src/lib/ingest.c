@@ -111,7 +111,7 @@ typedef struct job {
 	int try_ref;                       /* a reference tensor exists */
 	uint8_t ref_sha[ULP_SHA256_LEN];
 	uint8_t *blob;                     /* phase B result */
-	size_t blob_len;
+	size_t blob_len, blob_cap, buf_cap; /* buffers are kept from one batch to the next */
 	int codec, used_ref;
 	int rc;
 	char err[600];
@@ -154,17 +154,19 @@ static int code_job(void *arg, size_t i)
 		return 0;
 	}
 	if (j->try_ref) {
-		ref = malloc(j->len);
-		if (ref && ulp_read_content(a, j->ref_sha, ref, j->len) < 0) {
-			free(ref); /* an unreadable reference is no reason to fail: standalone */
-			ref = NULL;
-		}
+		ref = ulp_scratch(ULP_SCRATCH_REF, j->len);
+		if (ref && ulp_read_content(a, j->ref_sha, ref, j->len) < 0)
+			ref = NULL; /* an unreadable reference is no reason to fail: standalone */
 	}
 	/* both identities are known: the content's from phase A, the reference's from the index */
 	ulp_enc_opts o = {.ref_sha256 = ref ? j->ref_sha : NULL, .src_sha256 = j->sha};
 	size_t cap = ulp_encode_bound(dt, j->len, &o);
-	j->blob = malloc(cap);
-	check = malloc(j->len ? j->len : 1);
+	if (j->blob_cap < cap) {
+		free(j->blob);
+		j->blob = malloc(cap);
+		j->blob_cap = j->blob ? cap : 0;
+	}
+	check = ulp_scratch(ULP_SCRATCH_CHECK, j->len ? j->len : 1);
 	if (!j->blob || !check) {
 		j->rc = -ULP_E_NOMEM;
 		snprintf(j->err, sizeof(j->err), "%s: out of memory coding %zu bytes", bt->p->path, j->len);
@@ -201,8 +203,6 @@ static int code_job(void *arg, size_t i)
 	j->blob_len = (size_t)n;
 	j->codec = st.codec;
 out:
-	free(ref);
-	free(check);
 	return 0;
 }
 
@@ -261,10 +261,20 @@ static int append_job(put *p, job *j)
 static int prepare_job(put *p, const seg *s, EVP_MD_CTX *file_sha, int64_t ref_file, job *j)
 {
 	ulp_archive *a = p->a;
+	uint8_t *buf = j->buf, *blob = j->blob; /* reused buffers survive the reset */
+	size_t buf_cap = j->buf_cap, blob_cap = j->blob_cap;
 	memset(j, 0, sizeof(*j));
+	j->blob = blob;
+	j->blob_cap = blob_cap;
 	j->s = s;
 	j->len = (size_t)s->length;
-	j->buf = malloc(j->len ? j->len : 1);
+	if (buf_cap < j->len || !buf) {
+		free(buf);
+		buf_cap = j->len ? j->len : 1;
+		buf = malloc(buf_cap);
+	}
+	j->buf = buf;
+	j->buf_cap = buf ? buf_cap : 0;
 	if (!j->buf)
 		return ulp_arch_err(a, -ULP_E_NOMEM, "%s: no memory for %zu bytes", p->path, j->len);
 	(void)file_sha; /* hashed beside the coding (code_job, job n) */
@@ -287,6 +297,7 @@ static void free_jobs(job *j, size_t n)
 		free(j[i].buf);
 		free(j[i].blob);
 		j[i].buf = j[i].blob = NULL;
+		j[i].buf_cap = j[i].blob_cap = 0;
 	}
 }
 
@@ -319,8 +330,8 @@ static int do_segments(put *p, const seg *segs, size_t n_segs, EVP_MD_CTX *fsha,
 			for (size_t k = 0; k < n && rc == 0; k++)
 				rc = append_job(p, &jobs[k]);
 		}
-		free_jobs(jobs, n);
 	}
+	free_jobs(jobs, max_jobs);
 	free(jobs);
 	return rc;
 }

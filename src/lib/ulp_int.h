@@ -48,6 +48,11 @@ static inline void ulp_st64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
  */
 int ulp_grow(void *arr, size_t *cap, size_t n, size_t size);
 
+/* A per-thread buffer of at least size bytes, reused across calls (scratch.c);
+ * valid until the same slot is asked again on this thread. NULL: no memory. */
+enum { ULP_SCRATCH_REF, ULP_SCRATCH_CHECK, ULP_SCRATCH_SLOTS };
+void *ulp_scratch(unsigned slot, size_t size);
+
 /* 64-bit content checksum of a decoded chunk (XXH3-64, seed 0). */
 uint64_t ulp_xxh64(const void *data, size_t len);
 
