@@ -1040,6 +1040,8 @@ int main(int argc, char **argv)
 		struct fuse_loop_config *lc = fuse_loop_cfg_create();
 		fuse_loop_cfg_set_clone_fd(lc, co.clone_fd);
 		fuse_loop_cfg_set_max_threads(lc, fs.threads > 0 ? (unsigned)fs.threads * 2 + 2 : 16);
+		/* idle workers stay: each keeps its index connection and buffers */
+		fuse_loop_cfg_set_idle_threads(lc, fs.threads > 0 ? (unsigned)fs.threads * 2 + 2 : 16);
 		rc = fuse_loop_mt(f, lc);
 		fuse_loop_cfg_destroy(lc);
 	}
