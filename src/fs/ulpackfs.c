@@ -15,7 +15,8 @@
  *  2. A node is archived when its last handle is closed (flush of the last
  *     handle, so close(2) reports errors such as ENOSPC), unless its name is
  *     an rsync temporary (".name.XXXXXX"): those wait for the rename that
- *     gives them their final name, and are archived under it.
+ *     gives them their final name, and are archived under it (or under the
+ *     name they have when the file system is unmounted first).
  *  3. Archived files are immutable: opened read-only they keep the kernel
  *     page cache (keep_cache) and no direct_io, so mmap works.
  */
@@ -244,10 +245,16 @@ static void ulpfs_destroy(void *p)
 {
 	(void)p;
 	pthread_mutex_lock(&fs.mu);
-	while (fs.nodes) { /* temporaries whose rename never came: never promised */
-		ulp_stage_discard(fs.nodes->stage);
-		fs.nodes->stage = NULL;
-		unlink_node(fs.nodes);
+	while (fs.nodes) {
+		node *n = fs.nodes;
+		/* closed files still waiting for a rename (names that look like
+		 * rsync's temporaries) were closed by someone: archive them under
+		 * the name they have rather than lose them */
+		if (n->path && n->dirty && n->handles == 0 && commit_node(n, n->path, 0) == 0)
+			continue; /* commit_node removed it */
+		ulp_stage_discard(n->stage);
+		n->stage = NULL;
+		unlink_node(n);
 	}
 	pthread_mutex_unlock(&fs.mu);
 }
@@ -784,6 +791,15 @@ static int ulpfs_statfs(const char *path, struct statvfs *st)
 	return statvfs(fs.archive, st) < 0 ? -errno : 0;
 }
 
+/* 1 if path is a staged file (written, not archived yet) */
+static int staged(const char *p)
+{
+	pthread_mutex_lock(&fs.mu);
+	int r = find_node(p) != NULL;
+	pthread_mutex_unlock(&fs.mu);
+	return r;
+}
+
 /* getxattr's reply: the length when size is 0, else the value */
 static int xattr_reply(char *value, size_t size, const char *v)
 {
@@ -816,7 +832,7 @@ static int ulpfs_getxattr(const char *path, const char *name, char *value, size_
 	}
 	int rc = ulp_archive_stat(fs.a, rel(path), &s);
 	if (rc < 0)
-		return err_of(rc);
+		return staged(rel(path)) ? -ENODATA : err_of(rc); /* not archived yet */
 	if (s.is_dir || s.is_symlink)
 		return -ENODATA;
 	if (!strcmp(name, xattrs[0]))
@@ -841,7 +857,7 @@ static int ulpfs_listxattr(const char *path, char *list, size_t size)
 	ulp_stat s;
 	int rc = ulp_archive_stat(fs.a, rel(path), &s);
 	if (rc < 0)
-		return err_of(rc);
+		return staged(rel(path)) ? 0 : err_of(rc); /* not archived yet: no attributes */
 	if (s.is_dir || s.is_symlink)
 		return 0;
 	size_t need = 0;

@@ -154,6 +154,13 @@ assert open(dst, "rb").read() == open(src, "rb").read()
 print("copy+archive %.2f s, %d reads meanwhile, slowest %.3f s" % (done[0], len(lat), max(lat)))
 assert len(lat) >= 10 and max(lat) < done[0] / 3, (len(lat), max(lat))
 PYEOF
+# a closed file whose name looks like an rsync temporary is kept at unmount
+printf 'precious\n' > "$M/.notes.abc123"
+ls -la "$M" > /dev/null 2> "$T/lserr" && [ ! -s "$T/lserr" ] || fail "ls -la of a staged file: $(cat "$T/lserr")"
+umount_fs "$M"
+mount_fs "$A" "$M" || fail remount
+[ "$(cat "$M/.notes.abc123" 2>/dev/null)" = precious ] && ok "a closed temporary-looking file survives unmount" \
+	|| fail "temporary-looking file lost"
 umount_fs "$M"
 "$ULPACK" verify "$A" > "$T/v" && ok "$(cat "$T/v")" || fail "verify: $(cat "$T/v")"
 [ -z "$(ls "$A/staging")" ] && ok "staging empty" || fail "staging leftovers: $(ls "$A/staging")"
