@@ -41,9 +41,7 @@ typedef struct group {
 
 typedef struct run {
 	group *g;
-	ulp_pool *pool;
 	int mode;
-	int rc;
 } run;
 
 enum { M_ENC, M_DEC, M_ENC_MT, M_DEC_MT, M_Z3ENC, M_Z3DEC, M_MEMCPY };
@@ -99,7 +97,7 @@ static int run_once(group *g, ulp_pool *pool, int mode)
 			if (p->bytes > ((size_t)ulp_dtype_size(p->dt) << ULP_DEFAULT_CHUNK_LOG2))
 				rc = mode == M_ENC_MT ? enc_one(p, pool, 0) : dec_one(p, pool);
 		}
-		run r = {g, pool, mode, 0};
+		run r = {g, mode};
 		return rc ? rc : ulp_pool_run(pool, g->n, job_small, &r);
 	}
 	case M_Z3ENC:

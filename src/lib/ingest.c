@@ -257,8 +257,9 @@ static int append_job(put *p, job *j)
 	return add_extent(p, j->s->offset, j->s->length, j->sha, name, dtype, nb->depth);
 }
 
-/* Phase A for one segment: read, hash, dedup, find the reference. */
-static int prepare_job(put *p, const seg *s, EVP_MD_CTX *file_sha, int64_t ref_file, job *j)
+/* Phase A for one segment: read it, find its reference (hashing and
+ * deduplication happen in phase B). */
+static int prepare_job(put *p, const seg *s, int64_t ref_file, job *j)
 {
 	ulp_archive *a = p->a;
 	uint8_t *buf = j->buf, *blob = j->blob; /* reused buffers survive the reset */
@@ -277,7 +278,6 @@ static int prepare_job(put *p, const seg *s, EVP_MD_CTX *file_sha, int64_t ref_f
 	j->buf_cap = buf ? buf_cap : 0;
 	if (!j->buf)
 		return ulp_arch_err(a, -ULP_E_NOMEM, "%s: no memory for %zu bytes", p->path, j->len);
-	(void)file_sha; /* hashed beside the coding (code_job, job n) */
 	ULP_TRY(read_at(p, j->buf, j->len, s->offset));
 	if (s->t && p->res)
 		p->res->tensors++;
@@ -314,7 +314,7 @@ static int do_segments(put *p, const seg *segs, size_t n_segs, EVP_MD_CTX *fsha,
 	for (size_t i = 0; i < n_segs && rc == 0;) {
 		size_t n = 0, bytes = 0;
 		while (i < n_segs && n < max_jobs && (n == 0 || bytes + segs[i].length <= max_bytes) && rc == 0) {
-			rc = prepare_job(p, &segs[i], fsha, ref_file, &jobs[n]);
+			rc = prepare_job(p, &segs[i], ref_file, &jobs[n]);
 			bytes += (size_t)segs[i].length;
 			n++;
 			i++;
