@@ -243,10 +243,13 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 			T *ob = out + b0;                                               \
 			/* pass A: symbols; word reads unchecked while the stream holds \
 			 * a block's worst case (one word an element) */               \
-			size_t i0 = 0;                                                  \
-			if ((W == 16 || W == 32) && lanes >= 8 && bn >= 32 &&          \
-			    (size_t)(wend - wp) >= 2 * bn && ulp_use_avx2()) {          \
-				size_t m = ulp_rans_syms_avx2(f, d, lanes, x, &wp, rb, bn & ~(size_t)31, syms); \
+			size_t i0 = 0, m = SIZE_MAX;                                    \
+			if ((W == 16 || W == 32) && (size_t)(wend - wp) >= 2 * bn) {   \
+				if (lanes >= 16 && bn >= 64 && (!rb || d->rowb_ok) &&   \
+				    ulp_use_avx512())                                   \
+					m = ulp_rans_syms_avx512(f, d, lanes, x, &wp, rb, bn & ~(size_t)63, syms); \
+				else if (lanes >= 8 && bn >= 32 && ulp_use_avx2())      \
+					m = ulp_rans_syms_avx2(f, d, lanes, x, &wp, rb, bn & ~(size_t)31, syms); \
 				i0 = m == SIZE_MAX ? 0 : m;                             \
 			}                                                               \
 			if ((size_t)(wend - wp) >= 2 * (bn - i0)) {                     \
@@ -287,9 +290,13 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 				                   (unsigned long long)raw_bits, b0);   \
 			if (rb) {                                                       \
 				size_t j0 = 0;                                          \
+				if (W == 16 && ulp_use_avx512())                        \
+					j0 = ulp_rebuild16_avx512(syms, (const uint16_t *)(const void *)rb, bn, \
+					                          raw, raw_len, &pos, (uint16_t *)(void *)ob); \
 				if (W == 16 && ulp_use_avx2())                          \
-					j0 = ulp_rebuild16_avx2(syms, (const uint16_t *)(const void *)rb, bn, \
-					                        raw, raw_len, &pos, (uint16_t *)(void *)ob); \
+					j0 += ulp_rebuild16_avx2(syms + j0, (const uint16_t *)(const void *)rb + j0, \
+					                         bn - j0, raw, raw_len, &pos, \
+					                         (uint16_t *)(void *)ob + j0); \
 				for (size_t i = j0; i < bn; i++) {                      \
 					unsigned s = syms[i], nr = d->nraw[s];          \
 					uint64_t z = d->base[s] | raw_bits_at(raw, raw_len, pos, nr); \
@@ -447,19 +454,43 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, u
 }
 #endif
 
-int ulp_use_avx2(void)
+#ifndef ULP_HAVE_AVX512
+size_t ulp_rans_syms_avx512(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, uint32_t *x,
+                            const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms)
 {
-#ifdef ULP_HAVE_AVX2
+	(void)f, (void)d, (void)lanes, (void)x, (void)wpp, (void)ref, (void)n, (void)syms;
+	return SIZE_MAX; /* never called: ulp_use_avx512() is 0 */
+}
+
+size_t ulp_rebuild16_avx512(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
+                            size_t raw_len, uint64_t *pos, uint16_t *out)
+{
+	(void)syms, (void)ref, (void)n, (void)raw, (void)raw_len, (void)pos, (void)out;
+	return 0;
+}
+#endif
+
+/* 1 if the kernels of feature bit want are built, supported by this CPU and
+ * allowed by ulp_set_cpu_mask. */
+static int use_kernels(unsigned want)
+{
 	static int have = -1; /* probed once; a race only stores the same value twice */
 	int h = __atomic_load_n(&have, __ATOMIC_RELAXED);
 	if (h < 0) {
-		h = (ulp_cpu_features() & ULP_CPU_AVX2) != 0;
+		h = (int)ulp_cpu_features();
 		__atomic_store_n(&have, h, __ATOMIC_RELAXED);
 	}
-	return h && (__atomic_load_n(&ulp_cpu_mask_active, __ATOMIC_RELAXED) & ULP_CPU_AVX2);
-#else
-	return 0;
-#endif
+	return ((unsigned)h & want) && (__atomic_load_n(&ulp_cpu_mask_active, __ATOMIC_RELAXED) & want);
+}
+
+int ulp_use_avx2(void)
+{
+	return use_kernels(ULP_CPU_AVX2);
+}
+
+int ulp_use_avx512(void)
+{
+	return use_kernels(ULP_CPU_AVX512);
 }
 
 int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)
@@ -481,6 +512,11 @@ int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)
 			d.row_off[c] = (int32_t)((uint32_t)t->ctx_row[c] << t->prob_bits);
 		}
 	}
+	d.rowb_ok = t->n_ctx <= 256 && t->n_rows < 255;
+	memset(d.rowb, 0xff, sizeof(d.rowb));
+	for (unsigned c = 0; d.rowb_ok && c < t->n_ctx; c++)
+		if (t->ctx_row[c] != ULP_CTX_UNUSED)
+			d.rowb[c] = (uint8_t)t->ctx_row[c];
 	for (unsigned s = 0; s < 256; s++) {
 		d.nraw[s] = (uint8_t)sym_nraw(s);
 		d.base[s] = sym_base(s);

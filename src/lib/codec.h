@@ -29,6 +29,9 @@ typedef struct ulp_dtab {
 	const uint32_t **row; /* n_ctx entries, pointing into slots */
 	uint32_t *slots;      /* owned */
 	int32_t *row_off;     /* n_ctx entries: row * 2^prob_bits, or -1 (owned) */
+	uint8_t rowb[256];    /* row of each context as a byte, 0xff unused; valid
+	                         when rowb_ok (n_ctx <= 256 and n_rows < 255) */
+	int rowb_ok;
 	uint8_t nraw[256];    /* DELTA: raw-tail bits of each symbol */
 	uint64_t base[256];   /* DELTA: z with its raw tail zeroed */
 } ulp_dtab;
@@ -75,6 +78,17 @@ void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, uint8_t *
                        uint16_t *raw, uint8_t *nraw);
 /* 1 if the AVX2 kernels are built, supported and allowed by ulp_set_cpu_mask. */
 int ulp_use_avx2(void);
+
+/*
+ * AVX-512 kernels (rans_avx512.c), same contracts as their AVX2 twins: the
+ * symbol pass for 16 or 32 lanes (n a multiple of 64, needs d->rowb_ok when
+ * ref is given) and the 16-bit reconstruction.
+ */
+size_t ulp_rans_syms_avx512(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, uint32_t *x,
+                            const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms);
+size_t ulp_rebuild16_avx512(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
+                            size_t raw_len, uint64_t *pos, uint16_t *out);
+int ulp_use_avx512(void);
 
 /* Decodes one chunk into dst (n elements); every stream is bounds-checked. */
 int ulp_chunk_decode(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, const uint8_t *rans,

@@ -11,6 +11,13 @@ unsigned ulp_cpu_features(void)
 	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2"))
 		f |= ULP_CPU_AVX2;
 #endif
+#if defined(ULP_HAVE_AVX512) && (defined(__x86_64__) || defined(__i386__))
+	/* the AVX-512 kernels also use AVX2 code for their tails */
+	if ((f & ULP_CPU_AVX2) && __builtin_cpu_supports("avx512f") &&
+	    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+	    __builtin_cpu_supports("avx512vbmi"))
+		f |= ULP_CPU_AVX512;
+#endif
 	return f;
 }
 

@@ -367,7 +367,8 @@ int64_t ulp_parse_step(const char *path, char **series);
 
 /* ---- CPU dispatch -------------------------------------------------------- */
 
-enum { ULP_CPU_AVX2 = 1u << 0 };
+/* ULP_CPU_AVX512: AVX-512 F, BW, VL and VBMI (Ice Lake, Zen 4 and later). */
+enum { ULP_CPU_AVX2 = 1u << 0, ULP_CPU_AVX512 = 1u << 1 };
 /** Restricts the kernels used to those in mask (0: scalar only); returns the
  *  previous mask. Affects speed only, never output bytes. Process-wide. */
 unsigned ulp_set_cpu_mask(unsigned mask);

@@ -5,7 +5,7 @@
  * zeros, infinities, NaNs with payloads, subnormals and extremes; every 8-bit
  * pair (F8_E4M3, F8_E5M2); randomized 32- and 64-bit with the same edge sets.
  * Each case runs through DELTA and ANCHOR blobs (forced), encode then decode
- * on every CPU path (scalar reference and AVX2 where the CPU has it), with
+ * on every CPU path (scalar reference, AVX2 and AVX-512 where the CPU has them), with
  * 8 and 32 rANS lanes.
  */
 #include "tap.h"
@@ -27,8 +27,8 @@ static int roundtrip(ulp_dtype dt, const void *x, const void *r, size_t bytes, i
 		if (ulp_blob_open(blob, (size_t)n, &b, err, sizeof(err)) == 0) {
 			ok = ulp_blob_get_info(b)->codec == codec;
 			/* every CPU path: the scalar reference and each SIMD kernel */
-			const unsigned masks[] = {0, ULP_CPU_AVX2};
-			for (int m = 0; m < 2; m++) {
+			const unsigned masks[] = {0, ULP_CPU_AVX2, ULP_CPU_AVX2 | ULP_CPU_AVX512};
+			for (int m = 0; m < 3; m++) {
 				if (masks[m] && !(ulp_cpu_features() & masks[m]))
 					continue;
 				unsigned old = ulp_set_cpu_mask(masks[m]);

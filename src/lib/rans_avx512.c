@@ -1,0 +1,141 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rans_avx512.c - AVX-512 kernels of the decoder's two passes (codec.c),
+ * compiled alone with -mavx512{f,bw,vl,vbmi} and chosen at run time. They
+ * decode exactly what the scalar reference decodes.
+ *
+ * Symbol pass: 16 or 32 lanes as one or two vectors of sixteen states. For
+ * sixteen consecutive elements (sixteen consecutive lanes) the contexts are
+ * mapped to their table rows by byte permutes from d->rowb (256 entries in
+ * four registers: no gather), the slot entries are gathered, the states
+ * updated, and the lanes that fell below 2^15 take the next words in lane
+ * order (the scalar order) by an expand under the lane mask.
+ *
+ * Reconstruction pass (16-bit DELTA): sixteen elements at a time, the raw
+ * bit positions are an in-register prefix sum of the symbols' raw lengths;
+ * the at most 28 bytes the group reads are one 64-byte load, and each
+ * element's four bytes are picked from it by one byte permute.
+ *
+ * Invariants (callers guarantee):
+ *  1. Symbol pass: lanes is 16 or 32, n a multiple of 64; the word stream
+ *     holds at least 2 n bytes from *wpp (every 32-byte load of words stays
+ *     inside it); with a reference, d->rowb_ok. An element whose context
+ *     has no row stops the kernel: it returns SIZE_MAX and leaves x and
+ *     *wpp untouched, and the scalar code reports the element.
+ *  2. Reconstruction: reads stay inside [raw, raw + raw_len); it does the
+ *     groups whose 64-byte window fits and returns how many elements it did.
+ */
+#include "codec.h"
+#include <immintrin.h>
+
+size_t ulp_rans_syms_avx512(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, uint32_t *x,
+                            const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms)
+{
+	const unsigned pb = d->prob_bits;
+	const __m128i pbv = _mm_cvtsi32_si128((int)pb), shv = _mm_cvtsi32_si128((int)f->mshift);
+	const __m512i mask = _mm512_set1_epi32((int)((1u << pb) - 1));
+	const __m512i m12 = _mm512_set1_epi32(0xfff), one = _mm512_set1_epi32(1);
+	const __m512i lbound = _mm512_set1_epi32((int)ULP_RANS_L);
+	const __m512i em = _mm512_set1_epi32((int)((1u << f->ebits) - 1));
+	const __m512i ff = _mm512_set1_epi32(0xff);
+	const __m512i t0 = _mm512_loadu_si512(d->rowb), t1 = _mm512_loadu_si512(d->rowb + 64),
+	              t2 = _mm512_loadu_si512(d->rowb + 128), t3 = _mm512_loadu_si512(d->rowb + 192);
+	const int *slots = (const int *)d->slots;
+	const __m512i off0 = _mm512_set1_epi32(d->row_off[0] < 0 ? 0 : d->row_off[0]);
+	const uint8_t *wp = *wpp;
+	__m512i xa = _mm512_loadu_si512(x), xb = lanes == 32 ? _mm512_loadu_si512(x + 16) : xa;
+	const uint16_t *r16 = f->w == 16 ? ref : NULL;
+	const uint32_t *r32 = f->w == 32 ? ref : NULL;
+
+/* One step of sixteen elements from element i on, states in X. Breaks out of
+ * the loop at an unused context. */
+#define STEP(X, i)                                                                              \
+	{                                                                                       \
+		__m512i off = off0;                                                             \
+		if (ref) {                                                                      \
+			__m512i r = r16 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r16 + (i)))) \
+			                : _mm512_loadu_si512(r32 + (i));                        \
+			__m512i c = _mm512_and_si512(_mm512_srl_epi32(r, shv), em);             \
+			__m512i lo = _mm512_permutex2var_epi8(t0, c, t1);                       \
+			__m512i hi = _mm512_permutex2var_epi8(t2, c, t3);                       \
+			__m512i row = _mm512_and_si512(                                         \
+				_mm512_mask_blend_epi8(_mm512_movepi8_mask(c), lo, hi), ff);    \
+			if (_mm512_cmpeq_epi32_mask(row, ff))                                   \
+				break;                                                          \
+			off = _mm512_sll_epi32(row, pbv);                                       \
+		}                                                                               \
+		__m512i e = _mm512_i32gather_epi32(_mm512_add_epi32(off, _mm512_and_si512(X, mask)), \
+		                                   slots, 4);                                   \
+		__m512i fr = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 12), m12), one); \
+		X = _mm512_add_epi32(_mm512_mullo_epi32(fr, _mm512_srl_epi32(X, pbv)),          \
+		                     _mm512_and_si512(e, m12));                                 \
+		_mm_storeu_si128((__m128i *)(syms + (i)), _mm512_cvtepi32_epi8(_mm512_srli_epi32(e, 24))); \
+		__mmask16 k = _mm512_cmplt_epu32_mask(X, lbound);                               \
+		__m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)wp));     \
+		X = _mm512_mask_or_epi32(X, k, _mm512_slli_epi32(X, 16), _mm512_maskz_expand_epi32(k, w)); \
+		wp += 2 * (unsigned)__builtin_popcount((unsigned)k);                            \
+	}
+
+	size_t i = 0;
+	if (lanes == 32) {
+		for (; i < n; i += 32) {
+			STEP(xa, i)
+			STEP(xb, i + 16)
+		}
+	} else {
+		for (; i < n; i += 32) {
+			STEP(xa, i)
+			STEP(xa, i + 16)
+		}
+	}
+#undef STEP
+	if (i < n)
+		return SIZE_MAX;
+	_mm512_storeu_si512(x, xa);
+	if (lanes == 32)
+		_mm512_storeu_si512(x + 16, xb);
+	*wpp = wp;
+	return n;
+}
+
+size_t ulp_rebuild16_avx512(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
+                            size_t raw_len, uint64_t *pos, uint16_t *out)
+{
+	const __m512i zero = _mm512_setzero_si512(), one = _mm512_set1_epi32(1),
+	              three = _mm512_set1_epi32(3), four = _mm512_set1_epi32(4),
+	              seven = _mm512_set1_epi32(7), h = _mm512_set1_epi32(0x8000),
+	              ffff = _mm512_set1_epi32(0xffff), spread = _mm512_set1_epi32(0x01010101),
+	              bytes4 = _mm512_set1_epi32(0x03020100);
+	uint64_t p = *pos;
+	size_t i = 0;
+	for (; i + 16 <= n && p / 8 + 64 <= raw_len; i += 16) {
+		__m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(syms + i)));
+		__m512i nr = _mm512_max_epi32(_mm512_sub_epi32(_mm512_srli_epi32(s, 2), one), zero);
+		/* inclusive prefix sum of nr across the sixteen lanes */
+		__m512i inc = _mm512_add_epi32(nr, _mm512_alignr_epi32(nr, zero, 15));
+		inc = _mm512_add_epi32(inc, _mm512_alignr_epi32(inc, zero, 14));
+		inc = _mm512_add_epi32(inc, _mm512_alignr_epi32(inc, zero, 12));
+		inc = _mm512_add_epi32(inc, _mm512_alignr_epi32(inc, zero, 8));
+		uint32_t total = (uint32_t)_mm_extract_epi32(_mm512_extracti32x4_epi32(inc, 3), 3);
+		__m512i bitpos = _mm512_add_epi32(_mm512_set1_epi32((int)(p & 7)), _mm512_sub_epi32(inc, nr));
+		/* the four bytes from each element's first byte (at most byte 25 + 3) */
+		__m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_srli_epi32(bitpos, 3), spread), bytes4);
+		__m512i win = _mm512_loadu_si512(raw + p / 8);
+		__m512i bits = _mm512_srlv_epi32(_mm512_permutexvar_epi8(idx, win), _mm512_and_si512(bitpos, seven));
+		__m512i rmask = _mm512_sub_epi32(_mm512_sllv_epi32(one, nr), one);
+		__m512i lead = _mm512_or_si512(four, _mm512_and_si512(s, three));
+		__m512i base = _mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(s, four),
+		                                       _mm512_sllv_epi32(lead, nr), s);
+		__m512i z = _mm512_or_si512(base, _mm512_and_si512(bits, rmask));
+		/* d = unzigzag(z); key = phi(r) + d; x = phi_inv(key), 16 bits */
+		__m512i dd = _mm512_xor_si512(_mm512_srli_epi32(z, 1), _mm512_sub_epi32(zero, _mm512_and_si512(z, one)));
+		__m512i r = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(ref + i)));
+		__m512i phir = _mm512_xor_si512(r, _mm512_or_si512(_mm512_sub_epi32(zero, _mm512_srli_epi32(r, 15)), h));
+		__m512i key = _mm512_and_si512(_mm512_add_epi32(phir, dd), ffff);
+		__m512i xv = _mm512_xor_si512(key, _mm512_or_si512(_mm512_sub_epi32(_mm512_srli_epi32(key, 15), one), h));
+		_mm256_storeu_si256((__m256i *)(out + i), _mm512_cvtepi32_epi16(xv));
+		p += total;
+	}
+	*pos = p;
+	return i;
+}
