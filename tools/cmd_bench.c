@@ -190,11 +190,12 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 	        "usage: ulpack bench REF.safetensors TARGET.safetensors [--json] [--threads N]\n"
-	        "                    [--reps R] [--min-time SECONDS]\n"
+	        "                    [--reps R] [--min-time SECONDS] [--cpu scalar|avx2|avx512]\n"
 	        "Codes each tensor of TARGET against the same-named tensor of REF, decodes it,\n"
 	        "checks byte identity, and reports per dtype and in total: raw and ULPack bytes,\n"
 	        "bits/weight, the model bound, zstd -19/-3 on the byte-grouped XOR, and encode and\n"
-	        "decode MB/s at 1 and N threads next to zstd -3 and memcpy in the same run.\n");
+	        "decode MB/s at 1 and N threads next to zstd -3 and memcpy in the same run.\n"
+	        "--cpu limits the kernels to a path (default: the best this CPU has).\n");
 }
 
 static int load(const char *path, uint8_t **buf, size_t *len, ulp_st **st)
@@ -216,6 +217,7 @@ int cmd_bench(int argc, char **argv)
 	const char *paths[2] = {0};
 	int np = 0, json = 0, threads = 0, reps = 5;
 	double min_time = 0.1;
+	unsigned cpu = ulp_cpu_features();
 	for (int i = 1; i < argc; i++) {
 		if (cli_is_help(argv[i])) {
 			usage(stdout);
@@ -228,6 +230,16 @@ int cmd_bench(int argc, char **argv)
 			reps = atoi(argv[++i]);
 		} else if (!strcmp(argv[i], "--min-time") && i + 1 < argc) {
 			min_time = atof(argv[++i]);
+		} else if (!strcmp(argv[i], "--cpu") && i + 1 < argc) {
+			const char *c = argv[++i];
+			unsigned want = !strcmp(c, "scalar") ? 0
+			                : !strcmp(c, "avx2") ? ULP_CPU_AVX2
+			                : !strcmp(c, "avx512") ? ULP_CPU_AVX2 | ULP_CPU_AVX512 : ~0u;
+			if (want == ~0u)
+				return cli_fail("bench: --cpu takes scalar, avx2 or avx512, not '%s'", c) + 1;
+			if ((ulp_cpu_features() & want) != want)
+				return cli_fail("bench: this CPU or build has no %s kernels", c) + 1;
+			cpu = want;
 		} else if (argv[i][0] == '-') {
 			usage(stderr);
 			return cli_fail("bench: unknown option '%s'", argv[i]) + 1;
@@ -254,6 +266,8 @@ int cmd_bench(int argc, char **argv)
 		free(rbuf);
 		return 1;
 	}
+	ulp_set_cpu_mask(cpu);
+	const char *path = (cpu & ULP_CPU_AVX512) ? "avx512" : (cpu & ULP_CPU_AVX2) ? "avx2" : "scalar";
 	ulp_pool *pool = NULL;
 	int rc = ulp_pool_new(threads, &pool);
 	if (rc < 0)
@@ -365,8 +379,9 @@ int cmd_bench(int argc, char **argv)
 		}
 	}
 	if (json) {
-		printf("{\n  \"ref\": \"%s\", \"target\": \"%s\", \"threads\": %d, \"tensors\": %zu,\n",
-		       paths[0], paths[1], ulp_pool_threads(pool), n);
+		printf("{\n  \"ref\": \"%s\", \"target\": \"%s\", \"threads\": %d, \"tensors\": %zu,\n"
+		       "  \"cpu\": \"%s\",\n",
+		       paths[0], paths[1], ulp_pool_threads(pool), n, path);
 		printf("  \"total\": ");
 		json_group(stdout, total, "  ");
 		printf(",\n  \"by_dtype\": {");
@@ -380,8 +395,8 @@ int cmd_bench(int argc, char **argv)
 		}
 		printf("\n  }\n}\n");
 	} else {
-		printf("ulpack bench: %s -> %s, %zu tensors, %d threads (MB/s: median of %d)\n", paths[0],
-		       paths[1], n, ulp_pool_threads(pool), reps);
+		printf("ulpack bench: %s -> %s, %zu tensors, %d threads, %s kernels (MB/s: median of %d)\n",
+		       paths[0], paths[1], n, ulp_pool_threads(pool), path, reps);
 		printf("%-6s %10s %10s %7s %7s %7s %6s %10s %10s | %8s %8s %8s %8s | %8s %8s %9s\n", "dtype",
 		       "raw", "ulpack", "ratio", "bits/w", "bound", "x bnd", "zstd19bgx", "zstd3bgx",
 		       "enc", "dec", "enc-mt", "dec-mt", "z3enc", "z3dec", "memcpy");

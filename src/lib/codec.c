@@ -105,13 +105,14 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 /* ---- per-width transforms ------------------------------------------------ */
 
 #define DEFINE_WIDTH(W, T)                                                              \
+	/* branch-free: signs are random, a branch would mispredict half the time */ \
 	static inline T phi##W(T u)                                                     \
 	{                                                                               \
-		return (u >> (W - 1)) ? (T)~u : (T)(u ^ ((T)1 << (W - 1)));             \
+		return (T)(u ^ ((T)(0 - (T)(u >> (W - 1))) | (T)((T)1 << (W - 1))));    \
 	}                                                                               \
 	static inline T phi_inv##W(T k)                                                 \
 	{                                                                               \
-		return (k >> (W - 1)) ? (T)(k ^ ((T)1 << (W - 1))) : (T)~k;             \
+		return (T)(k ^ ((T)((T)(k >> (W - 1)) - 1) | (T)((T)1 << (W - 1))));    \
 	}                                                                               \
 	static inline T zz##W(T d)                                                      \
 	{                                                                               \
@@ -253,7 +254,18 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 				i0 = m == SIZE_MAX ? 0 : m;                             \
 			}                                                               \
 			if ((size_t)(wend - wp) >= 2 * (bn - i0)) {                     \
-				if (rb) {                                               \
+				/* the common precision as a constant: shifts by an \
+				 * immediate, one register less */                     \
+				if (rb && pb == ULP_PROB_BITS_MAX) {                    \
+					for (size_t i = i0; i < bn; i++) {              \
+						const uint32_t *row = d->row[(rb[i] >> sh) & em]; \
+						if (__builtin_expect(!row, 0))          \
+							return ULP_CORRUPT(err, "element %zu: reference exponent %u has no table row", \
+							                   b0 + i, (unsigned)((rb[i] >> sh) & em)); \
+						syms[i] = rans_step(&x[i & lm], row, (1u << ULP_PROB_BITS_MAX) - 1, \
+						                    ULP_PROB_BITS_MAX, &wp); \
+					}                                               \
+				} else if (rb) {                                        \
 					for (size_t i = i0; i < bn; i++) {              \
 						const uint32_t *row = d->row[(rb[i] >> sh) & em]; \
 						if (__builtin_expect(!row, 0))          \
