@@ -19,6 +19,14 @@
  *     name they have when the file system is unmounted first).
  *  3. Archived files are immutable: opened read-only they keep the kernel
  *     page cache (keep_cache) and no direct_io, so mmap works.
+ *  4. A closed file renamed to its final name (rsync's way) is archived in
+ *     the background by one committer thread, in rename order, so that the
+ *     writer goes on with the next file meanwhile; until then the staged node
+ *     answers for it. The queue holds at most QUEUE_MAX files (rename waits
+ *     for room). A background commit that fails leaves the file staged
+ *     (fsynced, so a crash recovers it at the next mount), is logged, and
+ *     makes the next create or open for writing fail with its errno; the
+ *     file is tried again at unmount.
  */
 #define FUSE_USE_VERSION 312
 #include "config.h"
@@ -27,6 +35,7 @@
 #include <fcntl.h>
 #include <fuse.h>
 #include <fuse_lowlevel.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -39,6 +48,7 @@
 #include <unistd.h>
 
 #define ULPFS_MAX_READ (4 << 20) /* large reads: whole chunks per request */
+#define QUEUE_MAX 2              /* files being or waiting to be archived (invariant 4) */
 
 typedef struct node {
 	char *path;            /* NULL once unlinked while open */
@@ -48,6 +58,8 @@ typedef struct node {
 	ulp_meta meta;
 	int mtime_set;         /* utimens set meta.mtime_ns explicitly */
 	uint64_t writes;       /* bumped by every write: a commit knows if it missed one */
+	uint64_t attrs;        /* bumped by every chmod/chown/utimens, likewise */
+	struct node *qnext;
 	struct node *next;
 } node;
 
@@ -55,6 +67,7 @@ typedef struct handle {
 	ulp_file *file;        /* archived, read-only */
 	node *n;               /* staged */
 	char *path;            /* for writes after an early archive (dup'd fds) */
+	int wr;                /* opened for writing: its close archives the file */
 } handle;
 
 static struct {
@@ -64,9 +77,16 @@ static struct {
 	uint64_t cache_size;
 	unsigned max_chain;
 	int threads;
-	pthread_mutex_t mu;    /* guards nodes */
+	pthread_mutex_t mu;    /* guards nodes and the commit queue */
 	node *nodes;
-} fs = {.mu = PTHREAD_MUTEX_INITIALIZER};
+	/* the committer (invariant 4) */
+	pthread_cond_t qcv;    /* the queue changed */
+	node *qhead, *qtail;
+	unsigned qlen;         /* queued plus the one being archived */
+	int qstop, committer_on;
+	int qerr;              /* errno of a failed background commit, not reported yet */
+	pthread_t committer;
+} fs = {.mu = PTHREAD_MUTEX_INITIALIZER, .qcv = PTHREAD_COND_INITIALIZER};
 
 static int err_of(int rc)
 {
@@ -158,7 +178,7 @@ static int commit_node(node *n, const char *path, int drop)
 	char *dst = strdup(path);
 	if (!dst)
 		return -ENOMEM;
-	uint64_t writes = n->writes;
+	uint64_t writes = n->writes, attrs = n->attrs;
 	n->handles++; /* pinned while mu is released */
 	pthread_mutex_unlock(&fs.mu);
 	int rc = ulp_archive_put(fs.a, dst, ulp_stage_fd(n->stage), &m, NULL);
@@ -169,8 +189,17 @@ static int commit_node(node *n, const char *path, int drop)
 		free(dst);
 		return err_of(rc);
 	}
-	if (!n->path) /* unlinked while it was being archived */
+	if (!n->path) { /* unlinked while it was being archived */
 		ulp_archive_remove(fs.a, dst);
+	} else {
+		if (strcmp(n->path, dst) != 0 && ulp_archive_rename(fs.a, dst, n->path) == 0) {
+			free(dst); /* renamed meanwhile: follow */
+			dst = strdup(n->path);
+		}
+		if (n->attrs != attrs && dst) /* chmod/chown/utimens meanwhile */
+			ulp_archive_setattr(fs.a, dst, ULP_SET_MODE | ULP_SET_OWNER | (n->mtime_set ? ULP_SET_MTIME : 0),
+			                    &n->meta);
+	}
 	free(dst);
 	n->handles -= drop;
 	if (n->writes != writes)
@@ -182,6 +211,75 @@ static int commit_node(node *n, const char *path, int drop)
 	n->stage = NULL;
 	unlink_node(n);
 	return 0;
+}
+
+/* Drops one handle count of n (mu held); a node nobody holds that has
+ * nothing to archive goes. */
+static void unpin(node *n)
+{
+	if (--n->handles > 0)
+		return;
+	if (!n->path || !n->dirty) {
+		ulp_stage_discard(n->stage);
+		n->stage = NULL;
+		unlink_node(n);
+	}
+}
+
+/* Queues a closed, renamed node for the committer (mu held). */
+static void enqueue(node *n)
+{
+	n->handles++; /* the queue's count */
+	n->qnext = NULL;
+	if (fs.qtail)
+		fs.qtail->qnext = n;
+	else
+		fs.qhead = n;
+	fs.qtail = n;
+	fs.qlen++;
+	pthread_cond_broadcast(&fs.qcv);
+}
+
+/* The committer thread: archives queued nodes in order (invariant 4). */
+static void *committer(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&fs.mu);
+	for (;;) {
+		while (!fs.qhead && !fs.qstop)
+			pthread_cond_wait(&fs.qcv, &fs.mu);
+		node *n = fs.qhead;
+		if (!n)
+			break; /* stopping, and nothing left */
+		fs.qhead = n->qnext;
+		if (!fs.qhead)
+			fs.qtail = NULL;
+		/* still under a final name, and nobody opened it again meanwhile
+		 * (else the last close archives it) */
+		int rc = -1;
+		if (n->path && n->dirty && n->handles == 1 && !is_temp_name(n->path)) {
+			rc = commit_node(n, n->path, 1); /* drops our count on success */
+			if (rc < 0) {
+				if (!fs.qerr)
+					fs.qerr = rc;
+				if (n->path && ulp_stage_sync(n->stage, n->path, &n->meta) < 0)
+					log_err("keeping the staged file of", n->path);
+			}
+		}
+		if (rc < 0)
+			unpin(n);
+		fs.qlen--;
+		pthread_cond_broadcast(&fs.qcv);
+	}
+	pthread_mutex_unlock(&fs.mu);
+	return NULL;
+}
+
+/* Waits until the queue has room (mu held). */
+static void wait_queue_room(void)
+{
+	while (fs.committer_on && fs.qlen >= QUEUE_MAX)
+		pthread_cond_wait(&fs.qcv, &fs.mu);
 }
 
 static void fill_stat(const ulp_stat *s, struct stat *st)
@@ -238,6 +336,9 @@ static void *ulpfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 	cfg->kernel_cache = 0;  /* per open: keep_cache for archived files only */
 	cfg->entry_timeout = cfg->attr_timeout = fs.read_only ? 3600.0 : 1.0;
 	cfg->negative_timeout = fs.read_only ? 10.0 : 0.0;
+	/* started here, in the process that serves (after daemonizing) */
+	if (!fs.read_only && pthread_create(&fs.committer, NULL, committer, NULL) == 0)
+		fs.committer_on = 1;
 	return NULL;
 }
 
@@ -245,6 +346,14 @@ static void ulpfs_destroy(void *p)
 {
 	(void)p;
 	pthread_mutex_lock(&fs.mu);
+	if (fs.committer_on) { /* the queue drains first, in order */
+		fs.qstop = 1;
+		pthread_cond_broadcast(&fs.qcv);
+		pthread_mutex_unlock(&fs.mu);
+		pthread_join(fs.committer, NULL);
+		pthread_mutex_lock(&fs.mu);
+		fs.committer_on = 0;
+	}
 	while (fs.nodes) {
 		node *n = fs.nodes;
 		/* closed files still waiting for a rename (names that look like
@@ -252,7 +361,20 @@ static void ulpfs_destroy(void *p)
 		 * the name they have rather than lose them */
 		if (n->path && n->dirty && n->handles == 0 && commit_node(n, n->path, 0) == 0)
 			continue; /* commit_node removed it */
-		ulp_stage_discard(n->stage);
+		if (n->path && n->dirty) {
+			/* could not be archived (a full disk): keep it for the next
+			 * mount's recovery rather than lose it */
+			if (ulp_stage_sync(n->stage, n->path, &n->meta) == 0) {
+				syslog(LOG_ERR, "ulpackfs: %s: kept in %s/staging, archived at the next mount",
+				       n->path, fs.archive);
+				ulp_stage_close(n->stage);
+			} else {
+				log_err("keeping the staged file of", n->path);
+				ulp_stage_discard(n->stage);
+			}
+		} else {
+			ulp_stage_discard(n->stage);
+		}
 		n->stage = NULL;
 		unlink_node(n);
 	}
@@ -339,6 +461,11 @@ static int open_handle(const char *p, struct fuse_file_info *fi, int create, mod
 	int acc = fi->flags & O_ACCMODE;
 	int rc = 0;
 	pthread_mutex_lock(&fs.mu);
+	if (fs.qerr && (create || acc != O_RDONLY)) { /* invariant 4 */
+		rc = fs.qerr;
+		fs.qerr = 0;
+		goto out;
+	}
 	node *n = find_node(p);
 	if (!n && (create || acc != O_RDONLY || (fi->flags & O_TRUNC))) {
 		if (fs.read_only) {
@@ -395,6 +522,7 @@ static int open_handle(const char *p, struct fuse_file_info *fi, int create, mod
 		fi->keep_cache = 1; /* archived files never change (invariant 3) */
 	}
 	h->path = strdup(p);
+	h->wr = create || acc != O_RDONLY;
 	fi->fh = (uint64_t)(uintptr_t)h;
 out:
 	pthread_mutex_unlock(&fs.mu);
@@ -500,7 +628,7 @@ static int ulpfs_flush(const char *path, struct fuse_file_info *fi)
 	int rc = 0;
 	pthread_mutex_lock(&fs.mu);
 	node *n = h->n;
-	if (n->path && n->handles == 1 && n->dirty && !is_temp_name(n->path)) {
+	if (h->wr && n->path && n->handles == 1 && n->dirty && !is_temp_name(n->path)) {
 		rc = commit_node(n, n->path, 1);
 		if (rc == 0) {
 			h->n = NULL; /* committed: the handle has nothing left to do */
@@ -529,7 +657,7 @@ static int ulpfs_release(const char *path, struct fuse_file_info *fi)
 				ulp_stage_discard(n->stage);
 				n->stage = NULL;
 				unlink_node(n);
-			} else if (!is_temp_name(n->path)) { /* flush failed: try once more */
+			} else if (h->wr && !is_temp_name(n->path)) { /* flush failed: try once more */
 				commit_node(n, n->path, 0);
 			}
 		}
@@ -597,6 +725,7 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 	if ((flags & RENAME_NOREPLACE) && ulp_archive_stat(fs.a, t, &s) == 0)
 		return -EEXIST;
 	pthread_mutex_lock(&fs.mu);
+	wait_queue_room();
 	node *n = find_node(f), *old = find_node(t);
 	int rc = 0;
 	if (old && old != n) { /* replacing a staged file */
@@ -620,12 +749,17 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 				return -ENOMEM;
 			}
 			n->path = new_path; /* the node answers for its new name meanwhile */
-			rc = commit_node(n, t, 0);
-			if (rc < 0 && n->path == new_path) { /* failed: back under its old name */
-				n->path = old_path;
-				free(new_path);
-			} else {
+			if (fs.committer_on && !is_temp_name(new_path)) { /* invariant 4 */
 				free(old_path);
+				enqueue(n);
+			} else {
+				rc = commit_node(n, t, 0);
+				if (rc < 0 && n->path == new_path) { /* failed: back under its old name */
+					n->path = old_path;
+					free(new_path);
+				} else {
+					free(old_path);
+				}
 			}
 		}
 		pthread_mutex_unlock(&fs.mu);
@@ -746,6 +880,7 @@ static int setattr(const char *path, unsigned which, const ulp_meta *m, struct f
 			n->meta.mtime_ns = m->mtime_ns;
 			n->mtime_set = 1;
 		}
+		n->attrs++;
 		pthread_mutex_unlock(&fs.mu);
 		return 0;
 	}
@@ -988,6 +1123,11 @@ static int is_mount_point(const char *mnt)
 int main(int argc, char **argv)
 {
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
+	/* a long-lived process that allocates and frees tables and buffers of a
+	 * few hundred KiB per tensor: keep them in the heap rather than mapping
+	 * fresh pages (about 2.5 us each to touch) every time */
+	mallopt(M_MMAP_THRESHOLD, 4 << 20);
+	mallopt(M_TRIM_THRESHOLD, 128 << 20);
 	if (fuse_opt_parse(&args, &o, ulpfs_opts, opt_proc) < 0)
 		return 1;
 	if (!fs.archive) {

@@ -62,6 +62,8 @@ struct ulp_archive {
 	pthread_mutex_t write_mu;    /* one writer at a time in this process */
 	struct pack_map *packs;      /* mapped packs, by id */
 	size_t n_packs, cap_packs;
+	struct job *spare_jobs;      /* guarded by mu: the ingest's job set with its
+	                                buffers, kept between files (ingest.c) */
 	/* counters */
 	uint64_t chunks_decoded, deltas_decoded, hits, misses, max_walk;
 };
@@ -90,6 +92,7 @@ void ulp_db_rollback(ulp_archive *a);
 sqlite3_stmt *ulp_db_stmt(ulp_archive *a, const char *sql);
 int ulp_db_err(ulp_archive *a, const char *what);
 void ulp_tstate_free_all(ulp_archive *a);
+void ulp_ingest_free_spare(ulp_archive *a); /* ingest.c */
 void ulp_tstate_exit(void *tstate); /* the thread-state key's destructor */
 size_t ulp_tstate_count(ulp_archive *a); /* live thread states (tests) */
 

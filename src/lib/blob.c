@@ -116,7 +116,9 @@ typedef struct cand {
 	uint8_t *table;     /* serialized table (rANS codecs) */
 	size_t table_len;
 	enc_chunk *ch;      /* n_chunks */
-	uint8_t *arena;
+	uint8_t *arena;     /* rANS codecs: a scratch slot of the encoding thread,
+	                       or malloc'd when arena_owned */
+	int arena_owned;
 	size_t size;        /* whole blob size */
 } cand;
 
@@ -131,7 +133,8 @@ typedef struct enc {
 	uint64_t *sum;      /* per chunk XXH3 of the source bytes */
 	uint8_t sha[32], ref_sha[32];
 	/* pass-1 state */
-	uint8_t *syms;
+	uint8_t *syms;      /* scratch, or malloc'd when syms_owned */
+	int syms_owned;
 	uint64_t *counts;   /* n_chunks x (n_ctx x alphabet) for the current model */
 	unsigned n_ctx, alphabet;
 	int anchor;
@@ -154,7 +157,8 @@ static void cand_free(cand *c)
 		return;
 	free(c->table);
 	free(c->ch);
-	free(c->arena);
+	if (c->arena_owned)
+		free(c->arena);
 	memset(c, 0, sizeof(*c));
 }
 
@@ -386,7 +390,9 @@ static int make_rans(enc *e, ulp_pool *pool, int anchor, cand *c, double *bound_
 	merged = calloc(cells, sizeof(uint64_t));
 	e->counts = e->n_chunks > 1 ? calloc(cells * e->n_chunks, sizeof(uint64_t)) : merged;
 	c->lanes_log2 = lanes_log2_for(ULP_MIN(e->n, (size_t)1 << e->chunk_log2));
-	c->arena = malloc(e->n_chunks * region_size(e) + 16);
+	/* DELTA and ANCHOR candidates may both be alive: one slot each */
+	c->arena = ulp_scratch_or_malloc(anchor ? ULP_SCRATCH_ARENA1 : ULP_SCRATCH_ARENA0,
+	                                 e->n_chunks * region_size(e) + 16, &c->arena_owned);
 	rc = -ULP_E_NOMEM;
 	if (!e->counts || !merged || !c->arena || cand_alloc_chunks(e, c) < 0)
 		goto out;
@@ -500,7 +506,7 @@ static int force(enc *e, ulp_pool *pool, int codec, int is_float, cand *c, doubl
 	case ULP_CODEC_ANCHOR:
 		if (!is_float || (codec == ULP_CODEC_DELTA && !has_ref))
 			return -ULP_E_INVAL;
-		e->syms = malloc(e->n ? e->n : 1);
+		e->syms = ulp_scratch_or_malloc(ULP_SCRATCH_SYMS, e->n ? e->n : 1, &e->syms_owned);
 		if (!e->syms)
 			return -ULP_E_NOMEM;
 		return make_rans(e, pool, codec == ULP_CODEC_ANCHOR, c, bound);
@@ -597,7 +603,7 @@ int64_t ulp_encode(const ulp_enc_opts *opts, ulp_pool *pool, ulp_dtype dt, void 
 	if (rc < 0)
 		goto out;
 	if (is_float) {
-		e.syms = malloc(e.n ? e.n : 1);
+		e.syms = ulp_scratch_or_malloc(ULP_SCRATCH_SYMS, e.n ? e.n : 1, &e.syms_owned);
 		rc = -ULP_E_NOMEM;
 		if (!e.syms)
 			goto out;
@@ -641,7 +647,8 @@ write:
 	}
 out:
 	cand_free_zstd(&e, &best);
-	free(e.syms);
+	if (e.syms_owned)
+		free(e.syms);
 	free(e.sum);
 	return rc;
 }

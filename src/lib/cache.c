@@ -273,7 +273,7 @@ void *ulp_cache_alloc(ulp_cache *c, size_t size)
 		h = c->free_buf[--c->n_free];
 	pthread_mutex_unlock(&c->mu);
 	if (!h) {
-		h = malloc(sizeof(bufhdr) + (size ? size : 1));
+		h = ulp_alloc_big(sizeof(bufhdr) + (size ? size : 1));
 		if (!h)
 			return NULL;
 		h->size = size;

@@ -163,7 +163,7 @@ static int code_job(void *arg, size_t i)
 	size_t cap = ulp_encode_bound(dt, j->len, &o);
 	if (j->blob_cap < cap) {
 		free(j->blob);
-		j->blob = malloc(cap);
+		j->blob = ulp_alloc_big(cap);
 		j->blob_cap = j->blob ? cap : 0;
 	}
 	check = ulp_scratch(ULP_SCRATCH_CHECK, j->len ? j->len : 1);
@@ -272,7 +272,7 @@ static int prepare_job(put *p, const seg *s, int64_t ref_file, job *j)
 	if (buf_cap < j->len || !buf) {
 		free(buf);
 		buf_cap = j->len ? j->len : 1;
-		buf = malloc(buf_cap);
+		buf = ulp_alloc_big(buf_cap);
 	}
 	j->buf = buf;
 	j->buf_cap = buf ? buf_cap : 0;
@@ -301,13 +301,66 @@ static void free_jobs(job *j, size_t n)
 	}
 }
 
+#define MAX_JOBS 256
+
+/*
+ * The job set and its buffers outlive a file: fresh pages cost more than the
+ * coding of the bytes in them (about 2.5 us a page), and a mount archives
+ * file after file. One set is kept by the archive; a second writer at the
+ * same time allocates its own. Buffers larger than ULP_SCRATCH_KEEP_MAX (a
+ * huge tensor) are not kept.
+ */
+static job *take_jobs(ulp_archive *a)
+{
+	pthread_mutex_lock(&a->mu);
+	job *j = a->spare_jobs;
+	a->spare_jobs = NULL;
+	pthread_mutex_unlock(&a->mu);
+	return j ? j : calloc(MAX_JOBS, sizeof(job));
+}
+
+static void give_back_jobs(ulp_archive *a, job *j)
+{
+	for (size_t i = 0; i < MAX_JOBS; i++) {
+		if (j[i].buf_cap > ULP_SCRATCH_KEEP_MAX) {
+			free(j[i].buf);
+			j[i].buf = NULL;
+			j[i].buf_cap = 0;
+		}
+		if (j[i].blob_cap > ULP_SCRATCH_KEEP_MAX) {
+			free(j[i].blob);
+			j[i].blob = NULL;
+			j[i].blob_cap = 0;
+		}
+	}
+	pthread_mutex_lock(&a->mu);
+	if (!a->spare_jobs) {
+		a->spare_jobs = j;
+		j = NULL;
+	}
+	pthread_mutex_unlock(&a->mu);
+	if (j) {
+		free_jobs(j, MAX_JOBS);
+		free(j);
+	}
+}
+
+void ulp_ingest_free_spare(ulp_archive *a)
+{
+	if (a->spare_jobs) {
+		free_jobs(a->spare_jobs, MAX_JOBS);
+		free(a->spare_jobs);
+		a->spare_jobs = NULL;
+	}
+}
+
 static int do_segments(put *p, const seg *segs, size_t n_segs, EVP_MD_CTX *fsha, int64_t ref_file)
 {
 	/* batches of 4 MiB a thread (or one larger segment): enough jobs for the
 	 * pool to balance big and small tensors, memory bounded by the batch */
-	const size_t max_jobs = 256,
+	const size_t max_jobs = MAX_JOBS,
 	             max_bytes = (size_t)ULP_MAX(2, ulp_pool_threads(p->a->pool)) * ((size_t)4 << 20);
-	job *jobs = calloc(max_jobs, sizeof(job));
+	job *jobs = take_jobs(p->a);
 	int rc = 0;
 	if (!jobs)
 		return -ULP_E_NOMEM;
@@ -331,8 +384,7 @@ static int do_segments(put *p, const seg *segs, size_t n_segs, EVP_MD_CTX *fsha,
 				rc = append_job(p, &jobs[k]);
 		}
 	}
-	free_jobs(jobs, max_jobs);
-	free(jobs);
+	give_back_jobs(p->a, jobs);
 	return rc;
 }
 

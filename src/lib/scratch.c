@@ -2,7 +2,8 @@
 /*
  * scratch.c - per-thread scratch buffers that are reused from one call to the
  * next: fresh pages cost about 2.5 us each on first touch, more than coding
- * them, so hot paths borrow these instead of allocating.
+ * them, so hot paths borrow these instead of allocating; and large buffers
+ * that will be filled (ulp_alloc_big) ask for huge pages.
  *
  * Invariants:
  *  1. A slot's buffer belongs to the calling thread; it stays valid until the
@@ -12,6 +13,7 @@
 #include "ulp_int.h"
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 typedef struct scratch {
 	void *p[ULP_SCRATCH_SLOTS];
@@ -49,11 +51,32 @@ void *ulp_scratch(unsigned slot, size_t size)
 		return NULL;
 	if (s->cap[slot] < size || !s->p[slot]) {
 		size_t cap = ULP_MAX(size, s->cap[slot] + s->cap[slot] / 2);
-		void *np = realloc(s->p[slot], cap ? cap : 1);
-		if (!np)
-			return NULL;
-		s->p[slot] = np;
-		s->cap[slot] = cap;
+		free(s->p[slot]); /* the contents need not survive (invariant 1) */
+		/* the encoder's arenas are sized for the worst case and mostly
+		 * left untouched: huge pages would make all of them resident */
+		s->p[slot] = slot == ULP_SCRATCH_ARENA0 || slot == ULP_SCRATCH_ARENA1
+		                     ? malloc(cap ? cap : 1) : ulp_alloc_big(cap ? cap : 1);
+		s->cap[slot] = s->p[slot] ? cap : 0;
 	}
 	return s->p[slot];
+}
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+void *ulp_alloc_big(size_t size)
+{
+	if (size < HUGE_PAGE)
+		return malloc(size ? size : 1);
+	void *p;
+	if (posix_memalign(&p, HUGE_PAGE, size) != 0)
+		return NULL;
+	/* a hint: where the kernel has no transparent huge pages it fails, harmlessly */
+	madvise(p, size & ~(HUGE_PAGE - 1), MADV_HUGEPAGE);
+	return p;
+}
+
+void *ulp_scratch_or_malloc(unsigned slot, size_t size, int *owned)
+{
+	*owned = size > ULP_SCRATCH_KEEP_MAX;
+	return *owned ? malloc(size) : ulp_scratch(slot, size);
 }

@@ -135,6 +135,15 @@ void ulp_stage_discard(ulp_stage *s)
 	free(s);
 }
 
+void ulp_stage_close(ulp_stage *s)
+{
+	if (!s)
+		return;
+	if (s->fd >= 0)
+		close(s->fd);
+	free(s);
+}
+
 int ulp_stage_recover(ulp_archive *a, unsigned *recovered, unsigned *removed)
 {
 	char dir[4300];

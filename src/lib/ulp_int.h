@@ -50,8 +50,22 @@ int ulp_grow(void *arr, size_t *cap, size_t n, size_t size);
 
 /* A per-thread buffer of at least size bytes, reused across calls (scratch.c);
  * valid until the same slot is asked again on this thread. NULL: no memory. */
-enum { ULP_SCRATCH_REF, ULP_SCRATCH_CHECK, ULP_SCRATCH_SLOTS };
+enum {
+	ULP_SCRATCH_REF, ULP_SCRATCH_CHECK,                   /* ingest */
+	ULP_SCRATCH_SYMS, ULP_SCRATCH_ARENA0, ULP_SCRATCH_ARENA1, /* encoder */
+	ULP_SCRATCH_SLOTS
+};
 void *ulp_scratch(unsigned slot, size_t size);
+/* Buffers above this size are not kept between calls (a thread would hold
+ * on to them for good): ulp_scratch_or_malloc mallocs them instead. */
+#define ULP_SCRATCH_KEEP_MAX ((size_t)64 << 20)
+/* A buffer for bulk data, freed with free(): from 2 MiB on it is 2 MiB
+ * aligned and asks for transparent huge pages, so that its first touch costs
+ * one page fault per 2 MiB instead of 512 (scratch.c). */
+void *ulp_alloc_big(size_t size);
+/* ulp_scratch(slot, size) for sizes up to ULP_SCRATCH_KEEP_MAX (*owned = 0),
+ * else malloc(size) (*owned = 1: the caller frees it). */
+void *ulp_scratch_or_malloc(unsigned slot, size_t size, int *owned);
 
 /* 64-bit content checksum of a decoded chunk (XXH3-64, seed 0). */
 uint64_t ulp_xxh64(const void *data, size_t len);

@@ -351,6 +351,9 @@ int ulp_stage_sync(ulp_stage *s, const char *path, const ulp_meta *meta);
 int ulp_stage_commit(ulp_stage *s, const char *path, const ulp_meta *meta, ulp_put_result *res);
 /** Removes the staged file and frees s (NULL accepted). */
 void ulp_stage_discard(ulp_stage *s);
+/** Frees s and leaves its files: after ulp_stage_sync they are archived by
+ *  the next ulp_stage_recover (a file that could not be archived now). */
+void ulp_stage_close(ulp_stage *s);
 /** At mount: archives staged files left by a crash after ulp_stage_sync, and
  *  removes the others (never acknowledged to a writer). */
 int ulp_stage_recover(ulp_archive *a, unsigned *recovered, unsigned *removed);

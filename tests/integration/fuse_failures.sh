@@ -36,6 +36,38 @@ rsync -a "$R/" "$M/run/" && diff -r "$R" "$M/run" > /dev/null && ok "after freei
 	|| fail "rsync after freeing space"
 umount_fs "$M"
 
+# ---- a background archiving that fails (ulpackfs(1): rename returns first) ----
+# room for the staged file but not for its pack as well: the rename succeeds,
+# the archiving fails, the next create reports ENOSPC, the file stays staged
+# (it reads back), is kept at unmount and archived by the next mount
+F="$R/checkpoint-100/model.safetensors"
+sz=$(stat -c %s "$F")
+mkdir -p "$T/small2"
+mount -t tmpfs -o size=$(( (sz + sz / 3) / 1024 + 256 ))k tmpfs "$T/small2" || skip "cannot mount tmpfs"
+ULP_CLEANUP="umount '$T/small' 2>/dev/null; umount '$T/small2' 2>/dev/null"
+A="$T/small2/arch"
+"$ULPACK" init "$A" > /dev/null
+mount_fs "$A" "$M" || fail mount
+cp "$F" "$M/.model.safetensors.Ab12Cd" && mv "$M/.model.safetensors.Ab12Cd" "$M/model.safetensors" \
+	|| fail "write and rename into the small disk"
+err=""
+for _ in $(seq 100); do
+	err=$(touch "$M/next" 2>&1) || break
+	rm -f "$M/next"
+	err=""
+	sleep 0.1
+done
+case "$err" in *"No space"*) ok "the failed background archiving is reported by the next create: ${err#*: }" ;;
+	*) fail "no error after the archiving failed: '$err'" ;; esac
+cmp -s "$F" "$M/model.safetensors" && ok "the file stays staged and reads back" || fail "staged file lost"
+umount_fs "$M"
+mount -o remount,size=64m "$T/small2" || fail remount
+mount_fs "$A" "$M" || fail mount
+cmp -s "$F" "$M/model.safetensors" && [ -z "$(ls "$A/staging")" ] \
+	&& ok "kept at unmount, archived by the next mount" || fail "not recovered: $(ls "$A/staging")"
+umount_fs "$M"
+"$ULPACK" verify "$A" > "$T/v" && ok "$(cat "$T/v")" || fail "verify: $(cat "$T/v")"
+
 # ---- kill -9 of ulpackfs mid-rsync --------------------------------------------
 B="$T/arch2" N="$T/mnt2"
 "$ULPACK" init "$B" > /dev/null

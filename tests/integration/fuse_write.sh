@@ -154,6 +154,35 @@ assert open(dst, "rb").read() == open(src, "rb").read()
 print("copy+archive %.2f s, %d reads meanwhile, slowest %.3f s" % (done[0], len(lat), max(lat)))
 assert len(lat) >= 10 and max(lat) < done[0] / 3, (len(lat), max(lat))
 PYEOF
+# rename archives in the background (ulpackfs(1)): right after the rename the
+# file reads back, and a chmod, utimens and a second rename that arrive while
+# it is being archived are all kept
+"$PY" - "$T/big/checkpoint-100/model.safetensors" "$M" <<'PYEOF' && ok "renamed file served and changed while archived in the background" || fail "background archiving"
+import os, shutil, sys
+src, m = sys.argv[1:3]
+want = open(src, "rb").read()
+tmp, fin, fin2 = (os.path.join(m, n) for n in (".bg.safetensors.Xy12Z9", "bg.safetensors", "bg2.safetensors"))
+shutil.copyfile(src, tmp)
+os.rename(tmp, fin)
+assert os.stat(fin).st_size == len(want) and open(fin, "rb").read() == want
+os.chmod(fin, 0o640)
+os.utime(fin, ns=(1_600_000_000_000_000_123, 1_600_000_000_000_000_123))
+os.rename(fin, fin2)
+assert not os.path.exists(fin) and open(fin2, "rb").read() == want
+PYEOF
+umount_fs "$M"
+mount_fs "$A" "$M" || fail remount
+"$PY" - "$T/big/checkpoint-100/model.safetensors" "$M" <<'PYEOF' && ok "after remount: final name, bytes, mode and mtime as set" || fail "background archiving after remount"
+import os, sys
+src, m = sys.argv[1:3]
+p = os.path.join(m, "bg2.safetensors")
+st = os.stat(p)
+assert not os.path.exists(os.path.join(m, "bg.safetensors"))
+assert open(p, "rb").read() == open(src, "rb").read()
+assert st.st_mode & 0o7777 == 0o640, oct(st.st_mode)
+assert st.st_mtime_ns == 1_600_000_000_000_000_123, st.st_mtime_ns
+assert os.getxattr(p, "user.ulpack.sha256")
+PYEOF
 # a closed file whose name looks like an rsync temporary is kept at unmount
 printf 'precious\n' > "$M/.notes.abc123"
 ls -la "$M" > /dev/null 2> "$T/lserr" && [ ! -s "$T/lserr" ] || fail "ls -la of a staged file: $(cat "$T/lserr")"

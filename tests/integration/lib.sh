@@ -55,6 +55,22 @@ mount_fs() {
 	done
 	return 1
 }
+# pid of the ulpackfs that serves mount point $1 (as it was given to it)
+fs_pid() {
+	for p in $(pgrep -x ulpackfs); do
+		tr '\0' '\n' < "/proc/$p/cmdline" 2>/dev/null | grep -qxF -- "$1" && { echo "$p"; return 0; }
+	done
+	return 0
+}
+# unmounts and waits for the daemon to exit: it archives the files still
+# queued (renamed last) after the kernel has let go of the mount point
 umount_fs() {
+	_pid=$(fs_pid "$1")
 	fusermount3 -u "$1" || { sleep 0.5; fusermount3 -u "$1"; }
+	[ -n "$_pid" ] || return 0
+	for _ in $(seq 600); do
+		kill -0 "$_pid" 2>/dev/null || return 0
+		sleep 0.1
+	done
+	echo "# ulpackfs $_pid still running 60 s after unmounting $1" >&2
 }
