@@ -22,9 +22,10 @@
  *  4. A closed file renamed to its final name (rsync's way) is archived in
  *     the background by one committer thread, in rename order, so that the
  *     writer goes on with the next file meanwhile; until then the staged node
- *     answers for it. The queue holds at most QUEUE_MAX files (rename waits
- *     for room). A background commit that fails leaves the file staged
- *     (fsynced, so a crash recovers it at the next mount), is logged, and
+ *     answers for it. Before rename returns, the staged file is made durable
+ *     (ulp_stage_sync): a crash before the commit is recovered at the next
+ *     mount. The queue holds at most QUEUE_MAX files (rename waits for
+ *     room). A background commit that fails leaves the file staged, is logged, and
  *     makes the next create or open for writing fail with its errno; the
  *     file is tried again at unmount.
  */
@@ -59,6 +60,7 @@ typedef struct node {
 	int mtime_set;         /* utimens set meta.mtime_ns explicitly */
 	uint64_t writes;       /* bumped by every write: a commit knows if it missed one */
 	uint64_t attrs;        /* bumped by every chmod/chown/utimens, likewise */
+	int synced;            /* durable in staging under path (ulp_stage_sync) */
 	struct node *qnext;
 	struct node *next;
 } node;
@@ -262,7 +264,7 @@ static void *committer(void *arg)
 			if (rc < 0) {
 				if (!fs.qerr)
 					fs.qerr = rc;
-				if (n->path && ulp_stage_sync(n->stage, n->path, &n->meta) < 0)
+				if (n->path && !n->synced && ulp_stage_sync(n->stage, n->path, &n->meta) < 0)
 					log_err("keeping the staged file of", n->path);
 			}
 		}
@@ -608,9 +610,9 @@ static int ulpfs_write(const char *path, const char *buf, size_t size, off_t off
 		if (r < 0)
 			return r;
 	}
-	ssize_t w = pwrite(ulp_stage_fd(h->n->stage), buf, size, off);
+	int64_t w = ulp_stage_write(h->n->stage, buf, size, (uint64_t)off);
 	if (w < 0)
-		return -errno;
+		return err_of((int)w);
 	pthread_mutex_lock(&fs.mu);
 	h->n->dirty = 1;
 	h->n->writes++;
@@ -742,6 +744,8 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 		if (n->handles || !n->dirty) { /* still open: rename the staged file */
 			free(n->path);
 			n->path = strdup(t);
+			if (n->synced && n->path) /* recovered under its new name after a crash */
+				ulp_stage_sync(n->stage, n->path, &n->meta);
 		} else { /* closed: archive it under its final name */
 			char *old_path = n->path, *new_path = strdup(t);
 			if (!new_path) {
@@ -749,9 +753,15 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 				return -ENOMEM;
 			}
 			n->path = new_path; /* the node answers for its new name meanwhile */
-			if (fs.committer_on && !is_temp_name(new_path)) { /* invariant 4 */
+			if (fs.committer_on && !is_temp_name(new_path) &&
+			    (rc = ulp_stage_sync(n->stage, new_path, &n->meta)) == 0) { /* invariant 4 */
 				free(old_path);
+				n->synced = 1;
 				enqueue(n);
+			} else if (rc < 0) { /* cannot make it durable: back under its old name */
+				rc = err_of(rc);
+				n->path = old_path;
+				free(new_path);
 			} else {
 				rc = commit_node(n, t, 0);
 				if (rc < 0 && n->path == new_path) { /* failed: back under its old name */

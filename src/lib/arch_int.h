@@ -41,6 +41,9 @@ void ulp_cache_put(ulp_cache *c, ulp_centry *e);
 /* A buffer of size bytes for a chunk, reusing evicted ones where possible;
  * its destroy function is ulp_cache_free_buf. */
 void *ulp_cache_alloc(ulp_cache *c, size_t size);
+/* Drops key's entry if it is loaded and unpinned; its buffer is kept for
+ * ulp_cache_alloc (a value that is no longer wanted, not a failure). */
+void ulp_cache_retire(ulp_cache *c, const ulp_ckey *key);
 void ulp_cache_free_buf(void *p);
 uint64_t ulp_cache_bytes(ulp_cache *c);
 /* Debug check of the invariants (cache.c header). */
@@ -222,5 +225,9 @@ int ulp_stat_from_row(sqlite3_stmt *st, ulp_stat *out);
 /* Caches the chunks of a content the caller holds decoded. */
 void ulp_read_seed(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], const uint8_t *content,
                    size_t len, size_t chunk_bytes);
+/* Lets the cached chunks of a content go (unless in use), their memory kept
+ * for the next ones: an ingest retires a reference its new step supersedes. */
+void ulp_read_retire(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], size_t len,
+                     size_t chunk_bytes);
 
 #endif

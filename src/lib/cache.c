@@ -30,7 +30,7 @@ struct ulp_centry {
 	int rc;                    /* ST_FAILED: the loader's error */
 };
 
-#define FREE_BUFS 8
+#define FREE_BUFS 16
 
 struct ulp_cache {
 	pthread_mutex_t mu;
@@ -261,6 +261,23 @@ void ulp_cache_put(ulp_cache *c, ulp_centry *e)
 			tab_remove(c, e);
 			free(e);
 		}
+	}
+	pthread_mutex_unlock(&c->mu);
+}
+
+void ulp_cache_retire(ulp_cache *c, const ulp_ckey *key)
+{
+	uint64_t h = key_hash(key);
+	pthread_mutex_lock(&c->mu);
+	ulp_centry *e = c->tab[h & (c->tab_size - 1)];
+	while (e && (e->hash != h || memcmp(&e->key, key, sizeof(*key)) != 0))
+		e = e->next;
+	if (e && e->refs == 0 && e->state == ST_LOADED) { /* on the LRU (invariant 2) */
+		lru_unlink(e);
+		tab_remove(c, e);
+		c->bytes -= e->size;
+		release_value(c, e);
+		free(e);
 	}
 	pthread_mutex_unlock(&c->mu);
 }

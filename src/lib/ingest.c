@@ -189,10 +189,14 @@ static int code_job(void *arg, size_t i)
 		     memcmp(ulp_blob_get_info(b)->content_sha256, j->sha, ULP_SHA256_LEN) == 0
 		         ? 0 : -ULP_E_CHECKSUM;
 		j->used_ref = has_ref;
-		/* the next step is coded against this one: keep it decoded */
-		if (rc == 0 && j->s->t)
-			ulp_read_seed(a, j->sha, j->buf, j->len,
-			              (size_t)ulp_blob_get_info(b)->chunk_elems * ulp_dtype_size(dt));
+		/* the next step is coded against this one: keep it decoded, in
+		 * the memory of the reference it supersedes (no fresh pages) */
+		if (rc == 0 && j->s->t) {
+			size_t cb = (size_t)ulp_blob_get_info(b)->chunk_elems * ulp_dtype_size(dt);
+			if (ref)
+				ulp_read_retire(a, j->ref_sha, j->len, cb);
+			ulp_read_seed(a, j->sha, j->buf, j->len, cb);
+		}
 		ulp_blob_close(b);
 	}
 	if (rc < 0) {

@@ -215,6 +215,16 @@ void ulp_read_seed(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], const uint
 	}
 }
 
+void ulp_read_retire(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], size_t len,
+                     size_t chunk_bytes)
+{
+	for (size_t off = 0, k = 0; chunk_bytes && off < len; off += chunk_bytes, k++) {
+		ulp_ckey key = {.chunk = (uint32_t)k, .kind = ULP_CK_CHUNK};
+		memcpy(key.sha, sha, ULP_SHA256_LEN);
+		ulp_cache_retire(a->cache, &key);
+	}
+}
+
 /* ---- parallel prefetch of the chunks a range needs ---------------------- */
 
 typedef struct want {
