@@ -343,8 +343,8 @@ typedef struct ulp_stage ulp_stage;
 int ulp_stage_new(ulp_archive *a, const char *copy_from, ulp_stage **out);
 /** Its file descriptor (read/write). */
 int ulp_stage_fd(const ulp_stage *s);
-/** pwrite(2) into the staged file, starting its writeback as it grows (so
- *  that ulp_stage_sync has little left to do); bytes written or -ULP_E_*. */
+/** pwrite(2) into the staged file: bytes written, or -ULP_E_NOSPC / -ULP_E_IO
+ *  with a message naming the staging file. */
 int64_t ulp_stage_write(ulp_stage *s, const void *buf, size_t len, uint64_t off);
 /** Makes the staged bytes durable and records path and meta, so that a crash
  *  before the commit is recovered at the next open (ulp_stage_recover). */
