@@ -67,6 +67,7 @@ struct ulp_archive {
 	size_t n_packs, cap_packs;
 	struct job *spare_jobs;      /* guarded by mu: the ingest's job set with its
 	                                buffers, kept between files (ingest.c) */
+	struct readahead *ra;        /* sequential read-ahead (read.c), or NULL */
 	/* counters */
 	uint64_t chunks_decoded, deltas_decoded, hits, misses, max_walk;
 };
@@ -96,6 +97,7 @@ sqlite3_stmt *ulp_db_stmt(ulp_archive *a, const char *sql);
 int ulp_db_err(ulp_archive *a, const char *what);
 void ulp_tstate_free_all(ulp_archive *a);
 void ulp_ingest_free_spare(ulp_archive *a); /* ingest.c */
+void ulp_readahead_stop(ulp_archive *a);    /* read.c: joins its thread */
 void ulp_tstate_exit(void *tstate); /* the thread-state key's destructor */
 size_t ulp_tstate_count(ulp_archive *a); /* live thread states (tests) */
 

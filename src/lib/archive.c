@@ -78,6 +78,7 @@ void ulp_archive_close(ulp_archive *a)
 {
 	if (!a)
 		return;
+	ulp_readahead_stop(a); /* first: its thread uses the cache and the index */
 	ulp_cache_free(a->cache);
 	ulp_pool_free(a->pool);
 	ulp_ingest_free_spare(a);

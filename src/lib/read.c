@@ -25,6 +25,8 @@ struct ulp_file {
 	size_t header_len;
 	ulp_extent *ext;      /* tiling [header_len, size) */
 	size_t n_ext;
+	uint64_t next_off;    /* where the last read ended (atomic: a hint) */
+	uint64_t ra_mark;     /* last chunk posted for read-ahead: ext << 32 | k, plus 1 */
 	char path[];
 };
 
@@ -288,6 +290,109 @@ int ulp_read_content(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint8_t 
 	return 0;
 }
 
+/* ---- sequential read-ahead ------------------------------------------------ */
+
+/*
+ * A file read in order has the chunk after the one being read decoded in the
+ * background, by one thread per archive, so that decoding overlaps the copy
+ * of the current chunk to the reader (the kernel asks for 128-256 KiB at a
+ * time, a chunk is up to a few MiB).
+ *
+ * Invariants:
+ *  1. The queue holds at most RA_QUEUE chunks; a post to a full queue is
+ *     dropped (read-ahead is a hint, never a wait).
+ *  2. The thread only loads chunks into the cache and lets go of them; a
+ *     failure is left for the reader that needs the chunk to report.
+ *  3. ulp_readahead_stop joins the thread before the archive frees the cache
+ *     and the index connections it uses.
+ */
+#define RA_QUEUE 8
+
+typedef struct ra_item {
+	uint8_t sha[ULP_SHA256_LEN];
+	uint32_t k;
+} ra_item;
+
+struct readahead {
+	ulp_archive *a;
+	pthread_t th;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	ra_item q[RA_QUEUE];
+	unsigned head, n;
+	int stop;
+};
+
+static void *ra_main(void *arg)
+{
+	struct readahead *r = arg;
+	pthread_mutex_lock(&r->mu);
+	for (;;) {
+		while (!r->n && !r->stop)
+			pthread_cond_wait(&r->cv, &r->mu);
+		if (r->stop)
+			break;
+		ra_item it = r->q[r->head];
+		r->head = (r->head + 1) % RA_QUEUE;
+		r->n--;
+		pthread_mutex_unlock(&r->mu);
+		ulp_centry *e;
+		const uint8_t *d;
+		size_t l;
+		if (ulp_read_chunk(r->a, it.sha, it.k, &e, &d, &l, NULL) == 0) /* invariant 2 */
+			ulp_cache_put(r->a->cache, e);
+		pthread_mutex_lock(&r->mu);
+	}
+	pthread_mutex_unlock(&r->mu);
+	return NULL;
+}
+
+static void ra_post(ulp_archive *a, const uint8_t *sha, uint32_t k)
+{
+	pthread_mutex_lock(&a->mu);
+	struct readahead *r = a->ra;
+	if (!r && (r = calloc(1, sizeof(*r))) != NULL) { /* started on first use */
+		r->a = a;
+		pthread_mutex_init(&r->mu, NULL);
+		pthread_cond_init(&r->cv, NULL);
+		if (pthread_create(&r->th, NULL, ra_main, r) != 0) {
+			pthread_mutex_destroy(&r->mu);
+			pthread_cond_destroy(&r->cv);
+			free(r);
+			r = NULL;
+		}
+		a->ra = r;
+	}
+	pthread_mutex_unlock(&a->mu);
+	if (!r)
+		return;
+	pthread_mutex_lock(&r->mu);
+	if (r->n < RA_QUEUE) { /* invariant 1 */
+		ra_item *it = &r->q[(r->head + r->n) % RA_QUEUE];
+		memcpy(it->sha, sha, ULP_SHA256_LEN);
+		it->k = k;
+		r->n++;
+		pthread_cond_signal(&r->cv);
+	}
+	pthread_mutex_unlock(&r->mu);
+}
+
+void ulp_readahead_stop(ulp_archive *a)
+{
+	struct readahead *r = a->ra;
+	if (!r)
+		return;
+	pthread_mutex_lock(&r->mu);
+	r->stop = 1;
+	pthread_cond_signal(&r->cv);
+	pthread_mutex_unlock(&r->mu);
+	pthread_join(r->th, NULL);
+	pthread_mutex_destroy(&r->mu);
+	pthread_cond_destroy(&r->cv);
+	free(r);
+	a->ra = NULL;
+}
+
 /* ---- files ----------------------------------------------------------------- */
 
 int ulp_file_open(ulp_archive *a, const char *path, ulp_file **out)
@@ -367,6 +472,28 @@ static int chunk_bytes(ulp_archive *a, const ulp_extent *x, uint64_t *cb)
 	return 0;
 }
 
+/* Posts, for read-ahead, the chunk after the one holding byte last (past
+ * the header), unless it was the last one posted for f. */
+static void read_ahead(ulp_file *f, uint64_t last)
+{
+	size_t i = find_extent(f, last);
+	uint64_t cb;
+	if (f->ext[i].length == 0 || chunk_bytes(f->a, &f->ext[i], &cb) < 0)
+		return;
+	uint64_t k = (last - f->ext[i].offset) / cb + 1;
+	if (k * cb >= f->ext[i].length) { /* the next extent's first chunk */
+		do
+			i++;
+		while (i < f->n_ext && f->ext[i].length == 0);
+		if (i >= f->n_ext)
+			return;
+		k = 0;
+	}
+	uint64_t mark = ((uint64_t)i << 32 | k) + 1;
+	if (__atomic_exchange_n(&f->ra_mark, mark, __ATOMIC_RELAXED) != mark)
+		ra_post(f->a, f->ext[i].content, (uint32_t)k);
+}
+
 int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
 {
 	ulp_archive *a = f->a;
@@ -375,6 +502,10 @@ int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
 		return 0;
 	if (len > f->st.size - off)
 		len = (size_t)(f->st.size - off);
+	/* reading in order: the chunk after this read's end is decoded meanwhile */
+	uint64_t prev = __atomic_exchange_n(&f->next_off, off + len, __ATOMIC_RELAXED);
+	if (prev == off && off + len < f->st.size && off + len > f->header_len && f->n_ext)
+		read_ahead(f, off + len - 1);
 	size_t done = 0;
 	if (off < f->header_len) {
 		size_t n = ULP_MIN(len, (size_t)(f->header_len - off));
