@@ -19,16 +19,39 @@ trap 'fusermount3 -u -z "$M" 2>/dev/null || true; rm -rf "$T"' EXIT
 now() { date +%s%N; }
 mbps() { echo "$1 $2" | awk '{ printf "%.1f", $1 / ($2 / 1e9) / 1e6 }'; }
 
-echo "== 1. codec: synthetic bf16 pair (ulpack synth, 8.4M parameters a step)"
-"$ULPACK" synth "$T/syn" --steps 3
-"$ULPACK" bench "$T/syn/checkpoint-200/model.safetensors" "$T/syn/checkpoint-300/model.safetensors"
+# one JSON report per pair, then one table; the "total" group of each report
+# is that pair (one dtype a pair)
+get() { # FILE KEY: the first value of "KEY" in the report's total
+	sed -n "s/.*\"$2\": \([0-9.]*\).*/\1/p" "$1" | head -1
+}
+echo "== 1. codec (ulpack bench: medians of repeated runs, $(nproc) threads for the -mt columns)"
+"$ULPACK" synth "$T/syn" --steps 3 > /dev/null
+"$ULPACK" bench "$T/syn/checkpoint-200/model.safetensors" "$T/syn/checkpoint-300/model.safetensors" \
+	--json > "$T/b.synth-bf16.json"
+pairs="synth-bf16"
 if [ -d "$DATA/tiny-lm" ]; then
 	for dt in bf16 fp16 fp32; do
-		echo "== 1. codec: tiny-lm $dt, checkpoint-350 -> checkpoint-400"
 		"$ULPACK" bench "$DATA/tiny-lm/$dt/checkpoint-350/model.safetensors" \
-			"$DATA/tiny-lm/$dt/checkpoint-400/model.safetensors"
+			"$DATA/tiny-lm/$dt/checkpoint-400/model.safetensors" --json > "$T/b.tiny-$dt.json"
+		pairs="$pairs tiny-$dt"
 	done
 fi
+printf '%-11s %6s | %-31s | %-31s | %-31s | %7s | %s\n' "" "" "ULPack MB/s" "zstd -3 on byte-grouped XOR" \
+	"zstd -19 on byte-grouped XOR" "" "kernels: $(sed -n 's/.*"cpu": "\([a-z0-9]*\)".*/\1/p' "$T/b.synth-bf16.json")"
+printf '%-11s %6s | %7s %7s %7s %7s | %7s %7s %7s %7s | %7s %7s %7s %7s | %7s\n' pair ratio \
+	enc dec enc-mt dec-mt enc dec enc-mt dec-mt enc dec enc-mt dec-mt memcpy
+for p in $pairs; do
+	f="$T/b.$p.json"
+	printf '%-11s %6.4f | %7.1f %7.1f %7.1f %7.1f | %7.1f %7.1f %7.1f %7.1f | %7.1f %7.1f %7.1f %7.1f | %7.0f\n' "$p" \
+		"$(get "$f" ratio)" "$(get "$f" encode_mbps)" "$(get "$f" decode_mbps)" \
+		"$(get "$f" encode_mbps_mt)" "$(get "$f" decode_mbps_mt)" \
+		"$(get "$f" zstd3_encode_mbps)" "$(get "$f" zstd3_decode_mbps)" \
+		"$(get "$f" zstd3_encode_mbps_mt)" "$(get "$f" zstd3_decode_mbps_mt)" \
+		"$(get "$f" zstd19_encode_mbps)" "$(get "$f" zstd19_decode_mbps)" \
+		"$(get "$f" zstd19_encode_mbps_mt)" "$(get "$f" zstd19_decode_mbps_mt)" \
+		"$(get "$f" memcpy_mbps)"
+done
+echo "(ratio: ULPack bytes / raw bytes; zstd sizes and per-dtype detail: ulpack bench A B)"
 
 if [ ! -c /dev/fuse ] || ! command -v rsync > /dev/null; then
 	echo "== 2. mount: skipped (no /dev/fuse or no rsync)"
@@ -43,12 +66,21 @@ mkdir -p "$M"
 "$ULPACKFS" "$T/arch" "$M"
 pid=$(pgrep -n -f "ulpackfs $T/arch")
 t0=$(now); rsync -a "$T/run/" "$M/run/"; t_mount=$(( $(now) - t0 ))
+# the last renamed file is archived in the background: the figure that
+# counts runs until the daemon has archived everything and exited
 rss=$(sed -n 's/VmHWM: *//p' "/proc/$pid/status")
+fusermount3 -u "$M"
+# (exited: gone, or a zombie until init reaps it)
+while [ "$(sed -n 's/^[0-9]* (.*) \([A-Z]\) .*/\1/p' "/proc/$pid/stat" 2> /dev/null)" != "" ] &&
+	[ "$(sed -n 's/^[0-9]* (.*) \([A-Z]\) .*/\1/p' "/proc/$pid/stat" 2> /dev/null)" != Z ]; do
+	sleep 0.01
+done
+t_all=$(( $(now) - t0 ))
 stored=$("$ULPACK" stat "$T/arch" --json | sed -n 's/.*"stored_bytes": \([0-9]*\), "ratio".*"max_chain_depth".*/\1/p' | tail -1)
 echo "rsync -a into a plain directory: $(mbps "$raw" "$t_plain") MB/s"
-echo "rsync -a into ulpackfs:          $(mbps "$raw" "$t_mount") MB/s  (raw $raw bytes, stored ${stored:-?})"
+echo "rsync -a into ulpackfs:          $(mbps "$raw" "$t_all") MB/s until all is archived and unmounted" \
+	"($(mbps "$raw" "$t_mount") MB/s until rsync returned; raw $raw bytes, stored ${stored:-?})"
 echo "peak memory of ulpackfs during the rsync: $rss"
-fusermount3 -u "$M"
 "$ULPACKFS" "$T/arch" "$M"
 f=checkpoint-800/model.safetensors
 size=$(stat -c %s "$T/run/$f")

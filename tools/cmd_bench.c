@@ -23,7 +23,7 @@ typedef struct pair {
 	ulp_enc_stats st;
 	uint8_t *out;             /* decode target, pre-touched */
 	uint8_t *bgxor;           /* byte-grouped XOR (or raw), for zstd */
-	uint8_t *zbuf;
+	uint8_t *zbuf, *zbuf19;   /* zstd -3 and -19 frames of bgxor */
 	size_t zcap, z3_len, z19_len;
 } pair;
 
@@ -35,7 +35,8 @@ typedef struct group {
 	/* results */
 	uint64_t raw, ulp, z3, z19, elems, tables;
 	double bound_bits;
-	double enc1, dec1, encn, decn, z3enc, z3dec, mcpy; /* MB/s */
+	double enc1, dec1, encn, decn, mcpy; /* MB/s */
+	double z3enc, z3dec, z3encn, z3decn, z19enc, z19dec, z19encn, z19decn;
 	int ok;
 } group;
 
@@ -44,7 +45,23 @@ typedef struct run {
 	int mode;
 } run;
 
-enum { M_ENC, M_DEC, M_ENC_MT, M_DEC_MT, M_Z3ENC, M_Z3DEC, M_MEMCPY };
+enum { M_ENC, M_DEC, M_ENC_MT, M_DEC_MT, M_Z3ENC, M_Z3DEC, M_Z19ENC, M_Z19DEC, M_MEMCPY };
+
+/* zstd on one pair's byte-grouped XOR: level 3 or 19, compress or decompress */
+static int zstd_one(pair *p, int mode)
+{
+	int l19 = mode == M_Z19ENC || mode == M_Z19DEC;
+	uint8_t *zb = l19 ? p->zbuf19 : p->zbuf;
+	if (mode == M_Z3ENC || mode == M_Z19ENC) {
+		size_t z = ZSTD_compress(zb, p->zcap, p->bgxor, p->bytes, l19 ? 19 : 3);
+		if (ZSTD_isError(z))
+			return -ULP_E_NOMEM;
+		*(l19 ? &p->z19_len : &p->z3_len) = z;
+		return 0;
+	}
+	size_t z = ZSTD_decompress(p->out, p->bytes, zb, l19 ? p->z19_len : p->z3_len);
+	return ZSTD_isError(z) || z != p->bytes ? -ULP_E_CORRUPT : 0;
+}
 
 /* with_stats: also compute the model bound (not part of the timed work) */
 static int enc_one(pair *p, ulp_pool *pool, int with_stats)
@@ -74,15 +91,22 @@ static int job_small(void *arg, size_t i)
 {
 	run *r = arg;
 	pair *p = r->g->p[i];
+	if (r->mode != M_ENC_MT && r->mode != M_DEC_MT) /* zstd: one tensor a job */
+		return zstd_one(p, r->mode);
 	if (p->bytes > ((size_t)ulp_dtype_size(p->dt) << ULP_DEFAULT_CHUNK_LOG2))
 		return 0; /* several chunks: done chunk-parallel */
 	return r->mode == M_ENC_MT ? enc_one(p, NULL, 0) : dec_one(p, NULL);
 }
 
-/* One pass over the group in the given mode. */
+/* One pass over the group in the given mode; zstd modes run across tensors
+ * on the pool when one is given. */
 static int run_once(group *g, ulp_pool *pool, int mode)
 {
 	int rc = 0;
+	if (pool && mode >= M_Z3ENC && mode <= M_Z19DEC) {
+		run r = {g, mode};
+		return ulp_pool_run(pool, g->n, job_small, &r);
+	}
 	switch (mode) {
 	case M_ENC:
 	case M_DEC:
@@ -101,22 +125,12 @@ static int run_once(group *g, ulp_pool *pool, int mode)
 		return rc ? rc : ulp_pool_run(pool, g->n, job_small, &r);
 	}
 	case M_Z3ENC:
-		for (size_t i = 0; i < g->n; i++) {
-			pair *p = g->p[i];
-			size_t z = ZSTD_compress(p->zbuf, p->zcap, p->bgxor, p->bytes, 3);
-			if (ZSTD_isError(z))
-				return -ULP_E_NOMEM;
-			p->z3_len = z;
-		}
-		return 0;
 	case M_Z3DEC:
-		for (size_t i = 0; i < g->n; i++) {
-			pair *p = g->p[i];
-			size_t z = ZSTD_decompress(p->out, p->bytes, p->zbuf, p->z3_len);
-			if (ZSTD_isError(z) || z != p->bytes)
-				return -ULP_E_CORRUPT;
-		}
-		return 0;
+	case M_Z19ENC:
+	case M_Z19DEC:
+		for (size_t i = 0; i < g->n && rc == 0; i++)
+			rc = zstd_one(g->p[i], mode);
+		return rc;
 	default:
 		for (size_t i = 0; i < g->n; i++)
 			memcpy(g->p[i]->out, g->p[i]->src, g->p[i]->bytes);
@@ -170,20 +184,25 @@ static void json_group(FILE *f, const group *g, const char *indent)
 	        (unsigned long long)g->z19, (unsigned long long)g->z3);
 	fprintf(f, "%s  \"encode_mbps\": %.1f, \"decode_mbps\": %.1f, \"encode_mbps_mt\": %.1f, \"decode_mbps_mt\": %.1f,\n",
 	        indent, g->enc1, g->dec1, g->encn, g->decn);
-	fprintf(f, "%s  \"zstd3_encode_mbps\": %.1f, \"zstd3_decode_mbps\": %.1f, \"memcpy_mbps\": %.1f,\n",
-	        indent, g->z3enc, g->z3dec, g->mcpy);
+	fprintf(f, "%s  \"zstd3_encode_mbps\": %.1f, \"zstd3_decode_mbps\": %.1f, \"zstd3_encode_mbps_mt\": %.1f, \"zstd3_decode_mbps_mt\": %.1f,\n",
+	        indent, g->z3enc, g->z3dec, g->z3encn, g->z3decn);
+	fprintf(f, "%s  \"zstd19_encode_mbps\": %.1f, \"zstd19_decode_mbps\": %.1f, \"zstd19_encode_mbps_mt\": %.1f, \"zstd19_decode_mbps_mt\": %.1f,\n",
+	        indent, g->z19enc, g->z19dec, g->z19encn, g->z19decn);
+	fprintf(f, "%s  \"memcpy_mbps\": %.1f,\n", indent, g->mcpy);
 	fprintf(f, "%s  \"roundtrip_ok\": %s\n%s}", indent, g->ok ? "true" : "false", indent);
 }
 
 static void text_group(const group *g)
 {
-	printf("%-6s %10llu %10llu %7.4f %7.3f %7.3f %6.4f %10llu %10llu | %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %9.1f %s\n",
+	printf("%-6s %10llu %10llu %7.4f %7.3f %7.3f %6.4f %10llu %10llu | %7.1f %7.1f %7.1f %7.1f |"
+	       " %7.1f %7.1f %7.1f %7.1f | %6.1f %7.1f %6.1f %7.1f | %8.1f %s\n",
 	       g->name, (unsigned long long)g->raw, (unsigned long long)g->ulp,
 	       (double)g->ulp / (double)g->raw, 8.0 * (double)g->ulp / (double)g->elems,
 	       g->bound_bits / (double)g->elems,
 	       g->bound_bits > 0 ? 8.0 * (double)g->ulp / g->bound_bits : 0.0,
 	       (unsigned long long)g->z19, (unsigned long long)g->z3, g->enc1, g->dec1, g->encn,
-	       g->decn, g->z3enc, g->z3dec, g->mcpy, g->ok ? "ok" : "FAILED");
+	       g->decn, g->z3enc, g->z3dec, g->z3encn, g->z3decn, g->z19enc, g->z19dec, g->z19encn,
+	       g->z19decn, g->mcpy, g->ok ? "ok" : "FAILED");
 }
 
 static void usage(FILE *f)
@@ -296,7 +315,8 @@ int cmd_bench(int argc, char **argv)
 		p->bgxor = malloc(p->bytes ? p->bytes : 1);
 		p->zcap = ZSTD_compressBound(p->bytes);
 		p->zbuf = malloc(p->zcap);
-		if (!p->blob || !p->out || !p->bgxor || !p->zbuf) {
+		p->zbuf19 = malloc(p->zcap);
+		if (!p->blob || !p->out || !p->bgxor || !p->zbuf || !p->zbuf19) {
 			status = cli_fail("bench: out of memory");
 			goto out;
 		}
@@ -341,7 +361,7 @@ int cmd_bench(int argc, char **argv)
 		ok = ok && enc_one(p, pool, 0) == 0 && p->blob_len == len1 && memcmp(copy, p->blob, len1) == 0;
 		ok = ok && dec_one(p, pool) == 0 && memcmp(p->out, p->src, p->bytes) == 0;
 		free(copy);
-		size_t z19 = ZSTD_compress(p->zbuf, p->zcap, p->bgxor, p->bytes, 19);
+		size_t z19 = ZSTD_compress(p->zbuf19, p->zcap, p->bgxor, p->bytes, 19);
 		size_t z3 = ZSTD_compress(p->zbuf, p->zcap, p->bgxor, p->bytes, 3);
 		p->z19_len = ZSTD_isError(z19) ? p->bytes : z19;
 		p->z3_len = ZSTD_isError(z3) ? p->bytes : z3;
@@ -361,19 +381,41 @@ int cmd_bench(int argc, char **argv)
 		}
 	}
 	/* speeds */
+	int n_enabled = 0;
+	for (int d = 0; d < ULP_DT__COUNT; d++)
+		n_enabled += groups[d].enabled;
 	for (int d = 0; d <= ULP_DT__COUNT; d++) {
 		group *g = &groups[d];
 		if (!g->enabled || g->raw == 0)
 			continue;
-		int r1 = 0, r2 = 0, r3 = 0, r4 = 0, r5 = 0, r6 = 0, r7 = 0;
-		g->enc1 = measure(g, NULL, M_ENC, reps, min_time, &r1);
-		g->dec1 = measure(g, NULL, M_DEC, reps, min_time, &r2);
-		g->encn = measure(g, pool, M_ENC_MT, reps, min_time, &r3);
-		g->decn = measure(g, pool, M_DEC_MT, reps, min_time, &r4);
-		g->z3enc = measure(g, NULL, M_Z3ENC, reps, min_time, &r5);
-		g->z3dec = measure(g, NULL, M_Z3DEC, reps, min_time, &r6);
-		g->mcpy = measure(g, NULL, M_MEMCPY, reps, min_time, &r7);
-		if (r1 < 0 || r2 < 0 || r3 < 0 || r4 < 0 || r5 < 0 || r6 < 0 || r7 < 0) {
+		if (d == ULP_DT__COUNT && n_enabled == 1) { /* one dtype: the total is that group */
+			group keep = *g;
+			for (int e = 0; e < ULP_DT__COUNT; e++)
+				if (groups[e].enabled)
+					*g = groups[e];
+			g->name = keep.name;
+			g->p = keep.p;
+			continue;
+		}
+		int r[15] = {0}, bad = 0;
+		g->enc1 = measure(g, NULL, M_ENC, reps, min_time, &r[0]);
+		g->dec1 = measure(g, NULL, M_DEC, reps, min_time, &r[1]);
+		g->encn = measure(g, pool, M_ENC_MT, reps, min_time, &r[2]);
+		g->decn = measure(g, pool, M_DEC_MT, reps, min_time, &r[3]);
+		g->z3enc = measure(g, NULL, M_Z3ENC, reps, min_time, &r[4]);
+		g->z3dec = measure(g, NULL, M_Z3DEC, reps, min_time, &r[5]);
+		g->z3encn = measure(g, pool, M_Z3ENC, reps, min_time, &r[6]);
+		g->z3decn = measure(g, pool, M_Z3DEC, reps, min_time, &r[7]);
+		/* zstd -19 runs a few seconds a pass: fewer repetitions */
+		int r19 = reps < 3 ? reps : 3;
+		g->z19enc = measure(g, NULL, M_Z19ENC, r19, 0, &r[8]);
+		g->z19dec = measure(g, NULL, M_Z19DEC, reps, min_time, &r[9]);
+		g->z19encn = measure(g, pool, M_Z19ENC, r19, 0, &r[10]);
+		g->z19decn = measure(g, pool, M_Z19DEC, reps, min_time, &r[11]);
+		g->mcpy = measure(g, NULL, M_MEMCPY, reps, min_time, &r[12]);
+		for (int i = 0; i < 13; i++)
+			bad |= r[i] < 0;
+		if (bad) {
 			status = cli_fail("bench: a timed run failed");
 			goto out;
 		}
@@ -397,9 +439,12 @@ int cmd_bench(int argc, char **argv)
 	} else {
 		printf("ulpack bench: %s -> %s, %zu tensors, %d threads, %s kernels (MB/s: median of %d)\n",
 		       paths[0], paths[1], n, ulp_pool_threads(pool), path, reps);
-		printf("%-6s %10s %10s %7s %7s %7s %6s %10s %10s | %8s %8s %8s %8s | %8s %8s %9s\n", "dtype",
-		       "raw", "ulpack", "ratio", "bits/w", "bound", "x bnd", "zstd19bgx", "zstd3bgx",
-		       "enc", "dec", "enc-mt", "dec-mt", "z3enc", "z3dec", "memcpy");
+		printf("%-6s %10s %10s %7s %7s %7s %6s %10s %10s | %-31s | %-31s | %-29s | %8s\n", "", "", "",
+		       "", "", "", "", "", "", "ULPack MB/s", "zstd -3 (bgxor) MB/s", "zstd -19 (bgxor) MB/s", "");
+		printf("%-6s %10s %10s %7s %7s %7s %6s %10s %10s | %7s %7s %7s %7s | %7s %7s %7s %7s | %6s %7s %6s %7s | %8s\n",
+		       "dtype", "raw", "ulpack", "ratio", "bits/w", "bound", "x bnd", "zstd19bgx", "zstd3bgx",
+		       "enc", "dec", "enc-mt", "dec-mt", "enc", "dec", "enc-mt", "dec-mt", "enc", "dec",
+		       "enc-mt", "dec-mt", "memcpy");
 		for (int d = 0; d < ULP_DT__COUNT; d++)
 			if (groups[d].enabled)
 				text_group(&groups[d]);
@@ -413,6 +458,7 @@ out:
 		free(pairs[i].out);
 		free(pairs[i].bgxor);
 		free(pairs[i].zbuf);
+		free(pairs[i].zbuf19);
 	}
 	for (int d = 0; d < ULP_DT__COUNT; d++)
 		free(groups[d].p);

@@ -55,6 +55,12 @@ mount_fs() {
 	done
 	return 1
 }
+# whether process $1 runs (a daemon's exited process may stay a zombie a
+# while: its parent is init)
+running() {
+	_st=$(sed -n 's/^[0-9]* (.*) \([A-Z]\) .*/\1/p' "/proc/$1/stat" 2>/dev/null)
+	[ -n "$_st" ] && [ "$_st" != Z ]
+}
 # pid of the ulpackfs that serves mount point $1 (as it was given to it)
 fs_pid() {
 	for p in $(pgrep -x ulpackfs); do
@@ -69,8 +75,8 @@ umount_fs() {
 	fusermount3 -u "$1" || { sleep 0.5; fusermount3 -u "$1"; }
 	[ -n "$_pid" ] || return 0
 	for _ in $(seq 600); do
-		kill -0 "$_pid" 2>/dev/null || return 0
-		sleep 0.1
+		running "$_pid" || return 0
+		sleep 0.05
 	done
 	echo "# ulpackfs $_pid still running 60 s after unmounting $1" >&2
 }

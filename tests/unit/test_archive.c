@@ -97,6 +97,10 @@ static int same_bytes(ulp_archive *a, const char *apath, const char *file)
 	int ok = rd == len && ulp_file_open(a, apath, &h) == 0;
 	if (ok) {
 		ok = ulp_file_pread(h, got, len + 100, 0) == (int64_t)len && !memcmp(got, want, len);
+		for (uint64_t off = 0; ok && off < len; off += 4096) { /* in order: read-ahead runs */
+			uint64_t exp = ULP_MIN((uint64_t)4096, len - off);
+			ok = ulp_file_pread(h, got, 4096, off) == (int64_t)exp && !memcmp(got, want + off, exp);
+		}
 		uint64_t rng = 0x9E3779B97F4A7C15ull ^ len; /* local: called from threads too */
 		for (int i = 0; ok && i < 300; i++) { /* random ranges */
 			rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
@@ -526,6 +530,39 @@ static void test_concurrent_reads(void)
 	ulp_archive_close(a);
 }
 
+/* A file read in order has its next chunk decoded in the background. */
+static void test_readahead(void)
+{
+	char dir[512], err[512], file[512];
+	snprintf(dir, sizeof(dir), "%s/ra", root);
+	snprintf(file, sizeof(file), "%s/ra.safetensors", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	ulp_archive *a;
+	ulp_archive_opts o = {.threads = 1, .cache_size = 64 << 20};
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "open");
+	write_step(file, 1, (size_t)5 << 19); /* "w": 2.5 chunks of 2^20 elements */
+	REQUIRE(put_path(a, "ra/m.safetensors", file, NULL) == 0, "put");
+	ulp_archive_close(a);
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "reopen"); /* cold cache */
+	ulp_file *h;
+	REQUIRE(ulp_file_open(a, "ra/m.safetensors", &h) == 0, "open file");
+	uint8_t buf[4096];
+	ulp_counters c0, c;
+	ulp_archive_counters(a, &c0);
+	CHECK(ulp_file_pread(h, buf, sizeof(buf), 0) == 4096 && ulp_file_pread(h, buf, sizeof(buf), 4096) == 4096,
+	      "two reads in order");
+	for (int i = 0; i < 1000; i++) { /* the reader decoded one chunk, read-ahead one more */
+		ulp_archive_counters(a, &c);
+		if (c.chunks_decoded >= c0.chunks_decoded + 2)
+			break;
+		usleep(10000);
+	}
+	CHECK(c.chunks_decoded == c0.chunks_decoded + 2, "read-ahead decoded the next chunk (%llu decoded)",
+	      (unsigned long long)(c.chunks_decoded - c0.chunks_decoded));
+	ulp_file_close(h);
+	ulp_archive_close(a); /* joins the read-ahead thread */
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "%s/ulp-arch-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -544,6 +581,7 @@ int main(void)
 	}
 	test_thread_churn();
 	test_concurrent_reads();
+	test_readahead();
 	char cmd[600];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	if (system(cmd) != 0)
