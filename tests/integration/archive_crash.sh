@@ -6,10 +6,17 @@
 . "$(dirname "$0")/lib.sh"
 
 "$ULPACK" synth "$T/run" --steps 6 --dim 192 || fail synth
-"$ULPACK" init "$T/probe" > /dev/null
-t0=$(date +%s%N)
-"$ULPACK" import "$T/probe" "$T/run" --threads 1 > /dev/null || fail "probe import"
-dur_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+# the kill moments are spread over the fastest of three probe imports (a first
+# import on cold caches is slower than the ones that follow)
+dur_ms=
+for p in 1 2 3; do
+	"$ULPACK" init "$T/probe$p" > /dev/null
+	t0=$(date +%s%N)
+	"$ULPACK" import "$T/probe$p" "$T/run" --threads 1 > /dev/null || fail "probe import"
+	d=$(( ($(date +%s%N) - t0) / 1000000 ))
+	[ -z "$dur_ms" ] || [ "$d" -lt "$dur_ms" ] && dur_ms=$d
+	rm -rf "$T/probe$p"
+done
 echo "a full import takes $dur_ms ms"
 kills=0
 for i in $(seq 1 24); do
@@ -17,7 +24,7 @@ for i in $(seq 1 24); do
 	"$ULPACK" init "$A" > /dev/null
 	"$ULPACK" import "$A" "$T/run" --threads 1 > /dev/null 2>&1 &
 	pid=$!
-	ms=$(( dur_ms * ((i * 37) % 24 + 1) / 26 ))
+	ms=$(( dur_ms * ((i * 37) % 24 + 1) / 30 ))  # from 3 % to 80 % of it
 	sleep "$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))"
 	kill -9 "$pid" 2>/dev/null && kills=$((kills + 1))
 	wait "$pid" 2>/dev/null
