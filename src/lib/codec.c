@@ -309,7 +309,20 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 					j0 += ulp_rebuild16_avx2(syms + j0, (const uint16_t *)(const void *)rb + j0, \
 					                         bn - j0, raw, raw_len, &pos, \
 					                         (uint16_t *)(void *)ob + j0); \
-				for (size_t i = j0; i < bn; i++) {                      \
+				size_t i = j0;                                          \
+				/* while the rest of the block cannot reach the tail's \
+				 * last 8 bytes (W - 3 raw bits at most an element),  \
+				 * one unchecked 64-bit load an element */            \
+				if (W <= 32 && pos / 8 + ((uint64_t)(bn - i) * (W - 3) + 7) / 8 + 8 <= raw_len) { \
+					for (; i < bn; i++) {                           \
+						unsigned s = syms[i], nr = d->nraw[s];  \
+						uint64_t w64 = ulp_ld64(raw + (pos >> 3)) >> (pos & 7); \
+						uint64_t z = d->base[s] | (w64 & ((1ull << nr) - 1)); \
+						pos += nr;                              \
+						ob[i] = phi_inv##W((T)(phi##W(rb[i]) + unzz##W((T)z))); \
+					}                                               \
+				}                                                       \
+				for (; i < bn; i++) {                                   \
 					unsigned s = syms[i], nr = d->nraw[s];          \
 					uint64_t z = d->base[s] | raw_bits_at(raw, raw_len, pos, nr); \
 					pos += nr;                                      \
