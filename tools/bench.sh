@@ -79,7 +79,12 @@ t_all=$(( $(now) - t0 ))
 stored=$("$ULPACK" stat "$T/arch" --json | sed -n 's/.*"stored_bytes": \([0-9]*\), "ratio".*"max_chain_depth".*/\1/p' | tail -1)
 echo "rsync -a into a plain directory: $(mbps "$raw" "$t_plain") MB/s"
 echo "rsync -a into ulpackfs:          $(mbps "$raw" "$t_all") MB/s until all is archived and unmounted" \
-	"($(mbps "$raw" "$t_mount") MB/s until rsync returned; raw $raw bytes, stored ${stored:-?})"
+	"($(mbps "$raw" "$t_mount") MB/s until rsync returned)"
+echo "  = $(echo "$t_plain $t_all" | awk '{ printf "%.3f", $1 / $2 }') x the plain directory;" \
+	"stored ${stored:-?} of $raw raw bytes ($(echo "${stored:-0} $raw" | awk '{ printf "%.4f", $1 / $2 }'))"
+enc1=$(get "$T/b.synth-bf16.json" encode_mbps)
+echo "  = $(echo "$raw $t_all $enc1" | awk '{ printf "%.3f", $1 / ($2 / 1e9) / 1e6 / $3 }') x the one-thread" \
+	"encode speed of ulpack bench on the synthetic pair above ($enc1 MB/s)"
 echo "peak memory of ulpackfs during the rsync: $rss"
 "$ULPACKFS" "$T/arch" "$M"
 f=checkpoint-800/model.safetensors

@@ -20,6 +20,7 @@
 #include "arch_int.h"
 #include <errno.h>
 #include <openssl/evp.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -97,8 +98,10 @@ static int add_extent(put *p, uint64_t off, uint64_t len, const uint8_t sha[ULP_
 }
 
 /*
- * Segments are processed in batches (4 MiB a thread, or one larger segment): read, hashed and looked up in order (phase A), coded
- * and verified in parallel (phase B), appended to the pack in order
+ * Segments are processed in batches (4 MiB a thread, or one larger segment):
+ * their references looked up in order (phase A), read, hashed, coded and
+ * verified in parallel (phase B; the file's hash follows the reads in
+ * order), appended to the pack in order
  * (phase C), so the pack and the index do not depend on the thread count.
  */
 typedef struct job {
@@ -110,6 +113,8 @@ typedef struct job {
 	unsigned depth;                    /* of the reused blob, or of the reference */
 	int try_ref;                       /* a reference tensor exists */
 	uint8_t ref_sha[ULP_SHA256_LEN];
+	int ready;                         /* 1: buf holds the bytes, 2: reading failed
+	                                      (atomic: job n waits for it) */
 	uint8_t *blob;                     /* phase B result */
 	size_t blob_len, blob_cap, buf_cap; /* buffers are kept from one batch to the next */
 	int codec, used_ref;
@@ -130,13 +135,28 @@ typedef struct batch {
 static int code_job(void *arg, size_t i)
 {
 	batch *bt = arg;
-	if (i == bt->n) { /* the file's sha256 goes on beside the coding */
-		for (size_t k = 0; k < bt->n; k++)
-			EVP_DigestUpdate(bt->file_sha, bt->j[k].buf, bt->j[k].len);
+	if (i == bt->n) { /* the file's sha256 goes on beside the coding, in order */
+		for (size_t k = 0; k < bt->n; k++) {
+			int r;
+			/* jobs are claimed in index order (pool.c): job k runs, its
+			 * read comes first and is short */
+			while ((r = __atomic_load_n(&bt->j[k].ready, __ATOMIC_ACQUIRE)) == 0)
+				sched_yield();
+			if (r == 1)
+				EVP_DigestUpdate(bt->file_sha, bt->j[k].buf, bt->j[k].len);
+		}
 		return 0;
 	}
 	job *j = &bt->j[i];
 	ulp_archive *a = bt->p->a;
+	/* phase B reads its own bytes: reads run in parallel too */
+	int rr = read_at(bt->p, j->buf, j->len, j->s->offset);
+	__atomic_store_n(&j->ready, rr < 0 ? 2 : 1, __ATOMIC_RELEASE);
+	if (rr < 0) {
+		j->rc = rr;
+		snprintf(j->err, sizeof(j->err), "%s", ulp_archive_errmsg(a));
+		return 0;
+	}
 	ulp_dtype dt = j->s->t ? j->s->t->dtype : ULP_DT_UNKNOWN;
 	uint8_t *ref = NULL, *check = NULL;
 	ulp_pool *pool = bt->nested ? a->pool : NULL;
@@ -158,7 +178,7 @@ static int code_job(void *arg, size_t i)
 		if (ref && ulp_read_content(a, j->ref_sha, ref, j->len) < 0)
 			ref = NULL; /* an unreadable reference is no reason to fail: standalone */
 	}
-	/* both identities are known: the content's from phase A, the reference's from the index */
+	/* both identities are known: the content's from above, the reference's from the index */
 	ulp_enc_opts o = {.ref_sha256 = ref ? j->ref_sha : NULL, .src_sha256 = j->sha};
 	size_t cap = ulp_encode_bound(dt, j->len, &o);
 	if (j->blob_cap < cap) {
@@ -261,8 +281,8 @@ static int append_job(put *p, job *j)
 	return add_extent(p, j->s->offset, j->s->length, j->sha, name, dtype, nb->depth);
 }
 
-/* Phase A for one segment: read it, find its reference (hashing and
- * deduplication happen in phase B). */
+/* Phase A for one segment: its buffer and its reference (reading, hashing
+ * and deduplication happen in phase B). */
 static int prepare_job(put *p, const seg *s, int64_t ref_file, job *j)
 {
 	ulp_archive *a = p->a;
@@ -282,7 +302,7 @@ static int prepare_job(put *p, const seg *s, int64_t ref_file, job *j)
 	j->buf_cap = buf ? buf_cap : 0;
 	if (!j->buf)
 		return ulp_arch_err(a, -ULP_E_NOMEM, "%s: no memory for %zu bytes", p->path, j->len);
-	ULP_TRY(read_at(p, j->buf, j->len, s->offset));
+	/* the bytes are read by the job itself, in phase B */
 	if (s->t && p->res)
 		p->res->tensors++;
 	ulp_blobrow row;
