@@ -141,6 +141,7 @@ typedef struct enc {
 	/* pass-2 state */
 	const ulp_table *t;
 	const ulp_rans_esym *es;
+	const uint64_t *es64;   /* packed for the SIMD encoder, or NULL */
 	cand *c;
 } enc;
 
@@ -265,7 +266,7 @@ static int job_rans(void *arg, size_t k)
 	unsigned lanes = 1u << c->lanes_log2;
 	size_t rb = ulp_chunk_rans_bound(count, lanes), rans_len;
 	uint8_t *buf = c->arena + k * region_size(e);
-	int rc = ulp_chunk_encode(&e->f, e->t, e->es, lanes, e->syms + first,
+	int rc = ulp_chunk_encode(&e->f, e->t, e->es, e->es64, lanes, e->syms + first,
 	                          e->anchor ? NULL : e->ref + first * e->esize, count, buf, rb,
 	                          &rans_len);
 	if (rc == 0) {
@@ -426,7 +427,11 @@ static int make_rans(enc *e, ulp_pool *pool, int anchor, cand *c, double *bound_
 	c->table_len = (size_t)tl;
 	e->t = &t;
 	e->es = es;
+	uint64_t *es64 = ulp_esyms_pack(&t, es);
+	e->es64 = es64;
 	rc = ulp_pool_run(pool, e->n_chunks, job_rans, e);
+	free(es64);
+	e->es64 = NULL;
 	if (rc < 0)
 		goto out;
 	cand_size(e, c);

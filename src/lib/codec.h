@@ -55,10 +55,16 @@ size_t ulp_chunk_rans_bound(size_t n, unsigned lanes);
 size_t ulp_chunk_raw_bound(const ulp_fmt *f, size_t n);
 
 /* Pass 2: the chunk's rANS part ([lanes x u32 states][u16 words]) into
- * rans_dst, from the symbols of pass 1. ref is NULL for ANCHOR. */
+ * rans_dst, from the symbols of pass 1. ref is NULL for ANCHOR. es64 (from
+ * ulp_esyms_pack, or NULL) lets the AVX-512 encoder run. */
 int ulp_chunk_encode(const ulp_fmt *f, const ulp_table *t, const ulp_rans_esym *es,
-                     unsigned lanes, const uint8_t *syms, const void *ref, size_t n,
-                     uint8_t *rans_dst, size_t rans_cap, size_t *rans_len);
+                     const uint64_t *es64, unsigned lanes, const uint8_t *syms, const void *ref,
+                     size_t n, uint8_t *rans_dst, size_t rans_cap, size_t *rans_len);
+
+/* The table's encoder entries packed for the SIMD encoder, one u64 each:
+ * rcp | (freq | bias << 13 | rshift << 26) << 32 (malloc'd; NULL when no
+ * SIMD encoder would use it or on no memory: the scalar encoder runs). */
+uint64_t *ulp_esyms_pack(const ulp_table *t, const ulp_rans_esym *es);
 
 /*
  * AVX2 symbol pass (rans_avx2.c): decodes n symbols (n a multiple of 32; 8,
@@ -89,6 +95,10 @@ size_t ulp_rans_syms_avx512(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes,
 size_t ulp_rebuild16_avx512(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
                             size_t raw_len, uint64_t *pos, uint16_t *out);
 int ulp_use_avx512(void);
+/* AVX-512 encoder of elements [0, n) (n a multiple of 32) with 32 lanes. */
+void ulp_rans_enc_avx512(const ulp_fmt *f, unsigned pb, const uint8_t *rowb, unsigned row0,
+                         unsigned alphabet, const uint64_t *es64, const uint8_t *syms,
+                         const void *ref, size_t n, uint32_t *x, uint16_t **pp);
 
 /* Decodes one chunk into dst (n elements); every stream is bounds-checked. */
 int ulp_chunk_decode(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, const uint8_t *rans,

@@ -139,3 +139,81 @@ size_t ulp_rebuild16_avx512(const uint8_t *syms, const uint16_t *ref, size_t n, 
 	*pos = p;
 	return i;
 }
+
+/*
+ * AVX-512 rANS encoder for 32 lanes (16- and 32-bit dtypes, DELTA with its
+ * reference or ANCHOR without): elements [0, n) of a chunk, n a multiple of
+ * 32, coded from the last group of sixteen to the first, exactly as the
+ * scalar loop codes them one by one from the last element:
+ *  - the sixteen lanes of a group are independent, so they renormalize and
+ *    fold together; the words of the lanes that renormalize go below *pp in
+ *    lane order, which is where the scalar order puts them (it writes the
+ *    highest element's word first, each one below the previous);
+ *  - the fold is the scalar one (x + bias + q cmpl, q from the 32-bit
+ *    reciprocal), its fields unpacked from es64 (ulp_esym_pack), x_max
+ *    and cmpl recomputed from the frequency.
+ * rowb maps contexts to rows (as in ulp_dtab; with a reference only);
+ * row0 is the row of ANCHOR.
+ */
+void ulp_rans_enc_avx512(const ulp_fmt *f, unsigned pb, const uint8_t *rowb, unsigned row0,
+                         unsigned alphabet, const uint64_t *es64, const uint8_t *syms,
+                         const void *ref, size_t n, uint32_t *x, uint16_t **pp)
+{
+	const __m128i shv = _mm_cvtsi32_si128((int)f->mshift);
+	const __m512i em = _mm512_set1_epi32((int)((1u << f->ebits) - 1));
+	const __m512i ff = _mm512_set1_epi32(0xff), m13 = _mm512_set1_epi32(0x1fff);
+	const __m512i av = _mm512_set1_epi32((int)alphabet), one_n = _mm512_set1_epi32(1 << pb);
+	const __m128i xmsh = _mm_cvtsi32_si128((int)(31 - pb));
+	const __m512i t0 = _mm512_loadu_si512(rowb), t1 = _mm512_loadu_si512(rowb + 64),
+	              t2 = _mm512_loadu_si512(rowb + 128), t3 = _mm512_loadu_si512(rowb + 192);
+	const __m512i lo_idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+	const __m512i hi_idx = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+	const __m512i rowv0 = _mm512_set1_epi32((int)row0);
+	const uint16_t *r16 = f->w == 16 ? ref : NULL;
+	const uint32_t *r32 = f->w == 32 ? ref : NULL;
+	uint16_t *p = *pp;
+	__m512i xa = _mm512_loadu_si512(x), xb = _mm512_loadu_si512(x + 16);
+
+#define ESTEP(X, i)                                                                             \
+	{                                                                                       \
+		__m512i row = rowv0;                                                            \
+		if (ref) {                                                                      \
+			__m512i r = r16 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r16 + (i)))) \
+			                : _mm512_loadu_si512(r32 + (i));                        \
+			__m512i c = _mm512_and_si512(_mm512_srl_epi32(r, shv), em);             \
+			__m512i lo = _mm512_permutex2var_epi8(t0, c, t1);                       \
+			__m512i hi = _mm512_permutex2var_epi8(t2, c, t3);                       \
+			row = _mm512_and_si512(_mm512_mask_blend_epi8(_mm512_movepi8_mask(c), lo, hi), ff); \
+		}                                                                               \
+		__m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(syms + (i)))); \
+		__m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(row, av), s);                 \
+		__m512i g0 = _mm512_i32gather_epi64(_mm512_castsi512_si256(idx), es64, 8);      \
+		__m512i g1 = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(idx, 1), es64, 8); \
+		__m512i rcp = _mm512_permutex2var_epi32(g0, lo_idx, g1);                        \
+		__m512i pk = _mm512_permutex2var_epi32(g0, hi_idx, g1);                         \
+		__m512i freq = _mm512_and_si512(pk, m13);                                       \
+		__m512i bias = _mm512_and_si512(_mm512_srli_epi32(pk, 13), m13);                \
+		__m512i rsh = _mm512_srli_epi32(pk, 26);                                        \
+		__mmask16 k = _mm512_cmpge_epu32_mask(X, _mm512_sll_epi32(freq, xmsh));         \
+		unsigned cnt = (unsigned)__builtin_popcount((unsigned)k);                       \
+		p -= cnt;                                                                       \
+		_mm256_mask_storeu_epi16(p, (__mmask16)((1u << cnt) - 1),                       \
+		                         _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(k, X))); \
+		X = _mm512_mask_srli_epi32(X, k, X, 16);                                        \
+		__m512i pe = _mm512_mul_epu32(X, rcp);                                          \
+		__m512i po = _mm512_mul_epu32(_mm512_srli_epi64(X, 32), _mm512_srli_epi64(rcp, 32)); \
+		__m512i q = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(pe, 32), po);     \
+		q = _mm512_srlv_epi32(q, rsh);                                                  \
+		X = _mm512_add_epi32(_mm512_add_epi32(X, bias),                                 \
+		                     _mm512_mullo_epi32(q, _mm512_sub_epi32(one_n, freq)));     \
+	}
+
+	for (size_t g = n; g > 0; g -= 32) {
+		ESTEP(xb, g - 16)
+		ESTEP(xa, g - 32)
+	}
+#undef ESTEP
+	_mm512_storeu_si512(x, xa);
+	_mm512_storeu_si512(x + 16, xb);
+	*pp = p;
+}
