@@ -131,7 +131,25 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 		/* G elements (at most 56 raw bits together) per bit-writer call */    \
 		const unsigned G = W <= 8 ? 8 : W <= 16 ? 4 : 1;                        \
 		size_t i = 0;                                                           \
-		if (W == 16 && n >= 16 && ulp_use_avx2()) {                             \
+		if (W == 16 && n >= 16 && ulp_use_avx512()) {                           \
+			/* symbols, count indices and merged raw tails in AVX-512;     \
+			 * counting and bit writing here */                            \
+			uint16_t cix[1024];                                             \
+			uint64_t vals[256];                                             \
+			uint8_t lens[256];                                              \
+			while (n - i >= 16) {                                           \
+				size_t m = ULP_MIN((size_t)1024, (n - i) & ~(size_t)15); \
+				ulp_pass1_16_avx512((const uint16_t *)(const void *)(x + i), \
+				                    (const uint16_t *)(const void *)(r + i), m, sh, \
+				                    (unsigned)em, a, syms + i, cix, vals, lens); \
+				for (size_t j = 0; j < m; j++)                          \
+					counts[cix[j]]++;                               \
+				for (size_t g = 0; g < m / 4; g++)                      \
+					ulp_bitw_put(bw, vals[g], lens[g]);             \
+				i += m;                                                 \
+			}                                                               \
+		}                                                                       \
+		if (W == 16 && n - i >= 16 && ulp_use_avx2()) {                         \
 			/* symbols and raw tails in AVX2, counting and packing here */  \
 			uint16_t rawv[1024];                                            \
 			uint8_t kv[1024];                                               \
@@ -532,6 +550,14 @@ void ulp_rans_enc_avx512(const ulp_fmt *f, unsigned pb, const uint8_t *rowb, uns
 {
 	(void)f, (void)pb, (void)rowb, (void)row0, (void)alphabet, (void)es64, (void)syms;
 	(void)ref, (void)n, (void)x, (void)pp; /* never called: ulp_use_avx512() is 0 */
+}
+
+void ulp_pass1_16_avx512(const uint16_t *x, const uint16_t *r, size_t n, unsigned mshift,
+                         unsigned emask, unsigned alphabet, uint8_t *syms, uint16_t *cidx,
+                         uint64_t *vals, uint8_t *lens)
+{
+	(void)x, (void)r, (void)n, (void)mshift, (void)emask, (void)alphabet, (void)syms;
+	(void)cidx, (void)vals, (void)lens; /* never called: ulp_use_avx512() is 0 */
 }
 #endif
 

@@ -95,6 +95,11 @@ size_t ulp_rans_syms_avx512(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes,
 size_t ulp_rebuild16_avx512(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
                             size_t raw_len, uint64_t *pos, uint16_t *out);
 int ulp_use_avx512(void);
+/* AVX-512 pass 1 of 16-bit DELTA (n a multiple of 16): symbols, count
+ * indices, raw tails merged four elements at a time (rans_avx512.c). */
+void ulp_pass1_16_avx512(const uint16_t *x, const uint16_t *r, size_t n, unsigned mshift,
+                         unsigned emask, unsigned alphabet, uint8_t *syms, uint16_t *cidx,
+                         uint64_t *vals, uint8_t *lens);
 /* AVX-512 encoder of elements [0, n) (n a multiple of 32) with 32 lanes. */
 void ulp_rans_enc_avx512(const ulp_fmt *f, unsigned pb, const uint8_t *rowb, unsigned row0,
                          unsigned alphabet, const uint64_t *es64, const uint8_t *syms,

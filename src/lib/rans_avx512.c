@@ -217,3 +217,52 @@ void ulp_rans_enc_avx512(const ulp_fmt *f, unsigned pb, const uint8_t *rowb, uns
 	_mm512_storeu_si512(x + 16, xb);
 	*pp = p;
 }
+
+/*
+ * AVX-512 pass 1 of 16-bit DELTA (the encoder), n a multiple of 16: the
+ * symbols, each element's count index ctx * alphabet + symbol (ctx = the
+ * reference's exponent field), and the raw tails merged four elements at a
+ * time in element order (vals[i / 4], at most 52 bits, lens[i / 4] bits) for
+ * the caller's bit writer. Exactly the scalar z_symbol(): z = zigzag(phi(x) -
+ * phi(r)), k = bitlen(z | 4) - 3 (from the exponent of z | 4 as a float,
+ * exact below 2^24), symbol 4k + (z >> k), raw = the low k bits.
+ */
+void ulp_pass1_16_avx512(const uint16_t *x, const uint16_t *r, size_t n, unsigned mshift,
+                         unsigned emask, unsigned alphabet, uint8_t *syms, uint16_t *cidx,
+                         uint64_t *vals, uint8_t *lens)
+{
+	const __m512i h = _mm512_set1_epi32(0x8000), ffff = _mm512_set1_epi32(0xffff),
+	              zero = _mm512_setzero_si512(), four = _mm512_set1_epi32(4),
+	              one = _mm512_set1_epi32(1), e129 = _mm512_set1_epi32(129),
+	              em = _mm512_set1_epi32((int)emask), av = _mm512_set1_epi32((int)alphabet),
+	              lo32 = _mm512_set1_epi64(0xffffffffll);
+	const __m512i even = _mm512_setr_epi64(0, 2, 4, 6, 0, 0, 0, 0),
+	              odd = _mm512_setr_epi64(1, 3, 5, 7, 0, 0, 0, 0);
+	const __m128i shv = _mm_cvtsi32_si128((int)mshift);
+	for (size_t i = 0; i < n; i += 16) {
+		__m512i X = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + i)));
+		__m512i R = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r + i)));
+		__m512i px = _mm512_xor_si512(X, _mm512_or_si512(_mm512_and_si512(_mm512_sub_epi32(zero, _mm512_srli_epi32(X, 15)), ffff), h));
+		__m512i pr = _mm512_xor_si512(R, _mm512_or_si512(_mm512_and_si512(_mm512_sub_epi32(zero, _mm512_srli_epi32(R, 15)), ffff), h));
+		__m512i d = _mm512_and_si512(_mm512_sub_epi32(px, pr), ffff);
+		__m512i z = _mm512_and_si512(_mm512_xor_si512(_mm512_slli_epi32(d, 1),
+		                                              _mm512_sub_epi32(zero, _mm512_srli_epi32(d, 15))), ffff);
+		__m512i k = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_or_si512(z, four))), 23), e129);
+		__m512i sym = _mm512_add_epi32(_mm512_slli_epi32(k, 2), _mm512_srlv_epi32(z, k));
+		__m512i raw = _mm512_and_si512(z, _mm512_sub_epi32(_mm512_sllv_epi32(one, k), one));
+		__m512i ctx = _mm512_and_si512(_mm512_srl_epi32(R, shv), em);
+		_mm_storeu_si128((__m128i *)(syms + i), _mm512_cvtepi32_epi8(sym));
+		_mm256_storeu_si256((__m256i *)(cidx + i), _mm512_cvtepi32_epi16(_mm512_add_epi32(_mm512_mullo_epi32(ctx, av), sym)));
+		/* pairs: qword j holds elements 2j (low) and 2j + 1 (high) */
+		__m512i k0 = _mm512_and_si512(k, lo32), k1 = _mm512_srli_epi64(k, 32);
+		__m512i m1 = _mm512_or_si512(_mm512_and_si512(raw, lo32), _mm512_sllv_epi64(_mm512_srli_epi64(raw, 32), k0));
+		__m512i l1 = _mm512_add_epi64(k0, k1);
+		/* fours: pairs 2m and 2m + 1 */
+		__m512i a = _mm512_permutexvar_epi64(even, m1), b = _mm512_permutexvar_epi64(odd, m1);
+		__m512i la = _mm512_permutexvar_epi64(even, l1), lb = _mm512_permutexvar_epi64(odd, l1);
+		__m512i m2 = _mm512_or_si512(a, _mm512_sllv_epi64(b, la));
+		_mm256_storeu_si256((__m256i *)(vals + i / 4), _mm512_castsi512_si256(m2));
+		uint32_t l4 = (uint32_t)_mm_cvtsi128_si32(_mm512_cvtepi64_epi8(_mm512_add_epi64(la, lb)));
+		memcpy(lens + i / 4, &l4, 4);
+	}
+}

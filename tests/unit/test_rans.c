@@ -230,6 +230,19 @@ static void test_delta_streams(void)
 		uint8_t *wb = malloc(wc);
 		uint64_t bits, cost;
 		ulp_pass1(&f, 0, x, r, n, syms, counts, wb, wc, &bits);
+		/* pass 1 on every CPU path: the same symbols, counts and raw tail */
+		for (int m = 0; m < 2; m++) {
+			const unsigned pm = m ? ULP_CPU_AVX2 : 0;
+			uint8_t *s2 = malloc(n), *w2 = malloc(wc);
+			uint64_t *c2 = calloc((size_t)f.n_ctx * f.alphabet, sizeof(uint64_t)), bits2;
+			unsigned old = ulp_set_cpu_mask(pm);
+			ulp_pass1(&f, 0, x, r, n, s2, c2, w2, wc, &bits2);
+			ulp_set_cpu_mask(old);
+			CHECK(bits2 == bits && !memcmp(s2, syms, n) && !memcmp(w2, wb, (size_t)((bits + 7) / 8)) &&
+			      !memcmp(c2, counts, (size_t)f.n_ctx * f.alphabet * sizeof(uint64_t)),
+			      "w%u pass 1 with cpu mask %u equals the default path's", f.w, pm);
+			free(s2), free(w2), free(c2);
+		}
 		ulp_table t;
 		ulp_rans_esym *es;
 		ulp_dtab d;
