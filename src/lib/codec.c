@@ -137,17 +137,38 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 			uint16_t cix[1024];                                             \
 			uint64_t vals[256];                                             \
 			uint8_t lens[256];                                              \
+			/* long chunks count into four tables, one per position mod 4: \
+			 * runs of one symbol would otherwise chain every increment   \
+			 * through one memory word (measured: half of this loop) */  \
+			const size_t cells = (size_t)f->n_ctx * a;                      \
+			uint32_t *sub = n >= 65536 ? ulp_scratch(ULP_SCRATCH_COUNTS, 4 * cells * sizeof(uint32_t)) : NULL; \
+			if (sub)                                                        \
+				memset(sub, 0, 4 * cells * sizeof(uint32_t));          \
 			while (n - i >= 16) {                                           \
 				size_t m = ULP_MIN((size_t)1024, (n - i) & ~(size_t)15); \
 				ulp_pass1_16_avx512((const uint16_t *)(const void *)(x + i), \
 				                    (const uint16_t *)(const void *)(r + i), m, sh, \
 				                    (unsigned)em, a, syms + i, cix, vals, lens); \
-				for (size_t j = 0; j < m; j++)                          \
-					counts[cix[j]]++;                               \
+				if (sub) {                                              \
+					for (size_t j = 0; j < m; j += 4) {             \
+						sub[cix[j]]++;                          \
+						sub[cells + cix[j + 1]]++;              \
+						sub[2 * cells + cix[j + 2]]++;          \
+						sub[3 * cells + cix[j + 3]]++;          \
+					}                                               \
+				} else {                                                \
+					for (size_t j = 0; j < m; j++)                  \
+						counts[cix[j]]++;                       \
+				}                                                       \
+				ulp_bitw lw = *bw; /* a local: in registers, not   \
+				                      reloaded after every store */  \
 				for (size_t g = 0; g < m / 4; g++)                      \
-					ulp_bitw_put(bw, vals[g], lens[g]);             \
+					ulp_bitw_put(&lw, vals[g], lens[g]);            \
+				*bw = lw;                                               \
 				i += m;                                                 \
 			}                                                               \
+			for (size_t c = 0; sub && c < cells; c++)                       \
+				counts[c] += (uint64_t)sub[c] + sub[cells + c] + sub[2 * cells + c] + sub[3 * cells + c]; \
 		}                                                                       \
 		if (W == 16 && n - i >= 16 && ulp_use_avx2()) {                         \
 			/* symbols and raw tails in AVX2, counting and packing here */  \

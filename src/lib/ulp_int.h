@@ -53,6 +53,7 @@ int ulp_grow(void *arr, size_t *cap, size_t n, size_t size);
 enum {
 	ULP_SCRATCH_REF, ULP_SCRATCH_CHECK,                   /* ingest */
 	ULP_SCRATCH_SYMS, ULP_SCRATCH_ARENA0, ULP_SCRATCH_ARENA1, /* encoder */
+	ULP_SCRATCH_COUNTS,                                   /* encoder pass 1 */
 	ULP_SCRATCH_SLOTS
 };
 void *ulp_scratch(unsigned slot, size_t size);
