@@ -2,6 +2,7 @@
 /* ulpack.c - the ulpack command: dispatch to subcommands and shared helpers. */
 #include "cli.h"
 #include <errno.h>
+#include <malloc.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +102,11 @@ int cli_read_file(const char *path, uint8_t **buf, size_t *len)
 
 int main(int argc, char **argv)
 {
+	/* tables and buffers of a few hundred KiB come and go per tensor: from
+	 * the heap, not from fresh mappings (first touch costs more than the
+	 * coding of the bytes in them) */
+	mallopt(M_MMAP_THRESHOLD, 4 << 20);
+	mallopt(M_TRIM_THRESHOLD, 128 << 20);
 	if (argc < 2 || cli_is_help(argv[1])) {
 		usage(argc < 2 ? stderr : stdout);
 		return argc < 2 ? 2 : 0;
