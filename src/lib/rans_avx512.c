@@ -28,6 +28,21 @@
 #include "codec.h"
 #include <immintrin.h>
 
+/* The table rows of the contexts (reference exponents) of sixteen elements
+ * from element i on, by byte permutes of the 256-entry row table held in
+ * t0..t3; 0xff where a context has no row. */
+static inline __m512i ctx_rows(const uint16_t *r16, const uint32_t *r32, size_t i, __m128i shv,
+                               __m512i em, __m512i t0, __m512i t1, __m512i t2, __m512i t3)
+{
+	__m512i r = r16 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r16 + i)))
+	                : _mm512_loadu_si512(r32 + i);
+	__m512i c = _mm512_and_si512(_mm512_srl_epi32(r, shv), em);
+	__m512i lo = _mm512_permutex2var_epi8(t0, c, t1);
+	__m512i hi = _mm512_permutex2var_epi8(t2, c, t3);
+	return _mm512_and_si512(_mm512_mask_blend_epi8(_mm512_movepi8_mask(c), lo, hi),
+	                        _mm512_set1_epi32(0xff));
+}
+
 size_t ulp_rans_syms_avx512(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, uint32_t *x,
                             const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms)
 {
@@ -53,13 +68,7 @@ size_t ulp_rans_syms_avx512(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes,
 	{                                                                                       \
 		__m512i off = off0;                                                             \
 		if (ref) {                                                                      \
-			__m512i r = r16 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r16 + (i)))) \
-			                : _mm512_loadu_si512(r32 + (i));                        \
-			__m512i c = _mm512_and_si512(_mm512_srl_epi32(r, shv), em);             \
-			__m512i lo = _mm512_permutex2var_epi8(t0, c, t1);                       \
-			__m512i hi = _mm512_permutex2var_epi8(t2, c, t3);                       \
-			__m512i row = _mm512_and_si512(                                         \
-				_mm512_mask_blend_epi8(_mm512_movepi8_mask(c), lo, hi), ff);    \
+			__m512i row = ctx_rows(r16, r32, i, shv, em, t0, t1, t2, t3);           \
 			if (_mm512_cmpeq_epi32_mask(row, ff))                                   \
 				break;                                                          \
 			off = _mm512_sll_epi32(row, pbv);                                       \
@@ -161,7 +170,7 @@ void ulp_rans_enc_avx512(const ulp_fmt *f, unsigned pb, const uint8_t *rowb, uns
 {
 	const __m128i shv = _mm_cvtsi32_si128((int)f->mshift);
 	const __m512i em = _mm512_set1_epi32((int)((1u << f->ebits) - 1));
-	const __m512i ff = _mm512_set1_epi32(0xff), m13 = _mm512_set1_epi32(0x1fff);
+	const __m512i m13 = _mm512_set1_epi32(0x1fff);
 	const __m512i av = _mm512_set1_epi32((int)alphabet), one_n = _mm512_set1_epi32(1 << pb);
 	const __m128i xmsh = _mm_cvtsi32_si128((int)(31 - pb));
 	const __m512i t0 = _mm512_loadu_si512(rowb), t1 = _mm512_loadu_si512(rowb + 64),
@@ -177,14 +186,8 @@ void ulp_rans_enc_avx512(const ulp_fmt *f, unsigned pb, const uint8_t *rowb, uns
 #define ESTEP(X, i)                                                                             \
 	{                                                                                       \
 		__m512i row = rowv0;                                                            \
-		if (ref) {                                                                      \
-			__m512i r = r16 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r16 + (i)))) \
-			                : _mm512_loadu_si512(r32 + (i));                        \
-			__m512i c = _mm512_and_si512(_mm512_srl_epi32(r, shv), em);             \
-			__m512i lo = _mm512_permutex2var_epi8(t0, c, t1);                       \
-			__m512i hi = _mm512_permutex2var_epi8(t2, c, t3);                       \
-			row = _mm512_and_si512(_mm512_mask_blend_epi8(_mm512_movepi8_mask(c), lo, hi), ff); \
-		}                                                                               \
+		if (ref)                                                                        \
+			row = ctx_rows(r16, r32, i, shv, em, t0, t1, t2, t3);                   \
 		__m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(syms + (i)))); \
 		__m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(row, av), s);                 \
 		__m512i g0 = _mm512_i32gather_epi64(_mm512_castsi512_si256(idx), es64, 8);      \
