@@ -344,6 +344,9 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 				if (W == 16 && ulp_use_avx512())                        \
 					j0 = ulp_rebuild16_avx512(syms, (const uint16_t *)(const void *)rb, bn, \
 					                          raw, raw_len, &pos, (uint16_t *)(void *)ob); \
+				if (W == 32 && ulp_use_avx512())                        \
+					j0 = ulp_rebuild32_avx512(syms, (const uint32_t *)(const void *)rb, bn, \
+					                          raw, raw_len, &pos, (uint32_t *)(void *)ob); \
 				if (W == 16 && ulp_use_avx2())                          \
 					j0 += ulp_rebuild16_avx2(syms + j0, (const uint16_t *)(const void *)rb + j0, \
 					                         bn - j0, raw, raw_len, &pos, \
@@ -579,6 +582,13 @@ void ulp_pass1_16_avx512(const uint16_t *x, const uint16_t *r, size_t n, unsigne
 {
 	(void)x, (void)r, (void)n, (void)mshift, (void)emask, (void)alphabet, (void)syms;
 	(void)cidx, (void)vals, (void)lens; /* never called: ulp_use_avx512() is 0 */
+}
+
+size_t ulp_rebuild32_avx512(const uint8_t *syms, const uint32_t *ref, size_t n, const uint8_t *raw,
+                            size_t raw_len, uint64_t *pos, uint32_t *out)
+{
+	(void)syms, (void)ref, (void)n, (void)raw, (void)raw_len, (void)pos, (void)out;
+	return 0;
 }
 #endif
 

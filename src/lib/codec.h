@@ -94,6 +94,8 @@ size_t ulp_rans_syms_avx512(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes,
                             const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms);
 size_t ulp_rebuild16_avx512(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
                             size_t raw_len, uint64_t *pos, uint16_t *out);
+size_t ulp_rebuild32_avx512(const uint8_t *syms, const uint32_t *ref, size_t n, const uint8_t *raw,
+                            size_t raw_len, uint64_t *pos, uint32_t *out);
 int ulp_use_avx512(void);
 /* AVX-512 pass 1 of 16-bit DELTA (n a multiple of 16): symbols, count
  * indices, raw tails merged four elements at a time (rans_avx512.c). */

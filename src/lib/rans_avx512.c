@@ -269,3 +269,57 @@ void ulp_pass1_16_avx512(const uint16_t *x, const uint16_t *r, size_t n, unsigne
 		memcpy(lens + i / 4, &l4, 4);
 	}
 }
+
+/*
+ * AVX-512 reconstruction pass for 32-bit DELTA (F32): as the 16-bit one, but
+ * an element's raw tail has up to 29 bits, 36 with its bit shift, so each
+ * element's five bytes are picked into a 64-bit lane (eight elements a
+ * permute, two permutes a group). Sixteen elements read at most 59 bytes
+ * from byte p / 8: one 64-byte window.
+ */
+size_t ulp_rebuild32_avx512(const uint8_t *syms, const uint32_t *ref, size_t n, const uint8_t *raw,
+                            size_t raw_len, uint64_t *pos, uint32_t *out)
+{
+	const __m512i zero = _mm512_setzero_si512(), one = _mm512_set1_epi32(1),
+	              three = _mm512_set1_epi32(3), four = _mm512_set1_epi32(4),
+	              h = _mm512_set1_epi32((int)0x80000000u), seven64 = _mm512_set1_epi64(7),
+	              bytes8 = _mm512_set1_epi64(0x0706050403020100ll);
+	/* in each 128-bit lane: byte 0 to the first qword's bytes, byte 8 to the second's */
+	const __m512i bcast = _mm512_set4_epi32(0x08080808, 0x08080808, 0, 0);
+	uint64_t p = *pos;
+	size_t i = 0;
+	for (; i + 16 <= n && p / 8 + 64 <= raw_len; i += 16) {
+		__m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(syms + i)));
+		__m512i nr = _mm512_max_epi32(_mm512_sub_epi32(_mm512_srli_epi32(s, 2), one), zero);
+		__m512i inc = _mm512_add_epi32(nr, _mm512_alignr_epi32(nr, zero, 15));
+		inc = _mm512_add_epi32(inc, _mm512_alignr_epi32(inc, zero, 14));
+		inc = _mm512_add_epi32(inc, _mm512_alignr_epi32(inc, zero, 12));
+		inc = _mm512_add_epi32(inc, _mm512_alignr_epi32(inc, zero, 8));
+		uint32_t total = (uint32_t)_mm_extract_epi32(_mm512_extracti32x4_epi32(inc, 3), 3);
+		__m512i bitpos = _mm512_add_epi32(_mm512_set1_epi32((int)(p & 7)), _mm512_sub_epi32(inc, nr));
+		__m512i win = _mm512_loadu_si512(raw + p / 8);
+		__m256i half[2];
+		for (int k = 0; k < 2; k++) {
+			__m512i bp = _mm512_cvtepu32_epi64(k ? _mm512_extracti64x4_epi64(bitpos, 1)
+			                                     : _mm512_castsi512_si256(bitpos));
+			__m512i idx = _mm512_add_epi64(_mm512_shuffle_epi8(_mm512_srli_epi64(bp, 3), bcast), bytes8);
+			__m512i v = _mm512_srlv_epi64(_mm512_permutexvar_epi8(idx, win), _mm512_and_si512(bp, seven64));
+			half[k] = _mm512_cvtepi64_epi32(v);
+		}
+		__m512i bits = _mm512_inserti64x4(_mm512_castsi256_si512(half[0]), half[1], 1);
+		__m512i rmask = _mm512_sub_epi32(_mm512_sllv_epi32(one, nr), one);
+		__m512i lead = _mm512_or_si512(four, _mm512_and_si512(s, three));
+		__m512i base = _mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(s, four),
+		                                       _mm512_sllv_epi32(lead, nr), s);
+		__m512i z = _mm512_or_si512(base, _mm512_and_si512(bits, rmask));
+		__m512i dd = _mm512_xor_si512(_mm512_srli_epi32(z, 1), _mm512_sub_epi32(zero, _mm512_and_si512(z, one)));
+		__m512i r = _mm512_loadu_si512(ref + i);
+		__m512i phir = _mm512_xor_si512(r, _mm512_or_si512(_mm512_sub_epi32(zero, _mm512_srli_epi32(r, 31)), h));
+		__m512i key = _mm512_add_epi32(phir, dd);
+		__m512i xv = _mm512_xor_si512(key, _mm512_or_si512(_mm512_sub_epi32(_mm512_srli_epi32(key, 31), one), h));
+		_mm512_storeu_si512(out + i, xv);
+		p += total;
+	}
+	*pos = p;
+	return i;
+}
