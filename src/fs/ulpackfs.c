@@ -42,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <syslog.h>
@@ -1122,6 +1123,34 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
 }
 
 /* A mount point that is already a mount point is busy. */
+/*
+ * One read-write mount of an archive at a time: its daemon holds an
+ * exclusive flock on ARCHIVE/mount.lock for its whole life (the lock
+ * survives the daemonizing fork and goes with the process). After
+ * `fusermount3 -u` the daemon still archives what is queued; a new mount
+ * waits here (up to a minute) until it has finished, rather than recovering
+ * its staged files under it or missing the files it has not committed yet.
+ */
+static int lock_archive(const char *dir)
+{
+	char p[4200];
+	snprintf(p, sizeof(p), "%s/mount.lock", dir);
+	int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -errno;
+	for (int i = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; i++) {
+		if (errno != EWOULDBLOCK || i >= 600) {
+			int e = errno == EWOULDBLOCK ? EBUSY : errno;
+			close(fd);
+			return -e;
+		}
+		if (i == 10)
+			fprintf(stderr, "ulpackfs: %s: waiting for the ulpackfs that had it mounted to finish archiving\n", dir);
+		usleep(100000);
+	}
+	return fd; /* kept open: the lock lasts as long as the process */
+}
+
 static int is_mount_point(const char *mnt)
 {
 	struct stat a, b;
@@ -1167,6 +1196,16 @@ int main(int argc, char **argv)
 	if (ulp_archive_open(fs.archive, &ao, &fs.a, err, sizeof(err)) < 0) {
 		fprintf(stderr, "ulpackfs: %s\n", err);
 		return 1;
+	}
+	if (!fs.read_only) { /* an archive, now: take its lock, then recover */
+		int lk = lock_archive(fs.archive);
+		if (lk < 0) {
+			fprintf(stderr, "ulpackfs: %s: %s\n", fs.archive,
+			        lk == -EBUSY ? "mounted read-write by another ulpackfs (still busy after a minute)"
+			                     : strerror(-lk));
+			ulp_archive_close(fs.a);
+			return 1;
+		}
 	}
 	if (!fs.read_only) {
 		unsigned rec, rem;

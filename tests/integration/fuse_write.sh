@@ -183,6 +183,15 @@ assert st.st_mode & 0o7777 == 0o640, oct(st.st_mode)
 assert st.st_mtime_ns == 1_600_000_000_000_000_123, st.st_mtime_ns
 assert os.getxattr(p, "user.ulpack.sha256")
 PYEOF
+# a remount right after fusermount3 -u (which returns before the daemon has
+# archived what is queued) waits for the previous daemon: nothing is missed
+cp "$T/big/checkpoint-100/model.safetensors" "$M/.late.safetensors.Q1w2E3" \
+	&& mv "$M/.late.safetensors.Q1w2E3" "$M/late.safetensors" || fail "late file"
+fusermount3 -u "$M"
+mount_fs "$A" "$M" 2> "$T/wait" || fail "remount right after unmount"
+cmp -s "$T/big/checkpoint-100/model.safetensors" "$M/late.safetensors" && [ -z "$(ls "$A/staging")" ] \
+	&& ok "a remount right after unmount waits for the previous daemon's archiving" \
+	|| fail "late file after a quick remount: $(cat "$T/wait")"
 # a closed file whose name looks like an rsync temporary is kept at unmount
 printf 'precious\n' > "$M/.notes.abc123"
 ls -la "$M" > /dev/null 2> "$T/lserr" && [ ! -s "$T/lserr" ] || fail "ls -la of a staged file: $(cat "$T/lserr")"
