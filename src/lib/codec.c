@@ -295,6 +295,9 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 			if ((size_t)(wend - wp) >= 2 * (bn - i0)) {                     \
 				/* the common precision as a constant: shifts by an \
 				 * immediate, one register less */                     \
+				/* w: a register copy (wp's address goes to the SIMD \
+				 * kernels, so wp itself lives in memory) */            \
+				const uint8_t *w = wp;                                  \
 				if (rb && pb == ULP_PROB_BITS_MAX) {                    \
 					for (size_t i = i0; i < bn; i++) {              \
 						const uint32_t *row = d->row[(rb[i] >> sh) & em]; \
@@ -302,7 +305,7 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 							return ULP_CORRUPT(err, "element %zu: reference exponent %u has no table row", \
 							                   b0 + i, (unsigned)((rb[i] >> sh) & em)); \
 						syms[i] = rans_step(&x[i & lm], row, (1u << ULP_PROB_BITS_MAX) - 1, \
-						                    ULP_PROB_BITS_MAX, &wp); \
+						                    ULP_PROB_BITS_MAX, &w); \
 					}                                               \
 				} else if (rb) {                                        \
 					for (size_t i = i0; i < bn; i++) {              \
@@ -310,12 +313,13 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 						if (__builtin_expect(!row, 0))          \
 							return ULP_CORRUPT(err, "element %zu: reference exponent %u has no table row", \
 							                   b0 + i, (unsigned)((rb[i] >> sh) & em)); \
-						syms[i] = rans_step(&x[i & lm], row, mask, pb, &wp); \
+						syms[i] = rans_step(&x[i & lm], row, mask, pb, &w); \
 					}                                               \
 				} else {                                                \
 					for (size_t i = i0; i < bn; i++)                \
-						syms[i] = rans_step(&x[i & lm], row0, mask, pb, &wp); \
+						syms[i] = rans_step(&x[i & lm], row0, mask, pb, &w); \
 				}                                                       \
+				wp = w;                                                 \
 			} else {                                                        \
 				for (size_t i = i0; i < bn; i++) {                      \
 					const uint32_t *row = rb ? d->row[(rb[i] >> sh) & em] : row0; \
@@ -352,24 +356,26 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 					                         bn - j0, raw, raw_len, &pos, \
 					                         (uint16_t *)(void *)ob + j0); \
 				size_t i = j0;                                          \
+				uint64_t q = pos; /* a register copy, as w above */     \
 				/* while the rest of the block cannot reach the tail's \
 				 * last 8 bytes (W - 3 raw bits at most an element),  \
 				 * one unchecked 64-bit load an element */            \
-				if (W <= 32 && pos / 8 + ((uint64_t)(bn - i) * (W - 3) + 7) / 8 + 8 <= raw_len) { \
+				if (W <= 32 && q / 8 + ((uint64_t)(bn - i) * (W - 3) + 7) / 8 + 8 <= raw_len) { \
 					for (; i < bn; i++) {                           \
 						unsigned s = syms[i], nr = d->nraw[s];  \
-						uint64_t w64 = ulp_ld64(raw + (pos >> 3)) >> (pos & 7); \
+						uint64_t w64 = ulp_ld64(raw + (q >> 3)) >> (q & 7); \
 						uint64_t z = d->base[s] | (w64 & ((1ull << nr) - 1)); \
-						pos += nr;                              \
+						q += nr;                                \
 						ob[i] = phi_inv##W((T)(phi##W(rb[i]) + unzz##W((T)z))); \
 					}                                               \
 				}                                                       \
 				for (; i < bn; i++) {                                   \
 					unsigned s = syms[i], nr = d->nraw[s];          \
-					uint64_t z = d->base[s] | raw_bits_at(raw, raw_len, pos, nr); \
-					pos += nr;                                      \
+					uint64_t z = d->base[s] | raw_bits_at(raw, raw_len, q, nr); \
+					q += nr;                                        \
 					ob[i] = phi_inv##W((T)(phi##W(rb[i]) + unzz##W((T)z))); \
 				}                                                       \
+				pos = q;                                                \
 			} else {                                                        \
 				const unsigned nb = W - ab;                             \
 				const uint64_t lo = ((uint64_t)1 << ash) - 1;           \
