@@ -651,18 +651,11 @@ static int ulpfs_release(const char *path, struct fuse_file_info *fi)
 	if (h->n) {
 		pthread_mutex_lock(&fs.mu);
 		node *n = h->n;
-		if (--n->handles == 0) {
-			if (!n->path) { /* unlinked while open */
-				ulp_stage_discard(n->stage);
-				n->stage = NULL;
-				unlink_node(n);
-			} else if (!n->dirty) { /* opened for writing, nothing written */
-				ulp_stage_discard(n->stage);
-				n->stage = NULL;
-				unlink_node(n);
-			} else if (h->wr && !is_temp_name(n->path)) { /* flush failed: try once more */
-				commit_node(n, n->path, 0);
-			}
+		if (n->handles == 1 && n->path && n->dirty && h->wr && !is_temp_name(n->path)) {
+			n->handles--; /* the last handle: its flush failed, try once more */
+			commit_node(n, n->path, 0);
+		} else { /* unlinked while open, or nothing written: the node goes */
+			unpin(n);
 		}
 		pthread_mutex_unlock(&fs.mu);
 	}
