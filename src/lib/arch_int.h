@@ -65,6 +65,11 @@ struct ulp_archive {
 	pthread_mutex_t write_mu;    /* one writer at a time in this process */
 	struct pack_map *packs;      /* mapped packs, by id */
 	size_t n_packs, cap_packs;
+	struct { uintptr_t lo, hi; } released[16]; /* guarded by mu: pages of packs that
+	                                readers are done with, given back in batches
+	                                (ulp_pack_release) */
+	size_t n_released;
+	uint64_t released_bytes;
 	struct job *spare_jobs;      /* guarded by mu: the ingest's job set with its
 	                                buffers, kept between files (ingest.c) */
 	struct readahead *ra;        /* sequential read-ahead (read.c), or NULL */
@@ -208,8 +213,9 @@ void ulp_pack_free(ulp_pack_writer *w);
 /* Bytes of a blob: pointer into the mapped pack. */
 int ulp_pack_blob(ulp_archive *a, int64_t pack, uint64_t offset, uint64_t len, const uint8_t **p);
 void ulp_pack_unmap_all(ulp_archive *a);
-/* Drops this process's hold on the pages of a mapped range it has used. */
-void ulp_pack_release(const void *p, size_t len);
+/* Drops this process's hold on the pages of a mapped range it has used
+ * (batched: the pages go back once some megabytes are pending). */
+void ulp_pack_release(ulp_archive *a, const void *p, size_t len);
 void ulp_pack_forget(ulp_archive *a, int64_t pack);
 
 /* ---- reading (read.c) ----------------------------------------------- */

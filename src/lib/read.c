@@ -154,7 +154,7 @@ static int read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_
 		const uint8_t *payload;
 		size_t plen;
 		ulp_blob_chunk_payload(b, k, &payload, &plen);
-		ulp_pack_release(payload, plen);
+		ulp_pack_release(a, payload, plen);
 	}
 	__atomic_fetch_add(&a->chunks_decoded, 1, __ATOMIC_RELAXED);
 	if (in->has_ref)
