@@ -688,6 +688,13 @@ void ulp_blob_close(ulp_blob *b)
 	free(b);
 }
 
+size_t ulp_blob_footprint(const ulp_blob *b)
+{
+	size_t slots = b->dtab.slots ? ((size_t)b->dtab.n_rows << b->dtab.prob_bits) * sizeof(uint32_t) : 0;
+	return sizeof(*b) + (size_t)b->info.n_chunks * sizeof(blob_chunk) + slots +
+	       (size_t)b->dtab.n_ctx * (sizeof(*b->dtab.row) + sizeof(*b->dtab.row_off));
+}
+
 const ulp_blob_info *ulp_blob_get_info(const ulp_blob *b)
 {
 	return &b->info;

@@ -626,6 +626,7 @@ int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)
 	ulp_dtab d = {0};
 	d.prob_bits = t->prob_bits;
 	d.n_ctx = t->n_ctx;
+	d.n_rows = t->n_rows;
 	ULP_TRY(ulp_table_dslots(t, &d.slots));
 	d.row = calloc(t->n_ctx, sizeof(*d.row));
 	d.row_off = malloc(t->n_ctx * sizeof(*d.row_off));

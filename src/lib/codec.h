@@ -26,6 +26,7 @@ int ulp_fmt_get(ulp_dtype dt, ulp_fmt *f);
 typedef struct ulp_dtab {
 	unsigned prob_bits;
 	unsigned n_ctx;
+	unsigned n_rows;      /* rows in slots (each 2^prob_bits entries) */
 	const uint32_t **row; /* n_ctx entries, pointing into slots */
 	uint32_t *slots;      /* owned */
 	int32_t *row_off;     /* n_ctx entries: row * 2^prob_bits, or -1 (owned) */

@@ -73,7 +73,7 @@ int ulp_read_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_centry 
 		ulp_cache_fail(a->cache, *e, rc);
 		return rc;
 	}
-	ulp_cache_fill(a->cache, *e, b, 65536 + (size_t)ulp_blob_get_info(b)->n_chunks * 48, blob_destroy);
+	ulp_cache_fill(a->cache, *e, b, ulp_blob_footprint(b), blob_destroy);
 	*out = b;
 	return 0;
 }

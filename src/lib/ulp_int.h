@@ -74,6 +74,10 @@ uint64_t ulp_xxh64(const void *data, size_t len);
 /* CPU dispatch state (cpu.c). */
 extern unsigned ulp_cpu_mask_active;
 
+/* Bytes of memory an open blob holds (its decode tables and chunk
+ * directory; the blob's own bytes are the caller's), for cache accounting. */
+size_t ulp_blob_footprint(const ulp_blob *b);
+
 /* Byte grouping: plane j of the output holds byte j of every element. */
 void ulp_byte_group(uint8_t *dst, const uint8_t *src, size_t n_elems, unsigned esize);
 void ulp_byte_ungroup(uint8_t *dst, const uint8_t *src, size_t n_elems, unsigned esize);
