@@ -38,6 +38,9 @@ void ulp_cache_fill(ulp_cache *c, ulp_centry *e, void *data, size_t size, void (
 void ulp_cache_fail(ulp_cache *c, ulp_centry *e, int rc);
 /* Unpins; the entry may then be evicted (LRU by bytes). */
 void ulp_cache_put(ulp_cache *c, ulp_centry *e);
+/* ulp_cache_put, but an entry it leaves unpinned goes first when space is
+ * needed (a value whose user is done with it, likely not wanted soon). */
+void ulp_cache_put_cold(ulp_cache *c, ulp_centry *e);
 /* A buffer of size bytes for a chunk, reusing evicted ones where possible;
  * its destroy function is ulp_cache_free_buf. */
 void *ulp_cache_alloc(ulp_cache *c, size_t size);

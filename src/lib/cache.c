@@ -94,6 +94,15 @@ static void lru_push(ulp_cache *c, ulp_centry *e)
 	c->lru.lru_prev = e;
 }
 
+/* at the other end: the next to go */
+static void lru_push_oldest(ulp_cache *c, ulp_centry *e)
+{
+	e->lru_next = c->lru.lru_next;
+	e->lru_prev = &c->lru;
+	c->lru.lru_next->lru_prev = e;
+	c->lru.lru_next = e;
+}
+
 static void tab_remove(ulp_cache *c, ulp_centry *e)
 {
 	ulp_centry **pp = &c->tab[e->hash & (c->tab_size - 1)];
@@ -248,14 +257,17 @@ void ulp_cache_fail(ulp_cache *c, ulp_centry *e, int rc)
 	pthread_mutex_unlock(&c->mu);
 }
 
-void ulp_cache_put(ulp_cache *c, ulp_centry *e)
+static void put(ulp_cache *c, ulp_centry *e, int cold)
 {
 	if (!e)
 		return;
 	pthread_mutex_lock(&c->mu);
 	if (--e->refs == 0) {
 		if (e->state == ST_LOADED) {
-			lru_push(c, e);
+			if (cold)
+				lru_push_oldest(c, e);
+			else
+				lru_push(c, e);
 			evict(c);
 		} else { /* failed, last waiter gone */
 			tab_remove(c, e);
@@ -263,6 +275,16 @@ void ulp_cache_put(ulp_cache *c, ulp_centry *e)
 		}
 	}
 	pthread_mutex_unlock(&c->mu);
+}
+
+void ulp_cache_put(ulp_cache *c, ulp_centry *e)
+{
+	put(c, e, 0);
+}
+
+void ulp_cache_put_cold(ulp_cache *c, ulp_centry *e)
+{
+	put(c, e, 1);
 }
 
 void ulp_cache_retire(ulp_cache *c, const ulp_ckey *key)

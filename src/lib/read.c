@@ -160,7 +160,10 @@ static int read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_
 	if (in->has_ref)
 		__atomic_fetch_add(&a->deltas_decoded, 1, __ATOMIC_RELAXED);
 	(*walk)++;
-	ulp_cache_put(a->cache, re);
+	/* the reference's chunk goes first when space is needed: steps read in
+	 * order need this chunk next, not that one, so a cache the size of one
+	 * checkpoint (not two) keeps each read to one delta a chunk */
+	ulp_cache_put_cold(a->cache, re);
 	ulp_cache_put(a->cache, be);
 	ulp_cache_fill(a->cache, *e, buf, (size_t)l, ulp_cache_free_buf);
 	*data = buf;

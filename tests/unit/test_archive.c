@@ -563,6 +563,44 @@ static void test_readahead(void)
 	ulp_archive_close(a); /* joins the read-ahead thread */
 }
 
+/* Steps read in order with a cache that holds one checkpoint but not two:
+ * each chunk costs one delta decode, not a walk back to the anchor (the
+ * reference's chunk is the first to go once the next step is decoded). */
+static void test_step_order(void)
+{
+	char dir[512], err[512], file[512], ap[128];
+	snprintf(dir, sizeof(dir), "%s/order", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	ulp_archive *a;
+	ulp_archive_opts o = {.threads = 1, .max_chain = 8, .cache_size = 64 << 20};
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "open");
+	const size_t n = (size_t)5 << 19; /* "w": 2.5 chunks of 2^20 elements, 5 MiB */
+	for (int s = 1; s <= 6; s++) {
+		snprintf(file, sizeof(file), "%s/order%d.safetensors", root, s);
+		write_step(file, s, n);
+		snprintf(ap, sizeof(ap), "o/checkpoint-%d/model.safetensors", s * 100);
+		REQUIRE(put_path(a, ap, file, NULL) == 0, "put %s: %s", ap, ulp_archive_errmsg(a));
+	}
+	ulp_archive_close(a);
+	o.cache_size = (uint64_t)(n * 2) * 3 / 2; /* 1.5 checkpoints */
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "reopen"); /* cold cache */
+	uint64_t per_step[7] = {0};
+	ulp_counters c0, c;
+	for (int s = 1; s <= 6; s++) {
+		snprintf(file, sizeof(file), "%s/order%d.safetensors", root, s);
+		snprintf(ap, sizeof(ap), "o/checkpoint-%d/model.safetensors", s * 100);
+		ulp_archive_counters(a, &c0);
+		CHECK(same_bytes(a, ap, file), "%s reads back", ap);
+		ulp_archive_counters(a, &c);
+		per_step[s] = c.chunks_decoded - c0.chunks_decoded;
+	}
+	for (int s = 2; s <= 6; s++)
+		CHECK(per_step[s] <= per_step[1], "step %d: %llu chunk decodes, the anchor step %llu", s,
+		      (unsigned long long)per_step[s], (unsigned long long)per_step[1]);
+	CHECK(ulp_cache_state_ok(a->cache), "cache invariants");
+	ulp_archive_close(a);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "%s/ulp-arch-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -578,6 +616,7 @@ int main(void)
 		test_trajectory();
 		test_gc();
 		test_staging();
+		test_step_order();
 	}
 	test_thread_churn();
 	test_concurrent_reads();
