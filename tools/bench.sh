@@ -99,9 +99,17 @@ cat "$T/run/$f" > /dev/null
 t_file=$(dd_ns "$T/run/$f")
 fusermount3 -u "$M"
 t0=$(now); "$ULPACK" cat "$T/arch" "run/$f" > /dev/null; t_cat=$(( $(now) - t0 ))
+# a whole run restored through a fresh mount, steps in order (each chunk one
+# delta decode, its reference cached from the step before)
+"$ULPACKFS" "$T/arch" "$M"
+t0=$(now); rsync -a "$M/run/" "$T/restore/"; t_restore=$(( $(now) - t0 ))
+fusermount3 -u "$M"
+cmp -s "$T/run/$f" "$T/restore/$f" || { echo "bench: restored $f differs" >&2; exit 1; }
 echo "read of $f ($size bytes, a delta against checkpoint-700; dd with 1 MiB reads):"
 echo "  through the mount, cold (reference cached): $(mbps "$size" "$t_cold") MB/s"
 echo "  through the mount, warm (page cache):       $(mbps "$size" "$t_warm") MB/s"
 echo "  plain file (page cache):                    $(mbps "$size" "$t_file") MB/s"
 echo "  ulpack cat (a fresh process, chain decoded): $(mbps "$size" "$t_cat") MB/s"
+echo "rsync -a of the whole run out of a fresh mount: $(mbps "$raw" "$t_restore") MB/s" \
+	"($(echo "$t_plain $t_restore" | awk '{ printf "%.3f", $1 / $2 }') x rsync between plain directories)"
 exit 0
