@@ -1075,7 +1075,7 @@ static void usage(FILE *f)
 	        "Mounts a ulpack archive: every archived checkpoint reads as a plain file; files written\n"
 	        "into the mount (rsync -a, cp, dd, tar) are archived when closed.\n\n"
 	        "options:\n"
-	        "  -o cache_size=SIZE   decode cache (default 1G; K, M, G suffixes)\n"
+	        "  -o cache_size=SIZE   decode cache (default: 1/8 of memory, 1G to 64G; K, M, G)\n"
 	        "  -o max_chain=N       deltas a chain may hold before an anchor (default: the archive's, 16)\n"
 	        "  -o threads=N         decode threads and FUSE worker threads (default: one per CPU)\n"
 	        "  -o ro                read-only\n"

@@ -29,6 +29,14 @@ int ulp_archive_init(const char *dir, char *errbuf, size_t errcap)
 	return ulp_db_create(path, &err);
 }
 
+uint64_t ulp_default_cache_size(void)
+{
+	const uint64_t lo = (uint64_t)1 << 30, hi = (uint64_t)64 << 30;
+	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+	uint64_t eighth = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 8 : lo;
+	return eighth < lo ? lo : eighth > hi ? hi : eighth;
+}
+
 int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive **out,
                      char *errbuf, size_t errcap)
 {
@@ -57,7 +65,7 @@ int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive 
 		free(a);
 		return rc;
 	}
-	rc = ulp_cache_new(o->cache_size ? o->cache_size : ULP_DEFAULT_CACHE_SIZE, &a->cache);
+	rc = ulp_cache_new(o->cache_size ? o->cache_size : ulp_default_cache_size(), &a->cache);
 	if (rc == 0)
 		rc = ulp_pool_new(o->threads, &a->pool);
 	if (rc == 0)

@@ -206,10 +206,14 @@ void ulp_sha256_hex(const uint8_t sha[ULP_SHA256_LEN], char out[65]);
 typedef struct ulp_archive ulp_archive;
 
 #define ULP_DEFAULT_MAX_CHAIN 16
-#define ULP_DEFAULT_CACHE_SIZE ((uint64_t)1 << 30)
+
+/** Decode cache bytes when none is given: an eighth of the machine's memory,
+ *  at least 1 GiB and at most 64 GiB (the cache holds only what was decoded;
+ *  reading a run's steps in order wants one checkpoint's worth). */
+uint64_t ulp_default_cache_size(void);
 
 typedef struct ulp_archive_opts {
-	uint64_t cache_size;  /* decode cache bytes; 0: ULP_DEFAULT_CACHE_SIZE */
+	uint64_t cache_size;  /* decode cache bytes; 0: ulp_default_cache_size() */
 	unsigned max_chain;   /* deltas a chain may hold before an anchor; 0: stored value */
 	int threads;          /* decode/encode threads; 0: one per CPU */
 	int read_only;        /* open the index read-only; writes fail with -INVAL */

@@ -363,6 +363,15 @@ static void test_cache(void)
 	ulp_cache_free(c);
 }
 
+static void test_default_cache(void)
+{
+	uint64_t mem = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+	uint64_t d = ulp_default_cache_size(), lo = (uint64_t)1 << 30, hi = (uint64_t)64 << 30;
+	uint64_t want = mem / 8 < lo ? lo : mem / 8 > hi ? hi : mem / 8;
+	CHECK(d == want, "default cache %llu bytes, an eighth of %llu clamped to [1G, 64G]",
+	      (unsigned long long)d, (unsigned long long)mem);
+}
+
 static void test_open_errors(void)
 {
 	char dir[512], err[512];
@@ -613,6 +622,7 @@ int main(void)
 	test_cache();
 	if (all) {
 		test_open_errors();
+		test_default_cache();
 		test_trajectory();
 		test_gc();
 		test_staging();
