@@ -80,6 +80,8 @@ static struct {
 	uint64_t cache_size;
 	unsigned max_chain;
 	int threads;
+	char *mountpoint;
+	uint64_t readahead;    /* bytes; 0: the kernel's window */
 	pthread_mutex_t mu;    /* guards nodes and the commit queue */
 	node *nodes;
 	/* the committer (invariant 4) */
@@ -326,6 +328,8 @@ static int node_stat(node *n, struct stat *st)
 
 /* ---- operations ------------------------------------------------------------ */
 
+static void readahead_once(void);
+
 static void *ulpfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 {
 	if (conn->capable & FUSE_CAP_ASYNC_READ)
@@ -386,6 +390,7 @@ static void ulpfs_destroy(void *p)
 
 static int ulpfs_getattr(const char *path, struct stat *st, struct fuse_file_info *fi)
 {
+	readahead_once();
 	const char *p = rel(path);
 	if (fi && fi->fh && ((handle *)(uintptr_t)fi->fh)->n) {
 		pthread_mutex_lock(&fs.mu);
@@ -432,6 +437,7 @@ static int ulpfs_readdir(const char *path, void *buf, fuse_fill_dir_t filler, of
                          struct fuse_file_info *fi, enum fuse_readdir_flags flags)
 {
 	(void)off, (void)fi, (void)flags;
+	readahead_once();
 	const char *p = rel(path);
 	filler(buf, ".", NULL, 0, 0);
 	filler(buf, "..", NULL, 0, 0);
@@ -536,6 +542,7 @@ out:
 
 static int ulpfs_open(const char *path, struct fuse_file_info *fi)
 {
+	readahead_once();
 	return open_handle(rel(path), fi, 0, 0);
 }
 
@@ -927,6 +934,7 @@ static int ulpfs_utimens(const char *path, const struct timespec tv[2], struct f
 static int ulpfs_statfs(const char *path, struct statvfs *st)
 {
 	(void)path;
+	readahead_once();
 	return statvfs(fs.archive, st) < 0 ? -errno : 0;
 }
 
@@ -1053,13 +1061,14 @@ static const struct fuse_operations ulpfs_ops = {
 enum { KEY_HELP, KEY_VERSION, KEY_RO };
 
 static struct opts {
-	char *cache_size, *max_chain, *threads;
+	char *cache_size, *max_chain, *threads, *readahead;
 } o;
 
 static const struct fuse_opt ulpfs_opts[] = {
 	{"cache_size=%s", offsetof(struct opts, cache_size), 0},
 	{"max_chain=%s", offsetof(struct opts, max_chain), 0},
 	{"threads=%s", offsetof(struct opts, threads), 0},
+	{"readahead=%s", offsetof(struct opts, readahead), 0},
 	FUSE_OPT_KEY("ro", KEY_RO),
 	FUSE_OPT_KEY("-h", KEY_HELP),
 	FUSE_OPT_KEY("--help", KEY_HELP),
@@ -1078,6 +1087,7 @@ static void usage(FILE *f)
 	        "  -o cache_size=SIZE   decode cache (default: 1/8 of memory, 1G to 64G; K, M, G)\n"
 	        "  -o max_chain=N       deltas a chain may hold before an anchor (default: the archive's, 16)\n"
 	        "  -o threads=N         decode threads and FUSE worker threads (default: one per CPU)\n"
+	        "  -o readahead=SIZE    kernel read-ahead of this mount (default 4M; 0: the kernel's)\n"
 	        "  -o ro                read-only\n"
 	        "  -f                   stay in the foreground; -d for debug output\n"
 	        "  and the usual FUSE options (allow_other, default_permissions, ...)\n\n"
@@ -1113,6 +1123,71 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
 			fs.foreground = 1;
 		return 1;
 	}
+}
+
+/*
+ * The kernel reads ahead of a FUSE file in requests no larger than its
+ * read-ahead window, 128 KiB by default: a sequential read of a checkpoint
+ * then costs a round trip per 128 KiB and leaves the decode threads idle.
+ * Each FUSE mount has its own backing device (0:N in /proc/self/mountinfo);
+ * root may widen its window in sysfs, so that the kernel asks for 1 MiB
+ * requests (max_pages) several at a time. Without the right, the kernel's
+ * default stays. Returns 0 or -errno.
+ */
+static int set_readahead(const char *mountpoint, uint64_t bytes)
+{
+	FILE *f = mountpoint ? fopen("/proc/self/mountinfo", "r") : NULL;
+	if (!f)
+		return mountpoint ? -errno : -ENOENT;
+	char line[8192], dev[64] = "";
+	while (fgets(line, sizeof(line), f)) {
+		/* id parent major:minor root mountpoint options ... - fstype source ... */
+		char d[64], at[4096], type[256], *sep = strstr(line, " - ");
+		if (!sep || sscanf(line, "%*s %*s %63s %*s %4095s", d, at) != 2 ||
+		    sscanf(sep + 3, "%255s", type) != 1)
+			continue;
+		/* mountinfo writes a space, tab, newline or backslash as \ooo */
+		char *w = at;
+		for (const char *r = at; *r; w++) {
+			if (r[0] == '\\' && r[1] >= '0' && r[1] <= '3' && r[2] && r[3]) {
+				*w = (char)((r[1] - '0') << 6 | (r[2] - '0') << 3 | (r[3] - '0'));
+				r += 4;
+			} else {
+				*w = *r++;
+			}
+		}
+		*w = 0;
+		if (!strcmp(at, mountpoint) && !strcmp(type, "fuse.ulpackfs"))
+			snprintf(dev, sizeof(dev), "%s", d); /* the last one: the newest */
+	}
+	fclose(f);
+	if (!dev[0])
+		return -ENOENT;
+	char p[128];
+	snprintf(p, sizeof(p), "/sys/class/bdi/%s/read_ahead_kb", dev);
+	f = fopen(p, "w");
+	if (!f)
+		return -errno;
+	int bad = fprintf(f, "%llu\n", (unsigned long long)(bytes >> 10)) < 0;
+	bad |= fclose(f) != 0;
+	return bad ? -EIO : 0;
+}
+
+/* The window must be set after the kernel has taken the reply to INIT (it
+ * clamps the window to the max_readahead negotiated there): the first
+ * request other than INIT comes after that. */
+static pthread_once_t readahead_done = PTHREAD_ONCE_INIT;
+
+static void set_readahead_now(void)
+{
+	int r = fs.readahead ? set_readahead(fs.mountpoint, fs.readahead) : 0;
+	if (r < 0)
+		syslog(LOG_INFO, "ulpackfs: read-ahead of %s kept: %s", fs.mountpoint, strerror(-r));
+}
+
+static void readahead_once(void)
+{
+	pthread_once(&readahead_done, set_readahead_now);
 }
 
 /* A mount point that is already a mount point is busy. */
@@ -1174,6 +1249,14 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	fs.foreground = fs.foreground || co.foreground;
+	fs.readahead = (uint64_t)4 << 20;
+	fs.mountpoint = realpath(co.mountpoint, NULL); /* the daemon leaves the cwd */
+	if (o.readahead && !strcmp(o.readahead, "0"))
+		fs.readahead = 0;
+	else if (o.readahead && ulp_parse_size(o.readahead, &fs.readahead) < 0) {
+		fprintf(stderr, "ulpackfs: bad readahead '%s' (examples: 1M, 4M; 0: the kernel's)\n", o.readahead);
+		return 1;
+	}
 	if (o.cache_size && ulp_parse_size(o.cache_size, &fs.cache_size) < 0) {
 		fprintf(stderr, "ulpackfs: bad cache_size '%s' (examples: 512M, 4G)\n", o.cache_size);
 		return 1;
@@ -1251,6 +1334,7 @@ out_destroy:
 out:
 	ulp_archive_close(fs.a);
 	free(co.mountpoint);
+	free(fs.mountpoint);
 	fuse_opt_free_args(&args);
 	free(fs.archive);
 	return rc ? 1 : 0;

@@ -74,11 +74,19 @@ wait
 cat "$T"/conc.* > "$T/conc"
 [ -s "$T/conc" ] && fail "$(cat "$T/conc")" || ok "$i concurrent readers"
 
+# the mount's own read-ahead window (root may set it in sysfs)
+ra_kb() { cat "/sys/class/bdi/$(mountpoint -d "$1")/read_ahead_kb" 2>/dev/null; }
+if [ "$(id -u)" = 0 ]; then
+	[ "$(ra_kb "$M")" = 4096 ] && ok "read-ahead window 4 MiB" || fail "read-ahead window $(ra_kb "$M") KiB"
+fi
 umount_fs "$M" && ok "fusermount3 -u" || fail "unmount"
 mountpoint -q "$M" && fail "still mounted"
 
 # a cache smaller than one checkpoint, and the decode counters
-mount_fs "$A" "$M" -o cache_size=256K,threads=2 || fail "remount with a small cache"
+mount_fs "$A" "$M" -o cache_size=256K,threads=2,readahead=256K || fail "remount with a small cache"
+if [ "$(id -u)" = 0 ]; then
+	[ "$(ra_kb "$M")" = 256 ] && ok "-o readahead=256K" || fail "read-ahead window $(ra_kb "$M") KiB, not 256"
+fi
 cmp -s "$SRC/big/checkpoint-200/model.safetensors" "$M/big/checkpoint-200/model.safetensors" \
 	&& ok "last step reads with a 256 KiB cache" || fail "small-cache read"
 umount_fs "$M"
