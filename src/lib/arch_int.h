@@ -49,6 +49,7 @@ void *ulp_cache_alloc(ulp_cache *c, size_t size);
 void ulp_cache_retire(ulp_cache *c, const ulp_ckey *key);
 void ulp_cache_free_buf(void *p);
 uint64_t ulp_cache_bytes(ulp_cache *c);
+uint64_t ulp_cache_recycled(ulp_cache *c); /* buffers ulp_cache_alloc took from cold entries */
 /* Debug check of the invariants (cache.c header). */
 int ulp_cache_state_ok(ulp_cache *c);
 

@@ -111,5 +111,6 @@ void ulp_archive_counters(ulp_archive *a, ulp_counters *c)
 	c->cache_hits = __atomic_load_n(&a->hits, __ATOMIC_RELAXED);
 	c->cache_misses = __atomic_load_n(&a->misses, __ATOMIC_RELAXED);
 	c->cache_bytes = ulp_cache_bytes(a->cache);
+	c->cache_recycled = ulp_cache_recycled(a->cache);
 	c->max_walk = __atomic_load_n(&a->max_walk, __ATOMIC_RELAXED);
 }

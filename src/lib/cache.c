@@ -26,6 +26,7 @@ struct ulp_centry {
 	size_t size;
 	void (*destroy)(void *);
 	int refs;                  /* pins */
+	int cold;                  /* last released by ulp_cache_put_cold */
 	int state;
 	int rc;                    /* ST_FAILED: the loader's error */
 };
@@ -40,6 +41,7 @@ struct ulp_cache {
 	size_t count;
 	ulp_centry lru;            /* sentinel: lru.lru_next is the oldest */
 	uint64_t bytes, cap;
+	uint64_t recycled;         /* buffers taken from cold entries */
 	void *free_buf[FREE_BUFS]; /* buffers of free_size bytes, for reuse */
 	size_t free_size;
 	int n_free;
@@ -264,6 +266,7 @@ static void put(ulp_cache *c, ulp_centry *e, int cold)
 	pthread_mutex_lock(&c->mu);
 	if (--e->refs == 0) {
 		if (e->state == ST_LOADED) {
+			e->cold = cold;
 			if (cold)
 				lru_push_oldest(c, e);
 			else
@@ -304,12 +307,29 @@ void ulp_cache_retire(ulp_cache *c, const ulp_ckey *key)
 	pthread_mutex_unlock(&c->mu);
 }
 
+/* How far from the oldest end ulp_cache_alloc looks for a cold buffer. */
+#define RECYCLE_SCAN 8
+
 void *ulp_cache_alloc(ulp_cache *c, size_t size)
 {
 	bufhdr *h = NULL;
 	pthread_mutex_lock(&c->mu);
 	if (c->n_free && c->free_size == size)
 		h = c->free_buf[--c->n_free];
+	/* A cold chunk (a reference whose next step is decoded) gives its buffer
+	 * even while the cache has room: fresh pages cost more to the kernel
+	 * (zeroing, faults) than the decode that fills them, and in a read of
+	 * steps in order the cold chunk is not wanted again. */
+	ulp_centry *e = c->lru.lru_next;
+	for (int i = 0; !h && i < RECYCLE_SCAN && e != &c->lru && e->cold; i++, e = e->lru_next)
+		if (e->destroy == ulp_cache_free_buf && ((bufhdr *)e->data - 1)->size == size) {
+			lru_unlink(e);
+			tab_remove(c, e);
+			c->bytes -= e->size;
+			c->recycled++;
+			h = (bufhdr *)e->data - 1;
+			free(e);
+		}
 	pthread_mutex_unlock(&c->mu);
 	if (!h) {
 		h = ulp_alloc_big(sizeof(bufhdr) + (size ? size : 1));
@@ -324,6 +344,14 @@ void ulp_cache_free_buf(void *p)
 {
 	if (p)
 		free((bufhdr *)p - 1);
+}
+
+uint64_t ulp_cache_recycled(ulp_cache *c)
+{
+	pthread_mutex_lock(&c->mu);
+	uint64_t r = c->recycled;
+	pthread_mutex_unlock(&c->mu);
+	return r;
 }
 
 uint64_t ulp_cache_bytes(ulp_cache *c)

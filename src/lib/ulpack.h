@@ -322,6 +322,7 @@ typedef struct ulp_counters {
 	uint64_t deltas_decoded;  /* of which needed a reference */
 	uint64_t cache_hits, cache_misses;
 	uint64_t cache_bytes;     /* bytes held now */
+	uint64_t cache_recycled;  /* chunk buffers reused from references already used */
 	uint64_t max_walk;        /* longest chain walked by one cold chunk read */
 } ulp_counters;
 void ulp_archive_counters(ulp_archive *a, ulp_counters *c);
