@@ -971,10 +971,10 @@ static int ulpfs_getxattr(const char *path, const char *name, char *value, size_
 		ulp_counters c;
 		ulp_archive_counters(fs.a, &c);
 		snprintf(v, sizeof(v), "chunks_decoded %llu deltas_decoded %llu cache_hits %llu cache_misses %llu"
-		         " cache_bytes %llu max_walk %llu", (unsigned long long)c.chunks_decoded,
+		         " cache_bytes %llu max_walk %llu cache_recycled %llu", (unsigned long long)c.chunks_decoded,
 		         (unsigned long long)c.deltas_decoded, (unsigned long long)c.cache_hits,
 		         (unsigned long long)c.cache_misses, (unsigned long long)c.cache_bytes,
-		         (unsigned long long)c.max_walk);
+		         (unsigned long long)c.max_walk, (unsigned long long)c.cache_recycled);
 		return xattr_reply(value, size, v);
 	}
 	int rc = ulp_archive_stat(fs.a, rel(path), &s);

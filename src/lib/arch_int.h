@@ -41,6 +41,9 @@ void ulp_cache_put(ulp_cache *c, ulp_centry *e);
 /* ulp_cache_put, but an entry it leaves unpinned goes first when space is
  * needed (a value whose user is done with it, likely not wanted soon). */
 void ulp_cache_put_cold(ulp_cache *c, ulp_centry *e);
+/* Notes that a pinned chunk was returned to a reader of its own file (not
+ * only used as a reference): once released cold it may be recycled. */
+void ulp_cache_mark_served(ulp_centry *e);
 /* A buffer of size bytes for a chunk, reusing evicted ones where possible;
  * its destroy function is ulp_cache_free_buf. */
 void *ulp_cache_alloc(ulp_cache *c, size_t size);

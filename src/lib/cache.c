@@ -27,6 +27,7 @@ struct ulp_centry {
 	void (*destroy)(void *);
 	int refs;                  /* pins */
 	int cold;                  /* last released by ulp_cache_put_cold */
+	int served;                /* returned to a reader of its own file (atomic) */
 	int state;
 	int rc;                    /* ST_FAILED: the loader's error */
 };
@@ -316,13 +317,16 @@ void *ulp_cache_alloc(ulp_cache *c, size_t size)
 	pthread_mutex_lock(&c->mu);
 	if (c->n_free && c->free_size == size)
 		h = c->free_buf[--c->n_free];
-	/* A cold chunk (a reference whose next step is decoded) gives its buffer
-	 * even while the cache has room: fresh pages cost more to the kernel
-	 * (zeroing, faults) than the decode that fills them, and in a read of
-	 * steps in order the cold chunk is not wanted again. */
+	/* A cold chunk (a reference whose next step is decoded) that its own
+	 * file's reader has had gives its buffer even while the cache has room:
+	 * fresh pages cost the kernel more (zeroing, faults) than the decode
+	 * that fills them, and in a read of steps in order that chunk is not
+	 * wanted again. (One nobody has read yet, such as a step that another
+	 * reader is about to read, stays.) */
 	ulp_centry *e = c->lru.lru_next;
 	for (int i = 0; !h && i < RECYCLE_SCAN && e != &c->lru && e->cold; i++, e = e->lru_next)
-		if (e->destroy == ulp_cache_free_buf && ((bufhdr *)e->data - 1)->size == size) {
+		if (e->destroy == ulp_cache_free_buf && ((bufhdr *)e->data - 1)->size == size &&
+		    __atomic_load_n(&e->served, __ATOMIC_RELAXED)) {
 			lru_unlink(e);
 			tab_remove(c, e);
 			c->bytes -= e->size;
@@ -344,6 +348,11 @@ void ulp_cache_free_buf(void *p)
 {
 	if (p)
 		free((bufhdr *)p - 1);
+}
+
+void ulp_cache_mark_served(ulp_centry *e)
+{
+	__atomic_store_n(&e->served, 1, __ATOMIC_RELAXED);
 }
 
 uint64_t ulp_cache_recycled(ulp_cache *c)

@@ -182,6 +182,8 @@ int ulp_read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_t k
 {
 	unsigned w = 0;
 	int rc = read_chunk(a, sha, k, e, data, len, &w, 0);
+	if (rc == 0)
+		ulp_cache_mark_served(*e);
 	uint64_t m = __atomic_load_n(&a->max_walk, __ATOMIC_RELAXED);
 	while (w > m && !__atomic_compare_exchange_n(&a->max_walk, &m, w, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 		;
