@@ -11,6 +11,8 @@
  *     only while pinned entries hold more than cap.
  *  5. A loading entry has exactly one loader; waiters hold a pin and wait on
  *     cv until it is loaded or failed.
+ *  6. Cold entries (released by ulp_cache_put_cold) sit at the oldest end of
+ *     the LRU: eviction and ulp_cache_alloc's recycling take them first.
  */
 #include "arch_int.h"
 #include <stdlib.h>
@@ -333,6 +335,7 @@ void *ulp_cache_alloc(ulp_cache *c, size_t size)
 			c->recycled++;
 			h = (bufhdr *)e->data - 1;
 			free(e);
+			break; /* e is gone */
 		}
 	pthread_mutex_unlock(&c->mu);
 	if (!h) {
@@ -390,6 +393,12 @@ int ulp_cache_state_ok(ulp_cache *c)
 		}
 	if (count != c->count || bytes != c->bytes)
 		ok = 0;
+	int warm = 0; /* invariant 6: cold entries first */
+	for (ulp_centry *e = c->lru.lru_next; e != &c->lru; e = e->lru_next) {
+		if (e->cold && warm)
+			ok = 0;
+		warm |= !e->cold;
+	}
 	pthread_mutex_unlock(&c->mu);
 	return ok;
 }
