@@ -1246,10 +1246,11 @@ static const struct fuse_operations ulpfs_ops = {
 
 /* ---- options and main -------------------------------------------------------- */
 
-enum { KEY_HELP, KEY_VERSION, KEY_RO };
+enum { KEY_HELP, KEY_VERSION, KEY_RO, KEY_ALLOW_OTHER, KEY_DEFAULT_PERMISSIONS };
 
 static struct opts {
 	char *cache_size, *max_chain, *threads, *readahead;
+	int allow_other, default_permissions, no_permission_checks;
 } o;
 
 static const struct fuse_opt ulpfs_opts[] = {
@@ -1258,6 +1259,9 @@ static const struct fuse_opt ulpfs_opts[] = {
 	{"threads=%s", offsetof(struct opts, threads), 0},
 	{"readahead=%s", offsetof(struct opts, readahead), 0},
 	FUSE_OPT_KEY("ro", KEY_RO),
+	FUSE_OPT_KEY("allow_other", KEY_ALLOW_OTHER),
+	FUSE_OPT_KEY("default_permissions", KEY_DEFAULT_PERMISSIONS),
+	{"no_permission_checks", offsetof(struct opts, no_permission_checks), 1},
 	FUSE_OPT_KEY("-h", KEY_HELP),
 	FUSE_OPT_KEY("--help", KEY_HELP),
 	FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -1277,6 +1281,8 @@ static void usage(FILE *f)
 	        "  -o threads=N         decode threads and FUSE worker threads (default: one per CPU)\n"
 	        "  -o readahead=SIZE    kernel read-ahead of this mount (default 4M; 0: the kernel's)\n"
 	        "  -o ro                read-only\n"
+	        "  -o allow_other       let other users in; implies default_permissions (the kernel\n"
+	        "                       checks modes and owners) unless -o no_permission_checks\n"
 	        "  -f                   stay in the foreground; -d for debug output\n"
 	        "  and the usual FUSE options (allow_other, default_permissions, ...)\n\n"
 	        "fstab: /data/ckpt-archive /mnt/ckpt fuse.ulpackfs defaults,cache_size=4G 0 0\n"
@@ -1296,6 +1302,12 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
 	case KEY_RO:
 		fs.read_only = 1;
 		return 1; /* also for the kernel */
+	case KEY_ALLOW_OTHER:
+		o.allow_other = 1;
+		return 1;
+	case KEY_DEFAULT_PERMISSIONS:
+		o.default_permissions = 1;
+		return 1;
 	case FUSE_OPT_KEY_NONOPT:
 		if (!fs.archive) {
 			fs.archive = realpath(arg, NULL);
@@ -1378,6 +1390,24 @@ static void readahead_once(void)
 	pthread_once(&readahead_done, set_readahead_now);
 }
 
+/*
+ * A whole number in [min, max] for option name, else a usage error (a
+ * negative, garbage or overflowing value must not mount with a meaning
+ * nobody asked for, such as max_chain=-5 lifting the limit).
+ */
+static int parse_count(const char *name, const char *v, long min, long max, long *out)
+{
+	char *end;
+	errno = 0;
+	long n = strtol(v, &end, 10);
+	if (end == v || *end || errno || n < min || n > max) {
+		fprintf(stderr, "ulpackfs: bad %s '%s': a whole number from %ld to %ld\n", name, v, min, max);
+		return -1;
+	}
+	*out = n;
+	return 0;
+}
+
 /* A mount point that is already a mount point is busy. */
 /*
  * One read-write mount of an archive at a time: its daemon holds an
@@ -1439,18 +1469,33 @@ int main(int argc, char **argv)
 	fs.foreground = fs.foreground || co.foreground;
 	fs.readahead = (uint64_t)4 << 20;
 	fs.mountpoint = realpath(co.mountpoint, NULL); /* the daemon leaves the cwd */
+	/* option values: a usage error (exit 2) before anything is mounted */
 	if (o.readahead && !strcmp(o.readahead, "0"))
 		fs.readahead = 0;
-	else if (o.readahead && ulp_parse_size(o.readahead, &fs.readahead) < 0) {
-		fprintf(stderr, "ulpackfs: bad readahead '%s' (examples: 1M, 4M; 0: the kernel's)\n", o.readahead);
-		return 1;
+	else if (o.readahead && (ulp_parse_size(o.readahead, &fs.readahead) < 0 || fs.readahead > ((uint64_t)1 << 30))) {
+		fprintf(stderr, "ulpackfs: bad readahead '%s' (examples: 1M, 4M, at most 1G; 0: the kernel's)\n",
+		        o.readahead);
+		return 2;
 	}
 	if (o.cache_size && ulp_parse_size(o.cache_size, &fs.cache_size) < 0) {
 		fprintf(stderr, "ulpackfs: bad cache_size '%s' (examples: 512M, 4G)\n", o.cache_size);
-		return 1;
+		return 2;
 	}
-	fs.max_chain = o.max_chain ? (unsigned)atoi(o.max_chain) : 0;
-	fs.threads = o.threads ? atoi(o.threads) : 0;
+	long v;
+	if (o.max_chain) {
+		if (parse_count("max_chain", o.max_chain, 1, 1000000, &v) < 0)
+			return 2;
+		fs.max_chain = (unsigned)v;
+	}
+	if (o.threads) {
+		if (parse_count("threads", o.threads, 0, 1024, &v) < 0) /* 0: one per CPU */
+			return 2;
+		fs.threads = (int)v;
+	}
+	/* other users on the mount: the kernel checks modes and owners, as on
+	 * any file system (without default_permissions FUSE checks nothing) */
+	if (o.allow_other && !o.default_permissions && !o.no_permission_checks)
+		fuse_opt_add_arg(&args, "-odefault_permissions");
 	if (is_mount_point(co.mountpoint)) {
 		fprintf(stderr, "ulpackfs: %s: already a mount point (busy)\n", co.mountpoint);
 		return 1;
