@@ -937,6 +937,15 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 				x->path = np;
 			}
 		}
+	for (ghost *g = fs.ghosts; g; g = g->next) /* and so do ghosts (invariant 5) */
+		if (!strncmp(g->path, f, fl) && g->path[fl] == '/') {
+			char *np = malloc(strlen(t) + strlen(g->path + fl) + 1);
+			if (np) {
+				sprintf(np, "%s%s", t, g->path + fl);
+				free(g->path);
+				g->path = np;
+			}
+		}
 	pthread_mutex_unlock(&fs.mu);
 	rc = ulp_archive_rename(fs.a, f, t);
 	return rc < 0 ? err_of(rc) : 0;

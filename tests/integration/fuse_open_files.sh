@@ -80,6 +80,16 @@ assert os.pread(fd, 100, 0) == b"replaced v1", "the reader keeps its version"
 assert os.fstat(fd).st_size == 11
 os.close(fd)
 assert open(p, "rb").read() == b"replaced v2"
+# a ghost in a directory renamed while it is open
+os.mkdir(os.path.join(m, "gdir"))
+with open(os.path.join(m, "gdir/g.txt"), "wb") as f:
+    f.write(b"ghost")
+fd = os.open(os.path.join(m, "gdir/g.txt"), os.O_RDONLY)
+os.unlink(os.path.join(m, "gdir/g.txt"))
+os.rename(os.path.join(m, "gdir"), os.path.join(m, "gdir2"))
+assert os.fstat(fd).st_size == 5 and os.pread(fd, 10, 0) == b"ghost"
+os.close(fd)
+os.rmdir(os.path.join(m, "gdir2"))
 names = sorted(os.listdir(m))
 assert not [n for n in names if n.startswith(".fuse_hidden")], names
 assert "new.bin" not in names and "ro.txt" not in names and "rw.txt" not in names, names
