@@ -179,7 +179,7 @@ static int cmp_item(const void *a, const void *b)
 
 static int64_t ns_of(const struct timespec *t)
 {
-	return (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;
+	return ulp_time_ns(t->tv_sec, t->tv_nsec); /* clamped, never overflows */
 }
 
 int cmd_import(int argc, char **argv)
@@ -303,7 +303,10 @@ static int ls_line(void *arg, const char *name, const ulp_stat *st)
 	(void)arg;
 	char m[11], t[32];
 	mode_str(st->mode, m);
-	time_t secs = (time_t)(st->mtime_ns / 1000000000);
+	int64_t sec;
+	long nsec;
+	ulp_time_split(st->mtime_ns, &sec, &nsec);
+	time_t secs = (time_t)sec;
 	strftime(t, sizeof(t), "%Y-%m-%d %H:%M", localtime(&secs));
 	if (st->is_dir)
 		printf("%s %14s %14s %s %s/\n", m, "-", "-", t, name);
@@ -433,7 +436,10 @@ static int collect_name(void *arg, const char *name, const ulp_stat *st)
 
 static void set_times(const char *path, int64_t mtime_ns, int nofollow)
 {
-	struct timespec ts[2] = {{0, UTIME_OMIT}, {mtime_ns / 1000000000, mtime_ns % 1000000000}};
+	int64_t sec;
+	long nsec;
+	ulp_time_split(mtime_ns, &sec, &nsec);
+	struct timespec ts[2] = {{0, UTIME_OMIT}, {(time_t)sec, nsec}};
 	utimensat(AT_FDCWD, path, ts, nofollow ? AT_SYMLINK_NOFOLLOW : 0);
 }
 

@@ -28,6 +28,16 @@
  *     room). A background commit that fails leaves the file staged, is logged, and
  *     makes the next create or open for writing fail with its errno; the
  *     file is tried again at unmount.
+ *  5. A file unlinked (or replaced by a rename) while open lives on under a
+ *     hidden name that libfuse gives it (".fuse_hiddenXXXXXXXXXXXXXXXX",
+ *     hard_remove off) until its last close, then libfuse unlinks that name.
+ *     Hidden files are never archived and never listed: a staged one stays a
+ *     node, an archived one leaves the archive at once and lives on as a
+ *     ghost (its stat, in memory; open handles read its blobs). So every
+ *     operation on an open fd has a path, and nothing of an unlinked file is
+ *     in the archive after its last close, nor after a crash.
+ *  6. Paths may be NULL in operations that take a file handle (libfuse gives
+ *     NULL when a node has no name); those use the handle.
  */
 #define FUSE_USE_VERSION 312
 #include "config.h"
@@ -73,6 +83,13 @@ typedef struct handle {
 	int wr;                /* opened for writing: its close archives the file */
 } handle;
 
+/* an archived file unlinked while open (invariant 5) */
+typedef struct ghost {
+	char *path;            /* its hidden name */
+	ulp_stat st;           /* what getattr shows; setattr changes it */
+	struct ghost *next;
+} ghost;
+
 static struct {
 	ulp_archive *a;
 	char *archive;
@@ -84,6 +101,7 @@ static struct {
 	uint64_t readahead;    /* bytes; 0: the kernel's window */
 	pthread_mutex_t mu;    /* guards nodes and the commit queue */
 	node *nodes;
+	ghost *ghosts;         /* guarded by mu (invariant 5) */
 	/* the committer (invariant 4) */
 	pthread_cond_t qcv;    /* the queue changed */
 	node *qhead, *qtail;
@@ -116,7 +134,30 @@ static int64_t now_ns(void)
 {
 	struct timespec t;
 	clock_gettime(CLOCK_REALTIME, &t);
-	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+	return ulp_time_ns(t.tv_sec, t.tv_nsec);
+}
+
+static void set_time(struct timespec *t, int64_t ns)
+{
+	int64_t sec;
+	long nsec;
+	ulp_time_split(ns, &sec, &nsec); /* 0 <= tv_nsec < 1e9, also before 1970 */
+	t->tv_sec = (time_t)sec;
+	t->tv_nsec = nsec;
+}
+
+/* libfuse's name for a file unlinked while open (invariant 5):
+ * ".fuse_hidden" and 16 hex digits; a name reserved in the mount */
+static int is_hidden_name(const char *path)
+{
+	const char *b = strrchr(path, '/');
+	b = b ? b + 1 : path;
+	if (strncmp(b, ".fuse_hidden", 12) != 0 || strlen(b) != 28)
+		return 0;
+	for (const char *c = b + 12; *c; c++)
+		if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f')))
+			return 0;
+	return 1;
 }
 
 /* rsync's temporary names: ".<name>.XXXXXX" */
@@ -131,6 +172,21 @@ static int is_temp_name(const char *path)
 		if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9')))
 			return 0;
 	return 1;
+}
+
+/* a name a closed file is archived under (invariants 2 and 5) */
+static int final_name(const char *path)
+{
+	return !is_temp_name(path) && !is_hidden_name(path);
+}
+
+/* caller holds fs.mu */
+static ghost *find_ghost(const char *p)
+{
+	for (ghost *g = fs.ghosts; g; g = g->next)
+		if (!strcmp(g->path, p))
+			return g;
+	return NULL;
 }
 
 /* caller holds fs.mu */
@@ -179,7 +235,7 @@ static int commit_node(node *n, const char *path, int drop)
 	ulp_meta m = n->meta;
 	struct stat sb;
 	if (!n->mtime_set && fstat(ulp_stage_fd(n->stage), &sb) == 0)
-		m.mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+		m.mtime_ns = ulp_time_ns(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
 	char *dst = strdup(path);
 	if (!dst)
 		return -ENOMEM;
@@ -262,7 +318,7 @@ static void *committer(void *arg)
 		/* still under a final name, and nobody opened it again meanwhile
 		 * (else the last close archives it) */
 		int rc = -1;
-		if (n->path && n->dirty && n->handles == 1 && !is_temp_name(n->path)) {
+		if (n->path && n->dirty && n->handles == 1 && final_name(n->path)) {
 			rc = commit_node(n, n->path, 1); /* drops our count on success */
 			if (rc < 0) {
 				if (!fs.qerr)
@@ -298,8 +354,7 @@ static void fill_stat(const ulp_stat *s, struct stat *st)
 	st->st_blksize = 1 << 20;
 	/* du shows what the archive really holds for this file */
 	st->st_blocks = (blkcnt_t)((s->is_dir || s->is_symlink ? 0 : s->stored_bytes + 511) / 512);
-	st->st_mtim.tv_sec = s->mtime_ns / 1000000000;
-	st->st_mtim.tv_nsec = s->mtime_ns % 1000000000;
+	set_time(&st->st_mtim, s->mtime_ns);
 	st->st_atim = st->st_ctim = st->st_mtim;
 }
 
@@ -317,8 +372,7 @@ static int node_stat(node *n, struct stat *st)
 	st->st_blocks = sb.st_blocks;
 	st->st_blksize = 1 << 20;
 	if (n->mtime_set) {
-		st->st_mtim.tv_sec = n->meta.mtime_ns / 1000000000;
-		st->st_mtim.tv_nsec = n->meta.mtime_ns % 1000000000;
+		set_time(&st->st_mtim, n->meta.mtime_ns);
 	} else {
 		st->st_mtim = sb.st_mtim;
 	}
@@ -338,7 +392,7 @@ static void *ulpfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 		conn->want |= FUSE_CAP_PARALLEL_DIROPS;
 	conn->max_read = ULPFS_MAX_READ; /* must match -o max_read (main) */
 	conn->max_write = 1 << 20;       /* the kernel caps it to what it supports */
-	cfg->hard_remove = 1;   /* open-but-unlinked files are our nodes' business */
+	cfg->hard_remove = 0;   /* unlinked open files keep a (hidden) name: invariant 5 */
 	cfg->use_ino = 0;
 	cfg->kernel_cache = 0;  /* per open: keep_cache for archived files only */
 	cfg->entry_timeout = cfg->attr_timeout = fs.read_only ? 3600.0 : 1.0;
@@ -366,6 +420,10 @@ static void ulpfs_destroy(void *p)
 		/* closed files still waiting for a rename (names that look like
 		 * rsync's temporaries) were closed by someone: archive them under
 		 * the name they have rather than lose them */
+		if (n->path && is_hidden_name(n->path)) {
+			free(n->path); /* unlinked: never archived (invariant 5) */
+			n->path = NULL;
+		}
 		if (n->path && n->dirty && n->handles == 0 && commit_node(n, n->path, 0) == 0)
 			continue; /* commit_node removed it */
 		if (n->path && n->dirty) {
@@ -385,22 +443,40 @@ static void ulpfs_destroy(void *p)
 		n->stage = NULL;
 		unlink_node(n);
 	}
+	while (fs.ghosts) {
+		ghost *g = fs.ghosts;
+		fs.ghosts = g->next;
+		free(g->path);
+		free(g);
+	}
 	pthread_mutex_unlock(&fs.mu);
 }
 
 static int ulpfs_getattr(const char *path, struct stat *st, struct fuse_file_info *fi)
 {
 	readahead_once();
-	const char *p = rel(path);
-	if (fi && fi->fh && ((handle *)(uintptr_t)fi->fh)->n) {
+	handle *h = fi ? (handle *)(uintptr_t)fi->fh : NULL;
+	if (h && h->n) {
 		pthread_mutex_lock(&fs.mu);
-		int rc = node_stat(((handle *)(uintptr_t)fi->fh)->n, st);
+		int rc = node_stat(h->n, st);
 		pthread_mutex_unlock(&fs.mu);
 		return rc;
 	}
+	if (!path) { /* invariant 6 */
+		if (!h || !h->file)
+			return -ESTALE;
+		fill_stat(ulp_file_get_stat(h->file), st);
+		return 0;
+	}
+	const char *p = rel(path);
 	pthread_mutex_lock(&fs.mu);
 	node *n = find_node(p);
+	ghost *g = n ? NULL : find_ghost(p);
 	int rc = n ? node_stat(n, st) : 1;
+	if (g) {
+		fill_stat(&g->st, st);
+		rc = 0;
+	}
 	pthread_mutex_unlock(&fs.mu);
 	if (rc <= 0)
 		return rc;
@@ -422,6 +498,8 @@ static int readdir_cb(void *arg, const char *name, const ulp_stat *s)
 {
 	rd *r = arg;
 	char p[8192];
+	if (is_hidden_name(name))
+		return 0; /* invariant 5 (an archive from before it) */
 	snprintf(p, sizeof(p), "%s%s%s", r->dir, r->dir[0] ? "/" : "", name);
 	pthread_mutex_lock(&fs.mu);
 	int staged = find_node(p) != NULL;
@@ -438,6 +516,8 @@ static int ulpfs_readdir(const char *path, void *buf, fuse_fill_dir_t filler, of
 {
 	(void)off, (void)fi, (void)flags;
 	readahead_once();
+	if (!path)
+		return -ESTALE; /* invariant 6: a directory removed while open */
 	const char *p = rel(path);
 	filler(buf, ".", NULL, 0, 0);
 	filler(buf, "..", NULL, 0, 0);
@@ -448,7 +528,7 @@ static int ulpfs_readdir(const char *path, void *buf, fuse_fill_dir_t filler, of
 	size_t pl = strlen(p);
 	pthread_mutex_lock(&fs.mu);
 	for (node *n = fs.nodes; n; n = n->next) {
-		if (!n->path)
+		if (!n->path || is_hidden_name(n->path))
 			continue;
 		const char *slash = strrchr(n->path, '/');
 		size_t dl = slash ? (size_t)(slash - n->path) : 0;
@@ -548,7 +628,13 @@ static int ulpfs_open(const char *path, struct fuse_file_info *fi)
 
 static int ulpfs_create(const char *path, mode_t mode, struct fuse_file_info *fi)
 {
-	return open_handle(rel(path), fi, 1, mode);
+	const char *p = rel(path);
+	int rc = ulp_path_check(p); /* NAME_MAX, PATH_MAX: it could not be archived */
+	if (rc < 0)
+		return err_of(rc);
+	if (is_hidden_name(p))
+		return -EINVAL; /* reserved (invariant 5) */
+	return open_handle(p, fi, 1, mode);
 }
 
 /*
@@ -599,7 +685,7 @@ static int ulpfs_read(const char *path, char *buf, size_t size, off_t off, struc
 	}
 	int64_t n = ulp_file_pread(h->file, buf, size, (uint64_t)off);
 	if (n < 0) {
-		log_err("read", path);
+		log_err("read", path ? path : h->path);
 		return err_of((int)n); /* a damaged blob: EIO, never wrong bytes */
 	}
 	return (int)n;
@@ -638,7 +724,7 @@ static int ulpfs_flush(const char *path, struct fuse_file_info *fi)
 	int rc = 0;
 	pthread_mutex_lock(&fs.mu);
 	node *n = h->n;
-	if (h->wr && n->path && n->handles == 1 && n->dirty && !is_temp_name(n->path)) {
+	if (h->wr && n->path && n->handles == 1 && n->dirty && final_name(n->path)) {
 		rc = commit_node(n, n->path, 1);
 		if (rc == 0) {
 			h->n = NULL; /* committed: the handle has nothing left to do */
@@ -658,7 +744,7 @@ static int ulpfs_release(const char *path, struct fuse_file_info *fi)
 	if (h->n) {
 		pthread_mutex_lock(&fs.mu);
 		node *n = h->n;
-		if (n->handles == 1 && n->path && n->dirty && h->wr && !is_temp_name(n->path)) {
+		if (n->handles == 1 && n->path && n->dirty && h->wr && final_name(n->path)) {
 			n->handles--; /* the last handle: its flush failed, try once more */
 			commit_node(n, n->path, 0);
 		} else { /* unlinked while open, or nothing written: the node goes */
@@ -678,23 +764,29 @@ static int ulpfs_fsync(const char *path, int datasync, struct fuse_file_info *fi
 	if (!h || !h->n)
 		return 0;
 	pthread_mutex_lock(&fs.mu);
-	int rc = h->n->path ? ulp_stage_sync(h->n->stage, h->n->path, &h->n->meta) : 0;
+	/* an unlinked file is not to come back after a crash (invariant 5) */
+	int rc = h->n->path && !is_hidden_name(h->n->path) ? ulp_stage_sync(h->n->stage, h->n->path, &h->n->meta) : 0;
 	pthread_mutex_unlock(&fs.mu);
 	if (rc < 0)
-		log_err("fsync", path);
+		log_err("fsync", path ? path : h->path);
 	return rc < 0 ? err_of(rc) : 0;
 }
 
 static int ulpfs_truncate(const char *path, off_t size, struct fuse_file_info *fi)
 {
-	const char *p = rel(path);
 	if (fi && fi->fh && ((handle *)(uintptr_t)fi->fh)->n) {
 		handle *h = (handle *)(uintptr_t)fi->fh;
 		if (ftruncate(ulp_stage_fd(h->n->stage), size) < 0)
 			return -errno;
+		pthread_mutex_lock(&fs.mu);
 		h->n->dirty = 1;
+		h->n->writes++;
+		pthread_mutex_unlock(&fs.mu);
 		return 0;
 	}
+	if (!path)
+		return -ESTALE; /* invariant 6 */
+	const char *p = rel(path);
 	pthread_mutex_lock(&fs.mu);
 	node *n = find_node(p);
 	int rc = 0;
@@ -717,6 +809,45 @@ static int ulpfs_truncate(const char *path, off_t size, struct fuse_file_info *f
 	return rc ? rc : r2;
 }
 
+/*
+ * libfuse hides a file unlinked while open, or replaced by a rename, under
+ * the name t (invariant 5): a staged file stays a node under that name, an
+ * archived one leaves the archive now and lives on as a ghost.
+ */
+static int hide(const char *f, const char *t)
+{
+	int rc = 0;
+	char *tp = strdup(t);
+	ghost *g = calloc(1, sizeof(*g));
+	pthread_mutex_lock(&fs.mu);
+	node *n = find_node(f);
+	ulp_stat s;
+	int archived = ulp_archive_stat(fs.a, f, &s) == 0;
+	if (!tp || !g) {
+		rc = -ENOMEM;
+	} else if (!n && !archived) {
+		rc = -ENOENT;
+	} else if (archived && (rc = ulp_archive_remove(fs.a, f)) < 0) {
+		log_err("removing", f);
+		rc = err_of(rc);
+	} else if (n) {
+		free(n->path);
+		n->path = tp;
+		tp = NULL;
+	} else {
+		g->path = tp;
+		g->st = s;
+		g->next = fs.ghosts;
+		fs.ghosts = g;
+		tp = NULL;
+		g = NULL;
+	}
+	pthread_mutex_unlock(&fs.mu);
+	free(tp);
+	free(g);
+	return rc;
+}
+
 static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 {
 	const char *f = rel(from), *t = rel(to);
@@ -724,6 +855,13 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 		return -EINVAL;
 	if (fs.read_only)
 		return -EROFS;
+	if (is_hidden_name(t))
+		return hide(f, t);
+	int pc = ulp_path_check(t);
+	if (pc < 0)
+		return err_of(pc);
+	if (!strcmp(f, t))
+		return 0;
 	ulp_stat s;
 	if ((flags & RENAME_NOREPLACE) && ulp_archive_stat(fs.a, t, &s) == 0)
 		return -EEXIST;
@@ -742,7 +880,16 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 		}
 	}
 	if (n) {
+		ulp_stat fst;
+		int archived = ulp_archive_stat(fs.a, f, &fst) == 0 && !fst.is_dir;
 		if (n->handles || !n->dirty) { /* still open: rename the staged file */
+			/* and its archived version: the name t has it until the node
+			 * is archived over it; nothing stays under f */
+			if (archived && (rc = ulp_archive_rename(fs.a, f, t)) < 0) {
+				log_err("renaming", f);
+				pthread_mutex_unlock(&fs.mu);
+				return err_of(rc);
+			}
 			free(n->path);
 			n->path = strdup(t);
 			if (n->synced && n->path) /* recovered under its new name after a crash */
@@ -772,6 +919,9 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 					free(old_path);
 				}
 			}
+			/* archived (or queued) under t: an older version under f goes */
+			if (rc == 0 && archived && ulp_archive_remove(fs.a, f) < 0)
+				log_err("removing", f);
 		}
 		pthread_mutex_unlock(&fs.mu);
 		return rc;
@@ -787,6 +937,15 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 				x->path = np;
 			}
 		}
+	for (ghost *g = fs.ghosts; g; g = g->next) /* and so do ghosts (invariant 5) */
+		if (!strncmp(g->path, f, fl) && g->path[fl] == '/') {
+			char *np = malloc(strlen(t) + strlen(g->path + fl) + 1);
+			if (np) {
+				sprintf(np, "%s%s", t, g->path + fl);
+				free(g->path);
+				g->path = np;
+			}
+		}
 	pthread_mutex_unlock(&fs.mu);
 	rc = ulp_archive_rename(fs.a, f, t);
 	return rc < 0 ? err_of(rc) : 0;
@@ -798,6 +957,15 @@ static int ulpfs_unlink(const char *path)
 	if (fs.read_only)
 		return -EROFS;
 	pthread_mutex_lock(&fs.mu);
+	for (ghost **gp = &fs.ghosts; *gp; gp = &(*gp)->next)
+		if (!strcmp((*gp)->path, p)) { /* its last close (invariant 5) */
+			ghost *g = *gp;
+			*gp = g->next;
+			free(g->path);
+			free(g);
+			pthread_mutex_unlock(&fs.mu);
+			return 0;
+		}
 	node *n = find_node(p);
 	if (n) {
 		if (n->handles) {
@@ -840,7 +1008,7 @@ static int ulpfs_rmdir(const char *path)
 	size_t pl = strlen(p);
 	pthread_mutex_lock(&fs.mu);
 	for (node *n = fs.nodes; n; n = n->next)
-		if (n->path && !strncmp(n->path, p, pl) && n->path[pl] == '/') {
+		if (n->path && !strncmp(n->path, p, pl) && n->path[pl] == '/' && !is_hidden_name(n->path)) {
 			pthread_mutex_unlock(&fs.mu);
 			return -ENOTEMPTY;
 		}
@@ -867,17 +1035,23 @@ static int ulpfs_readlink(const char *path, char *buf, size_t size)
 
 static int ulpfs_link(const char *from, const char *to)
 {
-	(void)from, (void)to;
+	(void)from;
+	int rc = ulp_path_check(rel(to));
+	if (rc < 0)
+		return err_of(rc);
 	return -EPERM; /* no hard links: an archive path names exactly one file */
 }
 
 static int setattr(const char *path, unsigned which, const ulp_meta *m, struct fuse_file_info *fi)
 {
-	const char *p = rel(path);
 	if (fs.read_only)
 		return -EROFS;
+	handle *h = fi ? (handle *)(uintptr_t)fi->fh : NULL;
+	if (!path && !(h && h->n))
+		return -ESTALE; /* invariant 6 */
+	const char *p = path ? rel(path) : NULL;
 	pthread_mutex_lock(&fs.mu);
-	node *n = fi && fi->fh && ((handle *)(uintptr_t)fi->fh)->n ? ((handle *)(uintptr_t)fi->fh)->n : find_node(p);
+	node *n = h && h->n ? h->n : find_node(p);
 	if (n) {
 		if (which & ULP_SET_MODE)
 			n->meta.mode = m->mode & 07777;
@@ -892,6 +1066,30 @@ static int setattr(const char *path, unsigned which, const ulp_meta *m, struct f
 			n->mtime_set = 1;
 		}
 		n->attrs++;
+		/* a node identical to its archived version (opened for writing,
+		 * nothing written: touch, futimens, fchmod) is not archived again
+		 * at its close: the archive takes the change now */
+		int rc = 0;
+		if (!n->dirty && n->path && final_name(n->path)) {
+			int r = ulp_archive_setattr(fs.a, n->path, which, &n->meta);
+			if (r < 0 && r != -ULP_E_NOENT) {
+				log_err("changing attributes of", n->path);
+				rc = err_of(r);
+			}
+		}
+		pthread_mutex_unlock(&fs.mu);
+		return rc;
+	}
+	ghost *g = find_ghost(p);
+	if (g) { /* unlinked while open: only its stat changes (invariant 5) */
+		if (which & ULP_SET_MODE)
+			g->st.mode = (g->st.mode & ~07777u) | (m->mode & 07777);
+		if ((which & ULP_SET_OWNER) && m->uid != (uint32_t)-1)
+			g->st.uid = m->uid;
+		if ((which & ULP_SET_OWNER) && m->gid != (uint32_t)-1)
+			g->st.gid = m->gid;
+		if (which & ULP_SET_MTIME)
+			g->st.mtime_ns = m->mtime_ns;
 		pthread_mutex_unlock(&fs.mu);
 		return 0;
 	}
@@ -926,8 +1124,7 @@ static int ulpfs_utimens(const char *path, const struct timespec tv[2], struct f
 {
 	if (tv[1].tv_nsec == UTIME_OMIT)
 		return 0;
-	ulp_meta m = {.mtime_ns = tv[1].tv_nsec == UTIME_NOW ? now_ns()
-	                                                     : (int64_t)tv[1].tv_sec * 1000000000 + tv[1].tv_nsec};
+	ulp_meta m = {.mtime_ns = tv[1].tv_nsec == UTIME_NOW ? now_ns() : ulp_time_ns(tv[1].tv_sec, tv[1].tv_nsec)};
 	return setattr(path, ULP_SET_MTIME, &m, fi);
 }
 
@@ -1058,10 +1255,11 @@ static const struct fuse_operations ulpfs_ops = {
 
 /* ---- options and main -------------------------------------------------------- */
 
-enum { KEY_HELP, KEY_VERSION, KEY_RO };
+enum { KEY_HELP, KEY_VERSION, KEY_RO, KEY_ALLOW_OTHER, KEY_DEFAULT_PERMISSIONS };
 
 static struct opts {
 	char *cache_size, *max_chain, *threads, *readahead;
+	int allow_other, default_permissions, no_permission_checks;
 } o;
 
 static const struct fuse_opt ulpfs_opts[] = {
@@ -1070,6 +1268,9 @@ static const struct fuse_opt ulpfs_opts[] = {
 	{"threads=%s", offsetof(struct opts, threads), 0},
 	{"readahead=%s", offsetof(struct opts, readahead), 0},
 	FUSE_OPT_KEY("ro", KEY_RO),
+	FUSE_OPT_KEY("allow_other", KEY_ALLOW_OTHER),
+	FUSE_OPT_KEY("default_permissions", KEY_DEFAULT_PERMISSIONS),
+	{"no_permission_checks", offsetof(struct opts, no_permission_checks), 1},
 	FUSE_OPT_KEY("-h", KEY_HELP),
 	FUSE_OPT_KEY("--help", KEY_HELP),
 	FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -1089,6 +1290,8 @@ static void usage(FILE *f)
 	        "  -o threads=N         decode threads and FUSE worker threads (default: one per CPU)\n"
 	        "  -o readahead=SIZE    kernel read-ahead of this mount (default 4M; 0: the kernel's)\n"
 	        "  -o ro                read-only\n"
+	        "  -o allow_other       let other users in; implies default_permissions (the kernel\n"
+	        "                       checks modes and owners) unless -o no_permission_checks\n"
 	        "  -f                   stay in the foreground; -d for debug output\n"
 	        "  and the usual FUSE options (allow_other, default_permissions, ...)\n\n"
 	        "fstab: /data/ckpt-archive /mnt/ckpt fuse.ulpackfs defaults,cache_size=4G 0 0\n"
@@ -1108,6 +1311,12 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
 	case KEY_RO:
 		fs.read_only = 1;
 		return 1; /* also for the kernel */
+	case KEY_ALLOW_OTHER:
+		o.allow_other = 1;
+		return 1;
+	case KEY_DEFAULT_PERMISSIONS:
+		o.default_permissions = 1;
+		return 1;
 	case FUSE_OPT_KEY_NONOPT:
 		if (!fs.archive) {
 			fs.archive = realpath(arg, NULL);
@@ -1190,6 +1399,24 @@ static void readahead_once(void)
 	pthread_once(&readahead_done, set_readahead_now);
 }
 
+/*
+ * A whole number in [min, max] for option name, else a usage error (a
+ * negative, garbage or overflowing value must not mount with a meaning
+ * nobody asked for, such as max_chain=-5 lifting the limit).
+ */
+static int parse_count(const char *name, const char *v, long min, long max, long *out)
+{
+	char *end;
+	errno = 0;
+	long n = strtol(v, &end, 10);
+	if (end == v || *end || errno || n < min || n > max) {
+		fprintf(stderr, "ulpackfs: bad %s '%s': a whole number from %ld to %ld\n", name, v, min, max);
+		return -1;
+	}
+	*out = n;
+	return 0;
+}
+
 /* A mount point that is already a mount point is busy. */
 /*
  * One read-write mount of an archive at a time: its daemon holds an
@@ -1251,18 +1478,33 @@ int main(int argc, char **argv)
 	fs.foreground = fs.foreground || co.foreground;
 	fs.readahead = (uint64_t)4 << 20;
 	fs.mountpoint = realpath(co.mountpoint, NULL); /* the daemon leaves the cwd */
+	/* option values: a usage error (exit 2) before anything is mounted */
 	if (o.readahead && !strcmp(o.readahead, "0"))
 		fs.readahead = 0;
-	else if (o.readahead && ulp_parse_size(o.readahead, &fs.readahead) < 0) {
-		fprintf(stderr, "ulpackfs: bad readahead '%s' (examples: 1M, 4M; 0: the kernel's)\n", o.readahead);
-		return 1;
+	else if (o.readahead && (ulp_parse_size(o.readahead, &fs.readahead) < 0 || fs.readahead > ((uint64_t)1 << 30))) {
+		fprintf(stderr, "ulpackfs: bad readahead '%s' (examples: 1M, 4M, at most 1G; 0: the kernel's)\n",
+		        o.readahead);
+		return 2;
 	}
 	if (o.cache_size && ulp_parse_size(o.cache_size, &fs.cache_size) < 0) {
 		fprintf(stderr, "ulpackfs: bad cache_size '%s' (examples: 512M, 4G)\n", o.cache_size);
-		return 1;
+		return 2;
 	}
-	fs.max_chain = o.max_chain ? (unsigned)atoi(o.max_chain) : 0;
-	fs.threads = o.threads ? atoi(o.threads) : 0;
+	long v;
+	if (o.max_chain) {
+		if (parse_count("max_chain", o.max_chain, 1, 1000000, &v) < 0)
+			return 2;
+		fs.max_chain = (unsigned)v;
+	}
+	if (o.threads) {
+		if (parse_count("threads", o.threads, 0, 1024, &v) < 0) /* 0: one per CPU */
+			return 2;
+		fs.threads = (int)v;
+	}
+	/* other users on the mount: the kernel checks modes and owners, as on
+	 * any file system (without default_permissions FUSE checks nothing) */
+	if (o.allow_other && !o.default_permissions && !o.no_permission_checks)
+		fuse_opt_add_arg(&args, "-odefault_permissions");
 	if (is_mount_point(co.mountpoint)) {
 		fprintf(stderr, "ulpackfs: %s: already a mount point (busy)\n", co.mountpoint);
 		return 1;

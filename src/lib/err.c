@@ -19,6 +19,7 @@ static const char *const messages[ULP_E__COUNT] = {
 	[ULP_E_BUSY] = "resource busy",
 	[ULP_E_OVERFLOW] = "output buffer too small",
 	[ULP_E_UNSUPPORTED] = "not supported",
+	[ULP_E_NAMETOOLONG] = "file name or path too long",
 };
 
 const char *ulp_strerror(int rc)
@@ -37,7 +38,7 @@ int ulp_to_errno(int rc)
 		[ULP_E_NOSPC] = ENOSPC, [ULP_E_CORRUPT] = EIO, [ULP_E_CHECKSUM] = EIO,
 		[ULP_E_VERSION] = EPROTO, [ULP_E_INVAL] = EINVAL, [ULP_E_NOENT] = ENOENT,
 		[ULP_E_EXIST] = EEXIST, [ULP_E_BUSY] = EBUSY, [ULP_E_OVERFLOW] = EOVERFLOW,
-		[ULP_E_UNSUPPORTED] = EOPNOTSUPP,
+		[ULP_E_UNSUPPORTED] = EOPNOTSUPP, [ULP_E_NAMETOOLONG] = ENAMETOOLONG,
 	};
 	if (rc < 0)
 		rc = -rc;
@@ -77,6 +78,39 @@ int ulp_parse_size(const char *s, uint64_t *out)
 		return -ULP_E_INVAL;
 	*out = (uint64_t)(v * (double)m);
 	return 0;
+}
+
+int64_t ulp_time_ns(int64_t sec, int64_t nsec)
+{
+	const int64_t g = 1000000000;
+	/* normalise nsec into [0, g) first, then check sec against the range
+	 * without overflowing: INT64_MIN / g rounds toward zero */
+	sec += nsec / g;
+	nsec %= g;
+	if (nsec < 0) {
+		nsec += g;
+		sec--;
+	}
+	if (sec > INT64_MAX / g || (sec == INT64_MAX / g && nsec > INT64_MAX % g))
+		return INT64_MAX;
+	if (sec < INT64_MIN / g - 1 || (sec == INT64_MIN / g - 1 && nsec < g + INT64_MIN % g))
+		return INT64_MIN;
+	/* sec * g may be just below INT64_MIN when sec == INT64_MIN / g - 1:
+	 * add nsec first then */
+	if (sec == INT64_MIN / g - 1)
+		return (sec + 1) * g - (g - nsec);
+	return sec * g + nsec;
+}
+
+void ulp_time_split(int64_t ns, int64_t *sec, long *nsec)
+{
+	int64_t s = ns / 1000000000, r = ns % 1000000000;
+	if (r < 0) { /* C division truncates toward zero: floor it */
+		r += 1000000000;
+		s--;
+	}
+	*sec = s;
+	*nsec = (long)r;
 }
 
 int ulp_grow(void *arr, size_t *cap, size_t n, size_t size)

@@ -536,14 +536,30 @@ int ulp_path_clean(const char *in, char *out, size_t cap)
 			continue;
 		if (len == 2 && s[0] == '.' && s[1] == '.')
 			return -ULP_E_INVAL; /* never escapes the archive */
-		if (o + len + 2 > cap)
-			return -ULP_E_INVAL;
+		if (len > ULP_NAME_MAX || o + len + 2 > cap || o + len + 1 > ULP_PATH_MAX)
+			return -ULP_E_NAMETOOLONG; /* could not be written back out */
 		if (o)
 			out[o++] = '/';
 		memcpy(out + o, s, len);
 		o += len;
 	}
 	out[o] = 0;
+	return 0;
+}
+
+int ulp_path_check(const char *path)
+{
+	char p[ULP_PATH_MAX + 1];
+	return ulp_path_clean(path, p, sizeof(p));
+}
+
+/* The cause of a path that cannot be created, as the caller's error: a too
+ * long name has its own code (ENAMETOOLONG at the FUSE edge). */
+static int bad_path(ulp_archive *a, const char *path, const char *what)
+{
+	if (ulp_path_check(path) == -ULP_E_NAMETOOLONG)
+		return ulp_arch_err(a, -ULP_E_NAMETOOLONG, "%.200s...: %s: a name over %d bytes or a path over %d bytes",
+		                    path, what, ULP_NAME_MAX, ULP_PATH_MAX);
 	return 0;
 }
 
@@ -865,6 +881,7 @@ static int in_tx(ulp_archive *a, int rc)
 int ulp_archive_symlink(ulp_archive *a, const char *path, const char *target, const ulp_meta *m)
 {
 	char p[4096];
+	ULP_TRY(bad_path(a, path, "cannot create a link"));
 	if (a->read_only || ulp_path_clean(path, p, sizeof(p)) < 0 || !p[0])
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: cannot create a link there", path);
 	ulp_stat s;
@@ -879,6 +896,7 @@ int ulp_archive_mkdir(ulp_archive *a, const char *path, const ulp_meta *m)
 	static const char sql[] = "INSERT INTO entries(path, parent, name, type, mode, uid, gid, mtime_ns)"
 	                          " VALUES(?, ?, ?, 1, ?, ?, ?, ?)";
 	char p[4096];
+	ULP_TRY(bad_path(a, path, "cannot create a directory"));
 	if (a->read_only || ulp_path_clean(path, p, sizeof(p)) < 0 || !p[0])
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: cannot create a directory there", path);
 	ulp_stat s;
@@ -946,6 +964,7 @@ int ulp_archive_rename(ulp_archive *a, const char *from, const char *to)
 	static const char sql_del[] = "DELETE FROM entries WHERE path = ?";
 	char f[4096], t[4096];
 	ulp_stat sf, stt;
+	ULP_TRY(bad_path(a, to, "cannot rename to that name"));
 	if (a->read_only || ulp_path_clean(from, f, sizeof(f)) < 0 || ulp_path_clean(to, t, sizeof(t)) < 0 ||
 	    !f[0] || !t[0])
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s -> %s: invalid rename", from, to);

@@ -432,7 +432,11 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 	struct stat sb;
 	if (a->read_only)
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is open read-only", a->dir);
-	if (ulp_path_clean(path, p, sizeof(p)) < 0 || !p[0])
+	int prc = ulp_path_clean(path, p, sizeof(p));
+	if (prc == -ULP_E_NAMETOOLONG)
+		return ulp_arch_err(a, prc, "%.200s...: a name over %d bytes or a path over %d bytes", path, ULP_NAME_MAX,
+		                    ULP_PATH_MAX);
+	if (prc < 0 || !p[0])
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: not a valid path inside an archive", path);
 	if (fstat(fd, &sb) < 0)
 		return ulp_arch_err(a, -ULP_E_IO, "%s: %s", p, strerror(errno));
@@ -511,7 +515,7 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 		nf.meta.mode = sb.st_mode & 07777;
 		nf.meta.uid = sb.st_uid;
 		nf.meta.gid = sb.st_gid;
-		nf.meta.mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+		nf.meta.mtime_ns = ulp_time_ns(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
 	}
 	unsigned int shalen;
 	EVP_DigestFinal_ex(fsha, nf.sha, &shalen);

@@ -44,6 +44,7 @@ enum {
 	ULP_E_BUSY,        /* resource busy */
 	ULP_E_OVERFLOW,    /* output does not fit in dst_cap */
 	ULP_E_UNSUPPORTED, /* valid input this build cannot handle */
+	ULP_E_NAMETOOLONG, /* a path component over ULP_NAME_MAX or a path over ULP_PATH_MAX bytes */
 	ULP_E__COUNT
 };
 
@@ -369,6 +370,25 @@ int ulp_stage_recover(ulp_archive *a, unsigned *recovered, unsigned *removed);
 /** Parses a size such as "512M", "4G", "1.5T" or "65536" (K, M, G, T are
  *  powers of 1024; a trailing B is allowed). Errors: INVAL. */
 int ulp_parse_size(const char *s, uint64_t *out);
+
+/* Paths inside an archive: components of at most ULP_NAME_MAX bytes (what
+ * export, rsync and every local file system can write back), at most
+ * ULP_PATH_MAX bytes in all. */
+#define ULP_NAME_MAX 255
+#define ULP_PATH_MAX 4095
+/** 0 if path (relative to the archive's root) may be created in an archive.
+ *  Errors: NAMETOOLONG, INVAL (a ".." component). */
+int ulp_path_check(const char *path);
+
+/* Times are int64 nanoseconds since the epoch (mtime_ns), which covers
+ * 1677-09-21 to 2262-04-11. */
+/** sec + nsec as nanoseconds; a time outside that range is clamped to its
+ *  nearest end (the kernel clamps times to what a file system holds alike).
+ *  nsec is in [0, 1e9) (a timespec's). */
+int64_t ulp_time_ns(int64_t sec, int64_t nsec);
+/** Splits ns into seconds and a nanosecond part in [0, 1e9) (rounds toward
+ *  minus infinity, so a time before 1970 with a fraction stays exact). */
+void ulp_time_split(int64_t ns, int64_t *sec, long *nsec);
 
 /** Step number parsed from a path (checkpoint-1500, step_1500, step-1500,
  *  global_step1500, iter_0001500, epoch3-step1500, else the last number of

@@ -12,6 +12,7 @@
  */
 #include "tap.h"
 #include "arch_int.h"
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sqlite3.h>
@@ -626,6 +627,71 @@ static void test_step_order(void)
 	ulp_archive_close(a);
 }
 
+/* issue 11 items 16, 17: names an archive refuses; times before 1970 and
+ * past the int64 ns range */
+static void test_names_times(void)
+{
+	int64_t sec;
+	long nsec;
+	/* 1960-01-01 00:00:00.5 */
+	CHECK(ulp_time_ns(-315619200, 500000000) == -315619199500000000LL, "time before 1970 with a fraction");
+	ulp_time_split(-315619199500000000LL, &sec, &nsec);
+	CHECK(sec == -315619200 && nsec == 500000000, "split before 1970: %lld %ld", (long long)sec, nsec);
+	ulp_time_split(-1, &sec, &nsec);
+	CHECK(sec == -1 && nsec == 999999999, "split -1 ns");
+	CHECK(ulp_time_ns(10413792000LL, 0) == INT64_MAX, "2300-01-01 clamps to the last time");
+	CHECK(ulp_time_ns(-9300000000LL, 0) == INT64_MIN, "1675 clamps to the first time");
+	ulp_time_split(INT64_MIN, &sec, &nsec);
+	CHECK(sec == -9223372037LL && nsec == 145224192 && ulp_time_ns(sec, nsec) == INT64_MIN, "INT64_MIN round trip");
+	ulp_time_split(INT64_MAX, &sec, &nsec);
+	CHECK(ulp_time_ns(sec, nsec) == INT64_MAX && ulp_time_ns(sec, nsec + 1) == INT64_MAX, "INT64_MAX round trip");
+	CHECK(ulp_time_ns(sec, 0) == INT64_MAX - nsec, "just inside the range is exact");
+
+	char n255[300], n256[300], deep[5000];
+	memset(n255, 'a', 255);
+	n255[255] = 0;
+	memset(n256, 'b', 256);
+	n256[256] = 0;
+	CHECK(ulp_path_check(n255) == 0, "a 255-byte name is fine");
+	CHECK(ulp_path_check(n256) == -ULP_E_NAMETOOLONG, "a 256-byte name is too long");
+	snprintf(deep, sizeof(deep), "d/%s/x", n256);
+	CHECK(ulp_path_check(deep) == -ULP_E_NAMETOOLONG, "a 256-byte directory name is too long");
+	deep[0] = 0;
+	for (int i = 0; i < 16; i++)
+		strcat(strcat(deep, n255), "/");
+	deep[strlen(deep) - 1] = 0; /* 16 * 256 - 1 bytes: the longest path */
+	CHECK(ulp_path_check(deep) == 0, "a path of 4095 bytes is fine");
+	strcat(deep, "/x");
+	CHECK(ulp_path_check(deep) == -ULP_E_NAMETOOLONG, "a path over 4095 bytes is too long");
+	CHECK(ulp_path_check("a/../b") == -ULP_E_INVAL, "'..' stays invalid");
+	CHECK(ulp_to_errno(-ULP_E_NAMETOOLONG) == ENAMETOOLONG, "ENAMETOOLONG at the edge");
+
+	char dir[512], err[512];
+	snprintf(dir, sizeof(dir), "%s/names", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	ulp_archive *a;
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
+	ulp_meta m = {0644, 0, 0, -315619199500000000LL};
+	CHECK(ulp_archive_mkdir(a, n256, &m) == -ULP_E_NAMETOOLONG && strstr(ulp_archive_errmsg(a), "over 255"),
+	      "mkdir of a long name: %s", ulp_archive_errmsg(a));
+	CHECK(ulp_archive_symlink(a, n256, "t", &m) == -ULP_E_NAMETOOLONG, "symlink of a long name");
+	char fp[512];
+	snprintf(fp, sizeof(fp), "%s/in.bin", root);
+	int fd = open(fp, O_RDWR | O_CREAT | O_TRUNC, 0644);
+	REQUIRE(fd >= 0 && write(fd, "abc", 3) == 3, "input file");
+	CHECK(ulp_archive_put(a, n256, fd, &m, NULL) == -ULP_E_NAMETOOLONG && strstr(ulp_archive_errmsg(a), "over 255"),
+	      "put of a long name: %s", ulp_archive_errmsg(a));
+	CHECK(ulp_archive_put(a, n255, fd, &m, NULL) == 0, "put of a 255-byte name");
+	CHECK(ulp_archive_rename(a, n255, n256) == -ULP_E_NAMETOOLONG, "rename to a long name");
+	close(fd);
+	ulp_stat st;
+	CHECK(ulp_archive_stat(a, n255, &st) == 0 && st.mtime_ns == -315619199500000000LL, "time before 1970 kept");
+	m.mtime_ns = INT64_MAX;
+	CHECK(ulp_archive_setattr(a, n255, ULP_SET_MTIME, &m) == 0 && ulp_archive_stat(a, n255, &st) == 0 &&
+	      st.mtime_ns == INT64_MAX, "the last time kept");
+	ulp_archive_close(a);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "%s/ulp-arch-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -643,6 +709,7 @@ int main(void)
 		test_gc();
 		test_staging();
 		test_step_order();
+		test_names_times();
 	}
 	test_thread_churn();
 	test_concurrent_reads();

@@ -1,0 +1,55 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# fuse_perms.sh - several users on one mount and mount options (issue 11,
+# items 9 and 20): -o allow_other implies default_permissions, so another
+# user cannot read a 0600 file, delete or chown it (unless the mount says
+# -o no_permission_checks); bad numeric -o values are a usage error (exit 2)
+# and mount nothing.
+. "$(dirname "$0")/lib.sh"
+need_fuse
+[ "$(id -u)" = 0 ] || skip "needs root (to act as a second user)"
+command -v setpriv > /dev/null || skip "no setpriv (util-linux)"
+chmod 755 "$T" # the second user reaches the mount point
+A="$T/arch" M="$T/mnt"
+"$ULPACK" init "$A" > /dev/null
+as_nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
+
+# item 20: bad values, refused before mounting
+for opt in max_chain=-5 max_chain=abc max_chain=0 max_chain=99999999999999999999 threads=abc threads=-1 \
+	threads=1025 threads=2x cache_size=abc cache_size=-1G readahead=xyz readahead=-4M; do
+	mkdir -p "$M"
+	"$ULPACKFS" "$A" "$M" -o "$opt" > "$T/out" 2>&1
+	rc=$?
+	if mountpoint -q "$M"; then
+		umount_fs "$M"
+		fail "-o $opt mounted"
+	elif [ "$rc" = 2 ] && grep -q "bad" "$T/out"; then
+		ok "-o $opt refused: $(head -1 "$T/out")"
+	else
+		fail "-o $opt: exit $rc, $(cat "$T/out")"
+	fi
+done
+
+# item 9
+mount_fs "$A" "$M" -o allow_other,max_chain=4,threads=2 || { fail "mount with allow_other and good values"; finish; }
+printf 'secret' > "$M/secret" && chmod 600 "$M/secret"
+printf 'public' > "$M/public"
+mkdir "$M/shared" && chmod 1777 "$M/shared"
+[ "$(as_nobody cat "$M/public")" = public ] && ok "another user reads a 0644 file" || fail "0644 file unreadable"
+out=$(as_nobody cat "$M/secret" 2>&1) && fail "another user read a 0600 file: $out" || {
+	case $out in *"ermission denied"*) ok "another user cannot read a 0600 file (EACCES)" ;;
+	*) fail "reading a 0600 file: $out" ;; esac
+}
+as_nobody rm -f "$M/secret" 2> /dev/null && fail "another user deleted a root file" || ok "another user cannot delete it"
+as_nobody chown 65534 "$M/public" 2> /dev/null && fail "another user chowned a root file" || ok "nor chown it"
+as_nobody chmod 666 "$M/public" 2> /dev/null && fail "another user chmodded a root file" || ok "nor chmod it"
+as_nobody sh -c "printf mine > '$M/shared/mine' && chmod 600 '$M/shared/mine' && cat '$M/shared/mine'" > /dev/null \
+	&& ok "another user writes and reads its own 0600 file" || fail "own file"
+[ "$(cat "$M/secret" 2> /dev/null)" = secret ] && [ -e "$M/public" ] && ok "root's files intact" || fail "files changed"
+umount_fs "$M"
+
+mount_fs "$A" "$M" -o allow_other,no_permission_checks || { fail "mount with no_permission_checks"; finish; }
+[ "$(as_nobody cat "$M/secret" 2>&1)" = secret ] && ok "-o no_permission_checks turns the checks off" \
+	|| fail "no_permission_checks"
+umount_fs "$M"
+finish
