@@ -390,7 +390,9 @@ int ulp_archive_stat(ulp_archive *a, const char *path, ulp_stat *out)
 {
 	static const char sql[] = "SELECT " ENTRY_COLS " FROM entries WHERE path = ?";
 	char p[4096];
-	ULP_TRY(ulp_path_clean(path, p, sizeof(p)));
+	if (ulp_path_clean(path, p, sizeof(p)) < 0)
+		return ulp_arch_err(a, -ULP_E_INVAL, "%s: not a valid path inside an archive"
+		                    " (a '..' component, or too long)", path);
 	sqlite3_stmt *st = ulp_db_stmt(a, sql);
 	if (!st)
 		return -ULP_E_IO;

@@ -370,6 +370,11 @@ int ulp_stage_recover(ulp_archive *a, unsigned *recovered, unsigned *removed);
  *  powers of 1024; a trailing B is allowed). Errors: INVAL. */
 int ulp_parse_size(const char *s, uint64_t *out);
 
+/** Parses a decimal integer strictly: an optional '-', then digits only (no
+ *  blanks, no trailing characters, no overflow), within [min, max].
+ *  Errors: INVAL (not such an integer), OVERFLOW (outside [min, max]). */
+int ulp_parse_int(const char *s, int64_t min, int64_t max, int64_t *out);
+
 /** Step number parsed from a path (checkpoint-1500, step_1500, step-1500,
  *  global_step1500, iter_0001500, epoch3-step1500, else the last number of
  *  the file name), or -1. *series receives the path with the step's digits
