@@ -478,8 +478,8 @@ int cmd_cat(int argc, char **argv)
 /*
  * export writes an archived tree with the *at() calls, under directory file
  * descriptors: no path length limits its depth, and what already sits at a
- * name in DEST is replaced, never followed (a symlink where a directory
- * goes is an error, not a way out of DEST).
+ * name under DEST is replaced, never followed (a symlink where a directory
+ * goes is an error, not a way out of DEST; DEST itself may be a symlink).
  * Invariants:
  *  1. A file or symlink appears under its final name only complete: it is
  *     written under a temporary name ".ulp-XXXXXX" in the same directory
@@ -495,6 +495,7 @@ typedef struct ectx {
 	ulp_archive *a;
 	uint8_t *buf;         /* IO_BLOCK bytes */
 	int root;             /* 1: effective uid 0: owners are restored */
+	unsigned depth;       /* directories entered: DEST itself (0) may be a symlink */
 	unsigned long failed; /* entries reported as not written in full (invariant 3) */
 } ectx;
 
@@ -610,12 +611,13 @@ static int export_dir(ectx *e, int dirfd, const char *name, const char *apath, c
 {
 	if (mkdirat(dirfd, name, 0700) < 0 && errno != EEXIST)
 		return report(dpath, "cannot create directory: %s", strerror(errno));
-	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | (e->depth ? O_NOFOLLOW : 0));
 	if (fd < 0)
 		return report(dpath, "%s", errno == ENOTDIR || errno == ELOOP ? "exists and is not a directory"
 		                                                               : strerror(errno));
 	dirlist d = {0};
 	int rc = 0;
+	e->depth++;
 	int r = ulp_archive_readdir(e->a, apath, collect_name, &d);
 	if (r < 0) /* its entries listed so far are still written */
 		rc = report(dpath, "cannot list all of it: %s",
@@ -635,6 +637,7 @@ static int export_dir(ectx *e, int dirfd, const char *name, const char *apath, c
 		free(dp);
 	}
 	dirlist_free(&d);
+	e->depth--;
 	if (finish_meta(e, fd, dpath, st) < 0) /* last: the mode may forbid writing in it */
 		rc = -1;
 	close(fd);
@@ -735,7 +738,7 @@ int cmd_export(int argc, char **argv)
 		return rc;
 	}
 	ulp_archive *a = open_archive(&ao, 1);
-	ectx e = {a, malloc(IO_BLOCK), geteuid() == 0, 0};
+	ectx e = {a, malloc(IO_BLOCK), geteuid() == 0, 0, 0};
 	ulp_stat st;
 	int status = 0;
 	if (!a)
