@@ -17,7 +17,7 @@ long() { # long CHAR N: CHAR repeated N times
 }
 n255=$(long a 255) n250=$(long b 250) n245=$(long c 245)
 S="$T/src"
-mkdir -p "$S/d/sub" "$S/owned" "$S/e/sub"
+mkdir -p "$S/d/sub" "$S/p/owned" "$S/e/sub"
 echo inner > "$S/e/sub/file"
 echo 255 > "$S/d/$n255"
 echo 250 > "$S/d/$n250"
@@ -25,11 +25,12 @@ echo 245 > "$S/d/$n245"
 echo blocked > "$S/d/block"
 echo last > "$S/d/zz"
 ln -s zz "$S/d/lnk"
-echo suid > "$S/suid-nobody" && chown 65534:65534 "$S/suid-nobody" && chmod 4755 "$S/suid-nobody"
-echo suid > "$S/suid-root" && chmod 4755 "$S/suid-root"
-echo sgid > "$S/sgid-other" && chown 0:12345 "$S/sgid-other" && chmod 2755 "$S/sgid-other"
-chown -h 65534:65534 "$S/d/lnk"
-chown 65534:65534 "$S/owned" && chmod 750 "$S/owned"
+ln -s ../d/zz "$S/p/lnk"
+echo suid > "$S/p/suid-nobody" && chown 65534:65534 "$S/p/suid-nobody" && chmod 4755 "$S/p/suid-nobody"
+echo suid > "$S/p/suid-root" && chmod 4755 "$S/p/suid-root"
+echo sgid > "$S/p/sgid-other" && chown 0:12345 "$S/p/sgid-other" && chmod 2755 "$S/p/sgid-other"
+chown -h 65534:65534 "$S/p/lnk"
+chown 65534:65534 "$S/p/owned" && chmod 750 "$S/p/owned"
 A="$T/arch"
 "$ULPACK" init "$A" > /dev/null || fail init
 "$ULPACK" import "$A" "$S" > "$T/out" 2>&1 || fail "import: $(cat "$T/out")"
@@ -42,6 +43,9 @@ for n in "$n255" "$n250" "$n245" zz; do
 		&& ok "name of ${#n} bytes exported" || fail "d/<${#n} bytes> missing or wrong"
 done
 ls -A "$E/d" | grep -q '^\.ulp' && fail "temporary files left: $(ls -A "$E/d")"
+# p/ alone (no long names in it), so that this part stands on its own
+E="$T/out-perm"
+"$ULPACK" export "$A" p "$E" > "$T/out" 2> "$T/err" || fail "export p as root: $(cat "$T/err")"
 owner_mode() { stat -c '%u:%g %a' "$1"; }
 [ "$(owner_mode "$E/suid-nobody")" = "65534:65534 4755" ] \
 	&& ok "setuid file keeps its owner 65534 as root exports it" \
@@ -52,8 +56,8 @@ owner_mode() { stat -c '%u:%g %a' "$1"; }
 	|| fail "suid-root exported as $(owner_mode "$E/suid-root")"
 [ "$(owner_mode "$E/owned")" = "65534:65534 750" ] && ok "directory owner and mode" \
 	|| fail "owned/ exported as $(owner_mode "$E/owned")"
-[ "$(stat -c %u "$E/d/lnk")" = 65534 ] && [ "$(readlink "$E/d/lnk")" = zz ] && ok "symlink owner" \
-	|| fail "d/lnk exported as $(stat -c %u "$E/d/lnk") -> $(readlink "$E/d/lnk")"
+[ "$(stat -c %u "$E/lnk")" = 65534 ] && [ "$(readlink "$E/lnk")" = ../d/zz ] && ok "symlink owner" \
+	|| fail "p/lnk exported as $(stat -c %u "$E/lnk") -> $(readlink "$E/lnk")"
 
 # ---- as another user: no owner to restore, so no setuid/setgid bit of an
 # owner the file does not have
@@ -63,7 +67,7 @@ mkdir "$N" && cp -a "$A" "$N/arch" && chown -R 65534:65534 "$N"
 if ! $NOBODY "$ULPACK" --version > /dev/null 2>&1; then
 	skip "user 65534 cannot run $ULPACK"
 fi
-$NOBODY "$ULPACK" export "$N/arch" "" "$N/out" > "$T/out" 2> "$T/err" || fail "export as 65534: $(cat "$T/err")"
+$NOBODY "$ULPACK" export "$N/arch" p "$N/out" > "$T/out" 2> "$T/err" || fail "export as 65534: $(cat "$T/err")"
 [ "$(owner_mode "$N/out/suid-root")" = "65534:65534 755" ] && ok "setuid bit of root's file dropped" \
 	|| fail "suid-root exported by 65534 as $(owner_mode "$N/out/suid-root") (want 65534:65534 755)"
 [ "$(owner_mode "$N/out/sgid-other")" = "65534:65534 755" ] && ok "setgid bit of group 12345 dropped" \
@@ -79,7 +83,7 @@ mkdir -p "$F/d/block/inside" # a non-empty directory where a file goes
 grep -q "^ulpack export: $F/d/block: " "$T/err" && ok "blocked entry named: $(head -1 "$T/err")" \
 	|| fail "no message naming $F/d/block: $(cat "$T/err")"
 grep -q "1 entry not written" "$T/err" && ok "failure count" || fail "no count: $(cat "$T/err")"
-[ "$(cat "$F/d/zz" 2>/dev/null)" = last ] && [ -f "$F/suid-root" ] && ok "export carried on past the failure" \
+[ "$(cat "$F/d/zz" 2>/dev/null)" = last ] && [ -f "$F/p/suid-root" ] && ok "export carried on past the failure" \
 	|| fail "entries after the failure were not exported"
 
 # ---- a symlink already in DEST where a directory goes is not followed
