@@ -954,7 +954,7 @@ int cmd_verify(int argc, char **argv)
 {
 	aopts ao;
 	int rc = parse_common(argc, argv, &ao,
-	                      "usage: ulpack verify ARCHIVE [PATH]\nDecodes every file (under PATH) and checks"
+	                      "usage: ulpack verify ARCHIVE [PATH] [--cache-size S] [--threads N]\nDecodes every file (under PATH) and checks"
 	                      " its sha256; exit status 1 and a list of damaged files if any fails.\n", 1, 2, OPT_DECODE);
 	if (rc)
 		return rc == -1 ? 0 : 2;
@@ -1060,7 +1060,7 @@ int cmd_gc(int argc, char **argv)
 {
 	aopts ao;
 	int rc = parse_common(argc, argv, &ao,
-	                      "usage: ulpack gc ARCHIVE\nDrops blobs that no file and no chain needs, and"
+	                      "usage: ulpack gc ARCHIVE [--cache-size S] [--threads N]\nDrops blobs that no file and no chain needs, and"
 	                      " rewrites or removes the packs that held them.\n", 1, 1, OPT_DECODE);
 	if (rc)
 		return rc == -1 ? 0 : 2;

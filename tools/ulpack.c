@@ -23,7 +23,7 @@ static const struct {
 	{"export", cmd_export, "ARCHIVE PATH DEST: write a file or a tree out, with modes and mtimes"},
 	{"stat", cmd_stat, "ARCHIVE [PATH] [--json]: sizes, ratios, bits/weight, chain depths"},
 	{"verify", cmd_verify, "ARCHIVE [PATH]: decode everything and check every sha256"},
-	{"rm", cmd_rm, "ARCHIVE PATH [-r]: remove a file or tree (space returns with gc)"},
+	{"rm", cmd_rm, "ARCHIVE PATH [-r] | ARCHIVE --all: remove a file, a tree or everything (space returns with gc)"},
 	{"gc", cmd_gc, "ARCHIVE: drop what nothing reaches, rewrite sparse packs"},
 	{"bench", cmd_bench, "REF.safetensors TARGET.safetensors [--json] [--threads N]: codec benchmark"},
 	{"synth", cmd_synth, "OUTDIR [--steps N] [--dtype D]: write a synthetic training trajectory"},
