@@ -591,9 +591,10 @@ static int finish_meta(ectx *e, int fd, const char *dpath, const ulp_stat *st)
 	if (e->root && fchown(fd, st->uid, st->gid) < 0)
 		rc = report(dpath, "cannot restore owner %u:%u: %s (setuid and setgid bits dropped)", st->uid, st->gid,
 		            strerror(errno));
-	if (fstat(fd, &sb) < 0 || sb.st_uid != st->uid)
+	int known = fstat(fd, &sb) == 0;
+	if (!known || sb.st_uid != st->uid)
 		mode &= ~(mode_t)S_ISUID;
-	if (fstat(fd, &sb) < 0 || sb.st_gid != st->gid)
+	if (!known || sb.st_gid != st->gid)
 		mode &= ~(mode_t)S_ISGID;
 	if (fchmod(fd, mode) < 0)
 		rc = report(dpath, "cannot set mode %04o: %s", (unsigned)mode, strerror(errno));
