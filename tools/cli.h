@@ -19,8 +19,23 @@ int cmd_verify(int argc, char **argv);
 int cmd_rm(int argc, char **argv);
 int cmd_gc(int argc, char **argv);
 
-/* Prints "ulpack: <msg>\n" to stderr; returns 1 (the failure exit status). */
+/* The subcommand running ("cat"), set by main before dispatch; NULL before. */
+extern const char *cli_cmd;
+
+/* Prints "ulpack CMD: <msg>\n" to stderr (the message names the file and the
+ * cause: "ulpack cat: run/x: no such file in archive a"); returns 1 (the
+ * failure exit status). */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Strict parsers of option values shared by every subcommand: the whole
+ * value must parse, with no trailing characters, within [min, max]. On a bad
+ * value they print "ulpack CMD: OPT 'VAL': why" and return 2 (the usage
+ * error exit status); on success 0. */
+int cli_opt_int(const char *opt, const char *val, int64_t min, int64_t max, int64_t *out);
+int cli_opt_double(const char *opt, const char *val, double min, double max, double *out);
+int cli_opt_size(const char *opt, const char *val, uint64_t *out);
+/* An option given last, without its value: prints why; returns 2. */
+int cli_opt_missing(const char *opt);
 
 /* Reads a whole file into a malloc'd buffer; on failure prints why (naming the
  * file) and returns -1. */

@@ -7,6 +7,7 @@
 #include "cli.h"
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <ftw.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,51 +18,107 @@
 
 /* ---- shared options ------------------------------------------------------ */
 
+/* Options a subcommand accepts (parse_common's `allowed`). */
+enum {
+	OPT_JSON = 1 << 0,      /* --json */
+	OPT_RECURSIVE = 1 << 1, /* -r, --recursive */
+	OPT_MAX_CHAIN = 1 << 2, /* --max-chain N */
+	OPT_CACHE = 1 << 3,     /* --cache-size S */
+	OPT_THREADS = 1 << 4,   /* --threads N */
+	OPT_PREFIX = 1 << 5,    /* --prefix P */
+	OPT_ALL = 1 << 6,       /* --all */
+	OPT_DECODE = OPT_CACHE | OPT_THREADS, /* every command that decodes */
+};
+
 typedef struct aopts {
 	ulp_archive_opts o;
-	int json, recursive;
+	int json, recursive, all;
 	const char *prefix;
 	const char *pos[4];
 	int npos;
 } aopts;
 
-/* Returns -1 on --help (printed), -2 on a usage error, else 0. */
-static int parse_common(int argc, char **argv, aopts *ao, const char *usage, int min_pos, int max_pos)
+/* Returns -1 on --help (printed), -2 on a usage error (printed), else 0.
+ * Every numeric value goes through the strict parsers of cli.h. */
+static int parse_common(int argc, char **argv, aopts *ao, const char *usage, int min_pos, int max_pos,
+                        unsigned allowed)
 {
+	static const struct {
+		const char *name;
+		unsigned bit;
+		int takes_value;
+	} opts[] = {
+		{"--json", OPT_JSON, 0},           {"-r", OPT_RECURSIVE, 0},     {"--recursive", OPT_RECURSIVE, 0},
+		{"--all", OPT_ALL, 0},             {"--max-chain", OPT_MAX_CHAIN, 1}, {"--cache-size", OPT_CACHE, 1},
+		{"--threads", OPT_THREADS, 1},     {"--prefix", OPT_PREFIX, 1},
+	};
 	memset(ao, 0, sizeof(*ao));
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		if (cli_is_help(a)) {
 			fputs(usage, stdout);
 			return -1;
-		} else if (!strcmp(a, "--json")) {
-			ao->json = 1;
-		} else if (!strcmp(a, "-r") || !strcmp(a, "--recursive")) {
-			ao->recursive = 1;
-		} else if (!strcmp(a, "--max-chain") && i + 1 < argc) {
-			ao->o.max_chain = (unsigned)atoi(argv[++i]);
-		} else if (!strcmp(a, "--cache-size") && i + 1 < argc) {
-			if (ulp_parse_size(argv[++i], &ao->o.cache_size) < 0) {
-				cli_fail("bad size '%s' (examples: 512M, 4G)", argv[i]);
+		}
+		if (a[0] != '-' || !a[1] || !strcmp(a, "--")) { /* "-" and "--x" aside, a path */
+			if (!strcmp(a, "--") && i + 1 < argc)
+				a = argv[++i]; /* "--": the next argument is a path even if it starts with '-' */
+			else if (!strcmp(a, "--"))
+				continue;
+			if (ao->npos == 4 || ao->npos == max_pos) {
+				cli_fail("unexpected argument '%s'", a);
+				fputs(usage, stderr);
 				return -2;
 			}
-		} else if (!strcmp(a, "--threads") && i + 1 < argc) {
-			ao->o.threads = atoi(argv[++i]);
-		} else if (!strcmp(a, "--prefix") && i + 1 < argc) {
-			ao->prefix = argv[++i];
-		} else if (a[0] == '-' && a[1]) {
+			ao->pos[ao->npos++] = a;
+			continue;
+		}
+		size_t k = 0;
+		while (k < sizeof(opts) / sizeof(opts[0]) && (strcmp(a, opts[k].name) || !(allowed & opts[k].bit)))
+			k++;
+		if (k == sizeof(opts) / sizeof(opts[0])) {
 			cli_fail("unknown option '%s'", a);
 			fputs(usage, stderr);
 			return -2;
-		} else if (ao->npos < 4) {
-			ao->pos[ao->npos++] = a;
+		}
+		if (opts[k].takes_value && i + 1 == argc) {
+			cli_opt_missing(a);
+			return -2;
+		}
+		const char *v = opts[k].takes_value ? argv[++i] : NULL;
+		int64_t n;
+		switch (opts[k].bit) {
+		case OPT_JSON: ao->json = 1; break;
+		case OPT_RECURSIVE: ao->recursive = 1; break;
+		case OPT_ALL: ao->all = 1; break;
+		case OPT_PREFIX: ao->prefix = v; break;
+		case OPT_MAX_CHAIN: /* 0 would mean "the archive's value" to the library: not an input */
+			if (cli_opt_int(a, v, 1, 1024, &n))
+				return -2;
+			ao->o.max_chain = (unsigned)n;
+			break;
+		case OPT_THREADS: /* 0: one per CPU; the pool's own limit is 1024 */
+			if (cli_opt_int(a, v, 0, 1024, &n))
+				return -2;
+			ao->o.threads = (int)n;
+			break;
+		case OPT_CACHE:
+			if (cli_opt_size(a, v, &ao->o.cache_size))
+				return -2;
+			break;
 		}
 	}
-	if (ao->npos < min_pos || ao->npos > max_pos) {
+	if (ao->npos < min_pos) {
+		cli_fail("missing argument%s", min_pos - ao->npos > 1 ? "s" : "");
 		fputs(usage, stderr);
 		return -2;
 	}
 	return 0;
+}
+
+/* The path as the user wrote it, for messages: '' for the empty one. */
+static const char *shown(const char *path)
+{
+	return path[0] ? path : "''";
 }
 
 static ulp_archive *open_archive(const aopts *ao, int read_only)
@@ -108,7 +165,7 @@ static void human(uint64_t b, char *out, size_t cap)
 int cmd_init(int argc, char **argv)
 {
 	aopts ao;
-	int rc = parse_common(argc, argv, &ao, "usage: ulpack init ARCHIVE\nCreates an empty archive directory.\n", 1, 1);
+	int rc = parse_common(argc, argv, &ao, "usage: ulpack init ARCHIVE\nCreates an empty archive directory.\n", 1, 1, 0);
 	if (rc)
 		return rc == -1 ? 0 : 2;
 	char err[1024];
@@ -185,11 +242,11 @@ static int64_t ns_of(const struct timespec *t)
 int cmd_import(int argc, char **argv)
 {
 	static const char usage[] =
-		"usage: ulpack import ARCHIVE SRC_DIR [--prefix P] [--max-chain N] [--threads N]\n"
+		"usage: ulpack import ARCHIVE SRC_DIR [--prefix P] [--max-chain N] [--threads N] [--cache-size S]\n"
 		"Archives every file under SRC_DIR (at P/... inside the archive), in step order.\n"
 		"Files already archived with the same size and mtime are skipped.\n";
 	aopts ao;
-	int rc = parse_common(argc, argv, &ao, usage, 2, 2);
+	int rc = parse_common(argc, argv, &ao, usage, 2, 2, OPT_PREFIX | OPT_MAX_CHAIN | OPT_DECODE);
 	if (rc)
 		return rc == -1 ? 0 : 2;
 	char clean[4096];
@@ -200,11 +257,19 @@ int cmd_import(int argc, char **argv)
 		g_prefix = clean[0] ? clean : NULL;
 	}
 	struct stat sb;
-	if (stat(ao.pos[1], &sb) < 0 || !S_ISDIR(sb.st_mode))
-		return cli_fail("%s: %s", ao.pos[1], errno ? strerror(errno) : "not a directory");
+	if (stat(ao.pos[1], &sb) < 0)
+		return cli_fail("%s: %s", ao.pos[1], strerror(errno));
+	if (!S_ISDIR(sb.st_mode))
+		return cli_fail("%s: not a directory", ao.pos[1]);
 	ulp_archive *a = open_archive(&ao, 0);
 	if (!a)
 		return 1;
+	ulp_stat pst;
+	if (g_prefix && ulp_archive_stat(a, g_prefix, &pst) == -ULP_E_INVAL) { /* "..": names nothing */
+		cli_fail("--prefix %s", ulp_archive_errmsg(a));
+		ulp_archive_close(a);
+		return 2;
+	}
 	g_root_len = strlen(ao.pos[1]);
 	if (nftw(ao.pos[1], walk_cb, 64, FTW_PHYS) < 0) {
 		ulp_archive_close(a);
@@ -321,7 +386,7 @@ int cmd_ls(int argc, char **argv)
 	aopts ao;
 	int rc = parse_common(argc, argv, &ao,
 	                      "usage: ulpack ls ARCHIVE [PATH]\nLists a directory of the archive (mode, size,"
-	                      " stored bytes, mtime, name) or one file.\n", 1, 2);
+	                      " stored bytes, mtime, name) or one file.\n", 1, 2, 0);
 	if (rc)
 		return rc == -1 ? 0 : 2;
 	ulp_archive *a = open_archive(&ao, 1);
@@ -384,14 +449,21 @@ int cmd_cat(int argc, char **argv)
 	aopts ao;
 	int rc = parse_common(argc, argv, &ao,
 	                      "usage: ulpack cat ARCHIVE PATH [--cache-size S] [--threads N]\n"
-	                      "Writes the file's original bytes to standard output.\n", 2, 2);
+	                      "Writes the file's original bytes to standard output.\n", 2, 2, OPT_DECODE);
 	if (rc)
 		return rc == -1 ? 0 : 2;
 	ulp_archive *a = open_archive(&ao, 1);
 	if (!a)
 		return 1;
 	uint8_t *buf = malloc(IO_BLOCK);
-	int status = buf ? copy_out(a, ao.pos[1], 1, "standard output", buf) : cli_fail("out of memory");
+	ulp_stat st;
+	int status;
+	if (ulp_archive_stat(a, ao.pos[1], &st) < 0)
+		status = cli_fail("%s", ulp_archive_errmsg(a));
+	else if (st.is_dir || st.is_symlink)
+		status = cli_fail("%s: is a %s, not a file", shown(ao.pos[1]), st.is_dir ? "directory" : "symbolic link");
+	else
+		status = buf ? copy_out(a, ao.pos[1], 1, "standard output", buf) : cli_fail("out of memory");
 	free(buf);
 	if (getenv("ULP_REPORT_COUNTERS")) {
 		ulp_counters c;
@@ -406,12 +478,28 @@ int cmd_cat(int argc, char **argv)
 	return status;
 }
 
+/*
+ * export writes an archived tree with the *at() calls, under directory file
+ * descriptors: no path length limits its depth, and what already sits at a
+ * name under DEST is replaced, never followed (a symlink where a directory
+ * goes is an error, not a way out of DEST; DEST itself may be a symlink).
+ * Invariants:
+ *  1. A file or symlink appears under its final name only complete: it is
+ *     written under a temporary name ".ulp-XXXXXX" in the same directory
+ *     (11 bytes: it fits whatever the length of the final name) and renamed.
+ *  2. A setuid (setgid) bit is restored only on an object that has the
+ *     archived owner (group). As root the owner and group are restored
+ *     first; otherwise, or where that fails, the bit is dropped, as tar does.
+ *  3. Every entry that could not be written in full is reported on stderr
+ *     with its path and cause, and counted; the export carries on with the
+ *     rest and exits 1 when the count is not 0.
+ */
 typedef struct ectx {
 	ulp_archive *a;
-	const char *src_root;  /* archive path */
-	const char *dst_root;
-	uint8_t *buf;
-	int status;
+	uint8_t *buf;         /* IO_BLOCK bytes */
+	int root;             /* 1: effective uid 0: owners are restored */
+	unsigned depth;       /* directories entered: DEST itself (0) may be a symlink */
+	unsigned long failed; /* entries reported as not written in full (invariant 3) */
 } ectx;
 
 typedef struct dirlist {
@@ -424,97 +512,258 @@ static int collect_name(void *arg, const char *name, const ulp_stat *st)
 	(void)st;
 	dirlist *d = arg;
 	if (d->n == d->cap) {
-		d->cap = d->cap ? d->cap * 2 : 32;
-		char **nn = realloc(d->names, d->cap * sizeof(char *));
+		size_t cap = d->cap ? d->cap * 2 : 32;
+		char **nn = realloc(d->names, cap * sizeof(char *));
 		if (!nn)
-			return -1;
+			return -ULP_E_NOMEM;
 		d->names = nn;
+		d->cap = cap;
 	}
-	d->names[d->n++] = strdup(name);
+	if (!(d->names[d->n] = strdup(name)))
+		return -ULP_E_NOMEM;
+	d->n++;
 	return 0;
 }
 
-static void set_times(const char *path, int64_t mtime_ns, int nofollow)
+static void dirlist_free(dirlist *d)
 {
-	int64_t sec;
-	long nsec;
-	ulp_time_split(mtime_ns, &sec, &nsec);
-	struct timespec ts[2] = {{0, UTIME_OMIT}, {(time_t)sec, nsec}};
-	utimensat(AT_FDCWD, path, ts, nofollow ? AT_SYMLINK_NOFOLLOW : 0);
+	for (size_t i = 0; i < d->n; i++)
+		free(d->names[i]);
+	free(d->names);
 }
 
-static int export_one(ectx *e, const char *apath, const char *dpath, const ulp_stat *st)
+/* dir/name (name alone when dir is ""), malloc'd; NULL when out of memory. */
+static char *join(const char *dir, const char *name)
 {
-	if (st->is_dir) {
-		if (mkdir(dpath, 0700) < 0 && errno != EEXIST)
-			return cli_fail("%s: %s", dpath, strerror(errno));
-		dirlist d = {0};
-		if (ulp_archive_readdir(e->a, apath, collect_name, &d) < 0)
-			return cli_fail("%s", ulp_archive_errmsg(e->a));
-		int status = 0;
-		for (size_t i = 0; i < d.n; i++) {
-			char ap[8192], dp[8192];
-			ulp_stat cs;
-			snprintf(ap, sizeof(ap), "%s%s%s", apath, apath[0] ? "/" : "", d.names[i]);
-			snprintf(dp, sizeof(dp), "%s/%s", dpath, d.names[i]);
-			if (status == 0 && ulp_archive_stat(e->a, ap, &cs) == 0)
-				status = export_one(e, ap, dp, &cs);
-			free(d.names[i]);
-		}
-		free(d.names);
-		chmod(dpath, st->mode & 07777);
-		set_times(dpath, st->mtime_ns, 0);
-		return status;
+	size_t l = strlen(dir) + strlen(name) + 2;
+	char *p = malloc(l);
+	if (p)
+		snprintf(p, l, "%s%s%s", dir, dir[0] ? "/" : "", name);
+	return p;
+}
+
+/* Prints "ulpack export: DPATH: <why>"; returns -1. */
+static int report(const char *dpath, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int report(const char *dpath, const char *fmt, ...)
+{
+	char why[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	cli_fail("%s: %s", dpath, why);
+	return -1;
+}
+
+static void mtime_times(int64_t mtime_ns, struct timespec ts[2])
+{
+	ts[0] = (struct timespec){0, UTIME_OMIT};
+	int64_t sec;
+	long nsec;
+	ulp_time_split(mtime_ns, &sec, &nsec); /* floors: times before 1970 with a fraction */
+	ts[1] = (struct timespec){(time_t)sec, nsec};
+}
+
+/* Creates a fresh temporary entry in dirfd (invariant 1) and writes its
+ * name to name: a file when target is NULL (returns its descriptor, open for
+ * writing), else a symlink to target (returns 0). -1 and errno on failure. */
+static int make_temp(int dirfd, const char *target, char name[16])
+{
+	static uint64_t seq;
+	if (!seq) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		seq = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40) ^ 1;
 	}
-	if (st->is_symlink) {
-		char target[4096];
-		if (ulp_archive_readlink(e->a, apath, target, sizeof(target)) < 0)
-			return cli_fail("%s", ulp_archive_errmsg(e->a));
-		unlink(dpath);
-		if (symlink(target, dpath) < 0)
-			return cli_fail("%s: %s", dpath, strerror(errno));
-		set_times(dpath, st->mtime_ns, 1);
-		return 0;
+	for (int tries = 0; tries < 100; tries++) {
+		seq = seq * 6364136223846793005ull + 1442695040888963407ull;
+		snprintf(name, 16, ".ulp-%06x", (unsigned)(seq >> 40) & 0xffffffu);
+		int r = target ? symlinkat(target, dirfd, name)
+		               : openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (r >= 0 || errno != EEXIST)
+			return r;
 	}
-	char tmp[8300];
-	snprintf(tmp, sizeof(tmp), "%s.ulpack-tmp", dpath);
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	return -1; /* errno is EEXIST */
+}
+
+/* Owner (as root), mode and mtime of the object open on fd, in that order:
+ * chown clears setuid bits, and the mode decides them (invariant 2). */
+static int finish_meta(ectx *e, int fd, const char *dpath, const ulp_stat *st)
+{
+	int rc = 0;
+	mode_t mode = st->mode & 07777;
+	struct stat sb;
+	struct timespec ts[2];
+	if (e->root && fchown(fd, st->uid, st->gid) < 0)
+		rc = report(dpath, "cannot restore owner %u:%u: %s (setuid and setgid bits dropped)", st->uid, st->gid,
+		            strerror(errno));
+	int known = fstat(fd, &sb) == 0;
+	if (!known || sb.st_uid != st->uid)
+		mode &= ~(mode_t)S_ISUID;
+	if (!known || sb.st_gid != st->gid)
+		mode &= ~(mode_t)S_ISGID;
+	if (fchmod(fd, mode) < 0)
+		rc = report(dpath, "cannot set mode %04o: %s", (unsigned)mode, strerror(errno));
+	mtime_times(st->mtime_ns, ts);
+	if (futimens(fd, ts) < 0)
+		rc = report(dpath, "cannot set mtime: %s", strerror(errno));
+	return rc;
+}
+
+static int export_entry(ectx *e, int dirfd, const char *name, const char *apath, const char *dpath,
+                        const ulp_stat *st);
+
+static int export_dir(ectx *e, int dirfd, const char *name, const char *apath, const char *dpath,
+                      const ulp_stat *st)
+{
+	if (mkdirat(dirfd, name, 0700) < 0 && errno != EEXIST)
+		return report(dpath, "cannot create directory: %s", strerror(errno));
+	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | (e->depth ? O_NOFOLLOW : 0));
 	if (fd < 0)
-		return cli_fail("%s: %s", tmp, strerror(errno));
-	int status = copy_out(e->a, apath, fd, tmp, e->buf);
-	if (close(fd) < 0 && status == 0)
-		status = cli_fail("%s: %s", tmp, strerror(errno));
-	if (status == 0 && (fchmodat(AT_FDCWD, tmp, st->mode & 07777, 0) < 0 || rename(tmp, dpath) < 0))
-		status = cli_fail("%s: %s", dpath, strerror(errno));
-	if (status)
-		unlink(tmp);
-	else
-		set_times(dpath, st->mtime_ns, 0);
-	return status;
+		return report(dpath, "%s", errno == ENOTDIR || errno == ELOOP ? "exists and is not a directory"
+		                                                               : strerror(errno));
+	dirlist d = {0};
+	int rc = 0;
+	e->depth++;
+	int r = ulp_archive_readdir(e->a, apath, collect_name, &d);
+	if (r < 0) /* its entries listed so far are still written */
+		rc = report(dpath, "cannot list all of it: %s",
+		            r == -ULP_E_NOMEM ? "out of memory" : ulp_archive_errmsg(e->a));
+	for (size_t i = 0; i < d.n; i++) {
+		char *ap = join(apath, d.names[i]), *dp = join(dpath, d.names[i]);
+		ulp_stat cs;
+		if (!ap || !dp)
+			r = report(dpath, "%s: out of memory", d.names[i]);
+		else if (ulp_archive_stat(e->a, ap, &cs) < 0)
+			r = report(dp, "%s", ulp_archive_errmsg(e->a));
+		else
+			r = export_entry(e, fd, d.names[i], ap, dp, &cs);
+		if (r < 0)
+			e->failed++;
+		free(ap);
+		free(dp);
+	}
+	dirlist_free(&d);
+	e->depth--;
+	if (finish_meta(e, fd, dpath, st) < 0) /* last: the mode may forbid writing in it */
+		rc = -1;
+	close(fd);
+	return rc;
+}
+
+static int export_symlink(ectx *e, int dirfd, const char *name, const char *apath, const char *dpath,
+                          const ulp_stat *st)
+{
+	char target[4096], tmp[16];
+	struct timespec ts[2];
+	int rc = 0;
+	if (ulp_archive_readlink(e->a, apath, target, sizeof(target)) < 0)
+		return report(dpath, "%s", ulp_archive_errmsg(e->a));
+	if (make_temp(dirfd, target, tmp) < 0)
+		return report(dpath, "cannot create a symbolic link in its directory: %s", strerror(errno));
+	if (e->root && fchownat(dirfd, tmp, st->uid, st->gid, AT_SYMLINK_NOFOLLOW) < 0)
+		rc = report(dpath, "cannot restore owner %u:%u: %s", st->uid, st->gid, strerror(errno));
+	mtime_times(st->mtime_ns, ts);
+	if (utimensat(dirfd, tmp, ts, AT_SYMLINK_NOFOLLOW) < 0)
+		rc = report(dpath, "cannot set mtime: %s", strerror(errno));
+	if (renameat(dirfd, tmp, dirfd, name) < 0) {
+		rc = report(dpath, "%s", strerror(errno));
+		unlinkat(dirfd, tmp, 0);
+	}
+	return rc;
+}
+
+static int export_file(ectx *e, int dirfd, const char *name, const char *apath, const char *dpath,
+                       const ulp_stat *st)
+{
+	char tmp[16];
+	int fd = make_temp(dirfd, NULL, tmp);
+	if (fd < 0)
+		return report(dpath, "cannot create a file in its directory: %s", strerror(errno));
+	int written = copy_out(e->a, apath, fd, dpath, e->buf) == 0; /* copy_out reports */
+	int rc = written ? finish_meta(e, fd, dpath, st) : -1;
+	if (close(fd) < 0 && written) {
+		written = 0;
+		rc = report(dpath, "%s", strerror(errno));
+	}
+	if (written && renameat(dirfd, tmp, dirfd, name) < 0) {
+		written = 0;
+		rc = report(dpath, "%s", strerror(errno));
+	}
+	if (!written)
+		unlinkat(dirfd, tmp, 0);
+	return rc;
+}
+
+/* Exports archive path apath (st) as name in dirfd; dpath names it in
+ * messages. Returns -1 when this entry itself was not written in full
+ * (reported); the entries under a directory count their own failures. */
+static int export_entry(ectx *e, int dirfd, const char *name, const char *apath, const char *dpath,
+                        const ulp_stat *st)
+{
+	if (st->is_dir)
+		return export_dir(e, dirfd, name, apath, dpath, st);
+	if (st->is_symlink)
+		return export_symlink(e, dirfd, name, apath, dpath, st);
+	return export_file(e, dirfd, name, apath, dpath, st);
 }
 
 int cmd_export(int argc, char **argv)
 {
 	aopts ao;
 	int rc = parse_common(argc, argv, &ao,
-	                      "usage: ulpack export ARCHIVE PATH DEST\nWrites a file, or a whole tree (\"\" or"
-	                      " / for everything), to DEST with its mode and mtime.\n", 3, 3);
+	                      "usage: ulpack export ARCHIVE PATH DEST [--cache-size S] [--threads N]\n"
+	                      "Writes a file, or a whole tree (\"\" or / for everything), to DEST with its mode"
+	                      " and mtime\n(as root, its owner too; otherwise setuid and setgid bits are"
+	                      " dropped). Carries on past\nwhat it cannot write, lists it, and exits 1.\n",
+	                      3, 3, OPT_DECODE);
 	if (rc)
 		return rc == -1 ? 0 : 2;
+	const char *dest = ao.pos[2];
+	if (!dest[0]) {
+		cli_fail("DEST '': an empty path");
+		return 2;
+	}
+	/* DEST = DIR/BASE: BASE is created or replaced inside DIR */
+	size_t dl = strlen(dest);
+	while (dl > 1 && dest[dl - 1] == '/')
+		dl--;
+	char *dir = strndup(dest, dl);
+	if (!dir)
+		return cli_fail("out of memory");
+	char *slash = strrchr(dir, '/');
+	const char *base = slash ? slash + 1 : dir;
+	const char *parent = slash == dir ? "/" : slash ? dir : ".";
+	if (!base[0])
+		base = "."; /* DEST is "/" */
+	if (slash && slash != dir)
+		*slash = 0;
+	int dfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0) {
+		rc = cli_fail("%s: cannot open its directory %s: %s", dest, parent, strerror(errno));
+		free(dir);
+		return rc;
+	}
 	ulp_archive *a = open_archive(&ao, 1);
-	if (!a)
-		return 1;
-	ectx e = {a, ao.pos[1], ao.pos[2], malloc(IO_BLOCK), 0};
+	ectx e = {a, malloc(IO_BLOCK), geteuid() == 0, 0, 0};
 	ulp_stat st;
-	if (!e.buf)
-		e.status = cli_fail("out of memory");
+	int status = 0;
+	if (!a)
+		status = 1;
+	else if (!e.buf)
+		status = cli_fail("out of memory");
 	else if (ulp_archive_stat(a, ao.pos[1], &st) < 0)
-		e.status = cli_fail("%s", ulp_archive_errmsg(a));
-	else
-		e.status = export_one(&e, ao.pos[1], ao.pos[2], &st);
+		status = cli_fail("%s", ulp_archive_errmsg(a));
+	else if (export_entry(&e, dfd, base, ao.pos[1], dest, &st) < 0)
+		e.failed++;
+	if (e.failed)
+		status = cli_fail("%s: %lu entr%s not written in full (listed above)", dest, e.failed,
+		                  e.failed == 1 ? "y" : "ies");
+	close(dfd);
+	free(dir);
 	free(e.buf);
 	ulp_archive_close(a);
-	return e.status;
+	return status;
 }
 
 /* ---- stat ------------------------------------------------------------------ */
@@ -606,7 +855,7 @@ int cmd_stat(int argc, char **argv)
 	                      "usage: ulpack stat ARCHIVE [PATH] [--json]\nSizes per file, per dtype and in"
 	                      " total: raw and stored bytes, ratio, bits/weight, chain depths, anchors;\n"
 	                      "per run (the first component of the path) too.\n",
-	                      1, 2);
+	                      1, 2, OPT_JSON);
 	if (rc)
 		return rc == -1 ? 0 : 2;
 	ulp_archive *a = open_archive(&ao, 1);
@@ -614,14 +863,24 @@ int cmd_stat(int argc, char **argv)
 		return 1;
 	sctx s = {.json = ao.json, .first = 1};
 	ulp_report r;
+	ulp_stat st;
+	if (ao.npos > 1 && ulp_archive_stat(a, ao.pos[1], &st) < 0) { /* a prefix that names nothing */
+		rc = cli_fail("%s", ulp_archive_errmsg(a));
+		ulp_archive_close(a);
+		return rc;
+	}
 	if (s.json)
 		printf("{\n  \"archive\": \"%s\",\n  \"files\": [", ao.pos[0]);
 	else
 		printf("%14s %14s %7s %8s %5s %s\n", "raw", "stored", "ratio", "step", "depth", "path");
 	rc = ulp_archive_report(a, ao.npos > 1 ? ao.pos[1] : "", stat_file, &s, &r);
 	if (rc < 0) {
+		if (s.json)
+			printf("\n");
+		rc = cli_fail("%s", ulp_archive_errmsg(a));
+		free(s.runs);
 		ulp_archive_close(a);
-		return cli_fail("%s", ulp_archive_errmsg(a));
+		return rc;
 	}
 	if (s.json) {
 		printf("\n  ],\n  \"runs\": {");
@@ -702,18 +961,22 @@ int cmd_verify(int argc, char **argv)
 {
 	aopts ao;
 	int rc = parse_common(argc, argv, &ao,
-	                      "usage: ulpack verify ARCHIVE [PATH]\nDecodes every file (under PATH) and checks"
-	                      " its sha256; exit status 1 and a list of damaged files if any fails.\n", 1, 2);
+	                      "usage: ulpack verify ARCHIVE [PATH] [--cache-size S] [--threads N]\nDecodes every file (under PATH) and checks"
+	                      " its sha256; exit status 1 and a list of damaged files if any fails.\n", 1, 2, OPT_DECODE);
 	if (rc)
 		return rc == -1 ? 0 : 2;
 	ulp_archive *a = open_archive(&ao, 1);
 	if (!a)
 		return 1;
 	ulp_report r;
-	ulp_archive_report(a, ao.npos > 1 ? ao.pos[1] : "", NULL, NULL, &r);
-	int64_t bad = ulp_archive_verify(a, ao.npos > 1 ? ao.pos[1] : "", print_bad, NULL);
+	ulp_stat st;
+	const char *path = ao.npos > 1 ? ao.pos[1] : "";
+	int64_t bad;
 	int status = 0;
-	if (bad < 0)
+	/* a PATH that names nothing verifies nothing: an error, not "all match" */
+	if (ulp_archive_stat(a, path, &st) < 0 || ulp_archive_report(a, path, NULL, NULL, &r) < 0)
+		status = cli_fail("%s", ulp_archive_errmsg(a));
+	else if ((bad = ulp_archive_verify(a, path, print_bad, NULL)) < 0)
 		status = cli_fail("%s", ulp_archive_errmsg(a));
 	else if (bad > 0) {
 		printf("%lld of %llu files damaged\n", (long long)bad, (unsigned long long)r.files);
@@ -726,6 +989,16 @@ int cmd_verify(int argc, char **argv)
 	return status;
 }
 
+/* 1 if path names the archive's root: only empty, "." or "/" components
+ * (the library's cleaning gives ""). */
+static int is_root_path(const char *path)
+{
+	for (const char *p = path; *p; p++)
+		if (*p != '/' && !(*p == '.' && (p == path || p[-1] == '/') && (p[1] == '/' || !p[1])))
+			return 0;
+	return 1;
+}
+
 static int rm_tree(ulp_archive *a, const char *path)
 {
 	ulp_stat st;
@@ -733,18 +1006,16 @@ static int rm_tree(ulp_archive *a, const char *path)
 		return cli_fail("%s", ulp_archive_errmsg(a));
 	if (st.is_dir) {
 		dirlist d = {0};
-		if (ulp_archive_readdir(a, path, collect_name, &d) < 0)
-			return cli_fail("%s", ulp_archive_errmsg(a));
-		int status = 0;
-		for (size_t i = 0; i < d.n; i++) {
-			char p[8192];
-			snprintf(p, sizeof(p), "%s%s%s", path, path[0] ? "/" : "", d.names[i]);
-			if (status == 0)
-				status = rm_tree(a, p);
-			free(d.names[i]);
+		int rc = ulp_archive_readdir(a, path, collect_name, &d), status = 0;
+		if (rc < 0)
+			status = cli_fail("%s: %s", shown(path), rc == -ULP_E_NOMEM ? "out of memory" : ulp_archive_errmsg(a));
+		for (size_t i = 0; i < d.n && status == 0; i++) {
+			char *p = join(path, d.names[i]);
+			status = p ? rm_tree(a, p) : cli_fail("%s: out of memory", shown(path));
+			free(p);
 		}
-		free(d.names);
-		if (status || !path[0])
+		dirlist_free(&d);
+		if (status || is_root_path(path))
 			return status;
 	}
 	return ulp_archive_remove(a, path) < 0 ? cli_fail("%s", ulp_archive_errmsg(a)) : 0;
@@ -753,22 +1024,41 @@ static int rm_tree(ulp_archive *a, const char *path)
 int cmd_rm(int argc, char **argv)
 {
 	aopts ao;
-	int rc = parse_common(argc, argv, &ao,
-	                      "usage: ulpack rm ARCHIVE PATH [-r]\nRemoves a file (a directory tree with -r)."
-	                      " Space comes back with 'ulpack gc'.\n", 2, 2);
+	static const char usage[] =
+		"usage: ulpack rm ARCHIVE PATH [-r]\n"
+		"       ulpack rm ARCHIVE --all\n"
+		"Removes a file (a directory tree with -r), or everything in the archive with --all.\n"
+		"An empty PATH, \"/\" or \".\" (the root) is refused. Space comes back with 'ulpack gc'.\n";
+	int rc = parse_common(argc, argv, &ao, usage, 1, 2, OPT_RECURSIVE | OPT_ALL);
 	if (rc)
 		return rc == -1 ? 0 : 2;
+	if (ao.all && ao.npos > 1) {
+		cli_fail("--all takes no PATH (it removes everything)");
+		return 2;
+	}
+	if (!ao.all && ao.npos < 2) {
+		cli_fail("missing PATH (use --all to remove everything)");
+		fputs(usage, stderr);
+		return 2;
+	}
+	/* an unset shell variable must not wipe the archive: the root only with --all */
+	if (!ao.all && is_root_path(ao.pos[1])) {
+		cli_fail("%s: refusing to remove the archive's root (to remove everything: ulpack rm ARCHIVE --all)",
+		         shown(ao.pos[1]));
+		return 2;
+	}
+	const char *path = ao.all ? "" : ao.pos[1];
 	ulp_archive *a = open_archive(&ao, 0);
 	if (!a)
 		return 1;
 	ulp_stat st;
 	int status;
-	if (ulp_archive_stat(a, ao.pos[1], &st) < 0)
+	if (ulp_archive_stat(a, path, &st) < 0)
 		status = cli_fail("%s", ulp_archive_errmsg(a));
-	else if (st.is_dir && !ao.recursive)
-		status = cli_fail("%s: is a directory (use -r)", ao.pos[1]);
+	else if (st.is_dir && !ao.recursive && !ao.all)
+		status = cli_fail("%s: is a directory (use -r)", path);
 	else
-		status = rm_tree(a, ao.pos[1]);
+		status = rm_tree(a, path);
 	ulp_archive_close(a);
 	return status;
 }
@@ -777,8 +1067,8 @@ int cmd_gc(int argc, char **argv)
 {
 	aopts ao;
 	int rc = parse_common(argc, argv, &ao,
-	                      "usage: ulpack gc ARCHIVE\nDrops blobs that no file and no chain needs, and"
-	                      " rewrites or removes the packs that held them.\n", 1, 1);
+	                      "usage: ulpack gc ARCHIVE [--cache-size S] [--threads N]\nDrops blobs that no file and no chain needs, and"
+	                      " rewrites or removes the packs that held them.\n", 1, 1, OPT_DECODE);
 	if (rc)
 		return rc == -1 ? 0 : 2;
 	ulp_archive *a = open_archive(&ao, 0);

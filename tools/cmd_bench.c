@@ -243,25 +243,38 @@ int cmd_bench(int argc, char **argv)
 			return 0;
 		} else if (!strcmp(argv[i], "--json")) {
 			json = 1;
-		} else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-			threads = atoi(argv[++i]);
-		} else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-			reps = atoi(argv[++i]);
-		} else if (!strcmp(argv[i], "--min-time") && i + 1 < argc) {
-			min_time = atof(argv[++i]);
-		} else if (!strcmp(argv[i], "--cpu") && i + 1 < argc) {
+		} else if ((!strcmp(argv[i], "--threads") || !strcmp(argv[i], "--reps") ||
+		            !strcmp(argv[i], "--min-time") || !strcmp(argv[i], "--cpu")) && i + 1 == argc) {
+			return cli_opt_missing(argv[i]);
+		} else if (!strcmp(argv[i], "--threads")) {
+			int64_t v;
+			if (cli_opt_int(argv[i], argv[i + 1], 0, 1024, &v)) /* 0: one per CPU */
+				return 2;
+			threads = (int)v;
+			i++;
+		} else if (!strcmp(argv[i], "--reps")) {
+			int64_t v;
+			if (cli_opt_int(argv[i], argv[i + 1], 1, 1000000, &v))
+				return 2;
+			reps = (int)v;
+			i++;
+		} else if (!strcmp(argv[i], "--min-time")) {
+			if (cli_opt_double(argv[i], argv[i + 1], 0, 3600, &min_time))
+				return 2;
+			i++;
+		} else if (!strcmp(argv[i], "--cpu")) {
 			const char *c = argv[++i];
 			unsigned want = !strcmp(c, "scalar") ? 0
 			                : !strcmp(c, "avx2") ? ULP_CPU_AVX2
 			                : !strcmp(c, "avx512") ? ULP_CPU_AVX2 | ULP_CPU_AVX512 : ~0u;
 			if (want == ~0u)
-				return cli_fail("bench: --cpu takes scalar, avx2 or avx512, not '%s'", c) + 1;
+				return cli_fail("--cpu '%s': not a kernel set (scalar, avx2 or avx512)", c) + 1;
 			if ((ulp_cpu_features() & want) != want)
-				return cli_fail("bench: this CPU or build has no %s kernels", c) + 1;
+				return cli_fail("this CPU or build has no %s kernels", c) + 1;
 			cpu = want;
 		} else if (argv[i][0] == '-') {
 			usage(stderr);
-			return cli_fail("bench: unknown option '%s'", argv[i]) + 1;
+			return cli_fail("unknown option '%s'", argv[i]) + 1;
 		} else if (np < 2) {
 			paths[np++] = argv[i];
 		} else {
@@ -290,7 +303,7 @@ int cmd_bench(int argc, char **argv)
 	ulp_pool *pool = NULL;
 	int rc = ulp_pool_new(threads, &pool);
 	if (rc < 0)
-		return cli_fail("bench: cannot start threads: %s", ulp_strerror(rc));
+		return cli_fail("cannot start threads: %s", ulp_strerror(rc));
 	size_t n = ulp_st_count(tst);
 	pair *pairs = calloc(n ? n : 1, sizeof(pair));
 	pair **order = calloc(n ? n : 1, sizeof(pair *));
@@ -317,7 +330,7 @@ int cmd_bench(int argc, char **argv)
 		p->zbuf = malloc(p->zcap);
 		p->zbuf19 = malloc(p->zcap);
 		if (!p->blob || !p->out || !p->bgxor || !p->zbuf || !p->zbuf19) {
-			status = cli_fail("bench: out of memory");
+			status = cli_fail("out of memory");
 			goto out;
 		}
 		memset(p->out, 0, p->bytes);
@@ -350,7 +363,7 @@ int cmd_bench(int argc, char **argv)
 		pair *p = &pairs[i];
 		group *g = &groups[p->dt];
 		if ((rc = enc_one(p, NULL, 1)) < 0) {
-			status = cli_fail("bench: %s: encoding tensor '%s' failed: %s", paths[1], p->t->name,
+			status = cli_fail("%s: encoding tensor '%s' failed: %s", paths[1], p->t->name,
 			                  ulp_strerror(rc));
 			goto out;
 		}
@@ -376,7 +389,7 @@ int cmd_bench(int argc, char **argv)
 			x->ok = x->ok && ok;
 		}
 		if (!ok) {
-			cli_fail("bench: tensor '%s' (%s) does not round-trip", p->t->name, ulp_dtype_name(p->dt));
+			cli_fail("tensor '%s' (%s) does not round-trip", p->t->name, ulp_dtype_name(p->dt));
 			status = 1;
 		}
 	}
@@ -416,7 +429,7 @@ int cmd_bench(int argc, char **argv)
 		for (int i = 0; i < 13; i++)
 			bad |= r[i] < 0;
 		if (bad) {
-			status = cli_fail("bench: a timed run failed");
+			status = cli_fail("a timed run failed");
 			goto out;
 		}
 	}

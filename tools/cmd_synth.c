@@ -116,27 +116,52 @@ int cmd_synth(int argc, char **argv)
 	const char *out = NULL, *dtype = "bf16";
 	int steps = 8, interval = 100, dim = 512;
 	unsigned long long seed = 20261130;
+	int64_t v;
 	for (int i = 1; i < argc; i++) {
 		if (cli_is_help(argv[i])) {
 			usage(stdout);
 			return 0;
-		} else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
-			steps = atoi(argv[++i]);
-		} else if (!strcmp(argv[i], "--interval") && i + 1 < argc) {
-			interval = atoi(argv[++i]);
-		} else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
+		} else if ((!strcmp(argv[i], "--steps") || !strcmp(argv[i], "--interval") || !strcmp(argv[i], "--dtype") ||
+		            !strcmp(argv[i], "--dim") || !strcmp(argv[i], "--seed")) && i + 1 == argc) {
+			return cli_opt_missing(argv[i]);
+		} else if (!strcmp(argv[i], "--steps")) {
+			if (cli_opt_int(argv[i], argv[i + 1], 1, 100000, &v))
+				return 2;
+			steps = (int)v;
+			i++;
+		} else if (!strcmp(argv[i], "--interval")) {
+			/* the last step, steps * interval, stays far inside an int64 */
+			if (cli_opt_int(argv[i], argv[i + 1], 1, 1000000000, &v))
+				return 2;
+			interval = (int)v;
+			i++;
+		} else if (!strcmp(argv[i], "--dtype")) {
 			dtype = argv[++i];
-		} else if (!strcmp(argv[i], "--dim") && i + 1 < argc) {
-			dim = atoi(argv[++i]);
-		} else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
-			seed = strtoull(argv[++i], NULL, 10);
-		} else if (argv[i][0] == '-' || out) {
+		} else if (!strcmp(argv[i], "--dim")) {
+			if (cli_opt_int(argv[i], argv[i + 1], 8, 8192, &v))
+				return 2;
+			if (v % 8)
+				return cli_fail("--dim '%s': not a multiple of 8", argv[i + 1]) + 1;
+			dim = (int)v;
+			i++;
+		} else if (!strcmp(argv[i], "--seed")) {
+			if (cli_opt_int(argv[i], argv[i + 1], 0, INT64_MAX, &v))
+				return 2;
+			seed = (unsigned long long)v;
+			i++;
+		} else if (argv[i][0] == '-' && argv[i][1]) {
+			usage(stderr);
+			return cli_fail("unknown option '%s'", argv[i]) + 1;
+		} else if (out) {
 			usage(stderr);
 			return 2;
 		} else {
 			out = argv[i];
 		}
 	}
+	if (out && (int64_t)steps * interval > INT32_MAX) /* step numbers are ints */
+		return cli_fail("--steps %d --interval %d: the last step, %lld, is past %d", steps, interval,
+		                (long long)steps * interval, INT32_MAX) + 1;
 	if (!out || steps < 1 || steps > 100000 || interval < 1 || dim < 8 || dim > 8192 || dim % 8) {
 		usage(stderr);
 		return 2;
@@ -151,7 +176,7 @@ int cmd_synth(int argc, char **argv)
 	else if (!strcmp(dtype, "mixed"))
 		mat_dt = ULP_DT_BF16, vec_dt = ULP_DT_F32;
 	else
-		return cli_fail("synth: unknown dtype '%s' (bf16, f16, f32 or mixed)", dtype);
+		return cli_fail("unknown dtype '%s' (bf16, f16, f32 or mixed)", dtype);
 
 	rng_state = seed * 2 + 1;
 	const uint64_t d = (uint64_t)dim, vocab = 4 * d;
@@ -196,7 +221,7 @@ int cmd_synth(int argc, char **argv)
 		t->m = calloc(t->n, sizeof(float));
 		t->v = calloc(t->n, sizeof(float));
 		if (!t->w || !t->m || !t->v) {
-			status = cli_fail("synth: out of memory");
+			status = cli_fail("out of memory");
 			goto done;
 		}
 		float scale = 0.02f * (i == 0 ? 1.0f : 1.0f / sqrtf((float)t->shape[1] / (float)d));
@@ -210,7 +235,7 @@ int cmd_synth(int argc, char **argv)
 	if (!conv || !wt) {
 		free(conv);
 		free(wt);
-		status = cli_fail("synth: out of memory");
+		status = cli_fail("out of memory");
 		goto done;
 	}
 	const int inner = 4, total = steps * interval;
@@ -243,7 +268,7 @@ int cmd_synth(int argc, char **argv)
 		char dir[4096], path[4200];
 		snprintf(dir, sizeof(dir), "%s/checkpoint-%d", out, s * interval);
 		if (mkdir_p(dir) < 0) {
-			status = cli_fail("synth: cannot create %s: %s", dir, strerror(errno));
+			status = cli_fail("%s: cannot create: %s", dir, strerror(errno));
 			break;
 		}
 		uint8_t *p = conv;
@@ -264,7 +289,7 @@ int cmd_synth(int argc, char **argv)
 		snprintf(path, sizeof(path), "%s/model.safetensors", dir);
 		int rc = ulp_st_write(path, wt, nt, "{\"format\":\"pt\",\"generator\":\"ulpack synth\"}");
 		if (rc < 0) {
-			status = cli_fail("synth: %s: %s", path, ulp_strerror(rc));
+			status = cli_fail("%s: %s", path, ulp_strerror(rc));
 			break;
 		}
 	}

@@ -23,7 +23,7 @@ static const struct {
 	{"export", cmd_export, "ARCHIVE PATH DEST: write a file or a tree out, with modes and mtimes"},
 	{"stat", cmd_stat, "ARCHIVE [PATH] [--json]: sizes, ratios, bits/weight, chain depths"},
 	{"verify", cmd_verify, "ARCHIVE [PATH]: decode everything and check every sha256"},
-	{"rm", cmd_rm, "ARCHIVE PATH [-r]: remove a file or tree (space returns with gc)"},
+	{"rm", cmd_rm, "ARCHIVE PATH [-r] | ARCHIVE --all: remove a file, a tree or everything (space returns with gc)"},
 	{"gc", cmd_gc, "ARCHIVE: drop what nothing reaches, rewrite sparse packs"},
 	{"bench", cmd_bench, "REF.safetensors TARGET.safetensors [--json] [--threads N]: codec benchmark"},
 	{"synth", cmd_synth, "OUTDIR [--steps N] [--dtype D]: write a synthetic training trajectory"},
@@ -37,15 +37,61 @@ static void usage(FILE *f)
 	fprintf(f, "\nulpack %s; see ulpack(1) and ulpack-format(5).\n", ULP_VERSION_STRING);
 }
 
+const char *cli_cmd;
+
 int cli_fail(const char *fmt, ...)
 {
 	va_list ap;
-	fputs("ulpack: ", stderr);
+	fprintf(stderr, "ulpack%s%s: ", cli_cmd ? " " : "", cli_cmd ? cli_cmd : "");
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputc('\n', stderr);
 	return 1;
+}
+
+int cli_opt_int(const char *opt, const char *val, int64_t min, int64_t max, int64_t *out)
+{
+	int rc = ulp_parse_int(val, min, max, out);
+	if (rc == -ULP_E_INVAL)
+		cli_fail("%s '%s': not an integer (expects one from %lld to %lld)", opt, val, (long long)min,
+		         (long long)max);
+	else if (rc < 0)
+		cli_fail("%s '%s': out of range (expects %lld to %lld)", opt, val, (long long)min, (long long)max);
+	return rc < 0 ? 2 : 0;
+}
+
+int cli_opt_double(const char *opt, const char *val, double min, double max, double *out)
+{
+	char *end;
+	errno = 0;
+	double v = strtod(val, &end);
+	/* v == v: not a NaN; blanks before the number are refused too */
+	if (end == val || *end || errno == ERANGE || !(v == v) || val[0] == ' ' || val[0] == '\t') {
+		cli_fail("%s '%s': not a number (expects one from %g to %g)", opt, val, min, max);
+		return 2;
+	}
+	if (v < min || v > max) {
+		cli_fail("%s '%s': out of range (expects %g to %g)", opt, val, min, max);
+		return 2;
+	}
+	*out = v;
+	return 0;
+}
+
+int cli_opt_size(const char *opt, const char *val, uint64_t *out)
+{
+	if (ulp_parse_size(val, out) < 0) {
+		cli_fail("%s '%s': not a size (examples: 512M, 4G)", opt, val);
+		return 2;
+	}
+	return 0;
+}
+
+int cli_opt_missing(const char *opt)
+{
+	cli_fail("option %s needs a value", opt);
+	return 2;
 }
 
 int cli_is_help(const char *a)
@@ -116,8 +162,10 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-		if (strcmp(argv[1], commands[i].name) == 0)
+		if (strcmp(argv[1], commands[i].name) == 0) {
+			cli_cmd = commands[i].name;
 			return commands[i].fn(argc - 1, argv + 1);
+		}
 	cli_fail("unknown command '%s' (try ulpack --help)", argv[1]);
 	return 2;
 }

@@ -113,6 +113,30 @@ void ulp_time_split(int64_t ns, int64_t *sec, long *nsec)
 	*nsec = (long)r;
 }
 
+int ulp_parse_int(const char *s, int64_t min, int64_t max, int64_t *out)
+{
+	int neg = *s == '-';
+	const char *p = s + neg;
+	uint64_t v = 0; /* magnitude; stays <= 2^63 (the magnitude of INT64_MIN) */
+	if (!*p)
+		return -ULP_E_INVAL;
+	for (; *p; p++) {
+		if (*p < '0' || *p > '9')
+			return -ULP_E_INVAL;
+		unsigned d = (unsigned)(*p - '0');
+		if (v > ((1ull << 63) - d) / 10)
+			return -ULP_E_OVERFLOW;
+		v = v * 10 + d;
+	}
+	if (!neg && v > (uint64_t)INT64_MAX)
+		return -ULP_E_OVERFLOW;
+	int64_t x = neg ? (v == 1ull << 63 ? INT64_MIN : -(int64_t)v) : (int64_t)v;
+	if (x < min || x > max)
+		return -ULP_E_OVERFLOW;
+	*out = x;
+	return 0;
+}
+
 int ulp_grow(void *arr, size_t *cap, size_t n, size_t size)
 {
 	void **pp = arr;

@@ -390,7 +390,11 @@ int ulp_archive_stat(ulp_archive *a, const char *path, ulp_stat *out)
 {
 	static const char sql[] = "SELECT " ENTRY_COLS " FROM entries WHERE path = ?";
 	char p[4096];
-	ULP_TRY(ulp_path_clean(path, p, sizeof(p)));
+	int prc = ulp_path_clean(path, p, sizeof(p));
+	if (prc < 0)
+		return ulp_arch_err(a, prc, "%s: %s", path,
+		                    prc == -ULP_E_NAMETOOLONG ? "name or path too long for an archive"
+		                                              : "not a valid path inside an archive (a '..' component)");
 	sqlite3_stmt *st = ulp_db_stmt(a, sql);
 	if (!st)
 		return -ULP_E_IO;

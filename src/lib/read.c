@@ -403,7 +403,11 @@ void ulp_readahead_stop(ulp_archive *a)
 int ulp_file_open(ulp_archive *a, const char *path, ulp_file **out)
 {
 	char p[4096];
-	ULP_TRY(ulp_path_clean(path, p, sizeof(p)));
+	int prc = ulp_path_clean(path, p, sizeof(p));
+	if (prc < 0)
+		return ulp_arch_err(a, prc, "%s: %s", path,
+		                    prc == -ULP_E_NAMETOOLONG ? "name or path too long for an archive"
+		                                              : "not a valid path inside an archive (a '..' component)");
 	size_t pl = strlen(p);
 	ulp_file *f = calloc(1, sizeof(*f) + pl + 1);
 	if (!f)

@@ -390,6 +390,11 @@ int64_t ulp_time_ns(int64_t sec, int64_t nsec);
  *  minus infinity, so a time before 1970 with a fraction stays exact). */
 void ulp_time_split(int64_t ns, int64_t *sec, long *nsec);
 
+/** Parses a decimal integer strictly: an optional '-', then digits only (no
+ *  blanks, no trailing characters, no overflow), within [min, max].
+ *  Errors: INVAL (not such an integer), OVERFLOW (outside [min, max]). */
+int ulp_parse_int(const char *s, int64_t min, int64_t max, int64_t *out);
+
 /** Step number parsed from a path (checkpoint-1500, step_1500, step-1500,
  *  global_step1500, iter_0001500, epoch3-step1500, else the last number of
  *  the file name), or -1. *series receives the path with the step's digits

@@ -401,6 +401,39 @@ static void test_open_errors(void)
 	CHECK(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) < 0 && err[0], "garbage index: %s", err);
 }
 
+/* issue 11 item 19: a path the library refuses gets a message naming it
+ * (it was "no error"); item 20: the strict integer parser of every option */
+static void test_bad_paths_and_numbers(void)
+{
+	char dir[512], err[512];
+	ulp_archive *a;
+	ulp_stat st;
+	ulp_file *f;
+	snprintf(dir, sizeof(dir), "%s/paths", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
+	CHECK(ulp_archive_stat(a, "../x", &st) == -ULP_E_INVAL && strstr(ulp_archive_errmsg(a), "../x: not a valid path"),
+	      "stat ../x: %s", ulp_archive_errmsg(a));
+	CHECK(ulp_file_open(a, "a/../../x", &f) == -ULP_E_INVAL &&
+	      strstr(ulp_archive_errmsg(a), "a/../../x: not a valid path"), "open a/../../x: %s", ulp_archive_errmsg(a));
+	ulp_archive_close(a);
+
+	int64_t v = 7;
+	CHECK(ulp_parse_int("42", 0, 100, &v) == 0 && v == 42, "42");
+	CHECK(ulp_parse_int("-5", -10, 10, &v) == 0 && v == -5, "-5");
+	CHECK(ulp_parse_int("9223372036854775807", 0, INT64_MAX, &v) == 0 && v == INT64_MAX, "INT64_MAX");
+	CHECK(ulp_parse_int("-9223372036854775808", INT64_MIN, 0, &v) == 0 && v == INT64_MIN, "INT64_MIN");
+	v = 7;
+	static const char *const bad[] = {"", "-", "abc", "5x", " 5", "5 ", "+5", "0x10", "1e3", "1.5", "--5"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		CHECK(ulp_parse_int(bad[i], INT64_MIN, INT64_MAX, &v) == -ULP_E_INVAL && v == 7, "'%s' refused", bad[i]);
+	CHECK(ulp_parse_int("-5", 1, 1024, &v) == -ULP_E_OVERFLOW && v == 7, "-5 out of [1, 1024]");
+	CHECK(ulp_parse_int("1025", 1, 1024, &v) == -ULP_E_OVERFLOW, "1025 out of [1, 1024]");
+	CHECK(ulp_parse_int("9223372036854775808", 0, INT64_MAX, &v) == -ULP_E_OVERFLOW, "2^63 overflows");
+	CHECK(ulp_parse_int("-9223372036854775809", INT64_MIN, 0, &v) == -ULP_E_OVERFLOW, "-2^63-1 overflows");
+	CHECK(ulp_parse_int("99999999999999999999999", 0, INT64_MAX, &v) == -ULP_E_OVERFLOW, "20+ digits overflow");
+}
+
 /* staging: a staged file fsynced by a process that died is recovered;
  * one never synced is removed */
 static void test_staging(void)
@@ -704,6 +737,7 @@ int main(void)
 	test_cache();
 	if (all) {
 		test_open_errors();
+		test_bad_paths_and_numbers();
 		test_default_cache();
 		test_trajectory();
 		test_gc();
