@@ -846,7 +846,7 @@ static int ulpfs_rmdir(const char *path)
 		}
 	pthread_mutex_unlock(&fs.mu);
 	rc = ulp_archive_remove(fs.a, p);
-	return rc == -ULP_E_BUSY ? -ENOTEMPTY : rc < 0 ? err_of(rc) : 0;
+	return rc < 0 ? err_of(rc) : 0; /* NOTEMPTY -> ENOTEMPTY */
 }
 
 static int ulpfs_symlink(const char *target, const char *path)
