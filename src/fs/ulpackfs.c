@@ -1203,7 +1203,7 @@ static int lock_archive(const char *dir)
 {
 	char p[4200];
 	snprintf(p, sizeof(p), "%s/mount.lock", dir);
-	int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600); /* private, as every archive file (archive.c) */
 	if (fd < 0)
 		return -errno;
 	for (int i = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; i++) {
