@@ -66,6 +66,15 @@ if not os.path.exists(m + "/rd/empty/f") or os.path.exists(m + "/rd/src"):
 expect("rd/empty", "rd/full", errno.ENOTEMPTY)
 expect("rd/empty", "rd/file", errno.ENOTDIR)
 expect("rd/file", "rd/full", errno.EISDIR)
+# a directory whose only file is still open (staged, not in the index yet)
+# is not empty either
+os.makedirs(m + "/rd/staged"); os.makedirs(m + "/rd/empty2")
+held = open(m + "/rd/staged/open", "w")
+held.write("held\n"); held.flush()
+expect("rd/empty2", "rd/staged", errno.ENOTEMPTY)
+held.close()
+if not os.path.isdir(m + "/rd/empty2"):
+    print("rd/empty2 went away"); bad += 1
 try:
     os.rmdir(m + "/rd/full")
     print("rmdir of a non-empty directory succeeded"); bad += 1
