@@ -189,10 +189,27 @@ static item *g_items;
 static size_t g_n, g_cap;
 static size_t g_root_len;
 static const char *g_prefix;
+static struct stat g_archive_sb; /* the archive directory: never imported */
+static char *g_skip;             /* its path as the walk found it, or NULL */
 
 static int walk_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
 {
 	(void)ftw;
+	/* the archive inside the tree (or the tree itself): its live ulpack.db
+	 * and packs would be archived as torn copies; the walk is pre-order, so
+	 * the directory comes before what is under it */
+	if (g_skip) {
+		size_t l = strlen(g_skip);
+		while (l > 1 && g_skip[l - 1] == '/')
+			l--;
+		if (!strncmp(path, g_skip, l) && path[l] == '/')
+			return 0;
+	}
+	if (flag == FTW_D && sb->st_dev == g_archive_sb.st_dev && sb->st_ino == g_archive_sb.st_ino) {
+		fprintf(stderr, "ulpack: %s: the archive itself, not imported\n", path);
+		free(g_skip);
+		return (g_skip = strdup(path)) ? 0 : -1;
+	}
 	if (strlen(path) <= g_root_len)
 		return 0; /* the root itself */
 	if (g_n == g_cap) {
@@ -271,7 +288,14 @@ int cmd_import(int argc, char **argv)
 		return 2;
 	}
 	g_root_len = strlen(ao.pos[1]);
-	if (nftw(ao.pos[1], walk_cb, 64, FTW_PHYS) < 0) {
+	if (stat(ao.pos[0], &g_archive_sb) < 0) {
+		ulp_archive_close(a);
+		return cli_fail("%s: %s", ao.pos[0], strerror(errno));
+	}
+	int walked = nftw(ao.pos[1], walk_cb, 64, FTW_PHYS);
+	free(g_skip);
+	g_skip = NULL;
+	if (walked < 0) {
 		ulp_archive_close(a);
 		return cli_fail("%s: %s", ao.pos[1], strerror(errno));
 	}

@@ -848,6 +848,28 @@ static int hide(const char *f, const char *t)
 	return rc;
 }
 
+static int has_child(void *arg, const char *name, const ulp_stat *s)
+{
+	(void)arg, (void)name, (void)s;
+	return 1; /* stops the listing: one is enough */
+}
+
+/* rename(2) of a directory over an existing directory t (fs.mu held):
+ * -ENOTEMPTY if t has entries, counting files staged below it that the
+ * index does not hold yet (the library only sees the index); checked before
+ * any staged file moves. 0 otherwise: the library answers the rest. */
+static int rename_over_dir_check(const char *f, const char *t)
+{
+	ulp_stat sf, st;
+	if (ulp_archive_stat(fs.a, f, &sf) < 0 || !sf.is_dir || ulp_archive_stat(fs.a, t, &st) < 0 || !st.is_dir)
+		return 0;
+	size_t tl = strlen(t);
+	for (node *x = fs.nodes; x; x = x->next)
+		if (x->path && !strncmp(x->path, t, tl) && x->path[tl] == '/')
+			return -ENOTEMPTY;
+	return ulp_archive_readdir(fs.a, t, has_child, NULL) == 1 ? -ENOTEMPTY : 0;
+}
+
 static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 {
 	const char *f = rel(from), *t = rel(to);
@@ -868,7 +890,11 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 	pthread_mutex_lock(&fs.mu);
 	wait_queue_room();
 	node *n = find_node(f), *old = find_node(t);
-	int rc = 0;
+	int rc = n ? 0 : rename_over_dir_check(f, t);
+	if (rc < 0) {
+		pthread_mutex_unlock(&fs.mu);
+		return rc;
+	}
 	if (old && old != n) { /* replacing a staged file */
 		if (old->handles) {
 			free(old->path);
@@ -1014,7 +1040,7 @@ static int ulpfs_rmdir(const char *path)
 		}
 	pthread_mutex_unlock(&fs.mu);
 	rc = ulp_archive_remove(fs.a, p);
-	return rc == -ULP_E_BUSY ? -ENOTEMPTY : rc < 0 ? err_of(rc) : 0;
+	return rc < 0 ? err_of(rc) : 0; /* NOTEMPTY -> ENOTEMPTY */
 }
 
 static int ulpfs_symlink(const char *target, const char *path)
@@ -1430,7 +1456,7 @@ static int lock_archive(const char *dir)
 {
 	char p[4200];
 	snprintf(p, sizeof(p), "%s/mount.lock", dir);
-	int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600); /* private, as every archive file (archive.c) */
 	if (fd < 0)
 		return -errno;
 	for (int i = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; i++) {

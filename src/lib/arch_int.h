@@ -63,6 +63,7 @@ typedef struct ulp_tstate ulp_tstate; /* per-thread: index connection, error tex
 struct ulp_archive {
 	char *dir;
 	int read_only;
+	int schema;                  /* schema version of the index (set at open) */
 	unsigned max_chain;
 	pthread_key_t tls;
 	pthread_mutex_t mu;          /* guards tstates, packs */
@@ -90,7 +91,7 @@ int ulp_arch_err(const ulp_archive *a, int code, const char *fmt, ...)
 
 /* ---- index (index.c) ------------------------------------------------- */
 
-#define ULP_SCHEMA_VERSION 1
+#define ULP_SCHEMA_VERSION 2
 
 typedef struct sqlite3 sqlite3;
 typedef struct sqlite3_stmt sqlite3_stmt;
@@ -136,6 +137,11 @@ typedef struct ulp_extent {
  * (malloc'd) in offset order. Errors: NOENT. */
 int ulp_index_file(ulp_archive *a, const char *path, ulp_stat *st, uint8_t **header,
                    size_t *header_len, ulp_extent **ext, size_t *n_ext);
+
+/* Calls cb for each entry (under prefix) that no directory reaches
+ * (invariant 4 of index.c); returns how many, or a negative ULP_E_*. */
+int ulp_index_orphans(ulp_archive *a, const char *prefix,
+                      void (*cb)(void *arg, const char *path, const char *why), void *arg);
 
 /* What one put adds to the index (ingest.c builds it, index.c stores it). */
 typedef struct ulp_newblob {

@@ -2,6 +2,13 @@
 /*
  * archive.c - creating, opening and closing an archive directory, and its
  * counters. An archive is ARCHIVE/ulpack.db, ARCHIVE/packs/, ARCHIVE/staging/.
+ *
+ * Invariant: an archive is private to its owner, whatever the umask: init
+ * makes ARCHIVE 0700, packs/ and staging/ are created 0700, and every file
+ * the library creates (ulpack.db, and so its -wal and -shm, which SQLite
+ * creates with the database's mode; packs and their temporaries; staging
+ * files) is created 0600. A 0600 file in a mount is not readable with
+ * strings(1) on a pack by another local user.
  */
 #include "arch_int.h"
 #include <errno.h>
@@ -14,14 +21,17 @@ int ulp_archive_init(const char *dir, char *errbuf, size_t errcap)
 {
 	ulp_err err = {errbuf, errcap};
 	char path[4200];
-	if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
 		return ULP_ERR(&err, errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", dir, strerror(errno));
 	snprintf(path, sizeof(path), "%s/ulpack.db", dir);
 	if (access(path, F_OK) == 0)
 		return ULP_ERR(&err, -ULP_E_EXIST, "%s: already an archive", dir);
+	if (chmod(dir, 0700) < 0) /* a directory that existed: private too */
+		return ULP_ERR(&err, -ULP_E_IO, "%s: cannot make the archive directory private (mode 0700): %s", dir,
+		               strerror(errno));
 	for (const char *sub = "packs"; sub; sub = strcmp(sub, "packs") == 0 ? "staging" : NULL) {
 		snprintf(path, sizeof(path), "%s/%s", dir, sub);
-		if (mkdir(path, 0755) < 0 && errno != EEXIST)
+		if (mkdir(path, 0700) < 0 && errno != EEXIST)
 			return ULP_ERR(&err, errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", path,
 			               strerror(errno));
 	}
@@ -76,7 +86,7 @@ int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive 
 	}
 	if (!a->read_only) { /* staging/ may be missing in archives copied by hand */
 		snprintf(path, sizeof(path), "%s/staging", dir);
-		mkdir(path, 0755);
+		mkdir(path, 0700);
 	}
 	*out = a;
 	return 0;

@@ -20,6 +20,9 @@ static const char *const messages[ULP_E__COUNT] = {
 	[ULP_E_OVERFLOW] = "output buffer too small",
 	[ULP_E_UNSUPPORTED] = "not supported",
 	[ULP_E_NAMETOOLONG] = "file name or path too long",
+	[ULP_E_NOTEMPTY] = "directory not empty",
+	[ULP_E_NOTDIR] = "not a directory",
+	[ULP_E_ISDIR] = "is a directory",
 };
 
 const char *ulp_strerror(int rc)
@@ -39,6 +42,8 @@ int ulp_to_errno(int rc)
 		[ULP_E_VERSION] = EPROTO, [ULP_E_INVAL] = EINVAL, [ULP_E_NOENT] = ENOENT,
 		[ULP_E_EXIST] = EEXIST, [ULP_E_BUSY] = EBUSY, [ULP_E_OVERFLOW] = EOVERFLOW,
 		[ULP_E_UNSUPPORTED] = EOPNOTSUPP, [ULP_E_NAMETOOLONG] = ENAMETOOLONG,
+		[ULP_E_NOTEMPTY] = ENOTEMPTY,
+		[ULP_E_NOTDIR] = ENOTDIR, [ULP_E_ISDIR] = EISDIR,
 	};
 	if (rc < 0)
 		rc = -rc;

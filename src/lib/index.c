@@ -4,7 +4,8 @@
  * sqlite3.h. Every thread gets its own connection (WAL, foreign keys, busy
  * timeout) and its own cache of prepared statements.
  *
- * Schema (version 1):
+ * Schema (version 2; version 1 lacks entries.header_sha and is upgraded when
+ * opened read-write, see upgrade_v1):
  *   meta(key, value)                 schema_version, max_chain, created_by
  *   packs(id, name, size)            immutable pack files under packs/
  *   blobs(id, content, codec, ref, depth, raw_size, stored_size, pack, offset)
@@ -13,7 +14,8 @@
  *                                    needs, depth its chain length (0: none)
  *   entries(id, path, parent, name, type, size, mode, uid, gid, mtime_ns,
  *           sha256, kind, header, run, series, step, target, stored, depth,
- *           anchor)                  files, directories and symlinks
+ *           anchor, header_sha)      files, directories and symlinks;
+ *                                    header_sha: sha256 of header
  *   extents(file, offset, length, blob, name, dtype)
  *                                    how a file's bytes after its header are
  *                                    made, in order; name/dtype for tensors
@@ -26,8 +28,17 @@
  *     depth = depth(ref) + 1; following refs terminates (depth decreases).
  *  3. Every pack row's file exists and is durable before the transaction
  *     that inserts the row commits.
+ *  4. Every entry but the root has parent = the path up to its last '/' and
+ *     name = the rest, and its parent is a directory entry: every row is
+ *     reached from the root (verify reports the rows that are not). Paths
+ *     are compared as bytes, never by character counts (BELOW below).
+ *  5. Every header byte is checked against header_sha before it is served
+ *     (ulp_index_file); a header without a matching sha256 is never read
+ *     (ULP_E_CHECKSUM), except in a version 1 index opened read-only.
  */
 #include "arch_int.h"
+#include <errno.h>
+#include <fcntl.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,7 +73,7 @@ static const char *const schema =
 	" mode INTEGER NOT NULL, uid INTEGER NOT NULL DEFAULT 0, gid INTEGER NOT NULL DEFAULT 0,"
 	" mtime_ns INTEGER NOT NULL, sha256 BLOB, kind INTEGER NOT NULL DEFAULT 0, header BLOB,"
 	" run TEXT, series TEXT, step INTEGER, target TEXT, stored INTEGER NOT NULL DEFAULT 0,"
-	" depth INTEGER NOT NULL DEFAULT 0, anchor INTEGER NOT NULL DEFAULT 1);"
+	" depth INTEGER NOT NULL DEFAULT 0, anchor INTEGER NOT NULL DEFAULT 1, header_sha BLOB);"
 	"CREATE INDEX entries_parent ON entries(parent);"
 	"CREATE INDEX entries_series ON entries(series, step);"
 	"CREATE TABLE extents(file INTEGER NOT NULL REFERENCES entries(id) ON DELETE CASCADE,"
@@ -73,7 +84,7 @@ static const char *const schema =
 	" sum(stored) AS stored_bytes FROM entries WHERE type = 0 GROUP BY run;"
 	"CREATE VIEW steps AS SELECT run, step, count(*) AS files FROM entries"
 	" WHERE type = 0 AND step >= 0 GROUP BY run, step;"
-	"INSERT INTO meta VALUES('schema_version', '1');"
+	"INSERT INTO meta VALUES('schema_version', '2');"
 	"INSERT INTO meta VALUES('created_by', 'ulpack " ULP_VERSION_STRING "');"
 	"INSERT INTO entries(path, parent, name, type, mode, mtime_ns) VALUES('', '', '', 1, 16877, 0);"
 	"COMMIT;";
@@ -261,7 +272,14 @@ sqlite3_stmt *ulp_db_stmt(ulp_archive *a, const char *sql)
 int ulp_db_create(const char *path, ulp_err *err)
 {
 	sqlite3 *db;
-	int rc = sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
+	/* created 0600 here, not by SQLite (0644 less the umask): the index, and
+	 * its -wal and -shm, which SQLite gives the database's mode (archive.c) */
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return ULP_ERR(err, errno == EEXIST ? -ULP_E_EXIST : errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO,
+		               "%s: cannot create the index: %s", path, strerror(errno));
+	close(fd);
+	int rc = sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL);
 	if (rc != SQLITE_OK) {
 		ULP_ERR(err, -ULP_E_IO, "%s: %s", path, db ? sqlite3_errmsg(db) : "cannot create");
 		sqlite3_close(db);
@@ -277,6 +295,54 @@ int ulp_db_create(const char *path, ulp_err *err)
 	sqlite3_free(msg);
 	sqlite3_close(db);
 	return code;
+}
+
+/* Version 1 -> 2: adds entries.header_sha and fills it from the stored
+ * headers, in one transaction (another process may have upgraded the index
+ * meanwhile: the version is read again under the write lock). A header that
+ * was already damaged before the upgrade is not caught by its checksum;
+ * verify still catches it (the file's sha256). */
+static int upgrade_v1(ulp_archive *a, ulp_err *err)
+{
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *sel = NULL, *up = NULL;
+	int code = ulp_db_begin(a), v = 0;
+	if (code == 0 && sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'schema_version'", -1, &sel,
+	                                    NULL) == SQLITE_OK && sqlite3_step(sel) == SQLITE_ROW)
+		v = sqlite3_column_int(sel, 0);
+	sqlite3_finalize(sel);
+	sel = NULL;
+	if (code == 0 && v == 1) {
+		if (sqlite3_exec(db, "ALTER TABLE entries ADD COLUMN header_sha BLOB", NULL, NULL, NULL) != SQLITE_OK ||
+		    sqlite3_prepare_v2(db, "SELECT id, header FROM entries WHERE header IS NOT NULL", -1, &sel, NULL) !=
+		        SQLITE_OK ||
+		    sqlite3_prepare_v2(db, "UPDATE entries SET header_sha = ? WHERE id = ?", -1, &up, NULL) != SQLITE_OK)
+			code = ulp_db_err(a, "upgrading the index to schema version 2");
+		int r;
+		while (code == 0 && (r = sqlite3_step(sel)) == SQLITE_ROW) {
+			uint8_t sha[ULP_SHA256_LEN];
+			ulp_sha256(sqlite3_column_blob(sel, 1), (size_t)sqlite3_column_bytes(sel, 1), sha);
+			sqlite3_bind_blob(up, 1, sha, ULP_SHA256_LEN, SQLITE_TRANSIENT);
+			sqlite3_bind_int64(up, 2, sqlite3_column_int64(sel, 0));
+			if (sqlite3_step(up) != SQLITE_DONE)
+				code = ulp_db_err(a, "upgrading the index to schema version 2");
+			sqlite3_reset(up);
+		}
+		if (code == 0 && r != SQLITE_DONE)
+			code = ulp_db_err(a, "upgrading the index to schema version 2");
+		if (code == 0)
+			code = ulp_db_exec(a, "UPDATE meta SET value = '2' WHERE key = 'schema_version'");
+	}
+	sqlite3_finalize(sel);
+	sqlite3_finalize(up);
+	if (code == 0)
+		code = ulp_db_commit(a);
+	if (code < 0) {
+		ulp_db_rollback(a);
+		return ULP_ERR(err, code, "%s", ulp_archive_errmsg(a));
+	}
+	a->schema = 2;
+	return 0;
 }
 
 /* Checks that the index is an archive of a schema this build reads. */
@@ -301,8 +367,11 @@ int ulp_db_check(ulp_archive *a, ulp_err *err)
 			               a->dir, v, ULP_SCHEMA_VERSION);
 		else if (v < 1)
 			code = ULP_ERR(err, -ULP_E_CORRUPT, "%s/ulpack.db: bad schema version %d", a->dir, v);
+		a->schema = v;
 	}
 	sqlite3_finalize(st);
+	if (code == 0 && a->schema < 2 && !a->read_only)
+		code = upgrade_v1(a, err);
 	if (code == 0 && a->max_chain == 0) {
 		a->max_chain = ULP_DEFAULT_MAX_CHAIN;
 		if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'max_chain'", -1, &st, NULL) == SQLITE_OK) {
@@ -360,7 +429,7 @@ int ulp_index_pack_name(ulp_archive *a, int64_t id, char *name, size_t cap)
 }
 
 /* Fills a ulp_stat from a row of ENTRY_COLS. */
-#define ENTRY_COLS "type, size, mode, uid, gid, mtime_ns, sha256, stored, step, depth, anchor, kind, length(target)"
+#define ENTRY_COLS "type, size, mode, uid, gid, mtime_ns, sha256, stored, step, depth, anchor, kind, length(CAST(target AS BLOB))"
 
 int ulp_stat_from_row(sqlite3_stmt *st, ulp_stat *s)
 {
@@ -414,10 +483,11 @@ int ulp_archive_stat(ulp_archive *a, const char *path, ulp_stat *out)
 int ulp_index_file(ulp_archive *a, const char *path, ulp_stat *out, uint8_t **header,
                    size_t *header_len, ulp_extent **ext, size_t *n_ext)
 {
-	static const char sql[] = "SELECT " ENTRY_COLS ", id, header FROM entries WHERE path = ?";
+	static const char sql[] = "SELECT " ENTRY_COLS ", id, header, header_sha FROM entries WHERE path = ?";
+	static const char sql_v1[] = "SELECT " ENTRY_COLS ", id, header, NULL FROM entries WHERE path = ?";
 	static const char sql_ext[] = "SELECT e.offset, e.length, b.content FROM extents e"
 	                              " JOIN blobs b ON b.id = e.blob WHERE e.file = ? ORDER BY e.offset";
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	sqlite3_stmt *st = ulp_db_stmt(a, a->schema >= 2 ? sql : sql_v1);
 	if (!st)
 		return -ULP_E_IO;
 	sqlite3_bind_text(st, 1, path, -1, SQLITE_STATIC);
@@ -439,6 +509,17 @@ int ulp_index_file(ulp_archive *a, const char *path, ulp_stat *out, uint8_t **he
 			return -ULP_E_NOMEM;
 		}
 		memcpy(h, sqlite3_column_blob(st, 14), hl);
+		/* invariant 5: the header is checked before anything serves it */
+		uint8_t sha[ULP_SHA256_LEN];
+		ulp_sha256(h, hl, sha);
+		if (a->schema >= 2 && (sqlite3_column_bytes(st, 15) != ULP_SHA256_LEN ||
+		                       memcmp(sqlite3_column_blob(st, 15), sha, ULP_SHA256_LEN) != 0)) {
+			sqlite3_reset(st);
+			free(h);
+			return ulp_arch_err(a, -ULP_E_CHECKSUM,
+			                    "%s: its safetensors header in %s/ulpack.db does not match its sha256", path,
+			                    a->dir);
+		}
 	}
 	sqlite3_reset(st);
 	st = ulp_db_stmt(a, sql_ext);
@@ -680,7 +761,7 @@ int ulp_index_mkdirs(ulp_archive *a, const char *path, int64_t mtime_ns)
 		int type = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
 		sqlite3_reset(st);
 		if (type >= 0 && type != ULP_ENT_DIR)
-			return ulp_arch_err(a, -ULP_E_INVAL, "%s: a component of the path is not a directory", buf);
+			return ulp_arch_err(a, -ULP_E_NOTDIR, "%s: a component of the path is not a directory", buf);
 		if (type < 0) {
 			char *parent = ulp_path_parent(buf);
 			st = ulp_db_stmt(a, sql);
@@ -765,7 +846,7 @@ int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_na
 	static const char sql_del[] = "DELETE FROM entries WHERE path = ?";
 	static const char sql_ent[] = "INSERT INTO entries(path, parent, name, type, size, mode, uid, gid,"
 	                              " mtime_ns, sha256, kind, header, run, series, step, target, stored,"
-	                              " depth, anchor) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
+	                              " depth, anchor, header_sha) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
 	static const char sql_ext[] = "INSERT INTO extents(file, offset, length, blob, name, dtype)"
 	                              " VALUES(?, ?, ?, (SELECT id FROM blobs WHERE content = ?), ?, ?)";
 	sqlite3_stmt *st;
@@ -827,8 +908,12 @@ int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_na
 	if (f->type == ULP_ENT_FILE)
 		sqlite3_bind_blob(st, 10, f->sha, ULP_SHA256_LEN, SQLITE_STATIC);
 	sqlite3_bind_int(st, 11, f->kind);
-	if (f->header_len)
+	uint8_t hsha[ULP_SHA256_LEN];
+	if (f->header_len) {
 		sqlite3_bind_blob(st, 12, f->header, (int)f->header_len, SQLITE_STATIC);
+		ulp_sha256(f->header, f->header_len, hsha);
+		sqlite3_bind_blob(st, 20, hsha, ULP_SHA256_LEN, SQLITE_STATIC);
+	}
 	sqlite3_bind_text(st, 13, f->path, slash ? (int)(slash - f->path) : -1, SQLITE_STATIC);
 	if (series)
 		sqlite3_bind_text(st, 14, series, -1, SQLITE_STATIC);
@@ -927,42 +1012,53 @@ int ulp_archive_mkdir(ulp_archive *a, const char *path, const ulp_meta *m)
 	return in_tx(a, rc);
 }
 
-int ulp_archive_remove(ulp_archive *a, const char *path)
+/* Removes entry p (a directory only when empty) inside the caller's
+ * transaction: it never begins one itself, so rename can use it (a nested
+ * BEGIN fails with SQLITE_ERROR). */
+static int remove_in_tx(ulp_archive *a, const char *p)
 {
 	static const char sql_kids[] = "SELECT 1 FROM entries WHERE parent = ? AND path <> '' LIMIT 1";
 	static const char sql_del[] = "DELETE FROM entries WHERE path = ?";
-	char p[4096];
 	ulp_stat s;
+	ULP_TRY(ulp_archive_stat(a, p, &s));
+	if (s.is_dir) {
+		sqlite3_stmt *st = ulp_db_stmt(a, sql_kids);
+		if (!st)
+			return -ULP_E_IO;
+		sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
+		int r = sqlite3_step(st);
+		sqlite3_reset(st);
+		if (r == SQLITE_ROW)
+			return ulp_arch_err(a, -ULP_E_NOTEMPTY, "%s: directory not empty", p);
+		if (r != SQLITE_DONE)
+			return ulp_db_err(a, "remove");
+	}
+	sqlite3_stmt *st = ulp_db_stmt(a, sql_del);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
+	return step_rc(a, st, "remove");
+}
+
+int ulp_archive_remove(ulp_archive *a, const char *path)
+{
+	char p[4096];
 	if (a->read_only || ulp_path_clean(path, p, sizeof(p)) < 0 || !p[0])
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: cannot remove that", path);
 	ULP_TRY(ulp_db_begin(a));
-	int rc = ulp_archive_stat(a, p, &s);
-	if (rc == 0 && s.is_dir) {
-		sqlite3_stmt *st = ulp_db_stmt(a, sql_kids);
-		if (!st)
-			rc = -ULP_E_IO;
-		else {
-			sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
-			if (sqlite3_step(st) == SQLITE_ROW)
-				rc = ulp_arch_err(a, -ULP_E_BUSY, "%s: directory not empty", p);
-			sqlite3_reset(st);
-		}
-	}
-	if (rc == 0) {
-		sqlite3_stmt *st = ulp_db_stmt(a, sql_del);
-		if (!st)
-			rc = -ULP_E_IO;
-		else {
-			sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
-			rc = step_rc(a, st, "remove");
-		}
-	}
-	return in_tx(a, rc);
+	return in_tx(a, remove_in_tx(a, p));
 }
+
+/* Byte-safe prefix matching (invariant 4 of the header): the entries below
+ * directory ?1 are the paths in [?1 || '/', ?1 || '0'), '0' being the byte
+ * after '/'. The BINARY collation compares bytes (memcmp), whereas length()
+ * and substr() count characters of TEXT: "données" is 8 bytes but 7
+ * characters, so a substr() of a byte count never matched (issue 11, 2). */
+#define BELOW(col, arg) "(" col " >= " arg " || '/' AND " col " < " arg " || '0')"
 
 int ulp_archive_rename(ulp_archive *a, const char *from, const char *to)
 {
-	static const char sql_sel[] = "SELECT id, path FROM entries WHERE path = ? OR (substr(path, 1, ?) = ?)";
+	static const char sql_sel[] = "SELECT id, path FROM entries WHERE path = ?1 OR " BELOW("path", "?1");
 	static const char sql_upd[] = "UPDATE entries SET path = ?, parent = ?, name = ?, run = ?, series = ?,"
 	                              " step = ? WHERE id = ?";
 	static const char sql_del[] = "DELETE FROM entries WHERE path = ?";
@@ -981,11 +1077,11 @@ int ulp_archive_rename(ulp_archive *a, const char *from, const char *to)
 	int rc = ulp_archive_stat(a, f, &sf);
 	if (rc == 0 && ulp_archive_stat(a, t, &stt) == 0) {
 		if (stt.is_dir && !sf.is_dir)
-			rc = ulp_arch_err(a, -ULP_E_EXIST, "%s: is a directory", t);
+			rc = ulp_arch_err(a, -ULP_E_ISDIR, "%s: is a directory", t);
 		else if (!stt.is_dir && sf.is_dir)
-			rc = ulp_arch_err(a, -ULP_E_INVAL, "%s: not a directory", t);
-		else if (stt.is_dir) /* only an empty one may be replaced */
-			rc = ulp_archive_remove(a, t) == 0 ? 0 : ulp_arch_err(a, -ULP_E_BUSY, "%s: directory not empty", t);
+			rc = ulp_arch_err(a, -ULP_E_NOTDIR, "%s: not a directory", t);
+		else if (stt.is_dir) /* only an empty one may be replaced (POSIX) */
+			rc = remove_in_tx(a, t);
 		else {
 			sqlite3_stmt *st = ulp_db_stmt(a, sql_del);
 			if (!st)
@@ -998,18 +1094,16 @@ int ulp_archive_rename(ulp_archive *a, const char *from, const char *to)
 	}
 	if (rc == 0)
 		rc = ulp_index_mkdirs(a, t, (int64_t)time(NULL) * 1000000000);
-	/* the entry and everything below it */
+	/* the entry and everything below it; t is not below f (checked above),
+	 * so no updated row comes back into the range being read */
 	sqlite3 *db = ulp_db(a);
 	sqlite3_stmt *sel = NULL;
-	char prefix[4200];
-	snprintf(prefix, sizeof(prefix), "%s/", f);
 	if (rc == 0 && sqlite3_prepare_v2(db, sql_sel, -1, &sel, NULL) != SQLITE_OK)
 		rc = ulp_db_err(a, "rename");
 	if (rc == 0) {
 		sqlite3_bind_text(sel, 1, f, -1, SQLITE_STATIC);
-		sqlite3_bind_int(sel, 2, (int)strlen(prefix));
-		sqlite3_bind_text(sel, 3, prefix, -1, SQLITE_STATIC);
-		while (rc == 0 && sqlite3_step(sel) == SQLITE_ROW) {
+		int r;
+		while (rc == 0 && (r = sqlite3_step(sel)) == SQLITE_ROW) {
 			int64_t id = sqlite3_column_int64(sel, 0);
 			const char *old = (const char *)sqlite3_column_text(sel, 1);
 			char np[8400];
@@ -1035,6 +1129,8 @@ int ulp_archive_rename(ulp_archive *a, const char *from, const char *to)
 			free(parent);
 			free(series);
 		}
+		if (rc == 0 && r != SQLITE_DONE)
+			rc = ulp_db_err(a, "rename");
 	}
 	sqlite3_finalize(sel);
 	return in_tx(a, rc);
@@ -1070,7 +1166,7 @@ int ulp_index_files(ulp_archive *a, const char *prefix,
                     int (*cb)(void *arg, const char *path, const ulp_stat *st), void *arg)
 {
 	static const char sql[] = "SELECT " ENTRY_COLS ", path FROM entries WHERE type = 0 AND"
-	                          " (?1 = '' OR path = ?1 OR substr(path, 1, length(?1) + 1) = ?1 || '/')"
+	                          " (?1 = '' OR path = ?1 OR " BELOW("path", "?1") ")"
 	                          " ORDER BY step IS NOT NULL, step, path";
 	char p[4096];
 	ULP_TRY(ulp_path_clean(prefix, p, sizeof(p)));
@@ -1088,6 +1184,45 @@ int ulp_index_files(ulp_archive *a, const char *prefix,
 	}
 	if (r != SQLITE_ROW && r != SQLITE_DONE)
 		rc = ulp_db_err(a, "list files");
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int ulp_index_orphans(ulp_archive *a, const char *prefix,
+                      void (*cb)(void *arg, const char *path, const char *why), void *arg)
+{
+	/* invariant 4, one row at a time: a row whose path is its parent's path
+	 * and its name, whose parent is a directory row, is reached from the root
+	 * by induction on the path's length */
+	static const char sql[] =
+		"SELECT e.path, e.type, e.parent FROM entries e WHERE e.path <> '' AND"
+		" (?1 = '' OR e.path = ?1 OR " BELOW("e.path", "?1") ") AND"
+		" (e.name = '' OR instr(e.name, '/') > 0 OR"
+		" CAST(e.path AS BLOB) <> CAST(CASE WHEN e.parent = '' THEN e.name ELSE e.parent || '/' || e.name END AS BLOB)"
+		" OR NOT EXISTS (SELECT 1 FROM entries d WHERE d.path = e.parent AND d.type = 1))"
+		" ORDER BY e.path";
+	char p[4096];
+	ULP_TRY(ulp_path_clean(prefix, p, sizeof(p)));
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *st;
+	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "orphan scan");
+	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
+	int64_t n = 0;
+	int r;
+	while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+		int type = sqlite3_column_int(st, 1);
+		char why[4400];
+		snprintf(why, sizeof(why),
+		         "%s/ulpack.db: orphaned %s: no directory reaches it (its parent \"%s\" is not a directory"
+		         " of the index, or its path does not match its parent and name)",
+		         a->dir, type == ULP_ENT_DIR ? "directory" : type == ULP_ENT_LINK ? "symbolic link" : "file",
+		         (const char *)sqlite3_column_text(st, 2));
+		n++;
+		if (cb)
+			cb(arg, (const char *)sqlite3_column_text(st, 0), why);
+	}
+	int rc = r == SQLITE_DONE ? (int)ULP_MIN(n, INT32_MAX) : ulp_db_err(a, "orphan scan");
 	sqlite3_finalize(st);
 	return rc;
 }
@@ -1112,8 +1247,8 @@ int ulp_archive_report(ulp_archive *a, const char *prefix,
                        ulp_report *out)
 {
 	static const char sql_dt[] =
-		"WITH f AS (SELECT id FROM entries WHERE type = 0 AND (?1 = '' OR path = ?1 OR"
-		" substr(path, 1, length(?1) + 1) = ?1 || '/')),"
+		"WITH f AS (SELECT id FROM entries WHERE type = 0 AND (?1 = '' OR path = ?1 OR "
+		BELOW("path", "?1") ")),"
 		" x AS (SELECT e.blob, e.dtype, e.length FROM extents e JOIN f ON f.id = e.file)"
 		" SELECT x.dtype, sum(x.length), (SELECT sum(b.stored_size) FROM blobs b WHERE b.id IN"
 		" (SELECT blob FROM x x2 WHERE x2.dtype IS x.dtype)), count(*),"

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * maint.c - keeping an archive honest: verify (decode everything, check
- * every sha256) and gc (drop what nothing reaches, rewrite or remove packs).
+ * every sha256, report index rows that no directory reaches) and gc (drop what nothing reaches, rewrite or remove packs).
  *
  * gc invariants:
  *  1. A blob is kept while a file's extent or another kept blob's reference
@@ -79,7 +79,11 @@ int64_t ulp_archive_verify(ulp_archive *a, const char *prefix,
 		return -ULP_E_NOMEM;
 	int rc = ulp_index_files(a, prefix, verify_one, &v);
 	free(v.buf);
-	return rc < 0 ? rc : v.damaged;
+	if (rc < 0)
+		return rc;
+	/* rows no directory reaches: nothing lists, exports or mounts them */
+	rc = ulp_index_orphans(a, prefix, bad, arg);
+	return rc < 0 ? rc : v.damaged + rc;
 }
 
 /* ---- gc ------------------------------------------------------------------ */

@@ -83,7 +83,7 @@ int ulp_pack_writer_new(ulp_archive *a, ulp_pack_writer **out)
 	}
 	snprintf(w->tmp, sizeof(w->tmp), "%s/packs/tmp-%ld-%u", a->dir, (long)getpid(),
 	         __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
-	w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600); /* private: archive.c */
 	if (w->fd < 0) {
 		int rc = io_err(a, w->tmp, "create");
 		EVP_MD_CTX_free(w->sha);

@@ -106,9 +106,13 @@ int ulp_stage_sync(ulp_stage *s, const char *path, const ulp_meta *m)
 		return io_err(a, s->data, "fsync");
 	char tmp[4300];
 	snprintf(tmp, sizeof(tmp), "%s.tmp", s->meta);
-	FILE *f = fopen(tmp, "w");
-	if (!f)
+	int mfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600); /* private: archive.c */
+	FILE *f = mfd >= 0 ? fdopen(mfd, "w") : NULL;
+	if (!f) {
+		if (mfd >= 0)
+			close(mfd);
 		return io_err(a, tmp, "create");
+	}
 	fprintf(f, "%o %u %u %lld\n%s", m->mode & 07777, m->uid, m->gid, (long long)m->mtime_ns, path);
 	int bad = fflush(f) != 0 || fsync(fileno(f)) != 0;
 	if (fclose(f) != 0 || bad)

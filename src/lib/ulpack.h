@@ -45,6 +45,9 @@ enum {
 	ULP_E_OVERFLOW,    /* output does not fit in dst_cap */
 	ULP_E_UNSUPPORTED, /* valid input this build cannot handle */
 	ULP_E_NAMETOOLONG, /* a path component over ULP_NAME_MAX or a path over ULP_PATH_MAX bytes */
+	ULP_E_NOTEMPTY,    /* directory not empty */
+	ULP_E_NOTDIR,      /* a directory was needed */
+	ULP_E_ISDIR,       /* is a directory */
 	ULP_E__COUNT
 };
 
@@ -294,9 +297,12 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 int ulp_archive_symlink(ulp_archive *a, const char *path, const char *target, const ulp_meta *meta);
 int ulp_archive_mkdir(ulp_archive *a, const char *path, const ulp_meta *meta);
 /** Removes a file or symlink (rm) or an empty directory (rmdir). Blobs stay
- *  until gc. Errors: NOENT, BUSY (directory not empty). */
+ *  until gc. Errors: NOENT, NOTEMPTY (directory not empty). */
 int ulp_archive_remove(ulp_archive *a, const char *path);
-/** Renames a file, symlink or directory (over an existing file). */
+/** Renames a file, symlink or directory, as rename(2): over an existing file,
+ *  or a directory over an empty directory. Errors: NOENT, NOTEMPTY (the
+ *  target directory is not empty), ISDIR (a file onto a directory), NOTDIR
+ *  (a directory onto a file), INVAL (a directory into itself). */
 int ulp_archive_rename(ulp_archive *a, const char *from, const char *to);
 /** Changes mode, owner or mtime (fields with the flag set in which). */
 enum { ULP_SET_MODE = 1, ULP_SET_OWNER = 2, ULP_SET_MTIME = 4 };
@@ -310,9 +316,10 @@ typedef struct ulp_gc_result {
 int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res);
 
 /**
- * Decodes every file under prefix ("" for all) and checks its sha256; calls
- * bad(arg, path, why) for each damaged file. @return number of damaged
- * files, or a negative error.
+ * Decodes every file under prefix ("" for all) and checks its sha256 (and its
+ * stored header's); calls bad(arg, path, why) for each damaged file and for
+ * each index row (file, directory, symlink) that no directory reaches.
+ * @return number of damaged files and unreachable rows, or a negative error.
  */
 int64_t ulp_archive_verify(ulp_archive *a, const char *prefix,
                            void (*bad)(void *arg, const char *path, const char *why), void *arg);

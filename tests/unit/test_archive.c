@@ -18,6 +18,7 @@
 #include <sqlite3.h>
 #include <stdio.h>
 #include <dirent.h>
+#include <errno.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -265,7 +266,7 @@ static void test_gc(void)
 	}
 	/* step 2 is the reference of 3: removing 2 must not break 3 */
 	CHECK(ulp_archive_remove(a, "r/step_2/m.safetensors") == 0, "rm");
-	CHECK(ulp_archive_remove(a, "r") == -ULP_E_BUSY, "rmdir of a non-empty directory");
+	CHECK(ulp_to_errno(ulp_archive_remove(a, "r")) == ENOTEMPTY, "rmdir of a non-empty directory");
 	ulp_gc_result g;
 	CHECK(ulp_archive_gc(a, &g) == 0, "gc: %s", ulp_archive_errmsg(a));
 	snprintf(file, sizeof(file), "%s/g3.safetensors", root);
@@ -725,6 +726,297 @@ static void test_names_times(void)
 	ulp_archive_close(a);
 }
 
+/* ---- issue 11 (trust): paths as bytes, orphans, rename(2) semantics, the
+ * header's checksum, private archive files ---------------------------------- */
+
+static int put_bytes(ulp_archive *a, const char *apath, const char *bytes)
+{
+	char tmp[600];
+	snprintf(tmp, sizeof(tmp), "%s/bytes.tmp", root);
+	FILE *f = fopen(tmp, "wb");
+	REQUIRE(f && fputs(bytes, f) >= 0 && fclose(f) == 0, "write %s", tmp);
+	return put_path(a, apath, tmp, NULL);
+}
+
+static int count_cb(void *arg, const char *name, const ulp_stat *st)
+{
+	(void)name;
+	(void)st;
+	(*(int *)arg)++;
+	return 0;
+}
+
+/* rename of a directory whose path has a non-ASCII character moves its
+ * files (a character count was compared with a byte count), and every
+ * prefix query (list, report, verify) matches by bytes */
+static void test_rename_non_ascii(void)
+{
+	char dir[512], err[512];
+	snprintf(dir, sizeof(dir), "%s/utf8", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	ulp_archive *a;
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
+	ulp_meta m = {0755, 0, 0, 5};
+	REQUIRE(ulp_archive_mkdir(a, "données/run1/sub", &m) == 0, "mkdir");
+	REQUIRE(put_bytes(a, "données/run1/f", "x\n") == 0, "put f");
+	REQUIRE(put_bytes(a, "données/run1/sub/g", "y\n") == 0, "put g");
+	REQUIRE(ulp_archive_symlink(a, "données/run1/l", "cible-é", &m) == 0, "symlink");
+	REQUIRE(put_bytes(a, "données/run10", "z\n") == 0, "put a sibling that shares the prefix");
+	CHECK(ulp_archive_rename(a, "données/run1", "données/run2") == 0, "rename: %s", ulp_archive_errmsg(a));
+	ulp_stat st;
+	CHECK(ulp_archive_stat(a, "données/run2/f", &st) == 0 && st.size == 2, "file moved with its directory");
+	CHECK(ulp_archive_stat(a, "données/run2/sub/g", &st) == 0, "nested file moved");
+	CHECK(ulp_archive_stat(a, "données/run2/l", &st) == 0 && st.is_symlink && st.size == strlen("cible-é"),
+	      "symlink moved, its size in bytes (%llu)", (unsigned long long)st.size);
+	CHECK(ulp_archive_stat(a, "données/run1/f", &st) == -ULP_E_NOENT, "nothing left under the old name");
+	CHECK(ulp_archive_stat(a, "données/run10", &st) == 0, "a sibling with the same prefix stays");
+	int n = 0;
+	CHECK(ulp_archive_readdir(a, "données/run2", count_cb, &n) == 0 && n == 3, "readdir: %d entries", n);
+	n = 0;
+	CHECK(ulp_index_files(a, "données/run2", count_cb, &n) == 0 && n == 2, "files under the prefix: %d", n);
+	ulp_report r;
+	CHECK(ulp_archive_report(a, "données", NULL, NULL, &r) == 0 && r.files == 3, "report: %llu files",
+	      (unsigned long long)r.files);
+	char bad[4096] = "";
+	CHECK(ulp_archive_verify(a, "", bad_cb, bad) == 0, "verify: %s", bad);
+	ulp_archive_close(a);
+}
+
+/* verify reports index rows that no directory reaches */
+static void test_orphans(void)
+{
+	char dir[512], err[512], db[600];
+	snprintf(dir, sizeof(dir), "%s/orphans", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	ulp_archive *a;
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
+	REQUIRE(put_bytes(a, "d/ok", "fine\n") == 0, "put");
+	CHECK(ulp_archive_verify(a, "", NULL, NULL) == 0, "a sound archive verifies");
+	snprintf(db, sizeof(db), "%s/ulpack.db", dir);
+	sqlite3 *h;
+	REQUIRE(sqlite3_open(db, &h) == SQLITE_OK, "sqlite3_open");
+	/* what the rename bug left: rows under a directory that is gone, and a
+	 * row whose path does not match its parent and name */
+	REQUIRE(sqlite3_exec(h,
+	                     "INSERT INTO entries(path, parent, name, type, mode, mtime_ns, sha256) VALUES('gone/f',"
+	                     " 'gone', 'f', 0, 420, 0,"
+	                     " x'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855');" /* empty */
+	                     "INSERT INTO entries(path, parent, name, type, mode, mtime_ns)"
+	                     " VALUES('gone/sub', 'gone', 'sub', 1, 493, 0);"
+	                     "INSERT INTO entries(path, parent, name, type, mode, mtime_ns, target)"
+	                     " VALUES('gone/l', 'gone', 'l', 2, 511, 0, 'x');"
+	                     "INSERT INTO entries(path, parent, name, type, mode, mtime_ns)"
+	                     " VALUES('d/x/y', 'd', 'y', 1, 493, 0);",
+	                     NULL, NULL, NULL) == SQLITE_OK,
+	        "insert orphans: %s", sqlite3_errmsg(h));
+	sqlite3_close(h);
+	char bad[4096] = "";
+	int64_t n = ulp_archive_verify(a, "", bad_cb, bad);
+	CHECK(n == 4, "verify counts 4 orphans: %lld (%s)", (long long)n, bad);
+	CHECK(strstr(bad, "gone/f;") && strstr(bad, "gone/sub;") && strstr(bad, "gone/l;") && strstr(bad, "d/x/y;"),
+	      "each orphan named: %s", bad);
+	bad[0] = 0;
+	CHECK(ulp_archive_verify(a, "gone", bad_cb, bad) == 3, "under a prefix: %s", bad);
+	ulp_archive_close(a);
+}
+
+/* rename(2): over an empty directory it replaces it; over a non-empty one
+ * ENOTEMPTY; a directory onto a file ENOTDIR; a file onto a directory EISDIR
+ * (codes compared as errno values) */
+static void test_rename_dirs(void)
+{
+	char dir[512], err[512];
+	snprintf(dir, sizeof(dir), "%s/renamedirs", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	ulp_archive *a;
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
+	ulp_meta m = {0755, 0, 0, 5};
+	REQUIRE(ulp_archive_mkdir(a, "src", &m) == 0 && ulp_archive_mkdir(a, "empty", &m) == 0 &&
+	        ulp_archive_mkdir(a, "full", &m) == 0, "mkdirs");
+	REQUIRE(put_bytes(a, "src/f", "1\n") == 0 && put_bytes(a, "full/g", "2\n") == 0 &&
+	        put_bytes(a, "file", "3\n") == 0, "puts");
+	int rc = ulp_archive_rename(a, "src", "empty");
+	CHECK(rc == 0, "dir over an empty dir: %d (%s)", rc, ulp_archive_errmsg(a));
+	ulp_stat st;
+	CHECK(ulp_archive_stat(a, "empty/f", &st) == 0 && ulp_archive_stat(a, "src", &st) == -ULP_E_NOENT,
+	      "moved over the empty directory");
+	rc = ulp_archive_rename(a, "empty", "full");
+	CHECK(rc < 0 && ulp_to_errno(rc) == ENOTEMPTY, "dir over a non-empty dir: %d", rc);
+	CHECK(ulp_archive_stat(a, "full/g", &st) == 0 && ulp_archive_stat(a, "empty/f", &st) == 0, "both kept");
+	rc = ulp_archive_rename(a, "empty", "file");
+	CHECK(rc < 0 && ulp_to_errno(rc) == ENOTDIR, "dir onto a file: %d", rc);
+	rc = ulp_archive_rename(a, "file", "full");
+	CHECK(rc < 0 && ulp_to_errno(rc) == EISDIR, "file onto a dir: %d", rc);
+	rc = ulp_archive_remove(a, "full");
+	CHECK(rc < 0 && ulp_to_errno(rc) == ENOTEMPTY, "rmdir of a non-empty dir: %d", rc);
+	rc = ulp_archive_rename(a, "full", "full/g/x");
+	CHECK(rc < 0 && ulp_to_errno(rc) == EINVAL, "into itself: %d", rc);
+	/* the failed renames left no transaction open: a write still works */
+	CHECK(put_bytes(a, "after", "4\n") == 0, "write after failed renames: %s", ulp_archive_errmsg(a));
+	CHECK(ulp_archive_verify(a, "", NULL, NULL) == 0, "verify");
+	ulp_archive_close(a);
+}
+
+static int sql_exec(const char *dir, const char *sql)
+{
+	char db[600];
+	snprintf(db, sizeof(db), "%s/ulpack.db", dir);
+	sqlite3 *h;
+	int rc = sqlite3_open(db, &h) == SQLITE_OK ? sqlite3_exec(h, sql, NULL, NULL, NULL) : SQLITE_ERROR;
+	if (rc != SQLITE_OK)
+		fprintf(stderr, "%s: %s\n", sql, sqlite3_errmsg(h));
+	sqlite3_close(h);
+	return rc;
+}
+
+static int read_all(ulp_archive *a, const char *apath, uint8_t *buf, size_t cap, int64_t *n)
+{
+	ulp_file *f;
+	int rc = ulp_file_open(a, apath, &f);
+	if (rc < 0)
+		return rc;
+	*n = ulp_file_pread(f, buf, cap, 0);
+	ulp_file_close(f);
+	return *n < 0 ? (int)*n : 0;
+}
+
+/* a flipped bit in a stored safetensors header is never served */
+static void test_header_checksum(void)
+{
+	char dir[512], err[512], file[512];
+	snprintf(dir, sizeof(dir), "%s/hdr", root);
+	snprintf(file, sizeof(file), "%s/hdr.safetensors", root);
+	write_step(file, 1, 4096);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	ulp_archive *a;
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
+	REQUIRE(put_path(a, "m.safetensors", file, NULL) == 0, "put");
+	REQUIRE(same_bytes(a, "m.safetensors", file), "reads back");
+	size_t cap = 1 << 20;
+	uint8_t *buf = malloc(cap);
+	int64_t n;
+	/* one bit of the JSON (byte 20), in the index only */
+	REQUIRE(sql_exec(dir, "UPDATE entries SET header = CAST(substr(header, 1, 20) || x'01' ||"
+	                      " substr(header, 22) AS BLOB) WHERE path = 'm.safetensors'") == SQLITE_OK,
+	        "flip a header byte");
+	int rc = read_all(a, "m.safetensors", buf, cap, &n);
+	CHECK(rc == -ULP_E_CHECKSUM, "read of a damaged header: %d", rc);
+	CHECK(rc != -ULP_E_CHECKSUM || strstr(ulp_archive_errmsg(a), "m.safetensors"), "the message names the file: %s",
+	      ulp_archive_errmsg(a));
+	char bad[4096] = "";
+	CHECK(ulp_archive_verify(a, "", bad_cb, bad) == 1 && strstr(bad, "m.safetensors"), "verify: %s", bad);
+	ulp_archive_close(a);
+	free(buf);
+}
+
+/* an index of schema version 1 (no header checksum) is upgraded when opened
+ * read-write: the checksums are filled and checked from then on */
+static void test_header_upgrade(void)
+{
+	char dir[512], err[512], file[512];
+	snprintf(dir, sizeof(dir), "%s/hdr1", root);
+	snprintf(file, sizeof(file), "%s/hdr1.safetensors", root);
+	write_step(file, 2, 4096);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	ulp_archive *a;
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
+	REQUIRE(put_path(a, "m.safetensors", file, NULL) == 0, "put");
+	ulp_archive_close(a);
+	/* back to version 1, as an older build wrote it */
+	sql_exec(dir, "ALTER TABLE entries DROP COLUMN header_sha");
+	REQUIRE(sql_exec(dir, "UPDATE meta SET value = '1' WHERE key = 'schema_version'") == SQLITE_OK, "v1");
+	ulp_archive_opts ro = {.read_only = 1};
+	REQUIRE(ulp_archive_open(dir, &ro, &a, err, sizeof(err)) == 0, "open v1 read-only: %s", err);
+	CHECK(same_bytes(a, "m.safetensors", file), "a version 1 index opened read-only reads");
+	ulp_archive_close(a);
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open v1 read-write: %s", err);
+	CHECK(same_bytes(a, "m.safetensors", file), "reads after the upgrade");
+	ulp_archive_close(a);
+	char db[600];
+	snprintf(db, sizeof(db), "%s/ulpack.db", dir);
+	sqlite3 *h;
+	sqlite3_stmt *q;
+	int v = 0, sums = 0;
+	REQUIRE(sqlite3_open(db, &h) == SQLITE_OK, "sqlite3_open");
+	if (sqlite3_prepare_v2(h, "SELECT (SELECT value FROM meta WHERE key = 'schema_version'),"
+	                          " (SELECT count(*) FROM entries WHERE length(header_sha) = 32)", -1, &q, NULL) == SQLITE_OK) {
+		if (sqlite3_step(q) == SQLITE_ROW) {
+			v = sqlite3_column_int(q, 0);
+			sums = sqlite3_column_int(q, 1);
+		}
+		sqlite3_finalize(q);
+	}
+	sqlite3_close(h);
+	CHECK(v == 2 && sums == 1, "upgraded to version %d, %d header checksums", v, sums);
+	sql_exec(dir, "UPDATE entries SET header = CAST(substr(header, 1, 9) || x'00' || substr(header, 11) AS BLOB)");
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
+	uint8_t buf[64];
+	int64_t n;
+	CHECK(read_all(a, "m.safetensors", buf, sizeof(buf), &n) == -ULP_E_CHECKSUM, "checked after the upgrade");
+	ulp_archive_close(a);
+}
+
+static unsigned mode_of(const char *path)
+{
+	struct stat sb;
+	return stat(path, &sb) == 0 ? (unsigned)(sb.st_mode & 07777) : 01000;
+}
+
+/* whatever the umask, an archive is private: the directory 0700, every
+ * file 0600 */
+static void test_private_modes(void)
+{
+	char dir[512], err[512], p[800];
+	mode_t old = umask(022);
+	snprintf(dir, sizeof(dir), "%s/private", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	CHECK(mode_of(dir) == 0700, "archive directory %o", mode_of(dir));
+	snprintf(p, sizeof(p), "%s/packs", dir);
+	CHECK(mode_of(p) == 0700, "packs/ %o", mode_of(p));
+	snprintf(p, sizeof(p), "%s/staging", dir);
+	CHECK(mode_of(p) == 0700, "staging/ %o", mode_of(p));
+	snprintf(p, sizeof(p), "%s/ulpack.db", dir);
+	CHECK(mode_of(p) == 0600, "ulpack.db %o", mode_of(p));
+	ulp_archive *a;
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
+	REQUIRE(put_bytes(a, "secret", "a private byte\n") == 0, "put");
+	snprintf(p, sizeof(p), "%s/ulpack.db-wal", dir);
+	CHECK(mode_of(p) == 0600, "ulpack.db-wal %o", mode_of(p));
+	snprintf(p, sizeof(p), "%s/ulpack.db-shm", dir);
+	CHECK(mode_of(p) == 0600, "ulpack.db-shm %o", mode_of(p));
+	ulp_stage *s;
+	REQUIRE(ulp_stage_new(a, NULL, &s) == 0, "stage");
+	ulp_meta m = {0600, 0, 0, 5};
+	CHECK(ulp_stage_sync(s, "staged", &m) == 0, "stage sync");
+	int files = 0, bad = 0;
+	for (int k = 0; k < 2; k++) {
+		snprintf(p, sizeof(p), "%s/%s", dir, k ? "staging" : "packs");
+		DIR *d = opendir(p);
+		for (struct dirent *de; d && (de = readdir(d));) {
+			if (de->d_name[0] == '.')
+				continue;
+			char fp[1200];
+			snprintf(fp, sizeof(fp), "%s/%s", p, de->d_name);
+			files++;
+			if (mode_of(fp) != 0600) {
+				bad++;
+				fprintf(stderr, "%s: mode %o\n", fp, mode_of(fp));
+			}
+		}
+		if (d)
+			closedir(d);
+	}
+	CHECK(files >= 3 && bad == 0, "%d packs and staging files, %d not 0600", files, bad);
+	CHECK(ulp_stage_commit(s, "staged", &m, NULL) == 0, "commit");
+	ulp_archive_close(a);
+	/* init of a directory that exists makes it private too */
+	snprintf(dir, sizeof(dir), "%s/private2", root);
+	REQUIRE(mkdir(dir, 0755) == 0, "mkdir");
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	CHECK(mode_of(dir) == 0700, "an existing directory made %o", mode_of(dir));
+	umask(old);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "%s/ulp-arch-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -744,6 +1036,12 @@ int main(void)
 		test_staging();
 		test_step_order();
 		test_names_times();
+		test_rename_non_ascii();
+		test_orphans();
+		test_rename_dirs();
+		test_header_checksum();
+		test_header_upgrade();
+		test_private_modes();
 	}
 	test_thread_churn();
 	test_concurrent_reads();
