@@ -16,7 +16,13 @@
  *     handle, so close(2) reports errors such as ENOSPC), unless its name is
  *     an rsync temporary (".name.XXXXXX"): those wait for the rename that
  *     gives them their final name, and are archived under it (or under the
- *     name they have when the file system is unmounted first).
+ *     name they have when the file system is unmounted first). The close of
+ *     such a file records its name in staging (ulp_stage_record), so that a
+ *     crash (kill -9) before that rename recovers it under that name.
+ *  5. What staging records for a node (ulp_stage_sync, _record) always names
+ *     its current path: a rename relabels it (also of the files below a
+ *     renamed directory), and an unlink or a rename over it forgets it
+ *     before returning, so that no recovery brings back a superseded file.
  *  3. Archived files are immutable: opened read-only they keep the kernel
  *     page cache (keep_cache) and no direct_io, so mmap works.
  *  4. A closed file renamed to its final name (rsync's way) is archived in
@@ -216,6 +222,26 @@ static int commit_node(node *n, const char *path, int drop)
 	n->stage = NULL;
 	unlink_node(n);
 	return 0;
+}
+
+/* n's metadata as it would be archived now (mu held) */
+static ulp_meta node_meta(node *n)
+{
+	ulp_meta m = n->meta;
+	struct stat sb;
+	if (!n->mtime_set && fstat(ulp_stage_fd(n->stage), &sb) == 0)
+		m.mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+	return m;
+}
+
+/* A staged node that leaves its path (unlinked, or replaced by a rename)
+ * while open: no recovery may bring it back (invariant 5). mu held. */
+static int forget_node(node *n)
+{
+	int rc = ulp_stage_forget(n->stage);
+	if (rc < 0)
+		log_err("forgetting the staged file of", n->path);
+	return rc < 0 ? err_of(rc) : 0;
 }
 
 /* Drops one handle count of n (mu held); a node nobody holds that has
@@ -644,6 +670,13 @@ static int ulpfs_flush(const char *path, struct fuse_file_info *fi)
 			h->n = NULL; /* committed: the handle has nothing left to do */
 			h->file = NULL;
 		}
+	} else if (h->wr && n->path && n->handles == 1 && n->dirty) { /* waits for a rename (invariant 2) */
+		ulp_meta m = node_meta(n);
+		int r = ulp_stage_record(n->stage, n->path, &m);
+		if (r < 0) {
+			log_err("recording the staged file of", n->path);
+			rc = err_of(r);
+		}
 	}
 	pthread_mutex_unlock(&fs.mu);
 	return rc;
@@ -732,6 +765,10 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 	node *n = find_node(f), *old = find_node(t);
 	int rc = 0;
 	if (old && old != n) { /* replacing a staged file */
+		if (old->handles && (rc = forget_node(old)) < 0) {
+			pthread_mutex_unlock(&fs.mu);
+			return rc;
+		}
 		if (old->handles) {
 			free(old->path);
 			old->path = NULL;
@@ -745,8 +782,8 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 		if (n->handles || !n->dirty) { /* still open: rename the staged file */
 			free(n->path);
 			n->path = strdup(t);
-			if (n->synced && n->path) /* recovered under its new name after a crash */
-				ulp_stage_sync(n->stage, n->path, &n->meta);
+			if (n->path) /* recovered under its new name after a crash (invariant 5) */
+				ulp_stage_relabel(n->stage, n->path, &n->meta);
 		} else { /* closed: archive it under its final name */
 			char *old_path = n->path, *new_path = strdup(t);
 			if (!new_path) {
@@ -785,6 +822,9 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 				sprintf(np, "%s%s", t, x->path + fl);
 				free(x->path);
 				x->path = np;
+				ulp_meta m = node_meta(x);
+				if (ulp_stage_relabel(x->stage, np, &m) < 0) /* invariant 5 */
+					log_err("relabelling the staged file of", np);
 			}
 		}
 	pthread_mutex_unlock(&fs.mu);
@@ -800,6 +840,11 @@ static int ulpfs_unlink(const char *path)
 	pthread_mutex_lock(&fs.mu);
 	node *n = find_node(p);
 	if (n) {
+		int rc = n->handles ? forget_node(n) : 0;
+		if (rc < 0) {
+			pthread_mutex_unlock(&fs.mu);
+			return rc;
+		}
 		if (n->handles) {
 			free(n->path);
 			n->path = NULL; /* discarded at its last release */

@@ -461,6 +461,73 @@ static void test_staging(void)
 	ulp_archive_close(a);
 }
 
+/* staging records: a newline in a path (both sidecar formats), relabel after
+ * a rename, forget after an unlink, and a dead process's .meta.tmp */
+static void put_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	if (f) {
+		fputs(text, f);
+		fclose(f);
+	}
+}
+
+static void test_staging_records(void)
+{
+	char dir[512], err[512], p[700];
+	snprintf(dir, sizeof(dir), "%s/stage2", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	pid_t pid = fork();
+	if (pid == 0) {
+		ulp_archive *a;
+		ulp_stage *s1, *s2, *s3;
+		ulp_meta m = {0644, 0, 0, 42};
+		if (ulp_archive_open(dir, NULL, &a, NULL, 0) < 0 || ulp_stage_new(a, NULL, &s1) < 0 ||
+		    ulp_stage_new(a, NULL, &s2) < 0 || ulp_stage_new(a, NULL, &s3) < 0)
+			_exit(1);
+		if (ulp_stage_write(s1, "one", 3, 0) != 3 || ulp_stage_write(s2, "two", 3, 0) != 3 ||
+		    ulp_stage_write(s3, "three", 5, 0) != 5)
+			_exit(2);
+		if (ulp_stage_relabel(s2, "never", &m) < 0) /* nothing recorded: nothing to do */
+			_exit(3);
+		if (ulp_stage_sync(s1, "a\nb.txt", &m) < 0 || ulp_stage_record(s2, "d/.t.abcdef", &m) < 0 ||
+		    ulp_stage_relabel(s2, "d2/t", &m) < 0 || ulp_stage_sync(s3, "gone", &m) < 0 ||
+		    ulp_stage_forget(s3) < 0)
+			_exit(4);
+		_exit(0); /* "crash" */
+	}
+	int st;
+	waitpid(pid, &st, 0);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child: %d", WEXITSTATUS(st));
+	/* a sidecar of the first format, with a newline in its path */
+	snprintf(p, sizeof(p), "%s/staging/99998-1.data", dir);
+	put_file(p, "old");
+	snprintf(p, sizeof(p), "%s/staging/99998-1.meta", dir);
+	put_file(p, "600 0 0 7\nold\nformat");
+	snprintf(p, sizeof(p), "%s/staging/99997-3.meta.tmp", dir);
+	put_file(p, "ULPM2 644 0");
+	ulp_archive *a;
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
+	unsigned rec, rem;
+	CHECK(ulp_stage_recover(a, &rec, &rem) == 0 && rec == 3 && rem == 1, "recovered %u, removed %u", rec, rem);
+	ulp_stat s;
+	CHECK(ulp_archive_stat(a, "a\nb.txt", &s) == 0 && s.size == 3, "a newline in a path (ULPM2)");
+	CHECK(ulp_archive_stat(a, "old\nformat", &s) == 0 && s.size == 3 && (s.mode & 0777) == 0600,
+	      "a newline in a path (first format)");
+	CHECK(ulp_archive_stat(a, "d2/t", &s) == 0 && s.size == 3, "relabelled");
+	CHECK(ulp_archive_stat(a, "d/.t.abcdef", &s) < 0 && ulp_archive_stat(a, "d", &s) < 0, "not under its old name");
+	CHECK(ulp_archive_stat(a, "gone", &s) < 0 && ulp_archive_stat(a, "never", &s) < 0, "forgotten stays gone");
+	snprintf(p, sizeof(p), "%s/staging", dir);
+	DIR *d = opendir(p);
+	int left = 0;
+	for (struct dirent *de; d && (de = readdir(d));)
+		left += de->d_name[0] != '.';
+	if (d)
+		closedir(d);
+	CHECK(left == 0, "%d staging files left (a .meta.tmp?)", left);
+	ulp_archive_close(a);
+}
+
 /* threads that come and go (FUSE workers) do not leave connections behind */
 static void *stat_thread(void *arg)
 {
@@ -642,6 +709,7 @@ int main(void)
 		test_trajectory();
 		test_gc();
 		test_staging();
+		test_staging_records();
 		test_step_order();
 	}
 	test_thread_churn();
