@@ -682,12 +682,35 @@ static int ulpfs_flush(const char *path, struct fuse_file_info *fi)
 	return rc;
 }
 
+/*
+ * Packs removed by gc (`ulpack gc` on the mounted archive) stay mapped while
+ * an open file or a cached blob uses them; the daemon lets go of the others
+ * at statfs (df: how one sees the space come back) and, at most once a
+ * second, at the close of an archived file, so that their space goes back
+ * before unmount.
+ */
+static void trim_packs(int always)
+{
+	static int64_t last; /* CLOCK_MONOTONIC seconds of the last trim */
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	int64_t prev = __atomic_load_n(&last, __ATOMIC_RELAXED);
+	if (!always && (t.tv_sec == prev || !__atomic_compare_exchange_n(&last, &prev, (int64_t)t.tv_sec, 0,
+	                                                                 __ATOMIC_RELAXED, __ATOMIC_RELAXED)))
+		return;
+	int n = ulp_archive_trim(fs.a);
+	if (n > 0)
+		syslog(LOG_INFO, "ulpackfs: %s: let go of %d packs removed by gc", fs.archive, n);
+}
+
 static int ulpfs_release(const char *path, struct fuse_file_info *fi)
 {
 	(void)path;
 	handle *h = (handle *)(uintptr_t)fi->fh;
-	if (h->file)
+	if (h->file) {
 		ulp_file_close(h->file);
+		trim_packs(0);
+	}
 	if (h->n) {
 		pthread_mutex_lock(&fs.mu);
 		node *n = h->n;
@@ -980,6 +1003,7 @@ static int ulpfs_statfs(const char *path, struct statvfs *st)
 {
 	(void)path;
 	readahead_once();
+	trim_packs(1);
 	return statvfs(fs.archive, st) < 0 ? -errno : 0;
 }
 

@@ -326,6 +326,11 @@ typedef struct ulp_counters {
 	uint64_t max_walk;        /* longest chain walked by one cold chunk read */
 } ulp_counters;
 void ulp_archive_counters(ulp_archive *a, ulp_counters *c);
+/** Lets go of the mapped packs whose files were removed meanwhile (by gc,
+ *  maybe in another process) and that no open file uses, so that their disk
+ *  space goes back. Costs a stat(2) per mapped pack. Thread-safe.
+ *  @return the number of packs let go. */
+int ulp_archive_trim(ulp_archive *a);
 
 /* Sizes for `ulpack stat`: per file under prefix, and totals per dtype. */
 typedef struct ulp_dtype_total {
