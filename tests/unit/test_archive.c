@@ -528,6 +528,44 @@ static void test_staging_records(void)
 	ulp_archive_close(a);
 }
 
+/* gc while a file is open: the open file (removed meanwhile) keeps reading
+ * its bytes; ulp_archive_trim lets go of removed packs nobody uses */
+static void test_gc_open(void)
+{
+	char dir[512], err[512], file[600];
+	snprintf(dir, sizeof(dir), "%s/gcopen", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	ulp_archive *a;
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
+	static uint8_t bytes[2][300000];
+	for (int i = 0; i < 2; i++) {
+		for (size_t k = 0; k < sizeof(bytes[i]); k++)
+			bytes[i][k] = (uint8_t)((k * 2654435761u) >> (i ? 13 : 7));
+		snprintf(file, sizeof(file), "%s/gcopen-%d.bin", root, i);
+		FILE *f = fopen(file, "wb");
+		REQUIRE(f && fwrite(bytes[i], 1, sizeof(bytes[i]), f) == sizeof(bytes[i]) && fclose(f) == 0, "write");
+		REQUIRE(put_path(a, i ? "g/two" : "g/one", file, NULL) == 0, "put %d: %s", i, ulp_archive_errmsg(a));
+	}
+	static uint8_t buf[300000];
+	ulp_file *one, *two;
+	REQUIRE(ulp_file_open(a, "g/two", &two) == 0, "open two");
+	CHECK(ulp_file_pread(two, buf, sizeof(buf), 0) == (int64_t)sizeof(buf) && !memcmp(buf, bytes[1], sizeof(buf)),
+	      "two before gc");
+	ulp_file_close(two);
+	REQUIRE(ulp_file_open(a, "g/one", &one) == 0, "open one");
+	CHECK(ulp_archive_remove(a, "g/one") == 0 && ulp_archive_remove(a, "g/two") == 0, "remove");
+	ulp_gc_result r;
+	CHECK(ulp_archive_gc(a, &r) == 0 && r.packs_removed == 2, "gc removed %llu packs",
+	      (unsigned long long)r.packs_removed);
+	CHECK(ulp_archive_trim(a) == 1, "the pack of two is let go, one's stays pinned");
+	memset(buf, 0, sizeof(buf));
+	CHECK(ulp_file_pread(one, buf, sizeof(buf), 0) == (int64_t)sizeof(buf) && !memcmp(buf, bytes[0], sizeof(buf)),
+	      "an open file reads its bytes after gc: %s", ulp_archive_errmsg(a));
+	ulp_file_close(one);
+	CHECK(ulp_archive_trim(a) == 1 && ulp_pack_mapped(a) == 0, "all removed packs let go after the close");
+	ulp_archive_close(a);
+}
+
 /* threads that come and go (FUSE workers) do not leave connections behind */
 static void *stat_thread(void *arg)
 {
@@ -710,6 +748,7 @@ int main(void)
 		test_gc();
 		test_staging();
 		test_staging_records();
+		test_gc_open();
 		test_step_order();
 	}
 	test_thread_churn();
