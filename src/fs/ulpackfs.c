@@ -16,7 +16,13 @@
  *     handle, so close(2) reports errors such as ENOSPC), unless its name is
  *     an rsync temporary (".name.XXXXXX"): those wait for the rename that
  *     gives them their final name, and are archived under it (or under the
- *     name they have when the file system is unmounted first).
+ *     name they have when the file system is unmounted first). The close of
+ *     such a file records its name in staging (ulp_stage_record), so that a
+ *     crash (kill -9) before that rename recovers it under that name.
+ *  5. What staging records for a node (ulp_stage_sync, _record) always names
+ *     its current path: a rename relabels it (also of the files below a
+ *     renamed directory), and an unlink or a rename over it forgets it
+ *     before returning, so that no recovery brings back a superseded file.
  *  3. Archived files are immutable: opened read-only they keep the kernel
  *     page cache (keep_cache) and no direct_io, so mmap works.
  *  4. A closed file renamed to its final name (rsync's way) is archived in
@@ -272,6 +278,26 @@ static int commit_node(node *n, const char *path, int drop)
 	n->stage = NULL;
 	unlink_node(n);
 	return 0;
+}
+
+/* n's metadata as it would be archived now (mu held) */
+static ulp_meta node_meta(node *n)
+{
+	ulp_meta m = n->meta;
+	struct stat sb;
+	if (!n->mtime_set && fstat(ulp_stage_fd(n->stage), &sb) == 0)
+		m.mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+	return m;
+}
+
+/* A staged node that leaves its path (unlinked, or replaced by a rename)
+ * while open: no recovery may bring it back (invariant 5). mu held. */
+static int forget_node(node *n)
+{
+	int rc = ulp_stage_forget(n->stage);
+	if (rc < 0)
+		log_err("forgetting the staged file of", n->path);
+	return rc < 0 ? err_of(rc) : 0;
 }
 
 /* Drops one handle count of n (mu held); a node nobody holds that has
@@ -730,17 +756,47 @@ static int ulpfs_flush(const char *path, struct fuse_file_info *fi)
 			h->n = NULL; /* committed: the handle has nothing left to do */
 			h->file = NULL;
 		}
+	} else if (h->wr && n->path && n->handles == 1 && n->dirty) { /* waits for a rename (invariant 2) */
+		ulp_meta m = node_meta(n);
+		int r = ulp_stage_record(n->stage, n->path, &m);
+		if (r < 0) {
+			log_err("recording the staged file of", n->path);
+			rc = err_of(r);
+		}
 	}
 	pthread_mutex_unlock(&fs.mu);
 	return rc;
+}
+
+/*
+ * Packs removed by gc (`ulpack gc` on the mounted archive) stay mapped while
+ * an open file or a cached blob uses them; the daemon lets go of the others
+ * at statfs (df: how one sees the space come back) and, at most once a
+ * second, at the close of an archived file, so that their space goes back
+ * before unmount.
+ */
+static void trim_packs(int always)
+{
+	static int64_t last; /* CLOCK_MONOTONIC seconds of the last trim */
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	int64_t prev = __atomic_load_n(&last, __ATOMIC_RELAXED);
+	if (!always && (t.tv_sec == prev || !__atomic_compare_exchange_n(&last, &prev, (int64_t)t.tv_sec, 0,
+	                                                                 __ATOMIC_RELAXED, __ATOMIC_RELAXED)))
+		return;
+	int n = ulp_archive_trim(fs.a);
+	if (n > 0)
+		syslog(LOG_INFO, "ulpackfs: %s: let go of %d packs removed by gc", fs.archive, n);
 }
 
 static int ulpfs_release(const char *path, struct fuse_file_info *fi)
 {
 	(void)path;
 	handle *h = (handle *)(uintptr_t)fi->fh;
-	if (h->file)
+	if (h->file) {
 		ulp_file_close(h->file);
+		trim_packs(0);
+	}
 	if (h->n) {
 		pthread_mutex_lock(&fs.mu);
 		node *n = h->n;
@@ -830,7 +886,9 @@ static int hide(const char *f, const char *t)
 	} else if (archived && (rc = ulp_archive_remove(fs.a, f)) < 0) {
 		log_err("removing", f);
 		rc = err_of(rc);
-	} else if (n) {
+	} else if (n && (rc = forget_node(n)) < 0) {
+		/* its staging record stays: it could come back after a crash */
+	} else if (n) { /* unlinked: a crash must not bring it back (invariant 5) */
 		free(n->path);
 		n->path = tp;
 		tp = NULL;
@@ -896,6 +954,10 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 		return rc;
 	}
 	if (old && old != n) { /* replacing a staged file */
+		if (old->handles && (rc = forget_node(old)) < 0) {
+			pthread_mutex_unlock(&fs.mu);
+			return rc;
+		}
 		if (old->handles) {
 			free(old->path);
 			old->path = NULL;
@@ -918,8 +980,8 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 			}
 			free(n->path);
 			n->path = strdup(t);
-			if (n->synced && n->path) /* recovered under its new name after a crash */
-				ulp_stage_sync(n->stage, n->path, &n->meta);
+			if (n->path) /* recovered under its new name after a crash (invariant 5) */
+				ulp_stage_relabel(n->stage, n->path, &n->meta);
 		} else { /* closed: archive it under its final name */
 			char *old_path = n->path, *new_path = strdup(t);
 			if (!new_path) {
@@ -961,6 +1023,9 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 				sprintf(np, "%s%s", t, x->path + fl);
 				free(x->path);
 				x->path = np;
+				ulp_meta m = node_meta(x);
+				if (ulp_stage_relabel(x->stage, np, &m) < 0) /* invariant 5 */
+					log_err("relabelling the staged file of", np);
 			}
 		}
 	for (ghost *g = fs.ghosts; g; g = g->next) /* and so do ghosts (invariant 5) */
@@ -994,6 +1059,11 @@ static int ulpfs_unlink(const char *path)
 		}
 	node *n = find_node(p);
 	if (n) {
+		int rc = n->handles ? forget_node(n) : 0;
+		if (rc < 0) {
+			pthread_mutex_unlock(&fs.mu);
+			return rc;
+		}
 		if (n->handles) {
 			free(n->path);
 			n->path = NULL; /* discarded at its last release */
@@ -1158,6 +1228,7 @@ static int ulpfs_statfs(const char *path, struct statvfs *st)
 {
 	(void)path;
 	readahead_once();
+	trim_packs(1);
 	return statvfs(fs.archive, st) < 0 ? -errno : 0;
 }
 

@@ -50,6 +50,9 @@ void *ulp_cache_alloc(ulp_cache *c, size_t size);
 /* Drops key's entry if it is loaded and unpinned; its buffer is kept for
  * ulp_cache_alloc (a value that is no longer wanted, not a failure). */
 void ulp_cache_retire(ulp_cache *c, const ulp_ckey *key);
+/* Drops the loaded, unpinned entries for which drop() returns 1 (under the
+ * cache's lock: drop must not call the cache). */
+void ulp_cache_purge(ulp_cache *c, int (*drop)(void *arg, const ulp_ckey *key, void *data), void *arg);
 void ulp_cache_free_buf(void *p);
 uint64_t ulp_cache_bytes(ulp_cache *c);
 uint64_t ulp_cache_recycled(ulp_cache *c); /* buffers ulp_cache_alloc took from cold entries */
@@ -204,6 +207,13 @@ int ulp_index_blob_move(ulp_archive *a, const uint8_t *content, int64_t pack, ui
 int ulp_index_pack_drop(ulp_archive *a, int64_t pack);
 int ulp_index_has_pack(ulp_archive *a, const char *name);
 
+/* Every blob of the chains of file path (its extents' blobs and their
+ * references, transitively): content, pack, offset, stored size. */
+int ulp_index_file_blobs(ulp_archive *a, const char *path,
+                         int (*cb)(void *arg, const uint8_t *content, int64_t pack, uint64_t offset,
+                                   uint64_t stored),
+                         void *arg);
+
 /* Directory part of path (malloc'd) and its last component. */
 char *ulp_path_parent(const char *path);
 const char *ulp_path_name(const char *path);
@@ -223,13 +233,28 @@ int ulp_pack_commit(ulp_pack_writer *w, char name[80]);
 /* Removes the pack's file (temporary or committed) and frees w. */
 void ulp_pack_discard(ulp_pack_writer *w, int committed);
 void ulp_pack_free(ulp_pack_writer *w);
-/* Bytes of a blob: pointer into the mapped pack. */
+/* Bytes of a blob: pointer into the mapped pack, not pinned: valid until
+ * ulp_archive_trim may run (gc's own reads, in a process that does not trim). */
 int ulp_pack_blob(ulp_archive *a, int64_t pack, uint64_t offset, uint64_t len, const uint8_t **p);
 void ulp_pack_unmap_all(ulp_archive *a);
 /* Drops this process's hold on the pages of a mapped range it has used
  * (batched: the pages go back once some megabytes are pending). */
 void ulp_pack_release(ulp_archive *a, const void *p, size_t len);
 void ulp_pack_forget(ulp_archive *a, int64_t pack);
+/* Pins pack (mapping it if needed, invariant 2 of pack.c): *slot names its
+ * mapping until ulp_pack_unpin. */
+int ulp_pack_pin(ulp_archive *a, int64_t pack, size_t *slot);
+int ulp_pack_pin_slot(ulp_archive *a, size_t slot); /* one more pin */
+void ulp_pack_unpin(ulp_archive *a, size_t slot);
+/* Bytes of a blob in a pinned slot. */
+int ulp_pack_slot_blob(ulp_archive *a, size_t slot, uint64_t offset, uint64_t len, const uint8_t **p);
+/* Whether a slot's pack file was found removed (ulp_pack_mark_gone). */
+int ulp_pack_slot_gone(ulp_archive *a, size_t slot);
+/* Marks mapped packs whose file is gone; returns how many mapped ones are. */
+unsigned ulp_pack_mark_gone(ulp_archive *a);
+/* Unmaps marked packs nobody pins; returns how many. */
+unsigned ulp_pack_unmap_gone(ulp_archive *a);
+size_t ulp_pack_mapped(ulp_archive *a); /* packs mapped now */
 
 /* ---- reading (read.c) ----------------------------------------------- */
 

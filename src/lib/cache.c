@@ -293,6 +293,23 @@ void ulp_cache_put_cold(ulp_cache *c, ulp_centry *e)
 	put(c, e, 1);
 }
 
+void ulp_cache_purge(ulp_cache *c, int (*drop)(void *arg, const ulp_ckey *key, void *data), void *arg)
+{
+	pthread_mutex_lock(&c->mu);
+	/* only loaded, unpinned entries are on the LRU (invariant 2) */
+	for (ulp_centry *e = c->lru.lru_next, *next; e != &c->lru; e = next) {
+		next = e->lru_next;
+		if (!drop(arg, &e->key, e->data))
+			continue;
+		lru_unlink(e);
+		tab_remove(c, e);
+		c->bytes -= e->size;
+		release_value(c, e);
+		free(e);
+	}
+	pthread_mutex_unlock(&c->mu);
+}
+
 void ulp_cache_retire(ulp_cache *c, const ulp_ckey *key)
 {
 	uint64_t h = key_hash(key);

@@ -1393,3 +1393,29 @@ int ulp_index_has_pack(ulp_archive *a, const char *name)
 	sqlite3_reset(st);
 	return r;
 }
+
+int ulp_index_file_blobs(ulp_archive *a, const char *path,
+                         int (*cb)(void *arg, const uint8_t *content, int64_t pack, uint64_t offset,
+                                   uint64_t stored),
+                         void *arg)
+{
+	static const char sql[] =
+		"WITH RECURSIVE c(id) AS (SELECT x.blob FROM extents x JOIN entries e ON e.id = x.file"
+		" WHERE e.path = ? UNION SELECT r.id FROM blobs b JOIN c ON b.id = c.id JOIN blobs r ON r.content = b.ref)"
+		" SELECT b.content, b.pack, b.offset, b.stored_size FROM blobs b JOIN c ON b.id = c.id";
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_text(st, 1, path, -1, SQLITE_STATIC);
+	int rc, r = 0;
+	while (r == 0 && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+		if (sqlite3_column_bytes(st, 0) != ULP_SHA256_LEN)
+			continue; /* a damaged row: the read reports it */
+		r = cb(arg, sqlite3_column_blob(st, 0), sqlite3_column_int64(st, 1),
+		       (uint64_t)sqlite3_column_int64(st, 2), (uint64_t)sqlite3_column_int64(st, 3));
+	}
+	sqlite3_reset(st);
+	if (r < 0)
+		return r;
+	return rc == SQLITE_DONE || rc == SQLITE_ROW ? 0 : ulp_db_err(a, "file blobs lookup");
+}

@@ -11,8 +11,14 @@
  *     packs/<sha256>.pack and its directory fsynced, in that order, before
  *     any index row names it (ingest.c commits the rows afterwards).
  *  2. A mapped pack is never written again; a pack removed by gc stays
- *     readable through existing mappings.
+ *     readable through its mapping while a user pins it (ulp_pack_pin: an
+ *     open file for the blobs of its chains, a cached parsed blob for the
+ *     bytes it points into).
  *  3. Every blob access checks offset + length against the mapped size.
+ *  4. Slots of the mapping table are never reused or moved (a slot number
+ *     stays valid while pinned); ulp_archive_trim unmaps a slot only once
+ *     its pack file is gone (removed by gc, maybe in another process) and
+ *     no user pins it, so that the disk space goes back.
  */
 #include "arch_int.h"
 #include <errno.h>
@@ -36,9 +42,14 @@ struct ulp_pack_writer {
 };
 
 struct pack_map {
-	int64_t id;
-	const uint8_t *base;
+	int64_t id;            /* -1: forgotten or unmapped */
+	const uint8_t *base;   /* NULL once unmapped (invariant 4) */
 	uint64_t size;
+	dev_t dev;             /* the mapped file, to tell it was removed */
+	ino_t ino;
+	unsigned users;        /* pins (invariant 2) */
+	int gone;              /* its file was removed: unmap once unused */
+	char name[128];        /* file name under packs/ */
 };
 
 static int io_err(ulp_archive *a, const char *path, const char *what)
@@ -191,62 +202,121 @@ static int map_pack(ulp_archive *a, int64_t id, struct pack_map *out)
 			munmap(m, (size_t)sb.st_size);
 		return ulp_arch_err(a, -ULP_E_CORRUPT, "%s: not a pack file", path);
 	}
+	memset(out, 0, sizeof(*out));
 	out->id = id;
 	out->base = m;
 	out->size = (uint64_t)sb.st_size;
+	out->dev = sb.st_dev;
+	out->ino = sb.st_ino;
+	snprintf(out->name, sizeof(out->name), "%s", name);
 	return 0;
 }
 
-int ulp_pack_blob(ulp_archive *a, int64_t pack, uint64_t offset, uint64_t len, const uint8_t **p)
+/* The slot of pack id, mapped if needed; optionally pinned. */
+static int find_slot(ulp_archive *a, int64_t pack, int pin, size_t *slot)
 {
-	struct pack_map pm = {0};
 	pthread_mutex_lock(&a->mu);
 	for (size_t i = 0; i < a->n_packs; i++)
-		if (a->packs[i].id == pack) {
-			pm = a->packs[i];
-			break;
+		if (a->packs[i].id == pack && a->packs[i].base) {
+			a->packs[i].users += pin;
+			*slot = i;
+			pthread_mutex_unlock(&a->mu);
+			return 0;
 		}
 	pthread_mutex_unlock(&a->mu);
-	if (!pm.base) {
-		ULP_TRY(map_pack(a, pack, &pm));
-		pthread_mutex_lock(&a->mu);
-		int dup = 0;
-		for (size_t i = 0; i < a->n_packs; i++)
-			if (a->packs[i].id == pack) { /* another thread won the race */
-				munmap((void *)pm.base, (size_t)pm.size);
-				pm = a->packs[i];
-				dup = 1;
-				break;
-			}
-		if (!dup) {
-			if (a->n_packs == a->cap_packs) {
-				size_t nc = a->cap_packs ? a->cap_packs * 2 : 64;
-				struct pack_map *np = realloc(a->packs, nc * sizeof(*np));
-				if (!np) {
-					pthread_mutex_unlock(&a->mu);
-					munmap((void *)pm.base, (size_t)pm.size);
-					return -ULP_E_NOMEM;
-				}
-				a->packs = np;
-				a->cap_packs = nc;
-			}
-			a->packs[a->n_packs++] = pm;
+	struct pack_map pm;
+	ULP_TRY(map_pack(a, pack, &pm));
+	pthread_mutex_lock(&a->mu);
+	for (size_t i = 0; i < a->n_packs; i++)
+		if (a->packs[i].id == pack && a->packs[i].base) { /* another thread won the race */
+			munmap((void *)pm.base, (size_t)pm.size);
+			a->packs[i].users += pin;
+			*slot = i;
+			pthread_mutex_unlock(&a->mu);
+			return 0;
 		}
-		pthread_mutex_unlock(&a->mu);
+	if (a->n_packs == a->cap_packs) {
+		size_t nc = a->cap_packs ? a->cap_packs * 2 : 64;
+		struct pack_map *np = realloc(a->packs, nc * sizeof(*np));
+		if (!np) {
+			pthread_mutex_unlock(&a->mu);
+			munmap((void *)pm.base, (size_t)pm.size);
+			return -ULP_E_NOMEM;
+		}
+		a->packs = np;
+		a->cap_packs = nc;
 	}
+	pm.users = (unsigned)pin;
+	*slot = a->n_packs;
+	a->packs[a->n_packs++] = pm;
+	pthread_mutex_unlock(&a->mu);
+	return 0;
+}
+
+static int slot_blob(ulp_archive *a, size_t slot, uint64_t offset, uint64_t len, const uint8_t **p)
+{
+	pthread_mutex_lock(&a->mu);
+	struct pack_map pm = a->packs[slot];
+	pthread_mutex_unlock(&a->mu);
+	if (!pm.base)
+		return ulp_arch_err(a, -ULP_E_IO, "%s/packs/%s: no longer mapped", a->dir, pm.name);
 	if (offset > pm.size || len > pm.size - offset)
 		return ulp_arch_err(a, -ULP_E_CORRUPT,
-		                    "%s/packs: pack %lld is %llu bytes, a blob needs [%llu, %llu): truncated pack",
-		                    a->dir, (long long)pack, (unsigned long long)pm.size,
+		                    "%s/packs/%s: %llu bytes, a blob needs [%llu, %llu): truncated pack",
+		                    a->dir, pm.name, (unsigned long long)pm.size,
 		                    (unsigned long long)offset, (unsigned long long)(offset + len));
 	*p = pm.base + offset;
 	return 0;
 }
 
+int ulp_pack_blob(ulp_archive *a, int64_t pack, uint64_t offset, uint64_t len, const uint8_t **p)
+{
+	size_t slot;
+	ULP_TRY(find_slot(a, pack, 0, &slot));
+	return slot_blob(a, slot, offset, len, p);
+}
+
+int ulp_pack_pin(ulp_archive *a, int64_t pack, size_t *slot)
+{
+	return find_slot(a, pack, 1, slot);
+}
+
+int ulp_pack_pin_slot(ulp_archive *a, size_t slot)
+{
+	pthread_mutex_lock(&a->mu);
+	int ok = slot < a->n_packs && a->packs[slot].base;
+	if (ok)
+		a->packs[slot].users++;
+	pthread_mutex_unlock(&a->mu);
+	return ok ? 0 : ulp_arch_err(a, -ULP_E_IO, "%s/packs: pack slot %zu is not mapped", a->dir, slot);
+}
+
+int ulp_pack_slot_blob(ulp_archive *a, size_t slot, uint64_t offset, uint64_t len, const uint8_t **p)
+{
+	return slot_blob(a, slot, offset, len, p);
+}
+
+void ulp_pack_unpin(ulp_archive *a, size_t slot)
+{
+	pthread_mutex_lock(&a->mu);
+	if (slot < a->n_packs && a->packs[slot].users)
+		a->packs[slot].users--;
+	pthread_mutex_unlock(&a->mu);
+}
+
+int ulp_pack_slot_gone(ulp_archive *a, size_t slot)
+{
+	pthread_mutex_lock(&a->mu);
+	int g = slot < a->n_packs && a->packs[slot].gone;
+	pthread_mutex_unlock(&a->mu);
+	return g;
+}
+
 /* Used pack pages are given back in batches: a madvise per chunk costs a
  * TLB shootdown on every CPU of the process, which was a third of the time of
  * reading checkpoints of small tensors. Invariant: every pending range lies
- * inside a mapping that stays until ulp_pack_unmap_all, which drops them. */
+ * inside a mapping that stays until ulp_pack_unmap_all, which drops them, or
+ * ulp_pack_unmap_gone, which gives them back first. */
 #define RELEASE_BATCH ((uint64_t)4 << 20)
 
 static void release_flush(ulp_archive *a) /* a->mu held */
@@ -299,6 +369,59 @@ void ulp_pack_forget(ulp_archive *a, int64_t pack)
 			break;
 		}
 	pthread_mutex_unlock(&a->mu);
+}
+
+unsigned ulp_pack_mark_gone(ulp_archive *a)
+{
+	unsigned n = 0;
+	char path[4300];
+	pthread_mutex_lock(&a->mu);
+	for (size_t i = 0; i < a->n_packs; i++) {
+		struct pack_map *pm = &a->packs[i];
+		if (!pm->base)
+			continue;
+		if (pm->gone) { /* still mapped: a user pinned it at the last trim */
+			n++;
+			continue;
+		}
+		struct stat sb;
+		snprintf(path, sizeof(path), "%s/packs/%s", a->dir, pm->name);
+		if (stat(path, &sb) < 0 ? errno == ENOENT : sb.st_ino != pm->ino || sb.st_dev != pm->dev) {
+			pm->gone = 1;
+			pm->id = -1; /* a lookup by id maps afresh (and fails) */
+		}
+		n += pm->gone;
+	}
+	pthread_mutex_unlock(&a->mu);
+	return n;
+}
+
+unsigned ulp_pack_unmap_gone(ulp_archive *a)
+{
+	unsigned n = 0;
+	pthread_mutex_lock(&a->mu);
+	for (size_t i = 0; i < a->n_packs; i++) {
+		struct pack_map *pm = &a->packs[i];
+		if (!pm->base || !pm->gone || pm->users)
+			continue;
+		if (a->n_released)
+			release_flush(a); /* no pending range may outlive its mapping */
+		munmap((void *)pm->base, (size_t)pm->size);
+		pm->base = NULL;
+		n++;
+	}
+	pthread_mutex_unlock(&a->mu);
+	return n;
+}
+
+size_t ulp_pack_mapped(ulp_archive *a)
+{
+	size_t n = 0;
+	pthread_mutex_lock(&a->mu);
+	for (size_t i = 0; i < a->n_packs; i++)
+		n += a->packs[i].base != NULL;
+	pthread_mutex_unlock(&a->mu);
+	return n;
 }
 
 void ulp_pack_unmap_all(ulp_archive *a)

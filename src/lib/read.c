@@ -11,6 +11,12 @@
  *     (ulp_blob_decode_chunk checks it), so the cache never holds wrong bytes.
  *  2. A chain walk is bounded: it stops with CORRUPT past ULP_WALK_MAX links,
  *     whatever the index says.
+ *  3. An open file knows where every blob of its chains lies and pins those
+ *     packs (resolved at ulp_file_open): gc, in this process or another,
+ *     may drop the rows and pack files of a file unlinked meanwhile, and the
+ *     file still reads its bytes until it is closed.
+ *  4. A parsed blob in the cache points into its pack's mapping and pins it
+ *     while cached (struct cblob).
  */
 #include "arch_int.h"
 #include <stdio.h>
@@ -18,8 +24,17 @@
 
 #define ULP_WALK_MAX 4096
 
+/* where one blob of an open file's chains lies (invariant 3) */
+typedef struct loc {
+	uint8_t content[ULP_SHA256_LEN];
+	size_t slot;          /* pinned pack mapping */
+	uint64_t offset, stored;
+} loc;
+
 struct ulp_file {
 	ulp_archive *a;
+	loc *locs;            /* sorted by content */
+	size_t n_locs;
 	ulp_stat st;
 	uint8_t *header;      /* the stored header bytes (safetensors), or NULL */
 	size_t header_len;
@@ -30,13 +45,41 @@ struct ulp_file {
 	char path[];
 };
 
+/* A parsed blob as cached: it pins the pack it points into (invariant 4). */
+typedef struct cblob {
+	ulp_blob *b;
+	ulp_archive *a;
+	size_t slot;
+} cblob;
+
 static void blob_destroy(void *p)
 {
-	ulp_blob_close(p);
+	cblob *cb = p;
+	ulp_blob_close(cb->b);
+	ulp_pack_unpin(cb->a, cb->slot);
+	free(cb);
 }
 
-int ulp_read_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_centry **e,
-                  const ulp_blob **out)
+static const loc *find_loc(const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN])
+{
+	size_t lo = 0, hi = f ? f->n_locs : 0;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		int c = memcmp(f->locs[mid].content, sha, ULP_SHA256_LEN);
+		if (c == 0)
+			return &f->locs[mid];
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+/* ulp_read_blob for a reader of f (NULL: none), which knows where its
+ * chains' blobs lie even after gc dropped them from the index. */
+static int read_blob(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN],
+                     ulp_centry **e, const ulp_blob **out)
 {
 	ulp_ckey key = {.kind = ULP_CK_BLOB};
 	memcpy(key.sha, sha, ULP_SHA256_LEN);
@@ -44,16 +87,30 @@ int ulp_read_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_centry 
 	int must_load;
 	ULP_TRY(ulp_cache_get(a->cache, &key, e, &data, &must_load));
 	if (!must_load) {
-		*out = data;
+		*out = ((cblob *)data)->b;
 		return 0;
 	}
-	ulp_blobrow row;
+	ulp_blobrow row = {0};
 	const uint8_t *p;
 	ulp_blob *b = NULL;
+	cblob *cb = calloc(1, sizeof(*cb));
 	char why[256], name[128] = "?";
-	int rc = ulp_index_blob(a, sha, &row);
+	const loc *l = find_loc(f, sha);
+	size_t slot = 0;
+	int rc = cb ? 0 : -ULP_E_NOMEM;
+	if (rc == 0 && l) {
+		row.offset = l->offset;
+		row.stored = l->stored;
+		slot = l->slot;
+		rc = ulp_pack_pin_slot(a, slot);
+	} else if (rc == 0) {
+		rc = ulp_index_blob(a, sha, &row);
+		if (rc == 0)
+			rc = ulp_pack_pin(a, row.pack, &slot);
+	}
+	int pinned = rc == 0;
 	if (rc == 0)
-		rc = ulp_pack_blob(a, row.pack, row.offset, row.stored, &p);
+		rc = ulp_pack_slot_blob(a, slot, row.offset, row.stored, &p);
 	if (rc == 0) {
 		rc = ulp_blob_open(p, (size_t)row.stored, &b, why, sizeof(why));
 		if (rc == 0 && memcmp(ulp_blob_get_info(b)->content_sha256, sha, ULP_SHA256_LEN) != 0) {
@@ -64,21 +121,32 @@ int ulp_read_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_centry 
 		if (rc < 0) {
 			char hex[65];
 			ulp_sha256_hex(sha, hex);
-			ulp_index_pack_name(a, row.pack, name, sizeof(name));
+			if (!l)
+				ulp_index_pack_name(a, row.pack, name, sizeof(name));
 			rc = ulp_arch_err(a, rc, "blob %.16s at %s/packs/%s+%llu: %s", hex, a->dir, name,
 			                  (unsigned long long)row.offset, why);
 		}
 	}
 	if (rc < 0) {
+		if (pinned)
+			ulp_pack_unpin(a, slot);
+		free(cb);
 		ulp_cache_fail(a->cache, *e, rc);
 		return rc;
 	}
-	ulp_cache_fill(a->cache, *e, b, ulp_blob_footprint(b), blob_destroy);
+	*cb = (cblob){b, a, slot};
+	ulp_cache_fill(a->cache, *e, cb, ulp_blob_footprint(b) + sizeof(*cb), blob_destroy);
 	*out = b;
 	return 0;
 }
 
-static int read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
+int ulp_read_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_centry **e,
+                  const ulp_blob **out)
+{
+	return read_blob(a, NULL, sha, e, out);
+}
+
+static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
                       ulp_centry **e, const uint8_t **data, size_t *len, unsigned *walk,
                       unsigned depth)
 {
@@ -95,7 +163,7 @@ static int read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_
 		const ulp_blob *b;
 		ulp_centry *be;
 		/* the length is the chunk's: ask the (cached) blob */
-		int rc = ulp_read_blob(a, sha, &be, &b);
+		int rc = read_blob(a, f, sha, &be, &b);
 		if (rc < 0) {
 			ulp_cache_put(a->cache, *e);
 			return rc;
@@ -111,7 +179,7 @@ static int read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_
 	const ulp_blob *b;
 	ulp_centry *be = NULL, *re = NULL;
 	uint8_t *buf = NULL;
-	int rc = ulp_read_blob(a, sha, &be, &b);
+	int rc = read_blob(a, f, sha, &be, &b);
 	if (rc < 0)
 		goto fail;
 	const ulp_blob_info *in = ulp_blob_get_info(b);
@@ -124,7 +192,7 @@ static int read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_
 	const uint8_t *ref = NULL;
 	size_t ref_len = 0;
 	if (in->has_ref) {
-		rc = read_chunk(a, in->ref_sha256, k, &re, &ref, &ref_len, walk, depth + 1);
+		rc = read_chunk(a, f, in->ref_sha256, k, &re, &ref, &ref_len, walk, depth + 1);
 		if (rc < 0)
 			goto fail;
 		if (ref_len != l) {
@@ -177,11 +245,11 @@ fail:
 	return rc;
 }
 
-int ulp_read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_t k, ulp_centry **e,
-                   const uint8_t **data, size_t *len, unsigned *walk)
+static int file_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
+                      ulp_centry **e, const uint8_t **data, size_t *len, unsigned *walk)
 {
 	unsigned w = 0;
-	int rc = read_chunk(a, sha, k, e, data, len, &w, 0);
+	int rc = read_chunk(a, f, sha, k, e, data, len, &w, 0);
 	if (rc == 0)
 		ulp_cache_mark_served(*e);
 	uint64_t m = __atomic_load_n(&a->max_walk, __ATOMIC_RELAXED);
@@ -190,6 +258,12 @@ int ulp_read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_t k
 	if (walk)
 		*walk = w;
 	return rc;
+}
+
+int ulp_read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_t k, ulp_centry **e,
+                   const uint8_t **data, size_t *len, unsigned *walk)
+{
+	return file_chunk(a, NULL, sha, k, e, data, len, walk);
 }
 
 /* Puts the chunks of a content the caller holds decoded (an ingest that just
@@ -241,6 +315,7 @@ typedef struct want {
 
 typedef struct prefetch {
 	ulp_archive *a;
+	const ulp_file *f;    /* whose chains these are, or NULL */
 	want *w;
 } prefetch;
 
@@ -250,7 +325,7 @@ static int job_prefetch(void *arg, size_t i)
 	ulp_centry *e;
 	const uint8_t *d;
 	size_t l;
-	int rc = ulp_read_chunk(p->a, p->w[i].sha, p->w[i].k, &e, &d, &l, NULL);
+	int rc = file_chunk(p->a, p->f, p->w[i].sha, p->w[i].k, &e, &d, &l, NULL);
 	if (rc == 0)
 		ulp_cache_put(p->a->cache, e);
 	return 0; /* errors surface in the copy that follows */
@@ -273,7 +348,7 @@ int ulp_read_content(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint8_t 
 		if (w) {
 			for (uint32_t k = 0; k < nk; k++)
 				w[k] = (want){sha, k};
-			prefetch p = {a, w};
+			prefetch p = {a, NULL, w};
 			ulp_pool_run(a->pool, nk, job_prefetch, &p);
 			free(w);
 		}
@@ -400,6 +475,33 @@ void ulp_readahead_stop(ulp_archive *a)
 
 /* ---- files ----------------------------------------------------------------- */
 
+static int add_loc(void *arg, const uint8_t *content, int64_t pack, uint64_t offset, uint64_t stored)
+{
+	ulp_file *f = arg;
+	size_t slot;
+	if (ulp_pack_pin(f->a, pack, &slot) < 0)
+		return 0; /* a pack that cannot be mapped: the read says why */
+	if ((f->n_locs & (f->n_locs + 1)) == 0 || !f->locs) { /* capacities 1, 3, 7, ... */
+		loc *nl = realloc(f->locs, (f->n_locs * 2 + 1) * sizeof(*nl));
+		if (!nl) {
+			ulp_pack_unpin(f->a, slot);
+			return -ULP_E_NOMEM;
+		}
+		f->locs = nl;
+	}
+	loc *l = &f->locs[f->n_locs++];
+	memcpy(l->content, content, ULP_SHA256_LEN);
+	l->slot = slot;
+	l->offset = offset;
+	l->stored = stored;
+	return 0;
+}
+
+static int loc_cmp(const void *x, const void *y)
+{
+	return memcmp(((const loc *)x)->content, ((const loc *)y)->content, ULP_SHA256_LEN);
+}
+
 int ulp_file_open(ulp_archive *a, const char *path, ulp_file **out)
 {
 	char p[4096];
@@ -428,6 +530,10 @@ int ulp_file_open(ulp_archive *a, const char *path, ulp_file **out)
 	if (rc == 0 && at != f->st.size)
 		rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: extents cover %llu of %llu bytes", p,
 		                  (unsigned long long)at, (unsigned long long)f->st.size);
+	if (rc == 0 && f->n_ext)
+		rc = ulp_index_file_blobs(a, p, add_loc, f); /* invariant 3 */
+	if (rc == 0 && f->n_locs > 1)
+		qsort(f->locs, f->n_locs, sizeof(*f->locs), loc_cmp);
 	if (rc < 0) {
 		ulp_file_close(f);
 		return rc;
@@ -440,6 +546,9 @@ void ulp_file_close(ulp_file *f)
 {
 	if (!f)
 		return;
+	for (size_t i = 0; i < f->n_locs; i++)
+		ulp_pack_unpin(f->a, f->locs[i].slot);
+	free(f->locs);
 	free(f->header);
 	free(f->ext);
 	free(f);
@@ -465,11 +574,11 @@ static size_t find_extent(const ulp_file *f, uint64_t off)
 }
 
 /* Chunk geometry of an extent's content: bytes per chunk. */
-static int chunk_bytes(ulp_archive *a, const ulp_extent *x, uint64_t *cb)
+static int chunk_bytes(ulp_archive *a, const ulp_file *f, const ulp_extent *x, uint64_t *cb)
 {
 	const ulp_blob *b;
 	ulp_centry *be;
-	ULP_TRY(ulp_read_blob(a, x->content, &be, &b));
+	ULP_TRY(read_blob(a, f, x->content, &be, &b));
 	const ulp_blob_info *in = ulp_blob_get_info(b);
 	*cb = (uint64_t)in->chunk_elems * (in->n_elems ? in->raw_bytes / in->n_elems : 1);
 	if (in->raw_bytes != x->length) {
@@ -487,7 +596,7 @@ static void read_ahead(ulp_file *f, uint64_t last)
 {
 	size_t i = find_extent(f, last);
 	uint64_t cb;
-	if (f->ext[i].length == 0 || chunk_bytes(f->a, &f->ext[i], &cb) < 0)
+	if (f->ext[i].length == 0 || chunk_bytes(f->a, f, &f->ext[i], &cb) < 0)
 		return;
 	uint64_t k = (last - f->ext[i].offset) / cb + 1;
 	if (k * cb >= f->ext[i].length) { /* the next extent's first chunk */
@@ -532,7 +641,7 @@ int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
 		uint64_t cb;
 		if (x->length == 0)
 			continue;
-		if ((rc = chunk_bytes(a, x, &cb)) < 0)
+		if ((rc = chunk_bytes(a, f, x, &cb)) < 0)
 			break;
 		uint64_t lo = ULP_MAX(off + done, x->offset) - x->offset;
 		uint64_t hi = ULP_MIN(off + len, x->offset + x->length) - x->offset;
@@ -543,7 +652,7 @@ int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
 		}
 	}
 	if (rc == 0 && nwant > 1) {
-		prefetch p = {a, w};
+		prefetch p = {a, f, w};
 		ulp_pool_run(a->pool, nwant, job_prefetch, &p);
 	}
 	free(w);
@@ -552,7 +661,7 @@ int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
 		uint64_t cb;
 		if (x->length == 0)
 			continue;
-		if ((rc = chunk_bytes(a, x, &cb)) < 0)
+		if ((rc = chunk_bytes(a, f, x, &cb)) < 0)
 			break;
 		while (done < len && off + done < x->offset + x->length) {
 			uint64_t rel = off + done - x->offset;
@@ -560,7 +669,7 @@ int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
 			ulp_centry *e;
 			const uint8_t *d;
 			size_t l;
-			if ((rc = ulp_read_chunk(a, x->content, k, &e, &d, &l, NULL)) < 0)
+			if ((rc = file_chunk(a, f, x->content, k, &e, &d, &l, NULL)) < 0)
 				break;
 			uint64_t in_chunk = rel - (uint64_t)k * cb;
 			size_t n = (size_t)ULP_MIN((uint64_t)(len - done), l - in_chunk);
@@ -575,4 +684,18 @@ int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
 		return ulp_arch_err(a, rc, "%s: %s", f->path, why);
 	}
 	return (int64_t)done;
+}
+
+/* cached parsed blobs whose pack file is gone go, so that the pack can */
+static int blob_in_gone_pack(void *arg, const ulp_ckey *key, void *data)
+{
+	return key->kind == ULP_CK_BLOB && ulp_pack_slot_gone(arg, ((cblob *)data)->slot);
+}
+
+int ulp_archive_trim(ulp_archive *a)
+{
+	if (ulp_pack_mark_gone(a) == 0)
+		return 0;
+	ulp_cache_purge(a->cache, blob_in_gone_pack, a);
+	return (int)ulp_pack_unmap_gone(a);
 }

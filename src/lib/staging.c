@@ -1,16 +1,29 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * staging.c - files being written through a mount live in ARCHIVE/staging
- * until they are archived: <n>.data holds the bytes, <n>.meta (once the file
- * was fsynced) its archive path and metadata.
+ * until they are archived: <pid>-<n>.data holds the bytes, <pid>-<n>.meta
+ * (once the file was fsynced, or closed under a name that waits for a rename)
+ * its archive path and metadata.
+ *
+ * A .meta file is "ULPM2 <mode octal> <uid> <gid> <mtime_ns> <path bytes>\n"
+ * followed by exactly that many bytes of path (any byte but NUL, newlines
+ * included). Meta files of older versions, "<mode> <uid> <gid> <mtime>\n"
+ * followed by the path, are still read: their path is the rest of the file.
  *
  * Invariants:
  *  1. A staged file is archived with ulp_archive_put(), which verifies and
  *     commits atomically; only then are its staging files removed.
  *  2. After ulp_stage_sync() returns, the data and the sidecar are durable:
  *     a crash before the commit leaves a file ulp_stage_recover() archives
- *     at the next mount. Staged files without a sidecar were never promised
- *     to anyone and are removed at recovery.
+ *     at the next mount. After ulp_stage_record() returns, the same holds
+ *     for a crash of the process (kill -9), not for power loss. Staged files
+ *     without a sidecar were never promised to anyone and are removed at
+ *     recovery.
+ *  3. A sidecar is written to <meta>.tmp and renamed over <meta>, so it is
+ *     whole or absent; recovery removes the .tmp files of dead processes.
+ *  4. A sidecar names the path its caller last gave it (ulp_stage_relabel
+ *     follows renames); ulp_stage_forget removes it, durably, before a
+ *     superseded or unlinked file could be brought back by a recovery.
  */
 #include "arch_int.h"
 #include <dirent.h>
@@ -18,6 +31,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -26,7 +40,10 @@ struct ulp_stage {
 	int fd;
 	char data[4200];
 	char meta[4200];
+	int meta_state; /* 0 no sidecar, 1 recorded (kill -9 safe), 2 durable (fsynced) */
 };
+
+enum { META_NONE, META_RECORDED, META_DURABLE };
 
 static int io_err(ulp_archive *a, const char *path, const char *what)
 {
@@ -99,11 +116,22 @@ int64_t ulp_stage_write(ulp_stage *s, const void *buf, size_t len, uint64_t off)
 	return w < 0 ? io_err(s->a, s->data, "write") : w;
 }
 
-int ulp_stage_sync(ulp_stage *s, const char *path, const ulp_meta *m)
+static int fsync_staging(ulp_archive *a)
+{
+	char dir[4300];
+	snprintf(dir, sizeof(dir), "%s/staging", a->dir);
+	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return io_err(a, dir, "open");
+	int rc = fsync(dfd) < 0 ? io_err(a, dir, "fsync") : 0;
+	close(dfd);
+	return rc;
+}
+
+/* Writes the sidecar (invariant 3); durable: fsynced, with its directory. */
+static int write_meta(ulp_stage *s, const char *path, const ulp_meta *m, int durable)
 {
 	ulp_archive *a = s->a;
-	if (fsync(s->fd) < 0)
-		return io_err(a, s->data, "fsync");
 	char tmp[4300];
 	snprintf(tmp, sizeof(tmp), "%s.tmp", s->meta);
 	int mfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600); /* private: archive.c */
@@ -113,20 +141,54 @@ int ulp_stage_sync(ulp_stage *s, const char *path, const ulp_meta *m)
 			close(mfd);
 		return io_err(a, tmp, "create");
 	}
-	fprintf(f, "%o %u %u %lld\n%s", m->mode & 07777, m->uid, m->gid, (long long)m->mtime_ns, path);
-	int bad = fflush(f) != 0 || fsync(fileno(f)) != 0;
-	if (fclose(f) != 0 || bad)
-		return io_err(a, tmp, "write");
-	if (rename(tmp, s->meta) < 0)
-		return io_err(a, s->meta, "rename");
-	char dir[4300];
-	snprintf(dir, sizeof(dir), "%s/staging", a->dir);
-	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd >= 0) {
-		fsync(dfd);
-		close(dfd);
+	size_t pl = strlen(path);
+	fprintf(f, "ULPM2 %o %u %u %lld %zu\n", m->mode & 07777, m->uid, m->gid, (long long)m->mtime_ns, pl);
+	fwrite(path, 1, pl, f);
+	int bad = fflush(f) != 0 || ferror(f) || (durable && fsync(fileno(f)) != 0);
+	if (fclose(f) != 0 || bad) {
+		int rc = io_err(a, tmp, "write");
+		unlink(tmp);
+		return rc;
 	}
+	if (rename(tmp, s->meta) < 0) {
+		int rc = io_err(a, s->meta, "rename");
+		unlink(tmp);
+		return rc;
+	}
+	if (durable)
+		ULP_TRY(fsync_staging(a));
+	s->meta_state = durable ? META_DURABLE : s->meta_state > META_RECORDED ? s->meta_state : META_RECORDED;
 	return 0;
+}
+
+int ulp_stage_sync(ulp_stage *s, const char *path, const ulp_meta *m)
+{
+	if (fsync(s->fd) < 0)
+		return io_err(s->a, s->data, "fsync");
+	return write_meta(s, path, m, 1);
+}
+
+int ulp_stage_record(ulp_stage *s, const char *path, const ulp_meta *m)
+{
+	return write_meta(s, path, m, s->meta_state == META_DURABLE);
+}
+
+int ulp_stage_relabel(ulp_stage *s, const char *path, const ulp_meta *m)
+{
+	if (s->meta_state == META_NONE)
+		return 0; /* nothing on disk names it */
+	return write_meta(s, path, m, s->meta_state == META_DURABLE);
+}
+
+int ulp_stage_forget(ulp_stage *s)
+{
+	if (s->meta_state == META_NONE)
+		return 0;
+	if (unlink(s->meta) < 0 && errno != ENOENT)
+		return io_err(s->a, s->meta, "unlink");
+	int durable = s->meta_state == META_DURABLE;
+	s->meta_state = META_NONE;
+	return durable ? fsync_staging(s->a) : 0;
 }
 
 int ulp_stage_commit(ulp_stage *s, const char *path, const ulp_meta *m, ulp_put_result *res)
@@ -157,6 +219,48 @@ void ulp_stage_close(ulp_stage *s)
 	free(s);
 }
 
+/* Parses a sidecar (either format, see the file's header) into path and m;
+ * 0 if it is whole and names a path. */
+static int parse_meta(const char *file, char *path, size_t cap, ulp_meta *m)
+{
+	char buf[4400];
+	FILE *f = fopen(file, "r");
+	if (!f)
+		return -1;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	int more = fgetc(f) != EOF;
+	fclose(f);
+	if (more)
+		return -1;
+	buf[n] = 0;
+	unsigned mode;
+	long long mt;
+	size_t pl;
+	int at = -1;
+	const char *p;
+	if (!strncmp(buf, "ULPM2 ", 6)) {
+		if (sscanf(buf + 6, "%o %u %u %lld %zu%n", &mode, &m->uid, &m->gid, &mt, &pl, &at) != 5 || at < 0 ||
+		    buf[6 + at] != '\n')
+			return -1;
+		p = buf + 6 + at + 1;
+		if ((size_t)(buf + n - p) != pl)
+			return -1; /* a length that does not match: not ours */
+	} else { /* the first format: the path is the rest of the file */
+		if (sscanf(buf, "%o %u %u %lld%n", &mode, &m->uid, &m->gid, &mt, &at) != 4 || at < 0 ||
+		    buf[at] != '\n')
+			return -1;
+		p = buf + at + 1;
+		pl = (size_t)(buf + n - p);
+	}
+	if (pl == 0 || pl >= cap || memchr(p, 0, pl))
+		return -1;
+	memcpy(path, p, pl);
+	path[pl] = 0;
+	m->mode = mode;
+	m->mtime_ns = mt;
+	return 0;
+}
+
 int ulp_stage_recover(ulp_archive *a, unsigned *recovered, unsigned *removed)
 {
 	char dir[4300];
@@ -169,27 +273,28 @@ int ulp_stage_recover(ulp_archive *a, unsigned *recovered, unsigned *removed)
 	int rc = 0;
 	while ((de = readdir(d))) {
 		size_t l = strlen(de->d_name);
+		char data[4600], meta[4600], path[4096];
+		long pid = strtol(de->d_name, NULL, 10);
+		if (pid == (long)getpid() || de->d_name[0] == '.')
+			continue;
+		if ((l > 4 && !strcmp(de->d_name + l - 4, ".tmp")) ||
+		    (l > 5 && !strcmp(de->d_name + l - 5, ".meta"))) {
+			/* a sidecar being written when its process died (invariant 3),
+			 * or one whose data file is gone: nothing to recover */
+			snprintf(meta, sizeof(meta), "%s/%s", dir, de->d_name);
+			snprintf(data, sizeof(data), "%s/%.*s.data", dir, (int)(l - 5), de->d_name);
+			if (de->d_name[l - 1] == 'p' || access(data, F_OK) != 0)
+				unlink(meta);
+			continue;
+		}
 		if (l < 6 || strcmp(de->d_name + l - 5, ".data") != 0)
 			continue;
-		char data[4600], meta[4600], path[4096];
 		snprintf(data, sizeof(data), "%s/%s", dir, de->d_name);
 		snprintf(meta, sizeof(meta), "%s/%.*s.meta", dir, (int)(l - 5), de->d_name);
-		long pid = strtol(de->d_name, NULL, 10);
-		if (pid == (long)getpid())
-			continue;
-		FILE *f = fopen(meta, "r");
 		ulp_meta m = {0};
-		unsigned mode;
-		long long mt;
-		int ok = f && fscanf(f, "%o %u %u %lld\n", &mode, &m.uid, &m.gid, &mt) == 4 &&
-		         fgets(path, sizeof(path), f) != NULL;
-		if (f)
-			fclose(f);
-		if (ok) {
-			m.mode = mode;
-			m.mtime_ns = mt;
+		if (parse_meta(meta, path, sizeof(path), &m) == 0) {
 			int fd = open(data, O_RDONLY | O_CLOEXEC);
-			int r = fd >= 0 ? ulp_archive_put(a, path, fd, &m, NULL) : -ULP_E_IO;
+			int r = fd >= 0 ? ulp_archive_put(a, path, fd, &m, NULL) : io_err(a, data, "open");
 			if (fd >= 0)
 				close(fd);
 			if (r < 0) {

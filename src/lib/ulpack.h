@@ -334,6 +334,11 @@ typedef struct ulp_counters {
 	uint64_t max_walk;        /* longest chain walked by one cold chunk read */
 } ulp_counters;
 void ulp_archive_counters(ulp_archive *a, ulp_counters *c);
+/** Lets go of the mapped packs whose files were removed meanwhile (by gc,
+ *  maybe in another process) and that no open file uses, so that their disk
+ *  space goes back. Costs a stat(2) per mapped pack. Thread-safe.
+ *  @return the number of packs let go. */
+int ulp_archive_trim(ulp_archive *a);
 
 /* Sizes for `ulpack stat`: per file under prefix, and totals per dtype. */
 typedef struct ulp_dtype_total {
@@ -362,6 +367,17 @@ int64_t ulp_stage_write(ulp_stage *s, const void *buf, size_t len, uint64_t off)
 /** Makes the staged bytes durable and records path and meta, so that a crash
  *  before the commit is recovered at the next open (ulp_stage_recover). */
 int ulp_stage_sync(ulp_stage *s, const char *path, const ulp_meta *meta);
+/** Records path and meta without fsync: a crash of this process (not of the
+ *  machine) before the commit is then recovered under path. Durable if the
+ *  stage was synced before. */
+int ulp_stage_record(ulp_stage *s, const char *path, const ulp_meta *meta);
+/** After a rename: if path and meta were recorded or synced, records them
+ *  again (as durably as before) under the new path; else does nothing. */
+int ulp_stage_relabel(ulp_stage *s, const char *path, const ulp_meta *meta);
+/** Removes the record of path and meta (durably if it was synced), so that
+ *  no recovery brings the staged file back: for a staged file unlinked or
+ *  replaced while still open. s stays valid. */
+int ulp_stage_forget(ulp_stage *s);
 /** Archives the staged file at path (ulp_archive_put) and frees s on
  *  success; on failure s stays staged and valid. */
 int ulp_stage_commit(ulp_stage *s, const char *path, const ulp_meta *meta, ulp_put_result *res);

@@ -496,6 +496,111 @@ static void test_staging(void)
 	ulp_archive_close(a);
 }
 
+/* staging records: a newline in a path (both sidecar formats), relabel after
+ * a rename, forget after an unlink, and a dead process's .meta.tmp */
+static void put_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	if (f) {
+		fputs(text, f);
+		fclose(f);
+	}
+}
+
+static void test_staging_records(void)
+{
+	char dir[512], err[512], p[700];
+	snprintf(dir, sizeof(dir), "%s/stage2", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	pid_t pid = fork();
+	if (pid == 0) {
+		ulp_archive *a;
+		ulp_stage *s1, *s2, *s3;
+		ulp_meta m = {0644, 0, 0, 42};
+		if (ulp_archive_open(dir, NULL, &a, NULL, 0) < 0 || ulp_stage_new(a, NULL, &s1) < 0 ||
+		    ulp_stage_new(a, NULL, &s2) < 0 || ulp_stage_new(a, NULL, &s3) < 0)
+			_exit(1);
+		if (ulp_stage_write(s1, "one", 3, 0) != 3 || ulp_stage_write(s2, "two", 3, 0) != 3 ||
+		    ulp_stage_write(s3, "three", 5, 0) != 5)
+			_exit(2);
+		if (ulp_stage_relabel(s2, "never", &m) < 0) /* nothing recorded: nothing to do */
+			_exit(3);
+		if (ulp_stage_sync(s1, "a\nb.txt", &m) < 0 || ulp_stage_record(s2, "d/.t.abcdef", &m) < 0 ||
+		    ulp_stage_relabel(s2, "d2/t", &m) < 0 || ulp_stage_sync(s3, "gone", &m) < 0 ||
+		    ulp_stage_forget(s3) < 0)
+			_exit(4);
+		_exit(0); /* "crash" */
+	}
+	int st;
+	waitpid(pid, &st, 0);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child: %d", WEXITSTATUS(st));
+	/* a sidecar of the first format, with a newline in its path */
+	snprintf(p, sizeof(p), "%s/staging/99998-1.data", dir);
+	put_file(p, "old");
+	snprintf(p, sizeof(p), "%s/staging/99998-1.meta", dir);
+	put_file(p, "600 0 0 7\nold\nformat");
+	snprintf(p, sizeof(p), "%s/staging/99997-3.meta.tmp", dir);
+	put_file(p, "ULPM2 644 0");
+	ulp_archive *a;
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
+	unsigned rec, rem;
+	CHECK(ulp_stage_recover(a, &rec, &rem) == 0 && rec == 3 && rem == 1, "recovered %u, removed %u", rec, rem);
+	ulp_stat s;
+	CHECK(ulp_archive_stat(a, "a\nb.txt", &s) == 0 && s.size == 3, "a newline in a path (ULPM2)");
+	CHECK(ulp_archive_stat(a, "old\nformat", &s) == 0 && s.size == 3 && (s.mode & 0777) == 0600,
+	      "a newline in a path (first format)");
+	CHECK(ulp_archive_stat(a, "d2/t", &s) == 0 && s.size == 3, "relabelled");
+	CHECK(ulp_archive_stat(a, "d/.t.abcdef", &s) < 0 && ulp_archive_stat(a, "d", &s) < 0, "not under its old name");
+	CHECK(ulp_archive_stat(a, "gone", &s) < 0 && ulp_archive_stat(a, "never", &s) < 0, "forgotten stays gone");
+	snprintf(p, sizeof(p), "%s/staging", dir);
+	DIR *d = opendir(p);
+	int left = 0;
+	for (struct dirent *de; d && (de = readdir(d));)
+		left += de->d_name[0] != '.';
+	if (d)
+		closedir(d);
+	CHECK(left == 0, "%d staging files left (a .meta.tmp?)", left);
+	ulp_archive_close(a);
+}
+
+/* gc while a file is open: the open file (removed meanwhile) keeps reading
+ * its bytes; ulp_archive_trim lets go of removed packs nobody uses */
+static void test_gc_open(void)
+{
+	char dir[512], err[512], file[600];
+	snprintf(dir, sizeof(dir), "%s/gcopen", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	ulp_archive *a;
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
+	static uint8_t bytes[2][300000];
+	for (int i = 0; i < 2; i++) {
+		for (size_t k = 0; k < sizeof(bytes[i]); k++)
+			bytes[i][k] = (uint8_t)((k * 2654435761u) >> (i ? 13 : 7));
+		snprintf(file, sizeof(file), "%s/gcopen-%d.bin", root, i);
+		FILE *f = fopen(file, "wb");
+		REQUIRE(f && fwrite(bytes[i], 1, sizeof(bytes[i]), f) == sizeof(bytes[i]) && fclose(f) == 0, "write");
+		REQUIRE(put_path(a, i ? "g/two" : "g/one", file, NULL) == 0, "put %d: %s", i, ulp_archive_errmsg(a));
+	}
+	static uint8_t buf[300000];
+	ulp_file *one, *two;
+	REQUIRE(ulp_file_open(a, "g/two", &two) == 0, "open two");
+	CHECK(ulp_file_pread(two, buf, sizeof(buf), 0) == (int64_t)sizeof(buf) && !memcmp(buf, bytes[1], sizeof(buf)),
+	      "two before gc");
+	ulp_file_close(two);
+	REQUIRE(ulp_file_open(a, "g/one", &one) == 0, "open one");
+	CHECK(ulp_archive_remove(a, "g/one") == 0 && ulp_archive_remove(a, "g/two") == 0, "remove");
+	ulp_gc_result r;
+	CHECK(ulp_archive_gc(a, &r) == 0 && r.packs_removed == 2, "gc removed %llu packs",
+	      (unsigned long long)r.packs_removed);
+	CHECK(ulp_archive_trim(a) == 1, "the pack of two is let go, one's stays pinned");
+	memset(buf, 0, sizeof(buf));
+	CHECK(ulp_file_pread(one, buf, sizeof(buf), 0) == (int64_t)sizeof(buf) && !memcmp(buf, bytes[0], sizeof(buf)),
+	      "an open file reads its bytes after gc: %s", ulp_archive_errmsg(a));
+	ulp_file_close(one);
+	CHECK(ulp_archive_trim(a) == 1 && ulp_pack_mapped(a) == 0, "all removed packs let go after the close");
+	ulp_archive_close(a);
+}
+
 /* threads that come and go (FUSE workers) do not leave connections behind */
 static void *stat_thread(void *arg)
 {
@@ -1034,6 +1139,8 @@ int main(void)
 		test_trajectory();
 		test_gc();
 		test_staging();
+		test_staging_records();
+		test_gc_open();
 		test_step_order();
 		test_names_times();
 		test_rename_non_ascii();

@@ -1,0 +1,106 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# fuse_recovery.sh - what a kill -9 of ulpackfs leaves is recovered as the
+# writers last saw it, never older:
+#  - a file fsynced and still open, then replaced by a rename or unlinked,
+#    does not come back (old content, or the deleted file);
+#  - files named like rsync temporaries (.notes.backup, .x.ab12Cd) but
+#    closed under that name survive;
+#  - staged files of a directory renamed meanwhile come back under the new
+#    path, not the old one;
+#  - a name with a newline comes back whole;
+#  - a half-written staging sidecar (PID-N.meta.tmp) is removed.
+. "$(dirname "$0")/lib.sh"
+need_fuse
+
+A="$T/arch" M="$T/mnt"
+"$ULPACK" init "$A" > /dev/null || fail init
+mkdir -p "$A/staging"
+echo "1 2 3" > "$A/staging/999999-7.meta.tmp" # a sidecar its process died writing
+mount_fs "$A" "$M" || fail mount
+[ -e "$A/staging/999999-7.meta.tmp" ] && fail "a dead process's PID-N.meta.tmp survives the mount's recovery" \
+	|| ok "a dead process's meta.tmp is removed at mount"
+mkdir -p "$M/d12/run" || fail mkdir
+pid=$(fs_pid "$M")
+[ -n "$pid" ] || fail "no ulpackfs pid"
+
+# the writer holds its files open until the daemon is gone
+"$PY" - "$M" "$T" <<'PYEOF' &
+import os, sys, time
+m, t = sys.argv[1], sys.argv[2]
+def put(name, data, keep=False, sync=False):
+    fd = os.open(os.path.join(m, name), os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    os.write(fd, data)
+    if sync:
+        os.fsync(fd)
+    if keep:
+        return fd
+    os.close(fd)
+held = []
+# item 4: fsynced, open, replaced by a completed rename
+held.append(put("a4.bin", b"old content\n" * 100, keep=True, sync=True))
+put("a4.new", b"new content\n" * 100)
+os.rename(os.path.join(m, "a4.new"), os.path.join(m, "a4.bin"))
+# item 4: fsynced, open, unlinked
+held.append(put("u4.bin", b"deleted\n" * 100, keep=True, sync=True))
+os.unlink(os.path.join(m, "u4.bin"))
+# item 5: names like rsync temporaries, closed under that name
+put(".notes.backup", b"notes\n" * 50)
+put(".x.ab12Cd", b"x file\n" * 50)
+# item 12: staged files of a directory renamed meanwhile
+held.append(put("d12/run/f.bin", b"in a renamed dir\n" * 40, keep=True, sync=True))
+put("d12/run/.y.Ab12cD", b"temp-named in a renamed dir\n" * 40)
+os.rename(os.path.join(m, "d12"), os.path.join(m, "d12b"))
+# item 13: a newline in a name
+held.append(put("nl\nname.bin", b"newline\n" * 30, keep=True, sync=True))
+open(os.path.join(t, "ready"), "w").close()
+while not os.path.exists(os.path.join(t, "go")):
+    time.sleep(0.05)
+for fd in held:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+PYEOF
+wpid=$!
+for _ in $(seq 600); do
+	[ -e "$T/ready" ] && break
+	running "$wpid" || break
+	sleep 0.05
+done
+[ -e "$T/ready" ] || fail "the writer did not get ready"
+kill -9 "$pid"
+for _ in $(seq 600); do running "$pid" || break; sleep 0.05; done
+touch "$T/go"
+wait "$wpid" 2>/dev/null
+fusermount3 -u -z "$M" 2>/dev/null
+mount_fs "$A" "$M" 2> "$T/mount.err" || fail "remount after kill -9: $(cat "$T/mount.err")"
+
+expect() { # expect NAME REPEAT LINE: NAME holds REPEAT lines LINE
+	"$PY" - "$M/$1" "$2" "$3" <<'PYEOF'
+import sys
+want = (sys.argv[3] + "\n").encode() * int(sys.argv[2])
+try:
+    got = open(sys.argv[1], "rb").read()
+except OSError as e:
+    sys.exit("%r: %s" % (sys.argv[1], e))
+sys.exit(0 if got == want else "%r: %d bytes, not the %d expected (%r...)" % (sys.argv[1], len(got), len(want), got[:24]))
+PYEOF
+}
+expect a4.bin 100 "new content" && ok "a file replaced by a rename keeps its new content" \
+	|| fail "item 4: the replaced file came back with its old content"
+[ -e "$M/u4.bin" ] && fail "item 4: the unlinked file reappeared" || ok "an unlinked fsynced file stays deleted"
+expect .notes.backup 50 notes && expect .x.ab12Cd 50 "x file" && ok "temporary-looking names closed survive kill -9" \
+	|| fail "item 5: a closed file with an rsync-like name was lost"
+expect d12b/run/f.bin 40 "in a renamed dir" && expect d12b/run/.y.Ab12cD 40 "temp-named in a renamed dir" \
+	&& ok "staged files of a renamed directory come back under its new name" \
+	|| fail "item 12: staged files of a renamed directory lost from its new name"
+[ -e "$M/d12" ] && fail "item 12: the old directory came back: $(find "$M/d12" | tr '\n' ' ')" \
+	|| ok "the renamed directory's old name stays gone"
+expect "nl
+name.bin" 30 newline && ok "a name with a newline is recovered whole" \
+	|| fail "item 13: the name with a newline was not recovered: $(ls "$M" | tr '\n' '|')"
+[ -z "$(ls -A "$A/staging")" ] || fail "staging not empty after recovery: $(ls -A "$A/staging")"
+umount_fs "$M"
+"$ULPACK" verify "$A" > "$T/v" 2>&1 && ok "$(cat "$T/v")" || fail "verify: $(cat "$T/v")"
+finish
