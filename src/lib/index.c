@@ -349,8 +349,11 @@ int ulp_index_pack_name(ulp_archive *a, int64_t id, char *name, size_t cap)
 	if (!st)
 		return -ULP_E_IO;
 	sqlite3_bind_int64(st, 1, id);
-	if (sqlite3_step(st) != SQLITE_ROW) {
+	int rc = sqlite3_step(st);
+	if (rc != SQLITE_ROW) {
 		sqlite3_reset(st);
+		if (rc != SQLITE_DONE)
+			return ulp_db_err(a, "pack lookup");
 		return ulp_arch_err(a, -ULP_E_CORRUPT, "%s/ulpack.db: pack %lld is not in the index", a->dir,
 		                    (long long)id);
 	}
@@ -462,7 +465,11 @@ int ulp_index_file(ulp_archive *a, const char *path, ulp_stat *out, uint8_t **he
 	if (rc != SQLITE_DONE) {
 		free(h);
 		free(x);
-		return rc == SQLITE_NOMEM ? -ULP_E_NOMEM : ulp_arch_err(a, -ULP_E_CORRUPT, "%s: bad extents in the index", path);
+		if (rc == SQLITE_NOMEM)
+			return ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory reading its extents", path);
+		if (rc != SQLITE_CORRUPT)
+			return ulp_db_err(a, "extents lookup");
+		return ulp_arch_err(a, -ULP_E_CORRUPT, "%s: bad extents in the index", path);
 	}
 	*header = h;
 	*header_len = hl;
@@ -659,6 +666,8 @@ int ulp_index_mkdirs(ulp_archive *a, const char *path, int64_t mtime_ns)
 		int rc = sqlite3_step(st);
 		int type = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
 		sqlite3_reset(st);
+		if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+			return ulp_db_err(a, "directory lookup");
 		if (type >= 0 && type != ULP_ENT_DIR)
 			return ulp_arch_err(a, -ULP_E_INVAL, "%s: a component of the path is not a directory", buf);
 		if (type < 0) {
@@ -666,7 +675,7 @@ int ulp_index_mkdirs(ulp_archive *a, const char *path, int64_t mtime_ns)
 			st = ulp_db_stmt(a, sql);
 			if (!st || !parent) {
 				free(parent);
-				return -ULP_E_IO;
+				return st ? ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", buf) : -ULP_E_IO;
 			}
 			sqlite3_bind_text(st, 1, buf, -1, SQLITE_STATIC);
 			sqlite3_bind_text(st, 2, parent, -1, SQLITE_STATIC);
@@ -754,8 +763,11 @@ int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_na
 	if (!(st = ulp_db_stmt(a, sql_old)))
 		return -ULP_E_IO;
 	sqlite3_bind_text(st, 1, f->path, -1, SQLITE_STATIC);
-	int old = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
+	rc = sqlite3_step(st);
+	int old = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
 	sqlite3_reset(st);
+	if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+		return ulp_db_err(a, "file lookup");
 	if (old == ULP_ENT_DIR)
 		return ulp_arch_err(a, -ULP_E_EXIST, "%s: is a directory", f->path);
 	int64_t pack = 0;
@@ -790,10 +802,10 @@ int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_na
 	char *parent = ulp_path_parent(f->path), *series = NULL;
 	int64_t step = ulp_parse_step(f->path, &series);
 	const char *slash = strchr(f->path, '/');
-	if (!(st = ulp_db_stmt(a, sql_ent)) || !parent) {
+	if (!(st = ulp_db_stmt(a, sql_ent)) || !parent || (step >= 0 && !series)) {
 		free(parent);
 		free(series);
-		return -ULP_E_IO;
+		return st ? ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", f->path) : -ULP_E_IO;
 	}
 	sqlite3_bind_text(st, 1, f->path, -1, SQLITE_STATIC);
 	sqlite3_bind_text(st, 2, parent, -1, SQLITE_STATIC);
@@ -921,9 +933,12 @@ int ulp_archive_remove(ulp_archive *a, const char *path)
 			rc = -ULP_E_IO;
 		else {
 			sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
-			if (sqlite3_step(st) == SQLITE_ROW)
-				rc = ulp_arch_err(a, -ULP_E_BUSY, "%s: directory not empty", p);
+			int k = sqlite3_step(st);
 			sqlite3_reset(st);
+			if (k == SQLITE_ROW)
+				rc = ulp_arch_err(a, -ULP_E_BUSY, "%s: directory not empty", p);
+			else if (k != SQLITE_DONE) /* not "empty": that would orphan its entries */
+				rc = ulp_db_err(a, "remove");
 		}
 	}
 	if (rc == 0) {
@@ -986,7 +1001,8 @@ int ulp_archive_rename(ulp_archive *a, const char *from, const char *to)
 		sqlite3_bind_text(sel, 1, f, -1, SQLITE_STATIC);
 		sqlite3_bind_int(sel, 2, (int)strlen(prefix));
 		sqlite3_bind_text(sel, 3, prefix, -1, SQLITE_STATIC);
-		while (rc == 0 && sqlite3_step(sel) == SQLITE_ROW) {
+		int r = SQLITE_DONE;
+		while (rc == 0 && (r = sqlite3_step(sel)) == SQLITE_ROW) {
 			int64_t id = sqlite3_column_int64(sel, 0);
 			const char *old = (const char *)sqlite3_column_text(sel, 1);
 			char np[8400];
@@ -995,8 +1011,8 @@ int ulp_archive_rename(ulp_archive *a, const char *from, const char *to)
 			int64_t step = ulp_parse_step(np, &series);
 			const char *slash = strchr(np, '/');
 			sqlite3_stmt *up = ulp_db_stmt(a, sql_upd);
-			if (!up || !parent) {
-				rc = -ULP_E_IO;
+			if (!up || !parent || (step >= 0 && !series)) {
+				rc = up ? ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", np) : -ULP_E_IO;
 			} else {
 				sqlite3_bind_text(up, 1, np, -1, SQLITE_STATIC);
 				sqlite3_bind_text(up, 2, parent, -1, SQLITE_STATIC);
@@ -1012,6 +1028,9 @@ int ulp_archive_rename(ulp_archive *a, const char *from, const char *to)
 			free(parent);
 			free(series);
 		}
+		/* an error is not the end of the rows: committing would move only some */
+		if (rc == 0 && r != SQLITE_DONE)
+			rc = ulp_db_err(a, "rename");
 	}
 	sqlite3_finalize(sel);
 	return in_tx(a, rc);
@@ -1231,7 +1250,8 @@ int ulp_index_has_pack(ulp_archive *a, const char *name)
 	if (!st)
 		return -ULP_E_IO;
 	sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
-	int r = sqlite3_step(st) == SQLITE_ROW;
+	int r = sqlite3_step(st);
 	sqlite3_reset(st);
-	return r;
+	/* an error is not "no such pack": gc would delete a live pack */
+	return r == SQLITE_ROW ? 1 : r == SQLITE_DONE ? 0 : ulp_db_err(a, "pack lookup");
 }

@@ -87,6 +87,7 @@ int64_t ulp_archive_verify(ulp_archive *a, const char *prefix,
 typedef struct packinfo {
 	int64_t id;
 	char name[80];
+	char new_name[80];  /* the pack it was rewritten into, or "" */
 	uint64_t size, live, blobs;
 } packinfo;
 
@@ -104,6 +105,7 @@ static int collect_pack(void *arg, int64_t id, const char *name, uint64_t size, 
 	packinfo *pi = &g->p[g->n++];
 	pi->id = id;
 	snprintf(pi->name, sizeof(pi->name), "%s", name);
+	pi->new_name[0] = '\0';
 	pi->size = size;
 	pi->live = live;
 	pi->blobs = blobs;
@@ -219,7 +221,7 @@ int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res)
 			rc = ulp_index_pack_blobs(a, pi->id, rewrite_blob, &rx);
 		if (rc == 0)
 			rc = ulp_pack_commit(rx.w, name);
-		if (rc == 0 && ulp_index_has_pack(a, name) == 1)
+		if (rc == 0 && (rc = ulp_index_has_pack(a, name)) == 1)
 			rc = ulp_arch_err(a, -ULP_E_EXIST, "gc: pack %s exists already", name);
 		if (rc == 0)
 			rc = ulp_index_pack_add(a, name, ulp_pack_size(rx.w), &nid);
@@ -229,9 +231,10 @@ int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res)
 			rc = ulp_index_pack_drop(a, pi->id);
 		if (rc == 0) {
 			r.packs_rewritten++;
+			snprintf(pi->new_name, sizeof(pi->new_name), "%s", name);
 			ulp_pack_free(rx.w);
 		} else if (rx.w) {
-			ulp_pack_discard(rx.w, 1);
+			ulp_pack_discard(rx.w);
 		}
 		free(rx.m);
 	}
@@ -239,6 +242,12 @@ int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res)
 		rc = ulp_db_commit(a);
 	if (rc < 0) {
 		ulp_db_rollback(a);
+		/* the packs rewritten before the failure: the index never named them */
+		for (size_t i = 0; i < g.n; i++)
+			if (g.p[i].new_name[0]) {
+				snprintf(path, sizeof(path), "%s/packs/%s", a->dir, g.p[i].new_name);
+				unlink(path);
+			}
 	} else {
 		/* after the commit: remove the files of packs the index dropped */
 		for (size_t i = 0; i < g.n; i++)
