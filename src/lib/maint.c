@@ -62,6 +62,8 @@ static int verify_one(void *arg, const char *path, const ulp_stat *st)
 			ulp_arch_err(v->a, rc, "%s: decoded bytes do not match the stored sha256", path);
 		}
 	}
+	if (rc == -ULP_E_NOMEM) /* not damage: verify itself fails */
+		return ulp_arch_err(v->a, rc, "%s: out of memory while verifying it", path);
 	if (rc < 0) {
 		snprintf(why, sizeof(why), "%s", ulp_archive_errmsg(v->a));
 		v->damaged++;

@@ -50,7 +50,7 @@ int ulp_read_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_centry 
 	ulp_blobrow row;
 	const uint8_t *p;
 	ulp_blob *b = NULL;
-	char why[256], name[128] = "?";
+	char why[256] = "", name[128] = "?";
 	int rc = ulp_index_blob(a, sha, &row);
 	if (rc == 0)
 		rc = ulp_pack_blob(a, row.pack, row.offset, row.stored, &p);
@@ -63,6 +63,8 @@ int ulp_read_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_centry 
 		}
 		if (rc < 0) {
 			char hex[65];
+			if (rc == -ULP_E_NOMEM) /* ulp_blob_open says why only for bad blobs */
+				snprintf(why, sizeof(why), "%s", ulp_strerror(rc));
 			ulp_sha256_hex(sha, hex);
 			ulp_index_pack_name(a, row.pack, name, sizeof(name));
 			rc = ulp_arch_err(a, rc, "blob %.16s at %s/packs/%s+%llu: %s", hex, a->dir, name,

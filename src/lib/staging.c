@@ -111,10 +111,16 @@ int ulp_stage_sync(ulp_stage *s, const char *path, const ulp_meta *m)
 		return io_err(a, tmp, "create");
 	fprintf(f, "%o %u %u %lld\n%s", m->mode & 07777, m->uid, m->gid, (long long)m->mtime_ns, path);
 	int bad = fflush(f) != 0 || fsync(fileno(f)) != 0;
-	if (fclose(f) != 0 || bad)
-		return io_err(a, tmp, "write");
-	if (rename(tmp, s->meta) < 0)
-		return io_err(a, s->meta, "rename");
+	if (fclose(f) != 0 || bad) {
+		int rc = io_err(a, tmp, "write");
+		unlink(tmp); /* else left in staging/ for good: recovery knows only .data and .meta */
+		return rc;
+	}
+	if (rename(tmp, s->meta) < 0) {
+		int rc = io_err(a, s->meta, "rename");
+		unlink(tmp);
+		return rc;
+	}
 	char dir[4300];
 	snprintf(dir, sizeof(dir), "%s/staging", a->dir);
 	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

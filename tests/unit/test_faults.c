@@ -18,6 +18,8 @@
  *    file of its recorded size, no temporary or unindexed pack and no staged
  *    file is left, and the archive's files and bytes are exactly the state
  *    before the failed call (calls before it applied, it and later ones not);
+ *  - verify reports no damaged file, except one whose index rows could not
+ *    be read (a SQLite error, named in the reason);
  *  - no crash and no leak (CI runs this binary under ASan too).
  * Only calls from the thread running the operation count (one pool thread),
  * so the numbering is deterministic; each run gets a fresh thread, so
@@ -452,10 +454,11 @@ static int put_file(ulp_archive *a, const char *apath, const char *in)
 	return rc;
 }
 
+static char last_bad[1400]; /* what verify said last (no allocation: it runs armed) */
+
 static void bad_count(void *arg, const char *path, const char *why)
 {
-	(void)path;
-	(void)why;
+	snprintf(last_bad, sizeof(last_bad), "%s: %s", path, why);
 	(*(int64_t *)arg)++;
 }
 
@@ -760,6 +763,7 @@ static int one_run(const opdef *op, int kind, long target, tally *t)
 	F.count = 0;
 	F.hit = 0;
 	F.err_db = NULL;
+	last_bad[0] = '\0';
 	pthread_t th;
 	REQUIRE(pthread_create(&th, NULL, run_op, &r) == 0, "thread");
 	pthread_join(th, NULL);
@@ -781,8 +785,9 @@ static int one_run(const opdef *op, int kind, long target, tally *t)
 			bad = 1;
 		}
 		(void)s;
-	} else if (r.damaged) {
-		fprintf(stderr, "%s: verify reported %lld damaged files\n", where, (long long)r.damaged);
+	} else if (r.damaged && !(kind == F_SQL && strstr(last_bad, "ulpack.db"))) {
+		/* damage it is only where the index itself cannot be read */
+		fprintf(stderr, "%s: verify reported %lld damaged files (%s)\n", where, (long long)r.damaged, last_bad);
 		bad = 1;
 	}
 	if (!hit && r.rc == 0 && op->s[op->n - 1].op == S_GC && r.gc.bytes_reclaimed == 0) {
@@ -848,7 +853,10 @@ static void make_template(int k, int from, const step *s, size_t n)
 
 int main(void)
 {
-	snprintf(root, sizeof(root), "%s/ulp-faults-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+	/* thousands of archives, each fsynced: on tmpfs when TMPDIR does not say
+	 * otherwise (the test is about errors, not about durability) */
+	const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+	snprintf(root, sizeof(root), "%s/ulp-faults-XXXXXX", tmp);
 	REQUIRE(mkdtemp(root), "mkdtemp");
 	char in[600];
 	snprintf(in, sizeof(in), "%s/in", root);
