@@ -42,8 +42,10 @@ int ulp_read_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_centry 
 	memcpy(key.sha, sha, ULP_SHA256_LEN);
 	void *data;
 	int must_load;
-	ULP_TRY(ulp_cache_get(a->cache, &key, e, &data, &must_load));
+	ulp_centry *ce; /* *e only on success: a failed entry is let go here */
+	ULP_TRY(ulp_cache_get(a->cache, &key, &ce, &data, &must_load));
 	if (!must_load) {
+		*e = ce;
 		*out = data;
 		return 0;
 	}
@@ -72,18 +74,22 @@ int ulp_read_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_centry 
 		}
 	}
 	if (rc < 0) {
-		ulp_cache_fail(a->cache, *e, rc);
+		ulp_cache_fail(a->cache, ce, rc);
 		return rc;
 	}
-	ulp_cache_fill(a->cache, *e, b, ulp_blob_footprint(b), blob_destroy);
+	ulp_cache_fill(a->cache, ce, b, ulp_blob_footprint(b), blob_destroy);
+	*e = ce;
 	*out = b;
 	return 0;
 }
 
+/* Pins chunk k of sha; *eout is written only on success (a caller that put
+ * an entry a failed call had already let go, and freed, read freed memory). */
 static int read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
-                      ulp_centry **e, const uint8_t **data, size_t *len, unsigned *walk,
+                      ulp_centry **eout, const uint8_t **data, size_t *len, unsigned *walk,
                       unsigned depth)
 {
+	ulp_centry *ce = NULL, **e = &ce;
 	ulp_ckey key = {.chunk = k, .kind = ULP_CK_CHUNK};
 	memcpy(key.sha, sha, ULP_SHA256_LEN);
 	void *d;
@@ -105,6 +111,7 @@ static int read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_
 		uint64_t off, l;
 		ulp_blob_chunk_range(b, k, &off, &l);
 		ulp_cache_put(a->cache, be);
+		*eout = ce;
 		*data = d;
 		*len = (size_t)l;
 		return 0;
@@ -168,6 +175,7 @@ static int read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_
 	ulp_cache_put_cold(a->cache, re);
 	ulp_cache_put(a->cache, be);
 	ulp_cache_fill(a->cache, *e, buf, (size_t)l, ulp_cache_free_buf);
+	*eout = ce;
 	*data = buf;
 	*len = (size_t)l;
 	return 0;
