@@ -2,7 +2,7 @@
 /*
  * test_faults.c - fault injection in the manner of SQLite's malloc and I/O
  * error tests. The binary is linked with -Wl,--wrap for malloc, calloc,
- * realloc, strdup, posix_memalign, write, pwrite, writev, fsync, fdatasync,
+ * realloc, strdup, posix_memalign, write, pwrite(64), writev, fflush, fsync, fdatasync,
  * rename, renameat, sqlite3_step, sqlite3_exec and sqlite3_prepare_v2/v3, so
  * every call libulpack makes to them goes through a counter here. For each
  * operation (an import; a mount's archiving of a staged file followed by its
@@ -31,6 +31,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -74,7 +75,9 @@ WRAP_PROTO(char *, strdup, const char *);
 WRAP_PROTO(int, posix_memalign, void **, size_t, size_t);
 WRAP_PROTO(ssize_t, write, int, const void *, size_t);
 WRAP_PROTO(ssize_t, pwrite, int, const void *, size_t, off_t);
+WRAP_PROTO(ssize_t, pwrite64, int, const void *, size_t, off_t);
 WRAP_PROTO(ssize_t, writev, int, const struct iovec *, int);
+WRAP_PROTO(int, fflush, FILE *);
 WRAP_PROTO(int, fsync, int);
 WRAP_PROTO(int, fdatasync, int);
 WRAP_PROTO(int, rename, const char *, const char *);
@@ -151,6 +154,26 @@ ssize_t __wrap_pwrite(int fd, const void *b, size_t n, off_t off)
 		return -1;
 	}
 	return __real_pwrite(fd, b, n, off);
+}
+
+/* pwrite under _FILE_OFFSET_BITS=64 */
+ssize_t __wrap_pwrite64(int fd, const void *b, size_t n, off_t off)
+{
+	if (fault_now(F_WRITE)) {
+		errno = write_errno();
+		return -1;
+	}
+	return __real_pwrite64(fd, b, n, off);
+}
+
+/* where stdio writes (the staging sidecar) */
+int __wrap_fflush(FILE *f)
+{
+	if (fault_now(F_WRITE)) {
+		errno = write_errno();
+		return EOF;
+	}
+	return __real_fflush(f);
 }
 
 ssize_t __wrap_writev(int fd, const struct iovec *v, int n)
@@ -550,11 +573,15 @@ static void copy_file(const char *from, const char *to)
 	close(out);
 }
 
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb, (void)flag, (void)ftw;
+	return remove(path);
+}
+
 static void rm_rf(const char *dir)
 {
-	char cmd[700];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	REQUIRE(system(cmd) == 0, "%s", cmd);
+	REQUIRE(nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS) == 0, "remove %s: %s", dir, strerror(errno));
 }
 
 /* Copies an archive directory: ulpack.db, the packs, staging/. */
