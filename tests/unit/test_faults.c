@@ -448,7 +448,7 @@ static void m_free(model *m)
 
 /* ---- operations ---------------------------------------------------------------- */
 
-enum { S_PUT, S_MOUNT_PUT, S_RENAME, S_REMOVE, S_GC, S_VERIFY };
+enum { S_PUT, S_MOUNT_PUT, S_RENAME, S_REMOVE, S_RMDIR_BUSY, S_GC, S_VERIFY };
 
 typedef struct step {
 	int op;
@@ -537,6 +537,10 @@ static void *run_op(void *arg)
 			break;
 		case S_REMOVE:
 			rc = ulp_archive_remove(r->a, s->p1);
+			break;
+		case S_RMDIR_BUSY: /* a directory that is not empty: refused, nothing changes */
+			rc = ulp_archive_remove(r->a, s->p1);
+			rc = rc == -ULP_E_BUSY ? 0 : rc < 0 ? rc : -1000;
 			break;
 		case S_GC:
 			rc = ulp_archive_gc(r->a, &r->gc);
@@ -685,11 +689,22 @@ static int archive_is(const char *dir, const model *m, const char *where)
 			fprintf(stderr, "%s: unexpected file %s\n", where, l.paths[i]);
 			ok = 0;
 		}
-	for (size_t i = 0; i < m->n; i++)
+	for (size_t i = 0; i < m->n; i++) {
 		if (!file_is(a, &m->f[i])) {
 			fprintf(stderr, "%s: %s is not its expected content\n", where, m->f[i].path);
 			ok = 0;
 		}
+		char up[128]; /* reachable: every directory above it is there */
+		snprintf(up, sizeof(up), "%s", m->f[i].path);
+		for (char *sl = strrchr(up, '/'); sl; sl = strrchr(up, '/')) {
+			*sl = '\0';
+			ulp_stat st;
+			if (ulp_archive_stat(a, up, &st) < 0 || !st.is_dir) {
+				fprintf(stderr, "%s: %s: directory %s is gone\n", where, m->f[i].path, up);
+				ok = 0;
+			}
+		}
+	}
 	packcheck pc = {a, 0, ""};
 	if (ulp_index_packs(a, pack_cb, &pc) < 0 || pc.bad) {
 		fprintf(stderr, "%s: %s\n", where, pc.bad ? pc.why : ulp_archive_errmsg(a));
@@ -929,7 +944,8 @@ int main(void)
 			{S_RENAME, "run/config.json", "run/config.old.json", NULL},
 			{S_REMOVE, "notes/a.txt", NULL, NULL},
 			{S_RENAME, "run", "run2", NULL},
-		}, 4},
+			{S_RMDIR_BUSY, "run2", NULL, NULL},
+		}, 5},
 		{"gc", 1, {{S_GC, NULL, NULL, NULL}}, 1},
 		{"verify", 0, {{S_VERIFY, NULL, NULL, NULL}}, 1},
 	};
