@@ -210,8 +210,8 @@ int ulp_db_err(ulp_archive *a, const char *what)
 int ulp_db_exec(ulp_archive *a, const char *sql)
 {
 	sqlite3 *db = ulp_db(a);
-	if (!db)
-		return -ULP_E_IO;
+	if (!db) /* no thread state: no memory for it (else open_conn said why) */
+		return pthread_getspecific(a->tls) ? -ULP_E_IO : -ULP_E_NOMEM;
 	if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK)
 		return ulp_db_err(a, sql);
 	return 0;
