@@ -205,6 +205,7 @@ int ulp_index_pack_blobs(ulp_archive *a, int64_t pack,
 int ulp_index_pack_add(ulp_archive *a, const char *name, uint64_t size, int64_t *id);
 int ulp_index_blob_move(ulp_archive *a, const uint8_t *content, int64_t pack, uint64_t offset);
 int ulp_index_pack_drop(ulp_archive *a, int64_t pack);
+/* 1 if the index names pack file name, 0 if not, or a negative error. */
 int ulp_index_has_pack(ulp_archive *a, const char *name);
 
 /* Every blob of the chains of file path (its extents' blobs and their
@@ -230,8 +231,9 @@ uint64_t ulp_pack_size(const ulp_pack_writer *w);
 /* Makes the pack durable under its content name: write, fsync, rename,
  * fsync of the directory. name receives its file name. */
 int ulp_pack_commit(ulp_pack_writer *w, char name[80]);
-/* Removes the pack's file (temporary or committed) and frees w. */
-void ulp_pack_discard(ulp_pack_writer *w, int committed);
+/* Removes the pack's file (temporary, or final once ulp_pack_commit renamed
+ * it, even if the commit then failed) and frees w. */
+void ulp_pack_discard(ulp_pack_writer *w);
 void ulp_pack_free(ulp_pack_writer *w);
 /* Bytes of a blob: pointer into the mapped pack, not pinned: valid until
  * ulp_archive_trim may run (gc's own reads, in a process that does not trim). */

@@ -221,8 +221,8 @@ int ulp_db_err(ulp_archive *a, const char *what)
 int ulp_db_exec(ulp_archive *a, const char *sql)
 {
 	sqlite3 *db = ulp_db(a);
-	if (!db)
-		return -ULP_E_IO;
+	if (!db) /* no thread state: no memory for it (else open_conn said why) */
+		return pthread_getspecific(a->tls) ? -ULP_E_IO : -ULP_E_NOMEM;
 	if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK)
 		return ulp_db_err(a, sql);
 	return 0;
@@ -418,8 +418,11 @@ int ulp_index_pack_name(ulp_archive *a, int64_t id, char *name, size_t cap)
 	if (!st)
 		return -ULP_E_IO;
 	sqlite3_bind_int64(st, 1, id);
-	if (sqlite3_step(st) != SQLITE_ROW) {
+	int rc = sqlite3_step(st);
+	if (rc != SQLITE_ROW) {
 		sqlite3_reset(st);
+		if (rc != SQLITE_DONE)
+			return ulp_db_err(a, "pack lookup");
 		return ulp_arch_err(a, -ULP_E_CORRUPT, "%s/ulpack.db: pack %lld is not in the index", a->dir,
 		                    (long long)id);
 	}
@@ -547,7 +550,11 @@ int ulp_index_file(ulp_archive *a, const char *path, ulp_stat *out, uint8_t **he
 	if (rc != SQLITE_DONE) {
 		free(h);
 		free(x);
-		return rc == SQLITE_NOMEM ? -ULP_E_NOMEM : ulp_arch_err(a, -ULP_E_CORRUPT, "%s: bad extents in the index", path);
+		if (rc == SQLITE_NOMEM)
+			return ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory reading its extents", path);
+		if (rc != SQLITE_CORRUPT)
+			return ulp_db_err(a, "extents lookup");
+		return ulp_arch_err(a, -ULP_E_CORRUPT, "%s: bad extents in the index", path);
 	}
 	*header = h;
 	*header_len = hl;
@@ -760,6 +767,8 @@ int ulp_index_mkdirs(ulp_archive *a, const char *path, int64_t mtime_ns)
 		int rc = sqlite3_step(st);
 		int type = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
 		sqlite3_reset(st);
+		if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+			return ulp_db_err(a, "directory lookup");
 		if (type >= 0 && type != ULP_ENT_DIR)
 			return ulp_arch_err(a, -ULP_E_NOTDIR, "%s: a component of the path is not a directory", buf);
 		if (type < 0) {
@@ -767,7 +776,7 @@ int ulp_index_mkdirs(ulp_archive *a, const char *path, int64_t mtime_ns)
 			st = ulp_db_stmt(a, sql);
 			if (!st || !parent) {
 				free(parent);
-				return -ULP_E_IO;
+				return st ? ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", buf) : -ULP_E_IO;
 			}
 			sqlite3_bind_text(st, 1, buf, -1, SQLITE_STATIC);
 			sqlite3_bind_text(st, 2, parent, -1, SQLITE_STATIC);
@@ -855,8 +864,11 @@ int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_na
 	if (!(st = ulp_db_stmt(a, sql_old)))
 		return -ULP_E_IO;
 	sqlite3_bind_text(st, 1, f->path, -1, SQLITE_STATIC);
-	int old = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
+	rc = sqlite3_step(st);
+	int old = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
 	sqlite3_reset(st);
+	if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+		return ulp_db_err(a, "file lookup");
 	if (old == ULP_ENT_DIR)
 		return ulp_arch_err(a, -ULP_E_EXIST, "%s: is a directory", f->path);
 	int64_t pack = 0;
@@ -891,10 +903,10 @@ int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_na
 	char *parent = ulp_path_parent(f->path), *series = NULL;
 	int64_t step = ulp_parse_step(f->path, &series);
 	const char *slash = strchr(f->path, '/');
-	if (!(st = ulp_db_stmt(a, sql_ent)) || !parent) {
+	if (!(st = ulp_db_stmt(a, sql_ent)) || !parent || (step >= 0 && !series)) {
 		free(parent);
 		free(series);
-		return -ULP_E_IO;
+		return st ? ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", f->path) : -ULP_E_IO;
 	}
 	sqlite3_bind_text(st, 1, f->path, -1, SQLITE_STATIC);
 	sqlite3_bind_text(st, 2, parent, -1, SQLITE_STATIC);
@@ -1102,7 +1114,7 @@ int ulp_archive_rename(ulp_archive *a, const char *from, const char *to)
 		rc = ulp_db_err(a, "rename");
 	if (rc == 0) {
 		sqlite3_bind_text(sel, 1, f, -1, SQLITE_STATIC);
-		int r;
+		int r = SQLITE_DONE;
 		while (rc == 0 && (r = sqlite3_step(sel)) == SQLITE_ROW) {
 			int64_t id = sqlite3_column_int64(sel, 0);
 			const char *old = (const char *)sqlite3_column_text(sel, 1);
@@ -1112,8 +1124,8 @@ int ulp_archive_rename(ulp_archive *a, const char *from, const char *to)
 			int64_t step = ulp_parse_step(np, &series);
 			const char *slash = strchr(np, '/');
 			sqlite3_stmt *up = ulp_db_stmt(a, sql_upd);
-			if (!up || !parent) {
-				rc = -ULP_E_IO;
+			if (!up || !parent || (step >= 0 && !series)) {
+				rc = up ? ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", np) : -ULP_E_IO;
 			} else {
 				sqlite3_bind_text(up, 1, np, -1, SQLITE_STATIC);
 				sqlite3_bind_text(up, 2, parent, -1, SQLITE_STATIC);
@@ -1129,6 +1141,7 @@ int ulp_archive_rename(ulp_archive *a, const char *from, const char *to)
 			free(parent);
 			free(series);
 		}
+		/* an error is not the end of the rows: committing would move only some */
 		if (rc == 0 && r != SQLITE_DONE)
 			rc = ulp_db_err(a, "rename");
 	}
@@ -1389,9 +1402,10 @@ int ulp_index_has_pack(ulp_archive *a, const char *name)
 	if (!st)
 		return -ULP_E_IO;
 	sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
-	int r = sqlite3_step(st) == SQLITE_ROW;
+	int r = sqlite3_step(st);
 	sqlite3_reset(st);
-	return r;
+	/* an error is not "no such pack": gc would delete a live pack */
+	return r == SQLITE_ROW ? 1 : r == SQLITE_DONE ? 0 : ulp_db_err(a, "pack lookup");
 }
 
 int ulp_index_file_blobs(ulp_archive *a, const char *path,

@@ -450,7 +450,7 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 	EVP_MD_CTX *fsha = EVP_MD_CTX_new();
 	uint8_t *head = NULL;
 	size_t head_len = 0;
-	int rc = 0, in_tx = 0, committed_pack = 0;
+	int rc = 0, in_tx = 0;
 	if (!fsha || !EVP_DigestInit_ex(fsha, EVP_sha256(), NULL)) {
 		EVP_MD_CTX_free(fsha);
 		return -ULP_E_NOMEM;
@@ -528,7 +528,6 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 	if (P.pw) {
 		if ((rc = ulp_pack_commit(P.pw, pack_name)) < 0)
 			goto out;
-		committed_pack = 1;
 	}
 	rc = ulp_index_put_file(a, &nf, P.pw ? pack_name : NULL, P.pw ? ulp_pack_size(P.pw) : 0, P.nb,
 	                        P.n_nb, P.nx, P.n_nx);
@@ -545,7 +544,7 @@ out:
 	if (in_tx)
 		ulp_db_rollback(a);
 	if (rc < 0 && P.pw)
-		ulp_pack_discard(P.pw, committed_pack); /* invariant 2 */
+		ulp_pack_discard(P.pw); /* invariant 2 */
 	else
 		ulp_pack_free(P.pw);
 	pthread_mutex_unlock(&a->write_mu);

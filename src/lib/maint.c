@@ -62,6 +62,8 @@ static int verify_one(void *arg, const char *path, const ulp_stat *st)
 			ulp_arch_err(v->a, rc, "%s: decoded bytes do not match the stored sha256", path);
 		}
 	}
+	if (rc == -ULP_E_NOMEM) /* not damage: verify itself fails */
+		return ulp_arch_err(v->a, rc, "%s: out of memory while verifying it", path);
 	if (rc < 0) {
 		snprintf(why, sizeof(why), "%s", ulp_archive_errmsg(v->a));
 		v->damaged++;
@@ -91,6 +93,7 @@ int64_t ulp_archive_verify(ulp_archive *a, const char *prefix,
 typedef struct packinfo {
 	int64_t id;
 	char name[80];
+	char new_name[80];  /* the pack it was rewritten into, or "" */
 	uint64_t size, live, blobs;
 } packinfo;
 
@@ -108,6 +111,7 @@ static int collect_pack(void *arg, int64_t id, const char *name, uint64_t size, 
 	packinfo *pi = &g->p[g->n++];
 	pi->id = id;
 	snprintf(pi->name, sizeof(pi->name), "%s", name);
+	pi->new_name[0] = '\0';
 	pi->size = size;
 	pi->live = live;
 	pi->blobs = blobs;
@@ -223,7 +227,7 @@ int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res)
 			rc = ulp_index_pack_blobs(a, pi->id, rewrite_blob, &rx);
 		if (rc == 0)
 			rc = ulp_pack_commit(rx.w, name);
-		if (rc == 0 && ulp_index_has_pack(a, name) == 1)
+		if (rc == 0 && (rc = ulp_index_has_pack(a, name)) == 1)
 			rc = ulp_arch_err(a, -ULP_E_EXIST, "gc: pack %s exists already", name);
 		if (rc == 0)
 			rc = ulp_index_pack_add(a, name, ulp_pack_size(rx.w), &nid);
@@ -233,9 +237,10 @@ int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res)
 			rc = ulp_index_pack_drop(a, pi->id);
 		if (rc == 0) {
 			r.packs_rewritten++;
+			snprintf(pi->new_name, sizeof(pi->new_name), "%s", name);
 			ulp_pack_free(rx.w);
 		} else if (rx.w) {
-			ulp_pack_discard(rx.w, 1);
+			ulp_pack_discard(rx.w);
 		}
 		free(rx.m);
 	}
@@ -243,6 +248,12 @@ int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res)
 		rc = ulp_db_commit(a);
 	if (rc < 0) {
 		ulp_db_rollback(a);
+		/* the packs rewritten before the failure: the index never named them */
+		for (size_t i = 0; i < g.n; i++)
+			if (g.p[i].new_name[0]) {
+				snprintf(path, sizeof(path), "%s/packs/%s", a->dir, g.p[i].new_name);
+				unlink(path);
+			}
 	} else {
 		/* after the commit: remove the files of packs the index dropped */
 		for (size_t i = 0; i < g.n; i++)

@@ -38,6 +38,7 @@ struct ulp_pack_writer {
 	char tmp[4200];
 	char final[4200];
 	uint64_t size;
+	int renamed;        /* the file is final, no longer tmp */
 	EVP_MD_CTX *sha;
 };
 
@@ -103,7 +104,7 @@ int ulp_pack_writer_new(ulp_archive *a, ulp_pack_writer **out)
 	}
 	int rc = write_all(w, PACK_MAGIC, 8);
 	if (rc < 0) {
-		ulp_pack_discard(w, 0);
+		ulp_pack_discard(w);
 		return rc;
 	}
 	*out = w;
@@ -149,19 +150,22 @@ int ulp_pack_commit(ulp_pack_writer *w, char name[80])
 	w->fd = -1;
 	if (rename(w->tmp, w->final) < 0)
 		return io_err(w->a, w->final, "rename");
+	w->renamed = 1;
 	char dir[4200];
 	snprintf(dir, sizeof(dir), "%s/packs", w->a->dir);
 	return fsync_dir(w->a, dir);
 }
 
-void ulp_pack_discard(ulp_pack_writer *w, int committed)
+void ulp_pack_discard(ulp_pack_writer *w)
 {
 	if (!w)
 		return;
 	if (w->fd >= 0)
 		close(w->fd);
 	w->fd = -1;
-	unlink(committed ? w->final : w->tmp);
+	/* by what the writer did, not what the caller thinks: a commit that
+	 * failed after its rename (the directory's fsync) leaves the final name */
+	unlink(w->renamed ? w->final : w->tmp);
 	ulp_pack_free(w);
 }
 

@@ -85,8 +85,10 @@ static int read_blob(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SH
 	memcpy(key.sha, sha, ULP_SHA256_LEN);
 	void *data;
 	int must_load;
-	ULP_TRY(ulp_cache_get(a->cache, &key, e, &data, &must_load));
+	ulp_centry *ce; /* *e only on success: a failed entry is let go here */
+	ULP_TRY(ulp_cache_get(a->cache, &key, &ce, &data, &must_load));
 	if (!must_load) {
+		*e = ce;
 		*out = ((cblob *)data)->b;
 		return 0;
 	}
@@ -94,7 +96,7 @@ static int read_blob(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SH
 	const uint8_t *p;
 	ulp_blob *b = NULL;
 	cblob *cb = calloc(1, sizeof(*cb));
-	char why[256], name[128] = "?";
+	char why[256] = "", name[128] = "?";
 	const loc *l = find_loc(f, sha);
 	size_t slot = 0;
 	int rc = cb ? 0 : -ULP_E_NOMEM;
@@ -120,6 +122,8 @@ static int read_blob(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SH
 		}
 		if (rc < 0) {
 			char hex[65];
+			if (rc == -ULP_E_NOMEM) /* ulp_blob_open says why only for bad blobs */
+				snprintf(why, sizeof(why), "%s", ulp_strerror(rc));
 			ulp_sha256_hex(sha, hex);
 			if (!l)
 				ulp_index_pack_name(a, row.pack, name, sizeof(name));
@@ -131,11 +135,12 @@ static int read_blob(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SH
 		if (pinned)
 			ulp_pack_unpin(a, slot);
 		free(cb);
-		ulp_cache_fail(a->cache, *e, rc);
+		ulp_cache_fail(a->cache, ce, rc);
 		return rc;
 	}
 	*cb = (cblob){b, a, slot};
-	ulp_cache_fill(a->cache, *e, cb, ulp_blob_footprint(b) + sizeof(*cb), blob_destroy);
+	ulp_cache_fill(a->cache, ce, cb, ulp_blob_footprint(b) + sizeof(*cb), blob_destroy);
+	*e = ce;
 	*out = b;
 	return 0;
 }
@@ -146,10 +151,13 @@ int ulp_read_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_centry 
 	return read_blob(a, NULL, sha, e, out);
 }
 
+/* Pins chunk k of sha; *eout is written only on success (a caller that put
+ * an entry a failed call had already let go, and freed, read freed memory). */
 static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
-                      ulp_centry **e, const uint8_t **data, size_t *len, unsigned *walk,
+                      ulp_centry **eout, const uint8_t **data, size_t *len, unsigned *walk,
                       unsigned depth)
 {
+	ulp_centry *ce = NULL, **e = &ce;
 	ulp_ckey key = {.chunk = k, .kind = ULP_CK_CHUNK};
 	memcpy(key.sha, sha, ULP_SHA256_LEN);
 	void *d;
@@ -171,6 +179,7 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 		uint64_t off, l;
 		ulp_blob_chunk_range(b, k, &off, &l);
 		ulp_cache_put(a->cache, be);
+		*eout = ce;
 		*data = d;
 		*len = (size_t)l;
 		return 0;
@@ -234,6 +243,7 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 	ulp_cache_put_cold(a->cache, re);
 	ulp_cache_put(a->cache, be);
 	ulp_cache_fill(a->cache, *e, buf, (size_t)l, ulp_cache_free_buf);
+	*eout = ce;
 	*data = buf;
 	*len = (size_t)l;
 	return 0;
