@@ -1,6 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
-# archive_import.sh - `ulpack import` of the real trajectory (../shared/data) and
+# archive_import.sh - `ulpack import` of the real trajectory (the whole run of
+# ../shared/data when present, else the subset committed under tests/data) and
 # of a synthetic one: every file cats back with its sha256, export rebuilds the
 # tree with modes and mtimes, verify passes, the stored bytes reported match the
 # packs on disk, steps imported in shuffled order stay within max_chain, a cold
@@ -29,27 +30,31 @@ check_tree() { # check_tree SRC PREFIX
 }
 check_tree "$T/syn" syn
 
-if [ -d "$ULP_DATA_DIR/tiny-lm" ]; then
-	"$ULPACK" import "$A" "$ULP_DATA_DIR/tiny-lm" --prefix tiny > "$T/out" || fail "import tiny-lm: $(cat "$T/out")"
+TINY="$ULP_DATA_DIR/tiny-lm"
+[ -d "$TINY" ] || TINY="$ULP_TEST_DATA_DIR/tiny-lm"
+if [ -d "$TINY" ]; then
+	"$ULPACK" import "$A" "$TINY" --prefix tiny > "$T/out" || fail "import $TINY: $(cat "$T/out")"
 	ok "$(cat "$T/out")"
-	check_tree "$ULP_DATA_DIR/tiny-lm" tiny
+	check_tree "$TINY" tiny
 	# bf16: archive size vs bench sizes of its 7 pairs plus the first (anchor) step
 	"$ULPACK" stat "$A" tiny/bf16 --json > "$T/stat.json" || fail "stat"
 	prev=""
 	: > "$T/bench-sizes"
-	for s in 50 100 150 200 250 300 350 400; do
+	steps=$(ls "$TINY/bf16" | sed -n 's/^checkpoint-//p' | sort -n)
+	first=$(echo "$steps" | head -1)
+	for s in $steps; do
 		if [ -n "$prev" ]; then
-			"$ULPACK" bench "$ULP_DATA_DIR/tiny-lm/bf16/checkpoint-$prev/model.safetensors" \
-				"$ULP_DATA_DIR/tiny-lm/bf16/checkpoint-$s/model.safetensors" --json --reps 1 --min-time 0.001 \
+			"$ULPACK" bench "$TINY/bf16/checkpoint-$prev/model.safetensors" \
+				"$TINY/bf16/checkpoint-$s/model.safetensors" --json --reps 1 --min-time 0.001 \
 				| "$PY" -c 'import json,sys; print(json.load(sys.stdin)["total"]["ulpack_bytes"])' >> "$T/bench-sizes"
 		fi
 		prev=$s
 	done
-	"$PY" - "$T/stat.json" "$T/bench-sizes" <<'PYEOF' && ok "bf16 archive within 2 % of bench pairs + anchor" || fail "bf16 archive size"
+	"$PY" - "$T/stat.json" "$T/bench-sizes" "$first" <<'PYEOF' && ok "bf16 archive within 2 % of bench pairs + anchor" || fail "bf16 archive size"
 import json, sys
 st = json.load(open(sys.argv[1]))
 pairs = sum(int(x) for x in open(sys.argv[2]))
-anchor = [f for f in st["files"] if f["path"].endswith("checkpoint-50/model.safetensors")][0]["stored_bytes"]
+anchor = [f for f in st["files"] if f["path"].endswith("checkpoint-%s/model.safetensors" % sys.argv[3])][0]["stored_bytes"]
 stored = st["total"]["stored_bytes"]
 print("archive", stored, "bench pairs + anchor", pairs + anchor, "ratio", stored / (pairs + anchor))
 assert abs(stored / (pairs + anchor) - 1) < 0.02

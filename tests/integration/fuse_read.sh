@@ -15,8 +15,11 @@ A="$T/arch" M="$T/mnt"
 "$ULPACK" init "$A" > /dev/null
 SRC="$T/src"
 mkdir -p "$SRC"
+# the whole real run when ../shared/data is there, else the committed subset
 if [ -d "$ULP_DATA_DIR/tiny-lm" ]; then
 	cp -r -p "$ULP_DATA_DIR/tiny-lm" "$SRC/tiny"
+else
+	cp -r -p "$ULP_TEST_DATA_DIR/tiny-lm" "$SRC/tiny" || fail "no $ULP_TEST_DATA_DIR/tiny-lm"
 fi
 "$ULPACK" synth "$SRC/syn" --steps 3 --dim 256 || fail synth
 "$ULPACK" synth "$SRC/big" --steps 2 --dim 768 || fail synth
