@@ -244,7 +244,8 @@ typedef struct ulp_stat {
 	int64_t step;           /* parsed from the path, -1 if none */
 	unsigned chain_depth;   /* deepest delta chain among its tensors */
 	int anchor;             /* 1 if no tensor needs a reference */
-	int kind;               /* 1 safetensors (coded per tensor), 0 opaque */
+	int kind;               /* 1 safetensors, 2 torch.save zip (both coded per
+	                           tensor), 0 opaque */
 } ulp_stat;
 
 /** Metadata of a path without decoding anything. Errors: NOENT. */
