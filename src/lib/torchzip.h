@@ -49,28 +49,6 @@ void ulp_pk_free(ulp_pk *k);
 
 /* ---- torch zip (torchzip.c) --------------------------------------------- */
 
-typedef struct ulp_tz_storage {
-	const char *name;        /* stable name (owned by the ulp_tz) */
-	ulp_dtype dtype;         /* never ULP_DT_UNKNOWN */
-	uint64_t offset, length; /* the bytes in the file; length = numel x itemsize > 0 */
-} ulp_tz_storage;
-
-typedef struct ulp_tz ulp_tz;
-
-/* Reads len bytes at off into buf: 0, or a negative code (I/O). */
-typedef int (*ulp_tz_read_fn)(void *arg, void *buf, size_t len, uint64_t off);
-
-/*
- * Parses the torch zip of size bytes read through rd. On success (0) *out
- * holds the storages sorted by offset, disjoint, inside [0, size), each
- * with length = numel x itemsize of its known dtype. -ULP_E_CORRUPT (why
- * filled) for anything not understood, -ULP_E_NOMEM, or rd's error.
- */
-int ulp_tz_parse(ulp_tz_read_fn rd, void *arg, uint64_t size, ulp_tz **out, char *why, size_t cap);
-/* The same over a buffer holding the whole file. */
-int ulp_tz_parse_mem(const uint8_t *data, size_t size, ulp_tz **out, char *why, size_t cap);
-size_t ulp_tz_count(const ulp_tz *z);
-const ulp_tz_storage *ulp_tz_at(const ulp_tz *z, size_t i);
-void ulp_tz_free(ulp_tz *z);
+/* The torch zip reader itself is public: ulp_tz_* in ulpack.h. */
 
 #endif

@@ -435,6 +435,37 @@ typedef struct ulp_st_wtensor {
  *  bytes with spaces). Errors: IO (errno preserved), INVAL. */
 int ulp_st_write(const char *path, const ulp_st_wtensor *t, size_t n, const char *metadata_json);
 
+/* ---- torch.save zip files (torchzip.c) ------------------------------------ */
+
+/** A storage of a torch.save file: a tensor's bytes in the file. */
+typedef struct ulp_tz_storage {
+	const char *name;        /* path of the first tensor using it ("state.0.exp_avg",
+	                            "model.layers.3.mlp.up_proj.weight"), else
+	                            "storage:KEY"; unique; owned by the ulp_tz */
+	ulp_dtype dtype;         /* never ULP_DT_UNKNOWN (other storages are not listed) */
+	uint64_t offset, length; /* in the file; length = numel x itemsize > 0 */
+} ulp_tz_storage;
+
+typedef struct ulp_tz ulp_tz;
+
+/** Reads len bytes at off into buf: 0, or a negative code. */
+typedef int (*ulp_tz_read_fn)(void *arg, void *buf, size_t len, uint64_t off);
+
+/**
+ * Reads a torch.save zip (PyTorch >= 1.6) of size bytes through rd: ZIP and
+ * ZIP64 directories, local headers, and data.pkl's persistent ids. On
+ * success *out lists the storages of known dtype, sorted by offset,
+ * disjoint. Strict: CORRUPT (errbuf says why) for anything it does not
+ * fully understand; NOMEM; rd's errors.
+ */
+int ulp_tz_parse(ulp_tz_read_fn rd, void *arg, uint64_t size, ulp_tz **out, char *errbuf,
+                 size_t errcap);
+/** The same over a buffer holding the whole file. */
+int ulp_tz_parse_mem(const uint8_t *data, size_t size, ulp_tz **out, char *errbuf, size_t errcap);
+size_t ulp_tz_count(const ulp_tz *z);
+const ulp_tz_storage *ulp_tz_at(const ulp_tz *z, size_t i);
+void ulp_tz_free(ulp_tz *z);
+
 #ifdef __cplusplus
 }
 #endif
