@@ -246,18 +246,20 @@ static void tfile_free(tfile *f)
 	memset(f, 0, sizeof(*f));
 }
 
+/* A ZIP (local header signature first) is read as torch.save, anything
+ * else as safetensors. */
 static int load(const char *path, tfile *f)
 {
-	char err[256], err2[256];
+	char err[256];
 	memset(f, 0, sizeof(*f));
 	if (cli_read_file(path, &f->buf, &f->len) < 0)
 		return -1;
-	int rc = ulp_st_parse(f->buf, f->len, f->len, &f->st, NULL, err, sizeof(err));
-	if (rc == -ULP_E_CORRUPT)
-		rc = ulp_tz_parse_mem(f->buf, f->len, &f->tz, err2, sizeof(err2));
+	int zip = f->len >= 4 && memcmp(f->buf, "PK\3\4", 4) == 0;
+	int rc = zip ? ulp_tz_parse_mem(f->buf, f->len, &f->tz, err, sizeof(err))
+	             : ulp_st_parse(f->buf, f->len, f->len, &f->st, NULL, err, sizeof(err));
 	if (rc < 0) {
-		cli_fail("%s: neither a valid safetensors file (%s) nor a torch.save zip (%s)", path,
-		         f->st || rc != -ULP_E_CORRUPT ? ulp_strerror(rc) : err, err2);
+		cli_fail("%s: not a valid %s file: %s", path, zip ? "torch.save" : "safetensors",
+		         rc == -ULP_E_CORRUPT ? err : ulp_strerror(rc));
 		tfile_free(f);
 		return -1;
 	}

@@ -16,6 +16,8 @@
  *  3. The naming walk visits each value at most once (visited flag) and at
  *     most WALK_DEPTH deep, so cycles and shared subgraphs terminate.
  *  4. Storage keys are unique in the result, and so are names.
+ *  5. Memory is bounded by the pickle's length: each opcode makes at most
+ *     one value, and the memo is never larger than the values made.
  */
 #include "torchzip.h"
 #include <stdio.h>
@@ -130,7 +132,9 @@ static int memo_put(px *x, uint64_t idx)
 {
 	pv *v;
 	ULP_TRY(top(x, &v));
-	if (idx >= MEMO_MAX)
+	/* a pickler numbers its memo 0, 1, 2...: an index past the values made
+	 * so far is a lie, and would size the memo (invariant 5) */
+	if (idx >= MEMO_MAX || idx > x->nall)
 		return ULP_CORRUPT(x->e, "pickle: memo index %llu", (unsigned long long)idx);
 	while (x->cmemo <= idx) {
 		size_t old = x->cmemo;
