@@ -335,7 +335,7 @@ typedef struct ulp_dtype_total {
 typedef struct ulp_report {
 	uint64_t files, dirs, raw_bytes, stored_bytes, blobs, pack_bytes;
 	unsigned max_chain_depth;
-	ulp_dtype_total by_dtype[ULP_DT__COUNT]; /* tensors only (kind 1 files) */
+	ulp_dtype_total by_dtype[ULP_DT__COUNT]; /* tensors only (kind 1 and 2 files) */
 	uint64_t opaque_raw, opaque_stored;      /* other files and non-tensor bytes */
 } ulp_report;
 int ulp_archive_report(ulp_archive *a, const char *prefix,
