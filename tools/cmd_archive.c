@@ -859,10 +859,12 @@ static int stat_file(void *arg, const char *path, const ulp_stat *st)
 		printf("%s\n    {\"path\": ", s->first ? "" : ",");
 		json_str(stdout, path);
 		printf(", \"raw_bytes\": %llu, \"stored_bytes\": %llu, \"ratio\": %.6f, \"step\": %lld,"
-		       " \"chain_depth\": %u, \"anchor\": %s, \"safetensors\": %s, \"sha256\": \"%s\"}",
+		       " \"chain_depth\": %u, \"anchor\": %s, \"safetensors\": %s, \"kind\": \"%s\","
+		       " \"sha256\": \"%s\"}",
 		       (unsigned long long)st->size, (unsigned long long)st->stored_bytes, ratio,
 		       (long long)st->step, st->chain_depth, st->anchor ? "true" : "false",
-		       st->kind ? "true" : "false", sha);
+		       st->kind == 1 ? "true" : "false",
+		       st->kind == 1 ? "safetensors" : st->kind == 2 ? "torch" : "opaque", sha);
 	} else {
 		printf("%14llu %14llu %7.4f %8lld %5u %s %s\n", (unsigned long long)st->size,
 		       (unsigned long long)st->stored_bytes, ratio, (long long)st->step, st->chain_depth,

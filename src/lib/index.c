@@ -22,8 +22,9 @@
  * Views runs(run, files, raw_bytes, stored_bytes) and steps(run, step, files).
  *
  * Invariants:
- *  1. A file's header (its first length(header) bytes) and its extents tile
- *     [0, size) exactly, in offset order.
+ *  1. A file's extents are in offset order, disjoint, inside [0, size); the
+ *     bytes between and around them are its header's, in order (kind 1: the
+ *     first length(header) bytes; kind 2: the header is zstd-compressed).
  *  2. Every blob's ref names the content of another blob (or is NULL), and
  *     depth = depth(ref) + 1; following refs terminates (depth decreases).
  *  3. Every pack row's file exists and is durable before the transaction
@@ -796,7 +797,7 @@ int ulp_index_mkdirs(ulp_archive *a, const char *path, int64_t mtime_ns)
 int ulp_index_nearest(ulp_archive *a, const char *series, int64_t step, const char *path,
                       int64_t *id, char *ref_path, size_t cap)
 {
-	static const char sql[] = "SELECT id, path FROM entries WHERE series = ? AND type = 0 AND kind = 1"
+	static const char sql[] = "SELECT id, path FROM entries WHERE series = ? AND type = 0 AND kind <> 0"
 	                          " AND path <> ? ORDER BY abs(step - ?), step LIMIT 1";
 	*id = -1;
 	ref_path[0] = 0;

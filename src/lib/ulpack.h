@@ -248,7 +248,8 @@ typedef struct ulp_stat {
 	int64_t step;           /* parsed from the path, -1 if none */
 	unsigned chain_depth;   /* deepest delta chain among its tensors */
 	int anchor;             /* 1 if no tensor needs a reference */
-	int kind;               /* 1 safetensors (coded per tensor), 0 opaque */
+	int kind;               /* 1 safetensors, 2 torch.save zip (both coded per
+	                           tensor), 0 opaque */
 } ulp_stat;
 
 /** Metadata of a path without decoding anything. Errors: NOENT. */
@@ -347,7 +348,7 @@ typedef struct ulp_dtype_total {
 typedef struct ulp_report {
 	uint64_t files, dirs, raw_bytes, stored_bytes, blobs, pack_bytes;
 	unsigned max_chain_depth;
-	ulp_dtype_total by_dtype[ULP_DT__COUNT]; /* tensors only (kind 1 files) */
+	ulp_dtype_total by_dtype[ULP_DT__COUNT]; /* tensors only (kind 1 and 2 files) */
 	uint64_t opaque_raw, opaque_stored;      /* other files and non-tensor bytes */
 } ulp_report;
 int ulp_archive_report(ulp_archive *a, const char *prefix,
@@ -481,6 +482,37 @@ typedef struct ulp_st_wtensor {
 /** Writes a safetensors file (tensors in the given order, header padded to 8
  *  bytes with spaces). Errors: IO (errno preserved), INVAL. */
 int ulp_st_write(const char *path, const ulp_st_wtensor *t, size_t n, const char *metadata_json);
+
+/* ---- torch.save zip files (torchzip.c) ------------------------------------ */
+
+/** A storage of a torch.save file: a tensor's bytes in the file. */
+typedef struct ulp_tz_storage {
+	const char *name;        /* path of the first tensor using it ("state.0.exp_avg",
+	                            "model.layers.3.mlp.up_proj.weight"), else
+	                            "storage:KEY"; unique; owned by the ulp_tz */
+	ulp_dtype dtype;         /* never ULP_DT_UNKNOWN (other storages are not listed) */
+	uint64_t offset, length; /* in the file; length = numel x itemsize > 0 */
+} ulp_tz_storage;
+
+typedef struct ulp_tz ulp_tz;
+
+/** Reads len bytes at off into buf: 0, or a negative code. */
+typedef int (*ulp_tz_read_fn)(void *arg, void *buf, size_t len, uint64_t off);
+
+/**
+ * Reads a torch.save zip (PyTorch >= 1.6) of size bytes through rd: ZIP and
+ * ZIP64 directories, local headers, and data.pkl's persistent ids. On
+ * success *out lists the storages of known dtype, sorted by offset,
+ * disjoint. Strict: CORRUPT (errbuf says why) for anything it does not
+ * fully understand; NOMEM; rd's errors.
+ */
+int ulp_tz_parse(ulp_tz_read_fn rd, void *arg, uint64_t size, ulp_tz **out, char *errbuf,
+                 size_t errcap);
+/** The same over a buffer holding the whole file. */
+int ulp_tz_parse_mem(const uint8_t *data, size_t size, ulp_tz **out, char *errbuf, size_t errcap);
+size_t ulp_tz_count(const ulp_tz *z);
+const ulp_tz_storage *ulp_tz_at(const ulp_tz *z, size_t i);
+void ulp_tz_free(ulp_tz *z);
 
 #ifdef __cplusplus
 }
