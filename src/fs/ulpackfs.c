@@ -327,6 +327,16 @@ static void enqueue(node *n)
 	pthread_cond_broadcast(&fs.qcv);
 }
 
+/* Re-bases in the background (fs.mu held; released meanwhile): a failure
+ * leaves the work queued in the index for the next time. */
+static void rebase_pending(void)
+{
+	pthread_mutex_unlock(&fs.mu);
+	if (ulp_archive_rebase_pending(fs.a, NULL, NULL, NULL) < 0)
+		fprintf(stderr, "ulpackfs: re-basing: %s\n", ulp_archive_errmsg(fs.a));
+	pthread_mutex_lock(&fs.mu);
+}
+
 /* The committer thread: archives queued nodes in order (invariant 4). */
 static void *committer(void *arg)
 {
@@ -357,7 +367,10 @@ static void *committer(void *arg)
 			unpin(n);
 		fs.qlen--;
 		pthread_cond_broadcast(&fs.qcv);
+		if (!fs.qhead) /* idle: re-base what renames and new steps queued (recode.c) */
+			rebase_pending();
 	}
+	rebase_pending(); /* at unmount: the last renames */
 	pthread_mutex_unlock(&fs.mu);
 	return NULL;
 }

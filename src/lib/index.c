@@ -1786,13 +1786,16 @@ int ulp_index_rebase_apply(ulp_archive *a, const char *pack_name, uint64_t pack_
 			return ulp_arch_err(a, -ULP_E_CORRUPT, "%s/ulpack.db: re-basing made a cycle of references", a->dir);
 	}
 	sqlite3_stmt *st;
-	int rc = sqlite3_prepare_v2(ulp_db(a), "SELECT coalesce(max(depth), 0) FROM blobs WHERE content IN temp.rb_aff",
+	int rc = sqlite3_prepare_v2(ulp_db(a), "SELECT coalesce(max(depth), 0) FROM blobs b WHERE content IN temp.rb_aff"
+	                            " AND EXISTS (SELECT 1 FROM extents x WHERE x.blob = b.id)",
 	                            -1, &st, NULL);
 	if (rc != SQLITE_OK)
 		return ulp_db_err(a, "re-base depths");
 	unsigned maxd = sqlite3_step(st) == SQLITE_ROW ? (unsigned)sqlite3_column_int(st, 0) : 0;
 	sqlite3_finalize(st);
-	if (maxd > a->max_chain) /* the planner keeps chains short: never commit a longer one */
+	/* the planner keeps the chains of files short: never commit a longer
+	 * one (blobs no file uses any more, which gc drops next, may be deeper) */
+	if (maxd > a->max_chain)
 		return ulp_arch_err(a, -ULP_E_BUSY, "%s: re-basing would make a chain of %u deltas (max_chain %u);"
 		                    " the archive changed meanwhile, try again", a->dir, maxd, a->max_chain);
 	return ulp_db_exec(a, "UPDATE entries SET"

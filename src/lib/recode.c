@@ -89,9 +89,13 @@ static int walk(plan *P, const uint8_t *from, const uint8_t *to, unsigned *depth
 		if (memcmp(cur, to, ULP_SHA256_LEN) == 0)
 			return 1;
 		item *p = planned(P, cur);
-		if (p) {
-			*depth = n + p->depth;
-			return 0;
+		if (p) { /* its chain as planned: it may lead back to `to` */
+			if (!p->rb.has_ref) {
+				*depth = n;
+				return 0;
+			}
+			memcpy(cur, p->rb.ref, ULP_SHA256_LEN);
+			continue;
 		}
 		ulp_rbblob b;
 		ULP_TRY(ulp_index_blob_ref(P->a, cur, &b));
