@@ -386,9 +386,14 @@ static int run_items(ulp_archive *a, item *it, size_t n, ulp_progress_fn progres
 	char name[80];
 	size_t applied = 0;
 	pthread_mutex_lock(&a->write_mu);
+	int same = 0;
 	rc = ulp_db_begin(a);
 	if (rc == 0)
 		rc = ulp_pack_commit(w, name); /* invariant 2: durable first */
+	/* a pack of the same bytes that the index names already: its file is
+	 * that pack's now, which a discard would remove */
+	if (rc == 0 && (same = ulp_index_has_pack(a, name)) != 0)
+		rc = same < 0 ? same : ulp_arch_err(a, -ULP_E_EXIST, "%s/packs/%s: re-coded pack exists already", a->dir, name);
 	crash_point(1);
 	if (rc == 0)
 		rc = ulp_index_rebase_apply(a, name, ulp_pack_size(w), rb, m);
@@ -399,7 +404,10 @@ static int run_items(ulp_archive *a, item *it, size_t n, ulp_progress_fn progres
 		rc = ulp_db_commit(a);
 	if (rc < 0 || !applied) {
 		ulp_db_rollback(a);
-		ulp_pack_discard(w);
+		if (same)
+			ulp_pack_free(w);
+		else
+			ulp_pack_discard(w);
 	} else {
 		ulp_pack_free(w);
 	}
