@@ -1105,9 +1105,11 @@ int cmd_gc(int argc, char **argv)
 	if (ulp_archive_gc(a, &r) < 0)
 		status = cli_fail("%s", ulp_archive_errmsg(a));
 	else
-		printf("gc: %llu blobs dropped, %llu packs removed, %llu rewritten, %llu bytes reclaimed\n",
+		printf("gc: %llu blobs dropped, %llu packs removed, %llu rewritten, %llu bytes reclaimed,"
+		       " %llu blobs re-based\n",
 		       (unsigned long long)r.blobs_removed, (unsigned long long)r.packs_removed,
-		       (unsigned long long)r.packs_rewritten, (unsigned long long)r.bytes_reclaimed);
+		       (unsigned long long)r.packs_rewritten, (unsigned long long)r.bytes_reclaimed,
+		       (unsigned long long)r.blobs_rebased);
 	ulp_archive_close(a);
 	return status;
 }

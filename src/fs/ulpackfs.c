@@ -113,6 +113,7 @@ static struct {
 	node *qhead, *qtail;
 	unsigned qlen;         /* queued plus the one being archived */
 	int qstop, committer_on;
+	int rebase_wanted;     /* the index may have queued re-basing work (recode.c) */
 	int qerr;              /* errno of a failed background commit, not reported yet */
 	pthread_t committer;
 } fs = {.mu = PTHREAD_MUTEX_INITIALIZER, .qcv = PTHREAD_COND_INITIALIZER};
@@ -256,6 +257,8 @@ static int commit_node(node *n, const char *path, int drop)
 		free(dst);
 		return err_of(rc);
 	}
+	fs.rebase_wanted = 1; /* the committer re-bases when idle */
+	pthread_cond_broadcast(&fs.qcv);
 	if (!n->path) { /* unlinked while it was being archived */
 		ulp_archive_remove(fs.a, dst);
 	} else {
@@ -327,14 +330,38 @@ static void enqueue(node *n)
 	pthread_cond_broadcast(&fs.qcv);
 }
 
+/* After a rename (fs.mu not held): wakes the committer to re-base. */
+static void want_rebase(void)
+{
+	pthread_mutex_lock(&fs.mu);
+	fs.rebase_wanted = 1;
+	pthread_cond_broadcast(&fs.qcv);
+	pthread_mutex_unlock(&fs.mu);
+}
+
+/* Re-bases in the background (fs.mu held; released meanwhile): a failure
+ * leaves the work queued in the index for the next time. */
+static void rebase_pending(void)
+{
+	fs.rebase_wanted = 0;
+	pthread_mutex_unlock(&fs.mu);
+	if (ulp_archive_rebase_pending(fs.a, NULL, NULL, NULL) < 0)
+		fprintf(stderr, "ulpackfs: re-basing: %s\n", ulp_archive_errmsg(fs.a));
+	pthread_mutex_lock(&fs.mu);
+}
+
 /* The committer thread: archives queued nodes in order (invariant 4). */
 static void *committer(void *arg)
 {
 	(void)arg;
 	pthread_mutex_lock(&fs.mu);
 	for (;;) {
-		while (!fs.qhead && !fs.qstop)
+		while (!fs.qhead && !fs.qstop && !fs.rebase_wanted)
 			pthread_cond_wait(&fs.qcv, &fs.mu);
+		if (!fs.qhead && !fs.qstop) { /* idle, and renames or commits queued work */
+			rebase_pending();
+			continue;
+		}
 		node *n = fs.qhead;
 		if (!n)
 			break; /* stopping, and nothing left */
@@ -358,6 +385,7 @@ static void *committer(void *arg)
 		fs.qlen--;
 		pthread_cond_broadcast(&fs.qcv);
 	}
+	rebase_pending(); /* at unmount: the last renames */
 	pthread_mutex_unlock(&fs.mu);
 	return NULL;
 }
@@ -1039,6 +1067,8 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 		}
 	pthread_mutex_unlock(&fs.mu);
 	rc = ulp_archive_rename(fs.a, f, t);
+	if (rc == 0)
+		want_rebase();
 	return rc < 0 ? err_of(rc) : 0;
 }
 

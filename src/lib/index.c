@@ -4,8 +4,9 @@
  * sqlite3.h. Every thread gets its own connection (WAL, foreign keys, busy
  * timeout) and its own cache of prepared statements.
  *
- * Schema (version 2; version 1 lacks entries.header_sha and is upgraded when
- * opened read-write, see upgrade_v1):
+ * Schema (version 3; version 1 lacks entries.header_sha, version 2 the
+ * re-basing queue and blobs_ref; both are upgraded when opened read-write,
+ * see upgrade_v1 and upgrade_v2):
  *   meta(key, value)                 schema_version, max_chain, created_by
  *   packs(id, name, size)            immutable pack files under packs/
  *   blobs(id, content, codec, ref, depth, raw_size, stored_size, pack, offset)
@@ -19,6 +20,11 @@
  *   extents(file, offset, length, blob, name, dtype)
  *                                    how a file's bytes after its header are
  *                                    made, in order; name/dtype for tensors
+ *   rebase_queue(file, why)         files whose neighbourhood in their series
+ *                                    changed (filled by triggers on entries:
+ *                                    why 1 a new file, 2 a rename that changed
+ *                                    its series), for recode.c; a row goes with
+ *                                    its entry (ON DELETE CASCADE)
  * Views runs(run, files, raw_bytes, stored_bytes) and steps(run, step, files).
  *
  * Invariants:
@@ -60,6 +66,19 @@ struct ulp_tstate {
 	ulp_tstate *next;
 };
 
+/* Version 3: what recode.c needs (the queue of pending re-basing work, kept
+ * in the same transactions as the puts and renames that make it, so a crash
+ * never loses it; an index on blobs.ref to find a blob's dependents). */
+#define REBASE_SCHEMA \
+	"CREATE INDEX IF NOT EXISTS blobs_ref ON blobs(ref);" \
+	"CREATE TABLE IF NOT EXISTS rebase_queue(file INTEGER PRIMARY KEY REFERENCES entries(id) ON DELETE CASCADE," \
+	" why INTEGER NOT NULL);" \
+	"CREATE TRIGGER IF NOT EXISTS rebase_new AFTER INSERT ON entries WHEN NEW.type = 0 AND NEW.kind <> 0" \
+	" AND NEW.series IS NOT NULL BEGIN INSERT OR IGNORE INTO rebase_queue VALUES(NEW.id, 1); END;" \
+	"CREATE TRIGGER IF NOT EXISTS rebase_moved AFTER UPDATE OF series ON entries WHEN NEW.type = 0 AND NEW.kind <> 0" \
+	" AND NEW.series IS NOT NULL AND NEW.series IS NOT OLD.series" \
+	" BEGIN INSERT OR IGNORE INTO rebase_queue VALUES(NEW.id, 2); END;"
+
 static const char *const schema =
 	"PRAGMA journal_mode=WAL;"
 	"BEGIN;"
@@ -81,11 +100,12 @@ static const char *const schema =
 	" offset INTEGER NOT NULL, length INTEGER NOT NULL, blob INTEGER NOT NULL REFERENCES blobs(id),"
 	" name TEXT, dtype INTEGER, PRIMARY KEY(file, offset));"
 	"CREATE INDEX extents_blob ON extents(blob);"
+	REBASE_SCHEMA
 	"CREATE VIEW runs AS SELECT run, count(*) AS files, sum(size) AS raw_bytes,"
 	" sum(stored) AS stored_bytes FROM entries WHERE type = 0 GROUP BY run;"
 	"CREATE VIEW steps AS SELECT run, step, count(*) AS files FROM entries"
 	" WHERE type = 0 AND step >= 0 GROUP BY run, step;"
-	"INSERT INTO meta VALUES('schema_version', '2');"
+	"INSERT INTO meta VALUES('schema_version', '3');"
 	"INSERT INTO meta VALUES('created_by', 'ulpack " ULP_VERSION_STRING "');"
 	"INSERT INTO entries(path, parent, name, type, mode, mtime_ns) VALUES('', '', '', 1, 16877, 0);"
 	"COMMIT;";
@@ -346,6 +366,34 @@ static int upgrade_v1(ulp_archive *a, ulp_err *err)
 	return 0;
 }
 
+/* Version 2 -> 3: adds the re-basing queue, its triggers and blobs_ref, in
+ * one transaction (the version is read again under the write lock). Files
+ * archived before are not queued: they were coded as before. */
+static int upgrade_v2(ulp_archive *a, ulp_err *err)
+{
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *sel = NULL;
+	int code = ulp_db_begin(a), v = 0;
+	if (code == 0 && sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'schema_version'", -1, &sel,
+	                                    NULL) == SQLITE_OK && sqlite3_step(sel) == SQLITE_ROW)
+		v = sqlite3_column_int(sel, 0);
+	sqlite3_finalize(sel);
+	if (code == 0 && v == 2) {
+		if (sqlite3_exec(db, REBASE_SCHEMA, NULL, NULL, NULL) != SQLITE_OK)
+			code = ulp_db_err(a, "upgrading the index to schema version 3");
+		if (code == 0)
+			code = ulp_db_exec(a, "UPDATE meta SET value = '3' WHERE key = 'schema_version'");
+	}
+	if (code == 0)
+		code = ulp_db_commit(a);
+	if (code < 0) {
+		ulp_db_rollback(a);
+		return ULP_ERR(err, code, "%s", ulp_archive_errmsg(a));
+	}
+	a->schema = 3;
+	return 0;
+}
+
 /* Checks that the index is an archive of a schema this build reads. */
 int ulp_db_check(ulp_archive *a, ulp_err *err)
 {
@@ -373,6 +421,8 @@ int ulp_db_check(ulp_archive *a, ulp_err *err)
 	sqlite3_finalize(st);
 	if (code == 0 && a->schema < 2 && !a->read_only)
 		code = upgrade_v1(a, err);
+	if (code == 0 && a->schema < 3 && !a->read_only)
+		code = upgrade_v2(a, err);
 	if (code == 0 && a->max_chain == 0) {
 		a->max_chain = ULP_DEFAULT_MAX_CHAIN;
 		if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'max_chain'", -1, &st, NULL) == SQLITE_OK) {
@@ -1433,4 +1483,418 @@ int ulp_index_file_blobs(ulp_archive *a, const char *path,
 	if (r < 0)
 		return r;
 	return rc == SQLITE_DONE || rc == SQLITE_ROW ? 0 : ulp_db_err(a, "file blobs lookup");
+}
+
+/* ---- re-basing support (recode.c) ----------------------------------------- */
+
+int ulp_index_blob_ref(ulp_archive *a, const uint8_t content[ULP_SHA256_LEN], ulp_rbblob *out)
+{
+	static const char sql[] = "SELECT ref, depth, codec, pack, offset, stored_size, raw_size FROM blobs"
+	                          " WHERE content = ?";
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_blob(st, 1, content, ULP_SHA256_LEN, SQLITE_STATIC);
+	int rc = sqlite3_step(st);
+	if (rc != SQLITE_ROW) {
+		sqlite3_reset(st);
+		return rc == SQLITE_DONE ? -ULP_E_NOENT : ulp_db_err(a, "blob lookup");
+	}
+	ulp_rbblob b;
+	memset(&b, 0, sizeof(b));
+	memcpy(b.content, content, ULP_SHA256_LEN);
+	b.has_ref = sqlite3_column_bytes(st, 0) == ULP_SHA256_LEN;
+	if (b.has_ref)
+		memcpy(b.ref, sqlite3_column_blob(st, 0), ULP_SHA256_LEN);
+	b.depth = (unsigned)sqlite3_column_int(st, 1);
+	b.codec = sqlite3_column_int(st, 2);
+	b.pack = sqlite3_column_int64(st, 3);
+	b.offset = (uint64_t)sqlite3_column_int64(st, 4);
+	b.stored = (uint64_t)sqlite3_column_int64(st, 5);
+	b.raw = (uint64_t)sqlite3_column_int64(st, 6);
+	sqlite3_reset(st);
+	*out = b;
+	return 0;
+}
+
+int ulp_index_height(ulp_archive *a, const uint8_t content[ULP_SHA256_LEN], int live_only, unsigned *h)
+{
+	/* UNION, not UNION ALL: a damaged index with a cycle still ends */
+	static const char sql[] =
+		"WITH RECURSIVE d(c, h) AS (SELECT ?1, 0 UNION SELECT b.content, d.h + 1 FROM blobs b JOIN d ON b.ref = d.c"
+		" WHERE d.h < 4096 AND (?2 = 0 OR EXISTS (SELECT 1 FROM extents x WHERE x.blob = b.id)))"
+		" SELECT max(h) FROM d";
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_blob(st, 1, content, ULP_SHA256_LEN, SQLITE_STATIC);
+	sqlite3_bind_int(st, 2, live_only);
+	int rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		*h = (unsigned)sqlite3_column_int(st, 0);
+	sqlite3_reset(st);
+	return rc == SQLITE_ROW ? 0 : ulp_db_err(a, "dependents lookup");
+}
+
+int ulp_index_blob_used(ulp_archive *a, const uint8_t content[ULP_SHA256_LEN])
+{
+	static const char sql[] = "SELECT EXISTS (SELECT 1 FROM extents x JOIN blobs b ON b.id = x.blob"
+	                          " WHERE b.content = ?)";
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_blob(st, 1, content, ULP_SHA256_LEN, SQLITE_STATIC);
+	int rc = sqlite3_step(st), used = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : 0;
+	sqlite3_reset(st);
+	return rc == SQLITE_ROW ? used : ulp_db_err(a, "blob use lookup");
+}
+
+int ulp_index_file_tensors(ulp_archive *a, int64_t file,
+                           int (*cb)(void *arg, const ulp_rbtensor *t), void *arg)
+{
+	static const char sql[] = "SELECT e.path, e.series, e.step, x.name, x.dtype, x.length, b.content"
+	                          " FROM entries e JOIN extents x ON x.file = e.id JOIN blobs b ON b.id = x.blob"
+	                          " WHERE e.id = ? AND x.name IS NOT NULL AND x.length > 0 ORDER BY x.offset";
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *st;
+	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "file tensors");
+	sqlite3_bind_int64(st, 1, file);
+	int rc = 0, r;
+	while (rc == 0 && (r = sqlite3_step(st)) == SQLITE_ROW) {
+		if (sqlite3_column_type(st, 1) == SQLITE_NULL || sqlite3_column_bytes(st, 6) != ULP_SHA256_LEN)
+			continue;
+		ulp_rbtensor t = {.file = file, .path = (const char *)sqlite3_column_text(st, 0),
+		                  .series = (const char *)sqlite3_column_text(st, 1),
+		                  .step = sqlite3_column_int64(st, 2), .name = (const char *)sqlite3_column_text(st, 3),
+		                  .dtype = sqlite3_column_int(st, 4), .length = (uint64_t)sqlite3_column_int64(st, 5)};
+		memcpy(t.content, sqlite3_column_blob(st, 6), ULP_SHA256_LEN);
+		rc = cb(arg, &t);
+	}
+	if (rc == 0 && r != SQLITE_DONE)
+		rc = ulp_db_err(a, "file tensors");
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int ulp_index_orphan_deps(ulp_archive *a, int (*cb)(void *arg, const ulp_rbtensor *t), void *arg)
+{
+	/* live blobs (an extent uses them) whose reference no extent uses: once
+	 * they are re-based, gc drops the reference and everything only it needed;
+	 * each with the first file (in step order) that uses it as a tensor */
+	static const char sql[] =
+		"SELECT e.id, e.path, e.series, e.step, x.name, x.dtype, x.length, d.content FROM blobs d"
+		" JOIN blobs r ON r.content = d.ref"
+		" JOIN extents x ON x.blob = d.id JOIN entries e ON e.id = x.file"
+		" WHERE NOT EXISTS (SELECT 1 FROM extents y WHERE y.blob = r.id) AND x.name IS NOT NULL"
+		" ORDER BY e.step IS NULL, e.step, e.path, x.offset";
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *st;
+	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "orphaned references");
+	int rc = 0, r;
+	while (rc == 0 && (r = sqlite3_step(st)) == SQLITE_ROW) {
+		if (sqlite3_column_bytes(st, 7) != ULP_SHA256_LEN)
+			continue;
+		ulp_rbtensor t = {.file = sqlite3_column_int64(st, 0), .path = (const char *)sqlite3_column_text(st, 1),
+		                  .series = (const char *)sqlite3_column_text(st, 2),
+		                  .step = sqlite3_column_type(st, 3) == SQLITE_NULL ? -1 : sqlite3_column_int64(st, 3),
+		                  .name = (const char *)sqlite3_column_text(st, 4), .dtype = sqlite3_column_int(st, 5),
+		                  .length = (uint64_t)sqlite3_column_int64(st, 6)};
+		memcpy(t.content, sqlite3_column_blob(st, 7), ULP_SHA256_LEN);
+		rc = cb(arg, &t);
+	}
+	if (rc == 0 && r != SQLITE_DONE)
+		rc = ulp_db_err(a, "orphaned references");
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int ulp_index_candidates(ulp_archive *a, const ulp_rbtensor *t, uint8_t (*out)[ULP_SHA256_LEN], size_t max,
+                         size_t *n)
+{
+	static const char sql[] =
+		"SELECT b.content FROM entries e JOIN extents x ON x.file = e.id JOIN blobs b ON b.id = x.blob"
+		" WHERE e.series = ?1 AND e.type = 0 AND e.kind = 1 AND e.id <> ?2 AND x.name = ?3 AND x.dtype = ?4"
+		" AND x.length = ?5 AND b.content <> ?6 ORDER BY abs(e.step - ?7), e.step, e.path LIMIT ?8";
+	*n = 0;
+	if (!t->series)
+		return 0;
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_text(st, 1, t->series, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 2, t->file);
+	sqlite3_bind_text(st, 3, t->name, -1, SQLITE_STATIC);
+	sqlite3_bind_int(st, 4, t->dtype);
+	sqlite3_bind_int64(st, 5, (sqlite3_int64)t->length);
+	sqlite3_bind_blob(st, 6, t->content, ULP_SHA256_LEN, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 7, t->step);
+	sqlite3_bind_int64(st, 8, (sqlite3_int64)max);
+	int rc;
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+		if (sqlite3_column_bytes(st, 0) == ULP_SHA256_LEN)
+			memcpy(out[(*n)++], sqlite3_column_blob(st, 0), ULP_SHA256_LEN);
+	sqlite3_reset(st);
+	return rc == SQLITE_DONE ? 0 : ulp_db_err(a, "reference candidates");
+}
+
+int ulp_index_neighbours(ulp_archive *a, int64_t file, int64_t out[2])
+{
+	static const char sql[] =
+		"SELECT (SELECT n.id FROM entries n WHERE n.series = e.series AND n.type = 0 AND n.kind = 1"
+		"  AND n.id <> e.id AND n.step <= e.step ORDER BY n.step DESC, n.path LIMIT 1),"
+		" (SELECT n.id FROM entries n WHERE n.series = e.series AND n.type = 0 AND n.kind = 1"
+		"  AND n.id <> e.id AND n.step >= e.step ORDER BY n.step, n.path LIMIT 1)"
+		" FROM entries e WHERE e.id = ? AND e.series IS NOT NULL";
+	out[0] = out[1] = -1;
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_int64(st, 1, file);
+	int rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		for (int i = 0; i < 2; i++)
+			if (sqlite3_column_type(st, i) != SQLITE_NULL)
+				out[i] = sqlite3_column_int64(st, i);
+	sqlite3_reset(st);
+	return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : ulp_db_err(a, "neighbour lookup");
+}
+
+int ulp_index_pending(ulp_archive *a, int64_t *ids, size_t max, size_t *n)
+{
+	static const char sql[] = "SELECT file FROM rebase_queue ORDER BY file LIMIT ?";
+	*n = 0;
+	if (a->schema < 3)
+		return 0;
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_int64(st, 1, (sqlite3_int64)max);
+	int rc;
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+		ids[(*n)++] = sqlite3_column_int64(st, 0);
+	sqlite3_reset(st);
+	return rc == SQLITE_DONE ? 0 : ulp_db_err(a, "re-basing queue");
+}
+
+int ulp_index_pending_done(ulp_archive *a, const int64_t *ids, size_t n)
+{
+	static const char sql[] = "DELETE FROM rebase_queue WHERE file = ?";
+	for (size_t i = 0; i < n; i++) {
+		sqlite3_stmt *st = ulp_db_stmt(a, sql);
+		if (!st)
+			return -ULP_E_IO;
+		sqlite3_bind_int64(st, 1, ids[i]);
+		ULP_TRY(step_rc(a, st, "re-basing queue"));
+	}
+	return 0;
+}
+
+/* 1 if the chain of content from (walking refs as the index says now, in the
+ * caller's transaction) reaches content to, 0 if not; *depth receives the
+ * chain length of from. */
+static int chain_reaches(ulp_archive *a, const uint8_t *from, const uint8_t *to, unsigned *depth)
+{
+	uint8_t cur[ULP_SHA256_LEN];
+	memcpy(cur, from, ULP_SHA256_LEN);
+	for (unsigned n = 0; n <= 4096; n++) {
+		if (memcmp(cur, to, ULP_SHA256_LEN) == 0)
+			return 1;
+		ulp_rbblob b;
+		ULP_TRY(ulp_index_blob_ref(a, cur, &b));
+		if (!b.has_ref) {
+			*depth = n;
+			return 0;
+		}
+		memcpy(cur, b.ref, ULP_SHA256_LEN);
+	}
+	return ulp_arch_err(a, -ULP_E_CORRUPT, "%s/ulpack.db: a delta chain is longer than 4096 links", a->dir);
+}
+
+int ulp_index_rebase_apply(ulp_archive *a, const char *pack_name, uint64_t pack_size, ulp_rebased *r,
+                           size_t n)
+{
+	static const char sql_upd[] = "UPDATE blobs SET codec = ?, ref = ?, depth = ?, stored_size = ?, pack = ?,"
+	                              " offset = ? WHERE content = ?";
+	static const char sql_mark[] = "INSERT OR IGNORE INTO temp.rb_upd VALUES(?)";
+	static const char sql_stored[] =
+		"UPDATE entries SET stored = max(0, stored + ?1) WHERE id = (SELECT min(x.file) FROM extents x"
+		" JOIN blobs b ON b.id = x.blob WHERE b.content = ?2)";
+	int64_t pack;
+	size_t applied = 0;
+	ULP_TRY(ulp_db_exec(a, "CREATE TEMP TABLE IF NOT EXISTS rb_upd(content BLOB PRIMARY KEY);"
+	                       "CREATE TEMP TABLE IF NOT EXISTS rb_aff(content BLOB PRIMARY KEY);"
+	                       "DELETE FROM temp.rb_upd; DELETE FROM temp.rb_aff;"));
+	ULP_TRY(ulp_index_pack_add(a, pack_name, pack_size, &pack));
+	for (size_t i = 0; i < n; i++) {
+		ulp_rebased *x = &r[i];
+		ulp_rbblob now;
+		unsigned rdepth = 0;
+		x->applied = 0;
+		/* invariant 1 of recode.c: only the row that was planned changes */
+		int rc = ulp_index_blob_ref(a, x->content, &now);
+		if (rc == -ULP_E_NOENT)
+			continue;
+		ULP_TRY(rc);
+		if (now.has_ref != x->old.has_ref || (now.has_ref && memcmp(now.ref, x->old.ref, ULP_SHA256_LEN)) ||
+		    now.pack != x->old.pack || now.offset != x->old.offset)
+			continue;
+		if (x->has_ref) { /* the reference is still there and does not need this blob */
+			rc = chain_reaches(a, x->ref, x->content, &rdepth);
+			if (rc == -ULP_E_NOENT || rc == 1)
+				continue;
+			ULP_TRY(rc);
+		}
+		sqlite3_stmt *st = ulp_db_stmt(a, sql_upd);
+		if (!st)
+			return -ULP_E_IO;
+		sqlite3_bind_int(st, 1, x->codec);
+		if (x->has_ref)
+			sqlite3_bind_blob(st, 2, x->ref, ULP_SHA256_LEN, SQLITE_STATIC);
+		sqlite3_bind_int(st, 3, x->has_ref ? (int)rdepth + 1 : 0);
+		sqlite3_bind_int64(st, 4, (sqlite3_int64)x->stored);
+		sqlite3_bind_int64(st, 5, pack);
+		sqlite3_bind_int64(st, 6, (sqlite3_int64)x->offset);
+		sqlite3_bind_blob(st, 7, x->content, ULP_SHA256_LEN, SQLITE_STATIC);
+		ULP_TRY(step_rc(a, st, "re-base blob"));
+		if (!(st = ulp_db_stmt(a, sql_mark)))
+			return -ULP_E_IO;
+		sqlite3_bind_blob(st, 1, x->content, ULP_SHA256_LEN, SQLITE_STATIC);
+		ULP_TRY(step_rc(a, st, "re-base blob"));
+		if (!(st = ulp_db_stmt(a, sql_stored)))
+			return -ULP_E_IO;
+		sqlite3_bind_int64(st, 1, (sqlite3_int64)x->stored - (sqlite3_int64)x->old.stored);
+		sqlite3_bind_blob(st, 2, x->content, ULP_SHA256_LEN, SQLITE_STATIC);
+		ULP_TRY(step_rc(a, st, "re-base blob"));
+		x->applied = 1;
+		applied++;
+	}
+	if (!applied) /* nothing changed: the caller removes the pack again */
+		return 0;
+	/* invariant 2 of the header: depths follow the new references, down
+	 * every chain that passes through a re-coded blob */
+	ULP_TRY(ulp_db_exec(a, "WITH RECURSIVE d(c) AS (SELECT content FROM temp.rb_upd UNION"
+	                       " SELECT b.content FROM blobs b JOIN d ON b.ref = d.c)"
+	                       " INSERT OR IGNORE INTO temp.rb_aff SELECT c FROM d"));
+	for (int pass = 0;; pass++) {
+		ULP_TRY(ulp_db_exec(a, "UPDATE blobs SET depth = coalesce((SELECT r.depth + 1 FROM blobs r"
+		                       " WHERE r.content = blobs.ref), 0) WHERE content IN temp.rb_aff AND depth IS NOT"
+		                       " coalesce((SELECT r.depth + 1 FROM blobs r WHERE r.content = blobs.ref), 0)"));
+		if (sqlite3_changes(ulp_db(a)) == 0)
+			break;
+		if (pass > 4096)
+			return ulp_arch_err(a, -ULP_E_CORRUPT, "%s/ulpack.db: re-basing made a cycle of references", a->dir);
+	}
+	sqlite3_stmt *st;
+	int rc = sqlite3_prepare_v2(ulp_db(a), "SELECT coalesce(max(depth), 0) FROM blobs b WHERE content IN temp.rb_aff"
+	                            " AND EXISTS (SELECT 1 FROM extents x WHERE x.blob = b.id)",
+	                            -1, &st, NULL);
+	if (rc != SQLITE_OK)
+		return ulp_db_err(a, "re-base depths");
+	unsigned maxd = sqlite3_step(st) == SQLITE_ROW ? (unsigned)sqlite3_column_int(st, 0) : 0;
+	sqlite3_finalize(st);
+	/* the planner keeps the chains of files short: never commit a longer
+	 * one (blobs no file uses any more, which gc drops next, may be deeper) */
+	if (maxd > a->max_chain)
+		return ulp_arch_err(a, -ULP_E_BUSY, "%s: re-basing would make a chain of %u deltas (max_chain %u);"
+		                    " the archive changed meanwhile, try again", a->dir, maxd, a->max_chain);
+	return ulp_db_exec(a, "UPDATE entries SET"
+	                      " depth = (SELECT coalesce(max(b.depth), 0) FROM extents x JOIN blobs b ON b.id = x.blob"
+	                      "  WHERE x.file = entries.id),"
+	                      " anchor = (SELECT coalesce(max(b.depth), 0) = 0 FROM extents x JOIN blobs b ON b.id = x.blob"
+	                      "  WHERE x.file = entries.id)"
+	                      " WHERE id IN (SELECT x.file FROM extents x JOIN blobs b ON b.id = x.blob"
+	                      "  WHERE b.content IN temp.rb_aff)");
+}
+
+int ulp_index_file_id(ulp_archive *a, const char *path, int64_t *id)
+{
+	static const char sql[] = "SELECT id FROM entries WHERE path = ?";
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_text(st, 1, path, -1, SQLITE_STATIC);
+	int rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		*id = sqlite3_column_int64(st, 0);
+	sqlite3_reset(st);
+	if (rc == SQLITE_DONE)
+		return ulp_arch_err(a, -ULP_E_NOENT, "%s: no such file in archive %s", path, a->dir);
+	return rc == SQLITE_ROW ? 0 : ulp_db_err(a, "file lookup");
+}
+
+int ulp_index_run_steps(ulp_archive *a, const char *run, int (*cb)(void *arg, int64_t step, uint64_t files),
+                        void *arg)
+{
+	static const char sql[] = "SELECT step, count(*) FROM entries WHERE type = 0 AND step IS NOT NULL AND"
+	                          " (path = ?1 OR " BELOW("path", "?1") ") GROUP BY step ORDER BY step";
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *st;
+	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "steps of a run");
+	sqlite3_bind_text(st, 1, run, -1, SQLITE_STATIC);
+	int rc = 0, r;
+	while (rc == 0 && (r = sqlite3_step(st)) == SQLITE_ROW)
+		rc = cb(arg, sqlite3_column_int64(st, 0), (uint64_t)sqlite3_column_int64(st, 1));
+	if (rc == 0 && r != SQLITE_DONE)
+		rc = ulp_db_err(a, "steps of a run");
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int ulp_index_forget_steps(ulp_archive *a, const char *run, const int64_t *steps, size_t n)
+{
+	/* the files of those steps, then the directories they leave empty
+	 * under the run (a checkpoint-N/ directory goes with its files) */
+	static const char sql_sel[] = "SELECT path FROM entries WHERE type <> 1 AND step = ?2 AND"
+	                              " (path = ?1 OR " BELOW("path", "?1") ")";
+	static const char sql_del[] = "DELETE FROM entries WHERE path = ?";
+	static const char sql_rmdir[] = "DELETE FROM entries WHERE path = ?1 AND type = 1 AND NOT EXISTS"
+	                                " (SELECT 1 FROM entries k WHERE k.parent = ?1 AND k.path <> '')";
+	size_t rl = strlen(run);
+	for (size_t i = 0; i < n; i++) {
+		char **paths = NULL;
+		size_t np = 0, cap = 0;
+		int rc = 0, r;
+		sqlite3_stmt *st = ulp_db_stmt(a, sql_sel);
+		if (!st)
+			return -ULP_E_IO;
+		sqlite3_bind_text(st, 1, run, -1, SQLITE_STATIC);
+		sqlite3_bind_int64(st, 2, steps[i]);
+		while (rc == 0 && (r = sqlite3_step(st)) == SQLITE_ROW) {
+			if ((rc = ulp_grow(&paths, &cap, np, sizeof(*paths))) == 0 &&
+			    !(paths[np++] = strdup((const char *)sqlite3_column_text(st, 0))))
+				rc = -ULP_E_NOMEM;
+		}
+		if (rc == 0 && r != SQLITE_DONE)
+			rc = ulp_db_err(a, "forget");
+		sqlite3_reset(st);
+		for (size_t k = 0; rc == 0 && k < np; k++) {
+			if (!(st = ulp_db_stmt(a, sql_del))) {
+				rc = -ULP_E_IO;
+				break;
+			}
+			sqlite3_bind_text(st, 1, paths[k], -1, SQLITE_STATIC);
+			rc = step_rc(a, st, "forget");
+			/* its parents, up to the run, while they are empty */
+			char *d = paths[k];
+			for (char *slash; rc == 0 && (slash = strrchr(d, '/')) && (size_t)(slash - d) > rl;) {
+				*slash = 0;
+				if (!(st = ulp_db_stmt(a, sql_rmdir))) {
+					rc = -ULP_E_IO;
+					break;
+				}
+				sqlite3_bind_text(st, 1, d, -1, SQLITE_STATIC);
+				rc = step_rc(a, st, "forget");
+				if (rc == 0 && sqlite3_changes(ulp_db(a)) == 0)
+					break;
+			}
+		}
+		for (size_t k = 0; k < np; k++)
+			free(paths[k]);
+		free(paths);
+		ULP_TRY(rc);
+	}
+	return 0;
 }

@@ -311,10 +311,71 @@ int ulp_archive_setattr(ulp_archive *a, const char *path, unsigned which, const 
 
 typedef struct ulp_gc_result {
 	uint64_t blobs_removed, packs_removed, packs_rewritten, bytes_reclaimed;
+	uint64_t blobs_rebased;  /* blobs re-coded off removed steps or onto nearer ones */
 } ulp_gc_result;
-/** Drops blobs nothing reaches (no file, no chain) and rewrites or removes
- *  the packs that held them, verifying every blob it rewrites. */
+/** Re-bases first (ulp_archive_rebase_pending, then _orphans: a removed
+ *  step's blobs that kept files need are re-coded against a remaining
+ *  step), then drops blobs nothing reaches (no file, no chain) and rewrites
+ *  or removes the packs that held them, verifying every blob it rewrites. */
 int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res);
+
+/* ---- re-basing (recode.c) ------------------------------------------------
+ *
+ * A stored tensor can be re-coded against another reference, or as an
+ * anchor, without changing its content: each re-coded blob is decoded and
+ * compared before it counts, the new pack is durable before one index
+ * transaction commits the new codings (a crash leaves the old state or the
+ * new one), no chain exceeds max_chain, and readers see the same bytes
+ * throughout. Work runs on the archive's pool. */
+typedef struct ulp_rebase_result {
+	uint64_t planned;        /* blobs considered for re-coding */
+	uint64_t recoded;        /* blobs re-coded and committed */
+	uint64_t anchors;        /* of which now standalone */
+	uint64_t not_better;     /* tried and kept as they were (not smaller) */
+	uint64_t raw_bytes;      /* decoded bytes of the re-coded blobs */
+	uint64_t stored_before, stored_after; /* their stored bytes, before and after */
+	double seconds;          /* wall time of the call */
+} ulp_rebase_result;
+/* Progress: done of total bytes of tensors to re-code. */
+typedef void (*ulp_progress_fn)(void *arg, uint64_t done, uint64_t total);
+
+/** Re-codes tensor `tensor` of file path against the same tensor of file
+ *  ref_path (same dtype and size), or standalone when ref_path is NULL.
+ *  Errors: NOENT, INVAL (ref_path needs this tensor, or the chain would
+ *  exceed max_chain). res may be NULL. */
+int ulp_archive_rebase(ulp_archive *a, const char *path, const char *tensor, const char *ref_path,
+                       ulp_rebase_result *res);
+/** Handles the re-basing queue that the index keeps (in the transactions
+ *  of puts and renames, so a crash loses none of it): a file whose series
+ *  changed by a rename, or that arrived between archived steps, and its
+ *  neighbouring steps are re-coded against their nearest step where that is
+ *  smaller. Call it after archiving (a mount's idle time, unmount, gc). */
+int ulp_archive_rebase_pending(ulp_archive *a, ulp_progress_fn progress, void *arg, ulp_rebase_result *res);
+/** Re-codes the tensors whose reference no file uses any more (its step
+ *  was removed) against the nearest remaining step of their series (in step
+ *  order, as an import of the remaining steps would), or standalone, so that
+ *  gc can drop the removed steps' blobs. */
+int ulp_archive_rebase_orphans(ulp_archive *a, ulp_progress_fn progress, void *arg, ulp_rebase_result *res);
+
+/* Retention: which steps of a run to keep. A step is kept if any rule keeps
+ * it; files without a step are always kept. */
+typedef struct ulp_forget_opts {
+	int64_t keep_last;     /* the N highest steps (0: no such rule) */
+	int64_t keep_every;    /* steps that are multiples of K (0: no such rule); by step
+	                          number, not position, so that a new step never changes
+	                          which older ones are kept */
+	const int64_t *keep;   /* these steps */
+	size_t n_keep;
+	int dry_run;           /* 1: report only */
+} ulp_forget_opts;
+/** Removes the files of the steps of run (a path prefix) that no rule
+ *  keeps, and the directories that leaves empty, in one transaction;
+ *  cb(arg, step, files, kept) is called for each step, ascending (may be
+ *  NULL). Space returns with ulp_archive_gc. Errors: INVAL (no rule),
+ *  NOENT (no such run).
+ *  @return the number of steps forgotten (or that would be, dry_run). */
+int64_t ulp_archive_forget(ulp_archive *a, const char *run, const ulp_forget_opts *o,
+                           int (*cb)(void *arg, int64_t step, uint64_t files, int kept), void *arg);
 
 /**
  * Decodes every file under prefix ("" for all) and checks its sha256 (and its

@@ -1052,7 +1052,7 @@ static void test_header_upgrade(void)
 		sqlite3_finalize(q);
 	}
 	sqlite3_close(h);
-	CHECK(v == 2 && sums == 1, "upgraded to version %d, %d header checksums", v, sums);
+	CHECK(v == ULP_SCHEMA_VERSION && sums == 1, "upgraded to version %d, %d header checksums", v, sums);
 	sql_exec(dir, "UPDATE entries SET header = CAST(substr(header, 1, 9) || x'00' || substr(header, 11) AS BLOB)");
 	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
 	uint8_t buf[64];
