@@ -251,9 +251,9 @@ static int cmp_item(const void *a, const void *b)
 	return strcmp(x->dst, y->dst);
 }
 
-static int64_t ns_of(const struct timespec *t)
+static ulp_time time_of(const struct timespec *t)
 {
-	return ulp_time_ns(t->tv_sec, t->tv_nsec); /* clamped, never overflows */
+	return ulp_time_make(t->tv_sec, t->tv_nsec);
 }
 
 int cmd_import(int argc, char **argv)
@@ -309,7 +309,7 @@ int cmd_import(int argc, char **argv)
 	double t0 = cli_now();
 	for (size_t i = 0; i < g_n && status == 0; i++) {
 		item *it = &g_items[i];
-		ulp_meta m = {it->sb.st_mode & 07777, it->sb.st_uid, it->sb.st_gid, ns_of(&it->sb.st_mtim)};
+		ulp_meta m = {it->sb.st_mode & 07777, it->sb.st_uid, it->sb.st_gid, time_of(&it->sb.st_mtim)};
 		ulp_stat old;
 		int have = ulp_archive_stat(a, it->dst, &old) == 0;
 		if (it->type == 1) {
@@ -331,7 +331,8 @@ int cmd_import(int argc, char **argv)
 				status = cli_fail("%s", ulp_archive_errmsg(a));
 			continue;
 		}
-		if (have && !old.is_dir && old.size == (uint64_t)it->sb.st_size && old.mtime_ns == m.mtime_ns) {
+		if (have && !old.is_dir && old.size == (uint64_t)it->sb.st_size && old.mtime.sec == m.mtime.sec &&
+		    old.mtime.nsec == m.mtime.nsec) {
 			skipped++;
 			done += old.size;
 			continue;
@@ -392,11 +393,10 @@ static int ls_line(void *arg, const char *name, const ulp_stat *st)
 	(void)arg;
 	char m[11], t[32];
 	mode_str(st->mode, m);
-	int64_t sec;
-	long nsec;
-	ulp_time_split(st->mtime_ns, &sec, &nsec);
-	time_t secs = (time_t)sec;
-	strftime(t, sizeof(t), "%Y-%m-%d %H:%M", localtime(&secs));
+	time_t secs = (time_t)st->mtime.sec;
+	struct tm tm;
+	if (!localtime_r(&secs, &tm) || !strftime(t, sizeof(t), "%Y-%m-%d %H:%M", &tm))
+		snprintf(t, sizeof(t), "@%lld", (long long)st->mtime.sec); /* a year beyond struct tm's */
 	if (st->is_dir)
 		printf("%s %14s %14s %s %s/\n", m, "-", "-", t, name);
 	else
@@ -579,13 +579,10 @@ static int report(const char *dpath, const char *fmt, ...)
 	return -1;
 }
 
-static void mtime_times(int64_t mtime_ns, struct timespec ts[2])
+static void mtime_times(ulp_time mtime, struct timespec ts[2])
 {
 	ts[0] = (struct timespec){0, UTIME_OMIT};
-	int64_t sec;
-	long nsec;
-	ulp_time_split(mtime_ns, &sec, &nsec); /* floors: times before 1970 with a fraction */
-	ts[1] = (struct timespec){(time_t)sec, nsec};
+	ts[1] = (struct timespec){(time_t)mtime.sec, (long)mtime.nsec};
 }
 
 /* Creates a fresh temporary entry in dirfd (invariant 1) and writes its
@@ -628,7 +625,7 @@ static int finish_meta(ectx *e, int fd, const char *dpath, const ulp_stat *st)
 		mode &= ~(mode_t)S_ISGID;
 	if (fchmod(fd, mode) < 0)
 		rc = report(dpath, "cannot set mode %04o: %s", (unsigned)mode, strerror(errno));
-	mtime_times(st->mtime_ns, ts);
+	mtime_times(st->mtime, ts);
 	if (futimens(fd, ts) < 0)
 		rc = report(dpath, "cannot set mtime: %s", strerror(errno));
 	return rc;
@@ -687,7 +684,7 @@ static int export_symlink(ectx *e, int dirfd, const char *name, const char *apat
 		return report(dpath, "cannot create a symbolic link in its directory: %s", strerror(errno));
 	if (e->root && fchownat(dirfd, tmp, st->uid, st->gid, AT_SYMLINK_NOFOLLOW) < 0)
 		rc = report(dpath, "cannot restore owner %u:%u: %s", st->uid, st->gid, strerror(errno));
-	mtime_times(st->mtime_ns, ts);
+	mtime_times(st->mtime, ts);
 	if (utimensat(dirfd, tmp, ts, AT_SYMLINK_NOFOLLOW) < 0)
 		rc = report(dpath, "cannot set mtime: %s", strerror(errno));
 	if (renameat(dirfd, tmp, dirfd, name) < 0) {
@@ -860,11 +857,12 @@ static int stat_file(void *arg, const char *path, const ulp_stat *st)
 		json_str(stdout, path);
 		printf(", \"raw_bytes\": %llu, \"stored_bytes\": %llu, \"ratio\": %.6f, \"step\": %lld,"
 		       " \"chain_depth\": %u, \"anchor\": %s, \"safetensors\": %s, \"kind\": \"%s\","
-		       " \"sha256\": \"%s\"}",
+		       " \"sha256\": \"%s\", \"mtime_sec\": %lld, \"mtime_nsec\": %u}",
 		       (unsigned long long)st->size, (unsigned long long)st->stored_bytes, ratio,
 		       (long long)st->step, st->chain_depth, st->anchor ? "true" : "false",
 		       st->kind == 1 ? "true" : "false",
-		       st->kind == 1 ? "safetensors" : st->kind == 2 ? "torch" : "opaque", sha);
+		       st->kind == 1 ? "safetensors" : st->kind == 2 ? "torch" : "opaque", sha,
+		       (long long)st->mtime.sec, (unsigned)st->mtime.nsec);
 	} else {
 		printf("%14llu %14llu %7.4f %8lld %5u %s %s\n", (unsigned long long)st->size,
 		       (unsigned long long)st->stored_bytes, ratio, (long long)st->step, st->chain_depth,

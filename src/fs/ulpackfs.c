@@ -74,7 +74,7 @@ typedef struct node {
 	int handles;           /* open handles */
 	int dirty;             /* written since staged */
 	ulp_meta meta;
-	int mtime_set;         /* utimens set meta.mtime_ns explicitly */
+	int mtime_set;         /* utimens set meta.mtime explicitly */
 	uint64_t writes;       /* bumped by every write: a commit knows if it missed one */
 	uint64_t attrs;        /* bumped by every chmod/chown/utimens, likewise */
 	int synced;            /* durable in staging under path (ulp_stage_sync) */
@@ -137,20 +137,10 @@ static const char *rel(const char *path)
 	return path;
 }
 
-static int64_t now_ns(void)
+static void set_time(struct timespec *t, ulp_time u)
 {
-	struct timespec t;
-	clock_gettime(CLOCK_REALTIME, &t);
-	return ulp_time_ns(t.tv_sec, t.tv_nsec);
-}
-
-static void set_time(struct timespec *t, int64_t ns)
-{
-	int64_t sec;
-	long nsec;
-	ulp_time_split(ns, &sec, &nsec); /* 0 <= tv_nsec < 1e9, also before 1970 */
-	t->tv_sec = (time_t)sec;
-	t->tv_nsec = nsec;
+	t->tv_sec = (time_t)u.sec; /* a 64-bit time_t holds every second of a ulp_time */
+	t->tv_nsec = (long)u.nsec;
 }
 
 /* libfuse's name for a file unlinked while open (invariant 5):
@@ -242,7 +232,7 @@ static int commit_node(node *n, const char *path, int drop)
 	ulp_meta m = n->meta;
 	struct stat sb;
 	if (!n->mtime_set && fstat(ulp_stage_fd(n->stage), &sb) == 0)
-		m.mtime_ns = ulp_time_ns(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
+		m.mtime = ulp_time_make(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
 	char *dst = strdup(path);
 	if (!dst)
 		return -ENOMEM;
@@ -289,7 +279,7 @@ static ulp_meta node_meta(node *n)
 	ulp_meta m = n->meta;
 	struct stat sb;
 	if (!n->mtime_set && fstat(ulp_stage_fd(n->stage), &sb) == 0)
-		m.mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+		m.mtime = ulp_time_make(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
 	return m;
 }
 
@@ -408,7 +398,7 @@ static void fill_stat(const ulp_stat *s, struct stat *st)
 	st->st_blksize = 1 << 20;
 	/* du shows what the archive really holds for this file */
 	st->st_blocks = (blkcnt_t)((s->is_dir || s->is_symlink ? 0 : s->stored_bytes + 511) / 512);
-	set_time(&st->st_mtim, s->mtime_ns);
+	set_time(&st->st_mtim, s->mtime);
 	st->st_atim = st->st_ctim = st->st_mtim;
 }
 
@@ -426,7 +416,7 @@ static int node_stat(node *n, struct stat *st)
 	st->st_blocks = sb.st_blocks;
 	st->st_blksize = 1 << 20;
 	if (n->mtime_set) {
-		set_time(&st->st_mtim, n->meta.mtime_ns);
+		set_time(&st->st_mtim, n->meta.mtime);
 	} else {
 		st->st_mtim = sb.st_mtim;
 	}
@@ -633,7 +623,7 @@ static int open_handle(const char *p, struct fuse_file_info *fi, int create, mod
 			goto out;
 		}
 		struct fuse_context *cx = fuse_get_context();
-		ulp_meta m = {exists ? s.mode & 07777 : (mode & 07777), cx ? cx->uid : 0, cx ? cx->gid : 0, now_ns()};
+		ulp_meta m = {exists ? s.mode & 07777 : (mode & 07777), cx ? cx->uid : 0, cx ? cx->gid : 0, ulp_time_now()};
 		if (exists) {
 			m.uid = s.uid;
 			m.gid = s.gid;
@@ -709,7 +699,7 @@ static int reattach(handle *h)
 		if (r < 0) {
 			rc = err_of(r);
 		} else {
-			ulp_meta m = {exists ? s.mode & 07777 : 0644, exists ? s.uid : 0, exists ? s.gid : 0, now_ns()};
+			ulp_meta m = {exists ? s.mode & 07777 : 0644, exists ? s.uid : 0, exists ? s.gid : 0, ulp_time_now()};
 			n = new_node(h->path, st, &m);
 			if (!n) {
 				ulp_stage_discard(st);
@@ -1115,7 +1105,7 @@ static int ulpfs_mkdir(const char *path, mode_t mode)
 	if (fs.read_only)
 		return -EROFS;
 	struct fuse_context *cx = fuse_get_context();
-	ulp_meta m = {mode & 07777, cx->uid, cx->gid, now_ns()};
+	ulp_meta m = {mode & 07777, cx->uid, cx->gid, ulp_time_now()};
 	int rc = ulp_archive_mkdir(fs.a, rel(path), &m);
 	return rc < 0 ? err_of(rc) : 0;
 }
@@ -1148,7 +1138,7 @@ static int ulpfs_symlink(const char *target, const char *path)
 	if (fs.read_only)
 		return -EROFS;
 	struct fuse_context *cx = fuse_get_context();
-	ulp_meta m = {0777, cx->uid, cx->gid, now_ns()};
+	ulp_meta m = {0777, cx->uid, cx->gid, ulp_time_now()};
 	int rc = ulp_archive_symlink(fs.a, rel(path), target, &m);
 	return rc < 0 ? err_of(rc) : 0;
 }
@@ -1188,7 +1178,7 @@ static int setattr(const char *path, unsigned which, const ulp_meta *m, struct f
 				n->meta.gid = m->gid;
 		}
 		if (which & ULP_SET_MTIME) {
-			n->meta.mtime_ns = m->mtime_ns;
+			n->meta.mtime = m->mtime;
 			n->mtime_set = 1;
 		}
 		n->attrs++;
@@ -1215,7 +1205,7 @@ static int setattr(const char *path, unsigned which, const ulp_meta *m, struct f
 		if ((which & ULP_SET_OWNER) && m->gid != (uint32_t)-1)
 			g->st.gid = m->gid;
 		if (which & ULP_SET_MTIME)
-			g->st.mtime_ns = m->mtime_ns;
+			g->st.mtime = m->mtime;
 		pthread_mutex_unlock(&fs.mu);
 		return 0;
 	}
@@ -1250,7 +1240,7 @@ static int ulpfs_utimens(const char *path, const struct timespec tv[2], struct f
 {
 	if (tv[1].tv_nsec == UTIME_OMIT)
 		return 0;
-	ulp_meta m = {.mtime_ns = tv[1].tv_nsec == UTIME_NOW ? now_ns() : ulp_time_ns(tv[1].tv_sec, tv[1].tv_nsec)};
+	ulp_meta m = {.mtime = tv[1].tv_nsec == UTIME_NOW ? ulp_time_now() : ulp_time_make(tv[1].tv_sec, tv[1].tv_nsec)};
 	return setattr(path, ULP_SET_MTIME, &m, fi);
 }
 

@@ -94,7 +94,7 @@ int ulp_arch_err(const ulp_archive *a, int code, const char *fmt, ...)
 
 /* ---- index (index.c) ------------------------------------------------- */
 
-#define ULP_SCHEMA_VERSION 3
+#define ULP_SCHEMA_VERSION 4
 
 typedef struct sqlite3 sqlite3;
 typedef struct sqlite3_stmt sqlite3_stmt;
@@ -189,7 +189,7 @@ int ulp_index_nearest(ulp_archive *a, const char *series, int64_t step, const ch
 int ulp_index_tensor(ulp_archive *a, int64_t file, const char *name, int dtype, uint64_t length,
                      uint8_t content[ULP_SHA256_LEN], ulp_blobrow *row);
 /* Creates the directories above path that do not exist (mode 0755). */
-int ulp_index_mkdirs(ulp_archive *a, const char *path, int64_t mtime_ns);
+int ulp_index_mkdirs(ulp_archive *a, const char *path, ulp_time mtime);
 
 /* Files (type 0) under prefix, in step order. */
 int ulp_index_files(ulp_archive *a, const char *prefix,

@@ -4,9 +4,9 @@
  * sqlite3.h. Every thread gets its own connection (WAL, foreign keys, busy
  * timeout) and its own cache of prepared statements.
  *
- * Schema (version 3; version 1 lacks entries.header_sha, version 2 the
- * re-basing queue and blobs_ref; both are upgraded when opened read-write,
- * see upgrade_v1 and upgrade_v2):
+ * Schema (version 4; version 1 lacks entries.header_sha, version 2 the
+ * re-basing queue and blobs_ref, version 3 entries.mtime_sec and mtime_nsec;
+ * all are upgraded when opened read-write, see upgrade):
  *   meta(key, value)                 schema_version, max_chain, created_by
  *   packs(id, name, size)            immutable pack files under packs/
  *   blobs(id, content, codec, ref, depth, raw_size, stored_size, pack, offset)
@@ -15,8 +15,11 @@
  *                                    needs, depth its chain length (0: none)
  *   entries(id, path, parent, name, type, size, mode, uid, gid, mtime_ns,
  *           sha256, kind, header, run, series, step, target, stored, depth,
- *           anchor, header_sha)      files, directories and symlinks;
- *                                    header_sha: sha256 of header
+ *           anchor, header_sha, mtime_sec, mtime_nsec)
+ *                                    files, directories and symlinks;
+ *                                    header_sha: sha256 of header; the
+ *                                    mtime is mtime_sec + mtime_nsec ns,
+ *                                    mtime_ns the same clamped to int64 ns
  *   extents(file, offset, length, blob, name, dtype)
  *                                    how a file's bytes after its header are
  *                                    made, in order; name/dtype for tensors
@@ -42,6 +45,10 @@
  *  5. Every header byte is checked against header_sha before it is served
  *     (ulp_index_file); a header without a matching sha256 is never read
  *     (ULP_E_CHECKSUM), except in a version 1 index opened read-only.
+ *  6. Every writer sets mtime_ns = ulp_time_ns(mtime_sec, mtime_nsec) along
+ *     with them; a row where they disagree (or mtime_sec is NULL) was written
+ *     by an older (version 2 or 3) build after the upgrade, and its time is mtime_ns
+ *     (ulp_stat_from_row).
  */
 #include "arch_int.h"
 #include <errno.h>
@@ -93,7 +100,8 @@ static const char *const schema =
 	" mode INTEGER NOT NULL, uid INTEGER NOT NULL DEFAULT 0, gid INTEGER NOT NULL DEFAULT 0,"
 	" mtime_ns INTEGER NOT NULL, sha256 BLOB, kind INTEGER NOT NULL DEFAULT 0, header BLOB,"
 	" run TEXT, series TEXT, step INTEGER, target TEXT, stored INTEGER NOT NULL DEFAULT 0,"
-	" depth INTEGER NOT NULL DEFAULT 0, anchor INTEGER NOT NULL DEFAULT 1, header_sha BLOB);"
+	" depth INTEGER NOT NULL DEFAULT 0, anchor INTEGER NOT NULL DEFAULT 1, header_sha BLOB,"
+	" mtime_sec INTEGER, mtime_nsec INTEGER);"
 	"CREATE INDEX entries_parent ON entries(parent);"
 	"CREATE INDEX entries_series ON entries(series, step);"
 	"CREATE TABLE extents(file INTEGER NOT NULL REFERENCES entries(id) ON DELETE CASCADE,"
@@ -105,9 +113,10 @@ static const char *const schema =
 	" sum(stored) AS stored_bytes FROM entries WHERE type = 0 GROUP BY run;"
 	"CREATE VIEW steps AS SELECT run, step, count(*) AS files FROM entries"
 	" WHERE type = 0 AND step >= 0 GROUP BY run, step;"
-	"INSERT INTO meta VALUES('schema_version', '3');"
+	"INSERT INTO meta VALUES('schema_version', '4');"
 	"INSERT INTO meta VALUES('created_by', 'ulpack " ULP_VERSION_STRING "');"
-	"INSERT INTO entries(path, parent, name, type, mode, mtime_ns) VALUES('', '', '', 1, 16877, 0);"
+	"INSERT INTO entries(path, parent, name, type, mode, mtime_ns, mtime_sec, mtime_nsec)"
+	" VALUES('', '', '', 1, 16877, 0, 0, 0);"
 	"COMMIT;";
 
 static ulp_tstate *tstate(const ulp_archive *ca)
@@ -319,57 +328,61 @@ int ulp_db_create(const char *path, ulp_err *err)
 }
 
 /* Version 1 -> 2: adds entries.header_sha and fills it from the stored
- * headers, in one transaction (another process may have upgraded the index
- * meanwhile: the version is read again under the write lock). A header that
- * was already damaged before the upgrade is not caught by its checksum;
- * verify still catches it (the file's sha256). */
-static int upgrade_v1(ulp_archive *a, ulp_err *err)
+ * headers. A header that was already damaged before the upgrade is not
+ * caught by its checksum; verify still catches it (the file's sha256). */
+static int upgrade_v1(ulp_archive *a)
 {
 	sqlite3 *db = ulp_db(a);
 	sqlite3_stmt *sel = NULL, *up = NULL;
-	int code = ulp_db_begin(a), v = 0;
-	if (code == 0 && sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'schema_version'", -1, &sel,
-	                                    NULL) == SQLITE_OK && sqlite3_step(sel) == SQLITE_ROW)
-		v = sqlite3_column_int(sel, 0);
-	sqlite3_finalize(sel);
-	sel = NULL;
-	if (code == 0 && v == 1) {
-		if (sqlite3_exec(db, "ALTER TABLE entries ADD COLUMN header_sha BLOB", NULL, NULL, NULL) != SQLITE_OK ||
-		    sqlite3_prepare_v2(db, "SELECT id, header FROM entries WHERE header IS NOT NULL", -1, &sel, NULL) !=
-		        SQLITE_OK ||
-		    sqlite3_prepare_v2(db, "UPDATE entries SET header_sha = ? WHERE id = ?", -1, &up, NULL) != SQLITE_OK)
+	int code = 0;
+	if (sqlite3_exec(db, "ALTER TABLE entries ADD COLUMN header_sha BLOB", NULL, NULL, NULL) != SQLITE_OK ||
+	    sqlite3_prepare_v2(db, "SELECT id, header FROM entries WHERE header IS NOT NULL", -1, &sel, NULL) !=
+	        SQLITE_OK ||
+	    sqlite3_prepare_v2(db, "UPDATE entries SET header_sha = ? WHERE id = ?", -1, &up, NULL) != SQLITE_OK)
+		code = ulp_db_err(a, "upgrading the index to schema version 2");
+	int r = SQLITE_DONE;
+	while (code == 0 && (r = sqlite3_step(sel)) == SQLITE_ROW) {
+		uint8_t sha[ULP_SHA256_LEN];
+		ulp_sha256(sqlite3_column_blob(sel, 1), (size_t)sqlite3_column_bytes(sel, 1), sha);
+		sqlite3_bind_blob(up, 1, sha, ULP_SHA256_LEN, SQLITE_TRANSIENT);
+		sqlite3_bind_int64(up, 2, sqlite3_column_int64(sel, 0));
+		if (sqlite3_step(up) != SQLITE_DONE)
 			code = ulp_db_err(a, "upgrading the index to schema version 2");
-		int r;
-		while (code == 0 && (r = sqlite3_step(sel)) == SQLITE_ROW) {
-			uint8_t sha[ULP_SHA256_LEN];
-			ulp_sha256(sqlite3_column_blob(sel, 1), (size_t)sqlite3_column_bytes(sel, 1), sha);
-			sqlite3_bind_blob(up, 1, sha, ULP_SHA256_LEN, SQLITE_TRANSIENT);
-			sqlite3_bind_int64(up, 2, sqlite3_column_int64(sel, 0));
-			if (sqlite3_step(up) != SQLITE_DONE)
-				code = ulp_db_err(a, "upgrading the index to schema version 2");
-			sqlite3_reset(up);
-		}
-		if (code == 0 && r != SQLITE_DONE)
-			code = ulp_db_err(a, "upgrading the index to schema version 2");
-		if (code == 0)
-			code = ulp_db_exec(a, "UPDATE meta SET value = '2' WHERE key = 'schema_version'");
+		sqlite3_reset(up);
 	}
+	if (code == 0 && r != SQLITE_DONE)
+		code = ulp_db_err(a, "upgrading the index to schema version 2");
 	sqlite3_finalize(sel);
 	sqlite3_finalize(up);
-	if (code == 0)
-		code = ulp_db_commit(a);
-	if (code < 0) {
-		ulp_db_rollback(a);
-		return ULP_ERR(err, code, "%s", ulp_archive_errmsg(a));
-	}
-	a->schema = 2;
+	return code;
+}
+
+/* Version 2 -> 3: adds the re-basing queue, its triggers and blobs_ref.
+ * Files archived before are not queued: they were coded as before. */
+static int upgrade_v2(ulp_archive *a)
+{
+	if (sqlite3_exec(ulp_db(a), REBASE_SCHEMA, NULL, NULL, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "upgrading the index to schema version 3");
 	return 0;
 }
 
-/* Version 2 -> 3: adds the re-basing queue, its triggers and blobs_ref, in
- * one transaction (the version is read again under the write lock). Files
- * archived before are not queued: they were coded as before. */
-static int upgrade_v2(ulp_archive *a, ulp_err *err)
+/* Version 3 -> 4: adds entries.mtime_sec and mtime_nsec (the time, exact
+ * over the int64 seconds) and fills them from mtime_ns, floored so that
+ * mtime_nsec is in [0, 1e9) before 1970 too; mtime_ns stays (invariant 6). */
+static int upgrade_v3(ulp_archive *a)
+{
+	if (ulp_db_exec(a, "ALTER TABLE entries ADD COLUMN mtime_sec INTEGER") < 0 ||
+	    ulp_db_exec(a, "ALTER TABLE entries ADD COLUMN mtime_nsec INTEGER") < 0 ||
+	    ulp_db_exec(a, "UPDATE entries SET mtime_sec = mtime_ns / 1000000000 - (mtime_ns % 1000000000 < 0),"
+	                   " mtime_nsec = (mtime_ns % 1000000000 + 1000000000) % 1000000000") < 0)
+		return ulp_db_err(a, "upgrading the index to schema version 4");
+	return 0;
+}
+
+/* Upgrades the index to ULP_SCHEMA_VERSION, one version after the other, in
+ * one transaction (another process may have upgraded the index meanwhile:
+ * the version is read again under the write lock). */
+static int upgrade(ulp_archive *a, ulp_err *err)
 {
 	sqlite3 *db = ulp_db(a);
 	sqlite3_stmt *sel = NULL;
@@ -378,19 +391,23 @@ static int upgrade_v2(ulp_archive *a, ulp_err *err)
 	                                    NULL) == SQLITE_OK && sqlite3_step(sel) == SQLITE_ROW)
 		v = sqlite3_column_int(sel, 0);
 	sqlite3_finalize(sel);
-	if (code == 0 && v == 2) {
-		if (sqlite3_exec(db, REBASE_SCHEMA, NULL, NULL, NULL) != SQLITE_OK)
-			code = ulp_db_err(a, "upgrading the index to schema version 3");
-		if (code == 0)
-			code = ulp_db_exec(a, "UPDATE meta SET value = '3' WHERE key = 'schema_version'");
-	}
+	if (code == 0 && v < 1)
+		code = ulp_arch_err(a, -ULP_E_CORRUPT, "%s/ulpack.db: no schema version", a->dir);
+	if (code == 0 && v == 1)
+		code = upgrade_v1(a);
+	if (code == 0 && v <= 2)
+		code = upgrade_v2(a);
+	if (code == 0 && v <= 3)
+		code = upgrade_v3(a);
+	if (code == 0 && v < ULP_SCHEMA_VERSION)
+		code = ulp_db_exec(a, "UPDATE meta SET value = '4' WHERE key = 'schema_version'");
 	if (code == 0)
 		code = ulp_db_commit(a);
 	if (code < 0) {
 		ulp_db_rollback(a);
 		return ULP_ERR(err, code, "%s", ulp_archive_errmsg(a));
 	}
-	a->schema = 3;
+	a->schema = ULP_SCHEMA_VERSION;
 	return 0;
 }
 
@@ -419,10 +436,8 @@ int ulp_db_check(ulp_archive *a, ulp_err *err)
 		a->schema = v;
 	}
 	sqlite3_finalize(st);
-	if (code == 0 && a->schema < 2 && !a->read_only)
-		code = upgrade_v1(a, err);
-	if (code == 0 && a->schema < 3 && !a->read_only)
-		code = upgrade_v2(a, err);
+	if (code == 0 && a->schema < ULP_SCHEMA_VERSION && !a->read_only)
+		code = upgrade(a, err);
 	if (code == 0 && a->max_chain == 0) {
 		a->max_chain = ULP_DEFAULT_MAX_CHAIN;
 		if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'max_chain'", -1, &st, NULL) == SQLITE_OK) {
@@ -482,8 +497,12 @@ int ulp_index_pack_name(ulp_archive *a, int64_t id, char *name, size_t cap)
 	return 0;
 }
 
-/* Fills a ulp_stat from a row of ENTRY_COLS. */
-#define ENTRY_COLS "type, size, mode, uid, gid, mtime_ns, sha256, stored, step, depth, anchor, kind, length(CAST(target AS BLOB))"
+/* Fills a ulp_stat from a row of ENTRY_COLS (ENTRY_COLS_V2 in an index of
+ * schema version 1 to 3, opened read-only: no mtime_sec, mtime_nsec). */
+#define ENTRY_COLS_ "type, size, mode, uid, gid, mtime_ns, sha256, stored, step, depth, anchor, kind, length(CAST(target AS BLOB))"
+#define ENTRY_COLS ENTRY_COLS_ ", mtime_sec, mtime_nsec"
+#define ENTRY_COLS_V2 ENTRY_COLS_ ", NULL, NULL"
+#define ENTRY_NCOLS 15 /* the first column after ENTRY_COLS */
 
 int ulp_stat_from_row(sqlite3_stmt *st, ulp_stat *s)
 {
@@ -496,7 +515,13 @@ int ulp_stat_from_row(sqlite3_stmt *st, ulp_stat *s)
 	s->mode |= s->is_dir ? 0040000 : s->is_symlink ? 0120000 : 0100000;
 	s->uid = (uint32_t)sqlite3_column_int(st, 3);
 	s->gid = (uint32_t)sqlite3_column_int(st, 4);
-	s->mtime_ns = sqlite3_column_int64(st, 5);
+	int64_t ns = sqlite3_column_int64(st, 5);
+	s->mtime = ulp_time_from_ns(ns);
+	if (sqlite3_column_type(st, 13) != SQLITE_NULL) { /* invariant 6 */
+		ulp_time t = ulp_time_make(sqlite3_column_int64(st, 13), sqlite3_column_int64(st, 14));
+		if (ulp_time_ns(t.sec, t.nsec) == ns)
+			s->mtime = t;
+	}
 	if (sqlite3_column_bytes(st, 6) == ULP_SHA256_LEN)
 		memcpy(s->sha256, sqlite3_column_blob(st, 6), ULP_SHA256_LEN);
 	s->stored_bytes = (uint64_t)sqlite3_column_int64(st, 7);
@@ -512,13 +537,14 @@ int ulp_stat_from_row(sqlite3_stmt *st, ulp_stat *s)
 int ulp_archive_stat(ulp_archive *a, const char *path, ulp_stat *out)
 {
 	static const char sql[] = "SELECT " ENTRY_COLS " FROM entries WHERE path = ?";
+	static const char sql_v2[] = "SELECT " ENTRY_COLS_V2 " FROM entries WHERE path = ?";
 	char p[4096];
 	int prc = ulp_path_clean(path, p, sizeof(p));
 	if (prc < 0)
 		return ulp_arch_err(a, prc, "%s: %s", path,
 		                    prc == -ULP_E_NAMETOOLONG ? "name or path too long for an archive"
 		                                              : "not a valid path inside an archive (a '..' component)");
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	sqlite3_stmt *st = ulp_db_stmt(a, a->schema >= 4 ? sql : sql_v2);
 	if (!st)
 		return -ULP_E_IO;
 	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
@@ -538,10 +564,11 @@ int ulp_index_file(ulp_archive *a, const char *path, ulp_stat *out, uint8_t **he
                    size_t *header_len, ulp_extent **ext, size_t *n_ext)
 {
 	static const char sql[] = "SELECT " ENTRY_COLS ", id, header, header_sha FROM entries WHERE path = ?";
-	static const char sql_v1[] = "SELECT " ENTRY_COLS ", id, header, NULL FROM entries WHERE path = ?";
+	static const char sql_v2[] = "SELECT " ENTRY_COLS_V2 ", id, header, header_sha FROM entries WHERE path = ?";
+	static const char sql_v1[] = "SELECT " ENTRY_COLS_V2 ", id, header, NULL FROM entries WHERE path = ?";
 	static const char sql_ext[] = "SELECT e.offset, e.length, b.content FROM extents e"
 	                              " JOIN blobs b ON b.id = e.blob WHERE e.file = ? ORDER BY e.offset";
-	sqlite3_stmt *st = ulp_db_stmt(a, a->schema >= 2 ? sql : sql_v1);
+	sqlite3_stmt *st = ulp_db_stmt(a, a->schema >= 4 ? sql : a->schema >= 2 ? sql_v2 : sql_v1);
 	if (!st)
 		return -ULP_E_IO;
 	sqlite3_bind_text(st, 1, path, -1, SQLITE_STATIC);
@@ -553,8 +580,8 @@ int ulp_index_file(ulp_archive *a, const char *path, ulp_stat *out, uint8_t **he
 		return ulp_db_err(a, "file lookup");
 	}
 	ulp_stat_from_row(st, out);
-	int64_t id = sqlite3_column_int64(st, 13);
-	size_t hl = (size_t)sqlite3_column_bytes(st, 14);
+	int64_t id = sqlite3_column_int64(st, ENTRY_NCOLS);
+	size_t hl = (size_t)sqlite3_column_bytes(st, ENTRY_NCOLS + 1);
 	uint8_t *h = NULL;
 	if (hl) {
 		h = malloc(hl);
@@ -562,12 +589,12 @@ int ulp_index_file(ulp_archive *a, const char *path, ulp_stat *out, uint8_t **he
 			sqlite3_reset(st);
 			return -ULP_E_NOMEM;
 		}
-		memcpy(h, sqlite3_column_blob(st, 14), hl);
+		memcpy(h, sqlite3_column_blob(st, ENTRY_NCOLS + 1), hl);
 		/* invariant 5: the header is checked before anything serves it */
 		uint8_t sha[ULP_SHA256_LEN];
 		ulp_sha256(h, hl, sha);
-		if (a->schema >= 2 && (sqlite3_column_bytes(st, 15) != ULP_SHA256_LEN ||
-		                       memcmp(sqlite3_column_blob(st, 15), sha, ULP_SHA256_LEN) != 0)) {
+		if (a->schema >= 2 && (sqlite3_column_bytes(st, ENTRY_NCOLS + 2) != ULP_SHA256_LEN ||
+		                       memcmp(sqlite3_column_blob(st, ENTRY_NCOLS + 2), sha, ULP_SHA256_LEN) != 0)) {
 			sqlite3_reset(st);
 			free(h);
 			return ulp_arch_err(a, -ULP_E_CHECKSUM,
@@ -618,6 +645,8 @@ int ulp_archive_readdir(ulp_archive *a, const char *path,
                         int (*cb)(void *arg, const char *name, const ulp_stat *st), void *arg)
 {
 	static const char sql[] = "SELECT " ENTRY_COLS ", name FROM entries WHERE parent = ? AND path <> '' ORDER BY name";
+	static const char sql_v2[] = "SELECT " ENTRY_COLS_V2 ", name FROM entries WHERE parent = ? AND path <> ''"
+	                             " ORDER BY name";
 	char p[4096];
 	ulp_stat s;
 	ULP_TRY(ulp_path_clean(path, p, sizeof(p)));
@@ -627,13 +656,13 @@ int ulp_archive_readdir(ulp_archive *a, const char *path,
 	/* a private statement: callbacks may query the index themselves */
 	sqlite3 *db = ulp_db(a);
 	sqlite3_stmt *st;
-	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+	if (!db || sqlite3_prepare_v2(db, a->schema >= 4 ? sql : sql_v2, -1, &st, NULL) != SQLITE_OK)
 		return ulp_db_err(a, "readdir");
 	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
 	int rc = 0, r;
 	while ((r = sqlite3_step(st)) == SQLITE_ROW) {
 		ulp_stat_from_row(st, &s);
-		rc = cb(arg, (const char *)sqlite3_column_text(st, 13), &s);
+		rc = cb(arg, (const char *)sqlite3_column_text(st, ENTRY_NCOLS), &s);
 		if (rc)
 			break;
 	}
@@ -802,10 +831,19 @@ int64_t ulp_parse_step(const char *path, char **series)
 
 /* ---- writing ------------------------------------------------------------ */
 
-int ulp_index_mkdirs(ulp_archive *a, const char *path, int64_t mtime_ns)
+/* Binds time t to parameters ns (as mtime_ns) and sec, sec + 1 (mtime_sec,
+ * mtime_nsec): invariant 6. */
+static void bind_time(sqlite3_stmt *st, int ns, int sec, ulp_time t)
 {
-	static const char sql[] = "INSERT OR IGNORE INTO entries(path, parent, name, type, mode, mtime_ns)"
-	                          " VALUES(?, ?, ?, 1, 493, ?)";
+	sqlite3_bind_int64(st, ns, ulp_time_ns(t.sec, t.nsec));
+	sqlite3_bind_int64(st, sec, t.sec);
+	sqlite3_bind_int64(st, sec + 1, t.nsec);
+}
+
+int ulp_index_mkdirs(ulp_archive *a, const char *path, ulp_time mtime)
+{
+	static const char sql[] = "INSERT OR IGNORE INTO entries(path, parent, name, type, mode, mtime_ns,"
+	                          " mtime_sec, mtime_nsec) VALUES(?, ?, ?, 1, 493, ?, ?, ?)";
 	static const char sql_type[] = "SELECT type FROM entries WHERE path = ?";
 	char buf[4096];
 	snprintf(buf, sizeof(buf), "%s", path);
@@ -832,7 +870,7 @@ int ulp_index_mkdirs(ulp_archive *a, const char *path, int64_t mtime_ns)
 			sqlite3_bind_text(st, 1, buf, -1, SQLITE_STATIC);
 			sqlite3_bind_text(st, 2, parent, -1, SQLITE_STATIC);
 			sqlite3_bind_text(st, 3, ulp_path_name(buf), -1, SQLITE_STATIC);
-			sqlite3_bind_int64(st, 4, mtime_ns);
+			bind_time(st, 4, 5, mtime);
 			rc = sqlite3_step(st);
 			sqlite3_reset(st);
 			free(parent);
@@ -906,12 +944,13 @@ int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_na
 	static const char sql_del[] = "DELETE FROM entries WHERE path = ?";
 	static const char sql_ent[] = "INSERT INTO entries(path, parent, name, type, size, mode, uid, gid,"
 	                              " mtime_ns, sha256, kind, header, run, series, step, target, stored,"
-	                              " depth, anchor, header_sha) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
+	                              " depth, anchor, header_sha, mtime_sec, mtime_nsec)"
+	                              " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
 	static const char sql_ext[] = "INSERT INTO extents(file, offset, length, blob, name, dtype)"
 	                              " VALUES(?, ?, ?, (SELECT id FROM blobs WHERE content = ?), ?, ?)";
 	sqlite3_stmt *st;
 	int rc;
-	ULP_TRY(ulp_index_mkdirs(a, f->path, f->meta.mtime_ns));
+	ULP_TRY(ulp_index_mkdirs(a, f->path, f->meta.mtime));
 	if (!(st = ulp_db_stmt(a, sql_old)))
 		return -ULP_E_IO;
 	sqlite3_bind_text(st, 1, f->path, -1, SQLITE_STATIC);
@@ -967,7 +1006,7 @@ int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_na
 	sqlite3_bind_int(st, 6, (int)(f->meta.mode & 07777));
 	sqlite3_bind_int64(st, 7, f->meta.uid);
 	sqlite3_bind_int64(st, 8, f->meta.gid);
-	sqlite3_bind_int64(st, 9, f->meta.mtime_ns);
+	bind_time(st, 9, 21, f->meta.mtime);
 	if (f->type == ULP_ENT_FILE)
 		sqlite3_bind_blob(st, 10, f->sha, ULP_SHA256_LEN, SQLITE_STATIC);
 	sqlite3_bind_int(st, 11, f->kind);
@@ -1045,8 +1084,8 @@ int ulp_archive_symlink(ulp_archive *a, const char *path, const char *target, co
 
 int ulp_archive_mkdir(ulp_archive *a, const char *path, const ulp_meta *m)
 {
-	static const char sql[] = "INSERT INTO entries(path, parent, name, type, mode, uid, gid, mtime_ns)"
-	                          " VALUES(?, ?, ?, 1, ?, ?, ?, ?)";
+	static const char sql[] = "INSERT INTO entries(path, parent, name, type, mode, uid, gid, mtime_ns,"
+	                          " mtime_sec, mtime_nsec) VALUES(?, ?, ?, 1, ?, ?, ?, ?, ?, ?)";
 	char p[4096];
 	ULP_TRY(bad_path(a, path, "cannot create a directory"));
 	if (a->read_only || ulp_path_clean(path, p, sizeof(p)) < 0 || !p[0])
@@ -1055,7 +1094,7 @@ int ulp_archive_mkdir(ulp_archive *a, const char *path, const ulp_meta *m)
 	if (ulp_archive_stat(a, p, &s) == 0)
 		return ulp_arch_err(a, -ULP_E_EXIST, "%s: exists", p);
 	ULP_TRY(ulp_db_begin(a));
-	int64_t now = (int64_t)time(NULL) * 1000000000;
+	ulp_time now = ulp_time_make(time(NULL), 0);
 	int rc = ulp_index_mkdirs(a, p, now);
 	char *parent = ulp_path_parent(p);
 	sqlite3_stmt *st = ulp_db_stmt(a, sql);
@@ -1066,7 +1105,7 @@ int ulp_archive_mkdir(ulp_archive *a, const char *path, const ulp_meta *m)
 		sqlite3_bind_int(st, 4, m ? (int)(m->mode & 07777) : 0755);
 		sqlite3_bind_int64(st, 5, m ? m->uid : 0);
 		sqlite3_bind_int64(st, 6, m ? m->gid : 0);
-		sqlite3_bind_int64(st, 7, m ? m->mtime_ns : now);
+		bind_time(st, 7, 8, m ? m->mtime : now);
 		rc = step_rc(a, st, "mkdir");
 	} else if (rc == 0) {
 		rc = -ULP_E_NOMEM;
@@ -1156,7 +1195,7 @@ int ulp_archive_rename(ulp_archive *a, const char *from, const char *to)
 		}
 	}
 	if (rc == 0)
-		rc = ulp_index_mkdirs(a, t, (int64_t)time(NULL) * 1000000000);
+		rc = ulp_index_mkdirs(a, t, ulp_time_make(time(NULL), 0));
 	/* the entry and everything below it; t is not below f (checked above),
 	 * so no updated row comes back into the range being read */
 	sqlite3 *db = ulp_db(a);
@@ -1204,7 +1243,9 @@ int ulp_archive_setattr(ulp_archive *a, const char *path, unsigned which, const 
 {
 	static const char sql[] = "UPDATE entries SET mode = CASE WHEN ?1 THEN ?2 ELSE mode END,"
 	                          " uid = CASE WHEN ?3 THEN ?4 ELSE uid END, gid = CASE WHEN ?3 THEN ?5 ELSE gid END,"
-	                          " mtime_ns = CASE WHEN ?6 THEN ?7 ELSE mtime_ns END WHERE path = ?8";
+	                          " mtime_ns = CASE WHEN ?6 THEN ?7 ELSE mtime_ns END,"
+	                          " mtime_sec = CASE WHEN ?6 THEN ?9 ELSE mtime_sec END,"
+	                          " mtime_nsec = CASE WHEN ?6 THEN ?10 ELSE mtime_nsec END WHERE path = ?8";
 	char p[4096];
 	ulp_stat s;
 	if (a->read_only || ulp_path_clean(path, p, sizeof(p)) < 0)
@@ -1219,7 +1260,7 @@ int ulp_archive_setattr(ulp_archive *a, const char *path, unsigned which, const 
 	sqlite3_bind_int64(st, 4, m->uid);
 	sqlite3_bind_int64(st, 5, m->gid);
 	sqlite3_bind_int(st, 6, (which & ULP_SET_MTIME) != 0);
-	sqlite3_bind_int64(st, 7, m->mtime_ns);
+	bind_time(st, 7, 9, m->mtime);
 	sqlite3_bind_text(st, 8, p, -1, SQLITE_STATIC);
 	return step_rc(a, st, "setattr");
 }
@@ -1229,21 +1270,22 @@ int ulp_archive_setattr(ulp_archive *a, const char *path, unsigned which, const 
 int ulp_index_files(ulp_archive *a, const char *prefix,
                     int (*cb)(void *arg, const char *path, const ulp_stat *st), void *arg)
 {
-	static const char sql[] = "SELECT " ENTRY_COLS ", path FROM entries WHERE type = 0 AND"
-	                          " (?1 = '' OR path = ?1 OR " BELOW("path", "?1") ")"
-	                          " ORDER BY step IS NOT NULL, step, path";
+#define FILES_SQL(cols) "SELECT " cols ", path FROM entries WHERE type = 0 AND" \
+	                        " (?1 = '' OR path = ?1 OR " BELOW("path", "?1") ")" \
+	                        " ORDER BY step IS NOT NULL, step, path"
+	static const char sql[] = FILES_SQL(ENTRY_COLS), sql_v2[] = FILES_SQL(ENTRY_COLS_V2);
 	char p[4096];
 	ULP_TRY(ulp_path_clean(prefix, p, sizeof(p)));
 	sqlite3 *db = ulp_db(a);
 	sqlite3_stmt *st;
-	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+	if (!db || sqlite3_prepare_v2(db, a->schema >= 4 ? sql : sql_v2, -1, &st, NULL) != SQLITE_OK)
 		return ulp_db_err(a, "list files");
 	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
 	int rc = 0, r;
 	while ((r = sqlite3_step(st)) == SQLITE_ROW) {
 		ulp_stat s;
 		ulp_stat_from_row(st, &s);
-		if ((rc = cb(arg, (const char *)sqlite3_column_text(st, 13), &s)) != 0)
+		if ((rc = cb(arg, (const char *)sqlite3_column_text(st, ENTRY_NCOLS), &s)) != 0)
 			break;
 	}
 	if (r != SQLITE_ROW && r != SQLITE_DONE)

@@ -636,7 +636,7 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 		nf.meta.mode = sb.st_mode & 07777;
 		nf.meta.uid = sb.st_uid;
 		nf.meta.gid = sb.st_gid;
-		nf.meta.mtime_ns = ulp_time_ns(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
+		nf.meta.mtime = ulp_time_make(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
 	}
 	unsigned int shalen;
 	EVP_DigestFinal_ex(fsha, nf.sha, &shalen);

@@ -236,13 +236,22 @@ const char *ulp_archive_errmsg(const ulp_archive *a);
 /** The archive's directory. */
 const char *ulp_archive_dir(const ulp_archive *a);
 
+/* Times: seconds since 1970-01-01 UTC (any int64, as the kernel's time64_t)
+ * and a nanosecond part, like a struct timespec; every time a Linux file
+ * system can hold is kept exactly (ulpack-format(5) 9: entries.mtime_sec and
+ * mtime_nsec). */
+typedef struct ulp_time {
+	int64_t sec;            /* seconds since the epoch, negative before 1970 */
+	uint32_t nsec;          /* [0, 1e9) */
+} ulp_time;
+
 /* What an archive knows of a path. */
 typedef struct ulp_stat {
 	int is_dir, is_symlink;
 	uint64_t size;          /* bytes (symlink: target length) */
 	uint32_t mode;          /* permission bits and type (S_IFREG, S_IFDIR, S_IFLNK) */
 	uint32_t uid, gid;
-	int64_t mtime_ns;
+	ulp_time mtime;
 	uint8_t sha256[ULP_SHA256_LEN]; /* files: of the whole content */
 	uint64_t stored_bytes;  /* bytes of the blobs only this file introduced */
 	int64_t step;           /* parsed from the path, -1 if none */
@@ -274,7 +283,7 @@ void ulp_file_close(ulp_file *f);
 typedef struct ulp_meta {
 	uint32_t mode;          /* permission bits (type bits ignored) */
 	uint32_t uid, gid;
-	int64_t mtime_ns;
+	ulp_time mtime;
 } ulp_meta;
 
 typedef struct ulp_put_result {
@@ -465,11 +474,18 @@ int ulp_parse_size(const char *s, uint64_t *out);
  *  Errors: NAMETOOLONG, INVAL (a ".." component). */
 int ulp_path_check(const char *path);
 
-/* Times are int64 nanoseconds since the epoch (mtime_ns), which covers
- * 1677-09-21 to 2262-04-11. */
-/** sec + nsec as nanoseconds; a time outside that range is clamped to its
- *  nearest end (the kernel clamps times to what a file system holds alike).
- *  nsec is in [0, 1e9) (a timespec's). */
+/* Times (ulp_time, above). */
+/** sec + nsec, normalised so that nsec is in [0, 1e9) (nsec may be any value,
+ *  e.g. a timespec's, -1 or 1e9); a sum beyond the int64 seconds saturates at
+ *  {INT64_MIN, 0} or {INT64_MAX, 999999999}. */
+ulp_time ulp_time_make(int64_t sec, int64_t nsec);
+/** ns nanoseconds since the epoch as a time (exact for every int64). */
+ulp_time ulp_time_from_ns(int64_t ns);
+/** The current time (CLOCK_REALTIME). */
+ulp_time ulp_time_now(void);
+/** sec + nsec as int64 nanoseconds, which cover 1677-09-21 to 2262-04-11 only
+ *  (the index's legacy mtime_ns column): a time outside is clamped to the
+ *  nearest end. nsec is in [0, 1e9) (a timespec's). */
 int64_t ulp_time_ns(int64_t sec, int64_t nsec);
 /** Splits ns into seconds and a nanosecond part in [0, 1e9) (rounds toward
  *  minus infinity, so a time before 1970 with a fraction stays exact). */

@@ -47,7 +47,7 @@ static int put(ulp_archive *a, const char *apath, int s)
 {
 	int fd = open(src[s], O_RDONLY);
 	REQUIRE(fd >= 0, "open %s", src[s]);
-	ulp_meta m = {0644, 0, 0, 1000000000ll * 1700000000};
+	ulp_meta m = {0644, 0, 0, {1700000000, 0}};
 	int rc = ulp_archive_put(a, apath, fd, &m, NULL);
 	close(fd);
 	return rc;
