@@ -95,6 +95,10 @@ int ulp_mount_lock(const char *dir, int *fd_out, ulp_mount_owner *holder, char *
 			return ULP_ERR(&err, -ULP_E_BUSY, "%s: mounted read-write by another ulpackfs", dir);
 		return ULP_ERR(&err, -ULP_E_IO, "%s: %s", p, strerror(e));
 	}
+	if (ftruncate(fd, 0) < 0) { /* a former holder's note is no longer true */
+		close(fd);
+		return ULP_ERR(&err, -ULP_E_IO, "%s: %s", p, strerror(errno));
+	}
 	*fd_out = fd;
 	return 0;
 }
