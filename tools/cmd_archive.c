@@ -276,6 +276,7 @@ typedef struct iprog {
 	unsigned files_total, files_done; /* (mu) */
 	const char *cur;       /* file being archived, or NULL (mu) */
 	int in_put;            /* cur is being coded: add its progress (mu) */
+	long interval_ms;      /* between lines: 200; ULPACK_PROGRESS_MS (tests), 10..1000 */
 } iprog;
 
 static void fmt_eta(double s, char *out, size_t cap)
@@ -313,7 +314,7 @@ static void *prog_main(void *arg)
 	while (!p->stop) {
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 200 * 1000 * 1000;
+		ts.tv_nsec += p->interval_ms * 1000 * 1000;
 		if (ts.tv_nsec >= 1000000000) {
 			ts.tv_sec++;
 			ts.tv_nsec -= 1000000000;
@@ -381,6 +382,11 @@ int cmd_import(int argc, char **argv)
 			pg.files_total++;
 		}
 	pg.t0 = cli_now();
+	const char *ims = getenv("ULPACK_PROGRESS_MS");
+	int64_t iv = 200;
+	if (ims && ulp_parse_int(ims, 10, 1000, &iv) < 0)
+		iv = 200;
+	pg.interval_ms = (long)iv;
 	pthread_t pth;
 	int show = (pg.tty || ao.progress) && pg.files_total > 0;
 	if (show && pthread_create(&pth, NULL, prog_main, &pg) != 0)
