@@ -574,7 +574,7 @@ int cmd_ls(int argc, char **argv)
 	aopts ao;
 	int rc = parse_common(argc, argv, &ao,
 	                      "usage: ulpack ls ARCHIVE [PATH] [--json]\nLists a directory of the archive (mode, size,"
-	                      " stored bytes, step, mtime, name) or one file;\nnumbered names in numeric order"
+	                      " stored bytes, step or -, mtime, name) or one file;\nnumbered names in numeric order"
 	                      " (checkpoint-200 before checkpoint-1000).\n", 1, 2, OPT_JSON);
 	if (rc)
 		return rc == -1 ? 0 : 2;
@@ -593,10 +593,8 @@ int cmd_ls(int argc, char **argv)
 		status = cli_fail("out of memory");
 	if (status == 0) {
 		qsort(l.v, l.n, sizeof(*l.v), lsent_cmp);
-		if (l.json)
+		if (l.json) /* text: no heading, so that an empty directory prints nothing */
 			printf("[");
-		else
-			printf("%-10s %14s %14s %8s %-16s %s\n", "mode", "size", "stored", "step", "mtime", "name");
 		for (size_t i = 0; i < l.n; i++)
 			ls_line(&l, l.v[i].name, &l.v[i].st);
 		if (l.json)

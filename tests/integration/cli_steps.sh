@@ -38,7 +38,7 @@ PYEOF
 
 "$ULPACK" ls "$A" lm > "$T/ls"
 want=$(ls "$DATA/bf16" | sed -n 's/^checkpoint-//p' | sort -n | tr '\n' ' ')
-steps=$(awk 'NR > 1 { print $4 }' "$T/ls" | tr '\n' ' ')
+steps=$(awk '{ print $4 }' "$T/ls" | tr '\n' ' ')
 [ "$steps" = "$want" ] && [ "$(ls "$DATA/bf16" | grep -c checkpoint-)" -ge 3 ] && ok "ls: numeric order with a step column" || fail "ls steps: $steps"
 "$ULPACK" ls "$A" lm --json | "$PY" -c '
 import json, sys
