@@ -86,6 +86,8 @@ struct ulp_archive {
 	struct readahead *ra;        /* sequential read-ahead (read.c), or NULL */
 	/* counters */
 	uint64_t chunks_decoded, deltas_decoded, hits, misses, max_walk;
+	uint64_t put_done;           /* atomic: bytes of the file being put that are coded
+	                                (ulp_archive_put_progress) */
 };
 
 /* Records the thread's error message; returns code. */

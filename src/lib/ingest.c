@@ -261,6 +261,7 @@ static int append_job(put *p, job *j)
 	unsigned depth;
 	if (j->rc < 0)
 		return ulp_arch_err(p->a, j->rc, "%s", j->err);
+	__atomic_add_fetch(&p->a->put_done, (uint64_t)j->s->length, __ATOMIC_RELAXED);
 	if (j->s->kind == SEG_VERBATIM) {
 		while (p->cap_vb - p->n_vb < j->len)
 			ULP_TRY(ulp_grow(&p->vb, &p->cap_vb, p->cap_vb, 1));
@@ -606,6 +607,7 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 		return -ULP_E_NOMEM;
 	}
 	pthread_mutex_lock(&a->write_mu);
+	__atomic_store_n(&a->put_done, 0, __ATOMIC_RELAXED); /* this file's progress */
 
 	/* safetensors, torch zip or opaque: anything that does not parse is opaque */
 	if ((rc = layout_file(&P, size, &L)) < 0)
@@ -668,6 +670,7 @@ out:
 		ulp_pack_discard(P.pw); /* invariant 2 */
 	else
 		ulp_pack_free(P.pw);
+	__atomic_store_n(&a->put_done, 0, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&a->write_mu);
 	EVP_MD_CTX_free(fsha);
 	layout_free(&L);
@@ -677,4 +680,9 @@ out:
 	free(P.nb);
 	free(P.nx);
 	return rc;
+}
+
+uint64_t ulp_archive_put_progress(const ulp_archive *a)
+{
+	return __atomic_load_n(&a->put_done, __ATOMIC_RELAXED);
 }

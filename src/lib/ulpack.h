@@ -502,6 +502,63 @@ int ulp_parse_int(const char *s, int64_t min, int64_t max, int64_t *out);
  *  replaced by "{S}" (malloc'd; NULL when there is no step). */
 int64_t ulp_parse_step(const char *path, char **series);
 
+/* ---- steps and runs (steps.c) -------------------------------------------- */
+
+/** Compares names as people read numbered names: runs of digits by their
+ *  value (checkpoint-200 before checkpoint-1000), the rest bytewise; a total
+ *  order, 0 only for equal strings. For qsort of names and paths. */
+int ulp_name_cmp(const char *a, const char *b);
+/** The step of a step directory's name (checkpoint-N, checkpoint_N, step_N,
+ *  step-N, stepN, iter_N, iteration_N, ckpt-N, epochE-stepN, or digits
+ *  only), or -1: names starting with '.' or "tmp" (temporaries) and
+ *  DeepSpeed's global_stepN are not step directories. A run directory is a
+ *  directory that is not a step directory and holds at least one. */
+int64_t ulp_name_step(const char *name);
+
+/* One step of a run, for ulp_archive_steps. */
+typedef struct ulp_step_info {
+	const char *run;        /* the run directory ("" for the archive's root) */
+	const char *dir;        /* the step directory's path */
+	int64_t step;
+	uint64_t files;         /* files under it, at any depth */
+	uint64_t raw_bytes, stored_bytes; /* their sizes and the blob bytes they introduced */
+	unsigned chain_depth;   /* deepest delta chain among them */
+} ulp_step_info;
+/** Calls cb for each step directory under prefix ("" for all), by run (path
+ *  order) and then by step; a file counts in its shallowest ancestor step
+ *  directory. Stops at a non-zero return of cb, which it returns. Strings
+ *  are valid during the call. Errors: NOENT (prefix), NOMEM. */
+int ulp_archive_steps(ulp_archive *a, const char *prefix, int (*cb)(void *arg, const ulp_step_info *s),
+                      void *arg);
+/** The name of the child of run directory dir with the highest step (ties:
+ *  the greatest by ulp_name_cmp) into name[cap]. Errors: NOENT (dir is not a
+ *  run directory), EXIST (dir has a real entry called "latest": it wins),
+ *  OVERFLOW (cap). */
+int ulp_archive_latest(ulp_archive *a, const char *dir, char *name, size_t cap);
+
+/** Bytes of the file being archived by ulp_archive_put (on any thread) that
+ *  are coded so far; 0 between files. Thread-safe: for progress display. */
+uint64_t ulp_archive_put_progress(const ulp_archive *a);
+
+/* ---- mount lock (mountlock.c) ----------------------------------------------- */
+
+/* Who holds an archive's mount lock. */
+typedef struct ulp_mount_owner {
+	long pid;               /* 0 if not recorded yet */
+	char mountpoint[ULP_PATH_MAX + 1]; /* "" if not recorded yet */
+	int alive;              /* the process runs */
+	int mounted;            /* mountpoint is a live ulpackfs mount (this mount namespace) */
+} ulp_mount_owner;
+/** Takes the lock that allows one read-write mount of archive dir at a
+ *  time (an exclusive flock on DIR/mount.lock, held while *fd is open, kept
+ *  across fork). Never waits. Errors: BUSY (another process holds it; holder,
+ *  when not NULL, says who and where), IO. errbuf gets the cause. */
+int ulp_mount_lock(const char *dir, int *fd, ulp_mount_owner *holder, char *errbuf, size_t errcap);
+/** Records the holder's pid and mount point in the lock open on fd. */
+int ulp_mount_lock_note(int fd, long pid, const char *mountpoint);
+/** 1 if mountpoint is a ulpackfs mount in /proc/self/mountinfo. */
+int ulp_mount_active(const char *mountpoint);
+
 /* ---- CPU dispatch -------------------------------------------------------- */
 
 /* ULP_CPU_AVX512: AVX-512 F, BW, VL and VBMI (Ice Lake, Zen 4 and later). */
