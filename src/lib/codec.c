@@ -29,6 +29,19 @@
 
 #define ULP_DEC_BLOCK 2048 /* elements a decode block; a multiple of 32 lanes */
 
+/* Kernels not built for this target are compiled out here (no dead calls to
+ * stubs, no arrays the compiler believes a stub leaves unset). */
+#ifdef ULP_HAVE_AVX2
+#define USE_AVX2() ulp_use_avx2()
+#else
+#define USE_AVX2() 0
+#endif
+#ifdef ULP_HAVE_AVX512
+#define USE_AVX512() ulp_use_avx512()
+#else
+#define USE_AVX512() 0
+#endif
+
 int ulp_fmt_get(ulp_dtype dt, ulp_fmt *f)
 {
 	switch (dt) {
@@ -131,7 +144,7 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 		/* G elements (at most 56 raw bits together) per bit-writer call */    \
 		const unsigned G = W <= 8 ? 8 : W <= 16 ? 4 : 1;                        \
 		size_t i = 0;                                                           \
-		if (W == 16 && n >= 16 && ulp_use_avx512()) {                           \
+		if (W == 16 && n >= 16 && USE_AVX512()) {                           \
 			/* symbols, count indices and merged raw tails in AVX-512;     \
 			 * counting and bit writing here */                            \
 			uint16_t cix[1024];                                             \
@@ -170,7 +183,7 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 			for (size_t c = 0; sub && c < cells; c++)                       \
 				counts[c] += (uint64_t)sub[c] + sub[cells + c] + sub[2 * cells + c] + sub[3 * cells + c]; \
 		}                                                                       \
-		if (W == 16 && n - i >= 16 && ulp_use_avx2()) {                         \
+		if (W == 16 && n - i >= 16 && USE_AVX2()) {                         \
 			/* symbols and raw tails in AVX2, counting and packing here */  \
 			uint16_t rawv[1024];                                            \
 			uint8_t kv[1024];                                               \
@@ -286,9 +299,9 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 			size_t i0 = 0, m = SIZE_MAX;                                    \
 			if ((W == 16 || W == 32) && (size_t)(wend - wp) >= 2 * bn) {   \
 				if (lanes >= 16 && bn >= 64 && (!rb || d->rowb_ok) &&   \
-				    ulp_use_avx512())                                   \
+				    USE_AVX512())                                   \
 					m = ulp_rans_syms_avx512(f, d, lanes, x, &wp, rb, bn & ~(size_t)63, syms); \
-				else if (lanes >= 8 && bn >= 32 && ulp_use_avx2())      \
+				else if (lanes >= 8 && bn >= 32 && USE_AVX2())      \
 					m = ulp_rans_syms_avx2(f, d, lanes, x, &wp, rb, bn & ~(size_t)31, syms); \
 				i0 = m == SIZE_MAX ? 0 : m;                             \
 			}                                                               \
@@ -345,13 +358,13 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 				                   (unsigned long long)raw_bits, b0);   \
 			if (rb) {                                                       \
 				size_t j0 = 0;                                          \
-				if (W == 16 && ulp_use_avx512())                        \
+				if (W == 16 && USE_AVX512())                        \
 					j0 = ulp_rebuild16_avx512(syms, (const uint16_t *)(const void *)rb, bn, \
 					                          raw, raw_len, &pos, (uint16_t *)(void *)ob); \
-				if (W == 32 && ulp_use_avx512())                        \
+				if (W == 32 && USE_AVX512())                        \
 					j0 = ulp_rebuild32_avx512(syms, (const uint32_t *)(const void *)rb, bn, \
 					                          raw, raw_len, &pos, (uint32_t *)(void *)ob); \
-				if (W == 16 && ulp_use_avx2())                          \
+				if (W == 16 && USE_AVX2())                          \
 					j0 += ulp_rebuild16_avx2(syms + j0, (const uint16_t *)(const void *)rb + j0, \
 					                         bn - j0, raw, raw_len, &pos, \
 					                         (uint16_t *)(void *)ob + j0); \
@@ -449,7 +462,7 @@ size_t ulp_chunk_raw_bound(const ulp_fmt *f, size_t n)
 
 uint64_t *ulp_esyms_pack(const ulp_table *t, const ulp_rans_esym *es)
 {
-	if (!ulp_use_avx512() || t->n_ctx > 256 || t->n_rows > 255)
+	if (!USE_AVX512() || t->n_ctx > 256 || t->n_rows > 255)
 		return NULL;
 	size_t m = (size_t)t->n_rows * t->alphabet;
 	uint64_t *p = malloc(m * sizeof(*p));
@@ -474,7 +487,7 @@ int ulp_chunk_encode(const ulp_fmt *f, const ulp_table *t, const ulp_rans_esym *
 	/* AVX-512: the scalar loop codes the last n mod 32 elements (they come
 	 * first), the kernel the rest (same states, same words) */
 	size_t n0 = 0;
-	if (es64 && lanes == 32 && (f->w == 16 || f->w == 32) && n >= 32 && ulp_use_avx512()) {
+	if (es64 && lanes == 32 && (f->w == 16 || f->w == 32) && n >= 32 && USE_AVX512()) {
 		uint8_t rowb[256];
 		memset(rowb, 0xff, sizeof(rowb));
 		for (unsigned c = 0; c < t->n_ctx && c < 256; c++)

@@ -8,7 +8,10 @@
  *  - every pair: smaller than zstd -19 on the byte-grouped XOR;
  *  - anchors: no larger than an exponent-entropy coding with raw sign and
  *    mantissa (ZipNN's scheme), plus 1 %.
- * Skips (77) when the data directory is absent.
+ * Skips (77) when the data directory is absent. ULP_TEST_QUICK=1 (CI's
+ * aarch64 run under emulation) keeps the round trips of the first three steps
+ * of each dtype and leaves out the size targets (the bytes are those of the
+ * full run, which checks them).
  */
 #include "tap.h"
 #include "ulpack.h"
@@ -132,6 +135,11 @@ static void run_dtype(const char *root, const char *sub, const char *fname, int 
 	closedir(d);
 	qsort(steps, (size_t)ns, sizeof(int), cmp_int);
 	REQUIRE(ns >= 2, "%s: %d steps", sub, ns);
+	const char *quick = getenv("ULP_TEST_QUICK");
+	if (quick && *quick && strcmp(quick, "0")) {
+		ns = ns < 3 ? ns : 3;
+		targets = 0;
+	}
 	file prev = {0}, cur;
 	uint64_t tot_ulp = 0, anchor = 0;
 	double tot_bound = 0, zipnn = 0, dummy = 0;
@@ -145,7 +153,7 @@ static void run_dtype(const char *root, const char *sub, const char *fname, int 
 		} else {
 			uint64_t u = 0, z = 0;
 			double b = 0;
-			code_file(label, &prev, &cur, &u, &b, &z, NULL);
+			code_file(label, &prev, &cur, &u, &b, targets ? &z : NULL, NULL);
 			tot_ulp += u;
 			tot_bound += b;
 			if (targets)
