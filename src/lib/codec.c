@@ -41,6 +41,11 @@
 #else
 #define USE_AVX512() 0
 #endif
+#ifdef ULP_HAVE_NEON
+#define USE_NEON() ulp_use_neon()
+#else
+#define USE_NEON() 0
+#endif
 
 int ulp_fmt_get(ulp_dtype dt, ulp_fmt *f)
 {
@@ -303,6 +308,8 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 					m = ulp_rans_syms_avx512(f, d, lanes, x, &wp, rb, bn & ~(size_t)63, syms); \
 				else if (lanes >= 8 && bn >= 32 && USE_AVX2())      \
 					m = ulp_rans_syms_avx2(f, d, lanes, x, &wp, rb, bn & ~(size_t)31, syms); \
+				else if (lanes >= 4 && bn >= 32 && USE_NEON())          \
+					m = ulp_rans_syms_neon(f, d, lanes, x, &wp, rb, bn & ~(size_t)31, syms); \
 				i0 = m == SIZE_MAX ? 0 : m;                             \
 			}                                                               \
 			if ((size_t)(wend - wp) >= 2 * (bn - i0)) {                     \
@@ -368,6 +375,12 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 					j0 += ulp_rebuild16_avx2(syms + j0, (const uint16_t *)(const void *)rb + j0, \
 					                         bn - j0, raw, raw_len, &pos, \
 					                         (uint16_t *)(void *)ob + j0); \
+				if (W == 16 && USE_NEON())                              \
+					j0 = ulp_rebuild16_neon(syms, (const uint16_t *)(const void *)rb, bn, \
+					                        raw, raw_len, &pos, (uint16_t *)(void *)ob); \
+				if (W == 32 && USE_NEON())                              \
+					j0 = ulp_rebuild32_neon(syms, (const uint32_t *)(const void *)rb, bn, \
+					                        raw, raw_len, &pos, (uint32_t *)(void *)ob); \
 				size_t i = j0;                                          \
 				uint64_t q = pos; /* a register copy, as w above */     \
 				/* while the rest of the block cannot reach the tail's \
@@ -632,6 +645,11 @@ int ulp_use_avx2(void)
 int ulp_use_avx512(void)
 {
 	return use_kernels(ULP_CPU_AVX512);
+}
+
+int ulp_use_neon(void)
+{
+	return use_kernels(ULP_CPU_NEON);
 }
 
 int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)

@@ -108,6 +108,19 @@ void ulp_rans_enc_avx512(const ulp_fmt *f, unsigned pb, const uint8_t *rowb, uns
                          unsigned alphabet, const uint64_t *es64, const uint8_t *syms,
                          const void *ref, size_t n, uint32_t *x, uint16_t **pp);
 
+/*
+ * NEON kernels (rans_neon.c, aarch64), same contracts as their AVX2 twins:
+ * the symbol pass for 4 to 32 lanes (n a multiple of 32) and the 16- and
+ * 32-bit DELTA reconstruction.
+ */
+size_t ulp_rans_syms_neon(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, uint32_t *x,
+                          const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms);
+size_t ulp_rebuild16_neon(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
+                          size_t raw_len, uint64_t *pos, uint16_t *out);
+size_t ulp_rebuild32_neon(const uint8_t *syms, const uint32_t *ref, size_t n, const uint8_t *raw,
+                          size_t raw_len, uint64_t *pos, uint32_t *out);
+int ulp_use_neon(void);
+
 /* Decodes one chunk into dst (n elements); every stream is bounds-checked. */
 int ulp_chunk_decode(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, const uint8_t *rans,
                      size_t rans_len, const uint8_t *raw, size_t raw_len, uint64_t raw_bits,
