@@ -149,9 +149,10 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 		/* G elements (at most 56 raw bits together) per bit-writer call */    \
 		const unsigned G = W <= 8 ? 8 : W <= 16 ? 4 : 1;                        \
 		size_t i = 0;                                                           \
-		if (W == 16 && n >= 16 && USE_AVX512()) {                           \
-			/* symbols, count indices and merged raw tails in AVX-512;     \
-			 * counting and bit writing here */                            \
+		const int v512 = W == 16 && n >= 16 && USE_AVX512();                   \
+		if (v512 || (W == 16 && n >= 16 && USE_AVX2())) {                      \
+			/* symbols, count indices and merged raw tails in AVX-512 or  \
+			 * AVX2; counting and bit writing here */                      \
 			uint16_t cix[1024];                                             \
 			uint64_t vals[256];                                             \
 			uint8_t lens[256];                                              \
@@ -164,9 +165,14 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 				memset(sub, 0, 4 * cells * sizeof(uint32_t));          \
 			while (n - i >= 16) {                                           \
 				size_t m = ULP_MIN((size_t)1024, (n - i) & ~(size_t)15); \
-				ulp_pass1_16_avx512((const uint16_t *)(const void *)(x + i), \
-				                    (const uint16_t *)(const void *)(r + i), m, sh, \
-				                    (unsigned)em, a, syms + i, cix, vals, lens); \
+				if (v512)                                               \
+					ulp_pass1_16_avx512((const uint16_t *)(const void *)(x + i), \
+					                    (const uint16_t *)(const void *)(r + i), m, sh, \
+					                    (unsigned)em, a, syms + i, cix, vals, lens); \
+				else                                                    \
+					ulp_pass1_16_avx2((const uint16_t *)(const void *)(x + i), \
+					                  (const uint16_t *)(const void *)(r + i), m, sh, \
+					                  (unsigned)em, a, syms + i, cix, vals, lens); \
 				if (sub) {                                              \
 					for (size_t j = 0; j < m; j += 4) {             \
 						sub[cix[j]]++;                          \
@@ -187,28 +193,6 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 			}                                                               \
 			for (size_t c = 0; sub && c < cells; c++)                       \
 				counts[c] += (uint64_t)sub[c] + sub[cells + c] + sub[2 * cells + c] + sub[3 * cells + c]; \
-		}                                                                       \
-		if (W == 16 && n - i >= 16 && USE_AVX2()) {                         \
-			/* symbols and raw tails in AVX2, counting and packing here */  \
-			uint16_t rawv[1024];                                            \
-			uint8_t kv[1024];                                               \
-			while (n - i >= 16) {                                           \
-				size_t m = ULP_MIN((size_t)1024, (n - i) & ~(size_t)15); \
-				ulp_pass1_16_avx2((const uint16_t *)(const void *)(x + i), \
-				                  (const uint16_t *)(const void *)(r + i), m, \
-				                  syms + i, rawv, kv);                  \
-				for (size_t j = 0; j < m; j += 4) {                     \
-					uint64_t acc = 0;                               \
-					unsigned tot = 0;                               \
-					for (unsigned g = 0; g < 4; g++) {              \
-						counts[(size_t)((r[i + j + g] >> sh) & em) * a + syms[i + j + g]]++; \
-						acc |= (uint64_t)rawv[j + g] << tot;    \
-						tot += kv[j + g];                       \
-					}                                               \
-					ulp_bitw_put(bw, acc, tot);                     \
-				}                                                       \
-				i += m;                                                 \
-			}                                                               \
 		}                                                                       \
 		for (; W <= 32 && i + G <= n; i += G) {                                 \
 			uint64_t acc = 0;                                               \
@@ -564,10 +548,12 @@ int ulp_chunk_decode(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, const 
 }
 
 #ifndef ULP_HAVE_AVX2
-void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, uint8_t *syms,
-                       uint16_t *raw, uint8_t *nraw)
+void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, unsigned mshift,
+                       unsigned emask, unsigned alphabet, uint8_t *syms, uint16_t *cidx,
+                       uint64_t *vals, uint8_t *lens)
 {
-	(void)x, (void)r, (void)n, (void)syms, (void)raw, (void)nraw;
+	(void)x, (void)r, (void)n, (void)mshift, (void)emask, (void)alphabet, (void)syms;
+	(void)cidx, (void)vals, (void)lens; /* never called: ulp_use_avx2() is 0 */
 }
 
 size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,

@@ -79,10 +79,10 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, u
  * tail at bit *pos; returns how many it did (the caller does the rest). */
 size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
                           size_t raw_len, uint64_t *pos, uint16_t *out);
-/* AVX2 pass 1 of 16-bit DELTA: symbols, raw tails and their bit lengths of n
- * elements (a multiple of 16). */
-void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, uint8_t *syms,
-                       uint16_t *raw, uint8_t *nraw);
+/* AVX2 pass 1 of 16-bit DELTA, the contract of ulp_pass1_16_avx512 below. */
+void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, unsigned mshift,
+                       unsigned emask, unsigned alphabet, uint8_t *syms, uint16_t *cidx,
+                       uint64_t *vals, uint8_t *lens);
 /* 1 if the AVX2 kernels are built, supported and allowed by ulp_set_cpu_mask. */
 int ulp_use_avx2(void);
 
