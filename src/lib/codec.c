@@ -359,6 +359,10 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 					j0 += ulp_rebuild16_avx2(syms + j0, (const uint16_t *)(const void *)rb + j0, \
 					                         bn - j0, raw, raw_len, &pos, \
 					                         (uint16_t *)(void *)ob + j0); \
+				if (W == 32 && USE_AVX2())                          \
+					j0 += ulp_rebuild32_avx2(syms + j0, (const uint32_t *)(const void *)rb + j0, \
+					                         bn - j0, raw, raw_len, &pos, \
+					                         (uint32_t *)(void *)ob + j0); \
 				if (W == 16 && USE_NEON())                              \
 					j0 = ulp_rebuild16_neon(syms, (const uint16_t *)(const void *)rb, bn, \
 					                        raw, raw_len, &pos, (uint16_t *)(void *)ob); \
@@ -389,7 +393,11 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 			} else {                                                        \
 				const unsigned nb = W - ab;                             \
 				const uint64_t lo = ((uint64_t)1 << ash) - 1;           \
-				for (size_t i = 0; i < bn; i++) {                       \
+				size_t i = 0;                                           \
+				if ((W == 16 || W == 32) && USE_AVX2())                 \
+					i = ulp_anchor_rebuild_avx2(W, ash, ab, syms, bn, raw, raw_len, \
+					                            &pos, ob);          \
+				for (; i < bn; i++) {                                   \
 					uint64_t v = raw_bits_at(raw, raw_len, pos, nb); \
 					pos += nb;                                      \
 					ob[i] = (T)((v & lo) | ((uint64_t)syms[i] << ash) | \
@@ -568,6 +576,21 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, u
 {
 	(void)f, (void)d, (void)lanes, (void)x, (void)wpp, (void)ref, (void)n, (void)syms;
 	return SIZE_MAX; /* never called: ulp_use_avx2() is 0 */
+}
+
+size_t ulp_rebuild32_avx2(const uint8_t *syms, const uint32_t *ref, size_t n, const uint8_t *raw,
+                          size_t raw_len, uint64_t *pos, uint32_t *out)
+{
+	(void)syms, (void)ref, (void)n, (void)raw, (void)raw_len, (void)pos, (void)out;
+	return 0;
+}
+
+size_t ulp_anchor_rebuild_avx2(unsigned w, unsigned ash, unsigned ab, const uint8_t *syms,
+                               size_t n, const uint8_t *raw, size_t raw_len, uint64_t *pos,
+                               void *out)
+{
+	(void)w, (void)ash, (void)ab, (void)syms, (void)n, (void)raw, (void)raw_len, (void)pos, (void)out;
+	return 0;
 }
 #endif
 

@@ -79,6 +79,15 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, u
  * tail at bit *pos; returns how many it did (the caller does the rest). */
 size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
                           size_t raw_len, uint64_t *pos, uint16_t *out);
+/* AVX2 reconstruction of 32-bit DELTA elements, as ulp_rebuild16_avx2. */
+size_t ulp_rebuild32_avx2(const uint8_t *syms, const uint32_t *ref, size_t n, const uint8_t *raw,
+                          size_t raw_len, uint64_t *pos, uint32_t *out);
+/* AVX2 reconstruction of ANCHOR elements of w = 16 or 32 bits (a_shift ash,
+ * a_bits ab) from their symbols and the raw tail at bit *pos; returns how
+ * many it did (a multiple of 8; the caller does the rest). */
+size_t ulp_anchor_rebuild_avx2(unsigned w, unsigned ash, unsigned ab, const uint8_t *syms,
+                               size_t n, const uint8_t *raw, size_t raw_len, uint64_t *pos,
+                               void *out);
 /* AVX2 pass 1 of 16-bit DELTA, the contract of ulp_pass1_16_avx512 below. */
 void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, unsigned mshift,
                        unsigned emask, unsigned alphabet, uint8_t *syms, uint16_t *cidx,

@@ -157,6 +157,100 @@ size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, co
 	return i;
 }
 
+/* Raw fields of eight elements at bit offsets bitpos (from byte base),
+ * each the low 32 bits of an unaligned 64-bit load shifted right by its
+ * bit offset mod 8. */
+static inline __m256i gather_bits(const uint8_t *base, __m256i bitpos)
+{
+	const __m256i seven = _mm256_set1_epi32(7);
+	__m256i byte = _mm256_srli_epi32(bitpos, 3);
+	__m256i shift = _mm256_and_si256(bitpos, seven);
+	const long long *bp = (const long long *)base;
+	__m256i g0 = _mm256_i32gather_epi64(bp, _mm256_castsi256_si128(byte), 1);
+	__m256i g1 = _mm256_i32gather_epi64(bp, _mm256_extracti128_si256(byte, 1), 1);
+	g0 = _mm256_srlv_epi64(g0, _mm256_cvtepu32_epi64(_mm256_castsi256_si128(shift)));
+	g1 = _mm256_srlv_epi64(g1, _mm256_cvtepu32_epi64(_mm256_extracti128_si256(shift, 1)));
+	return _mm256_permutevar8x32_epi32(
+		_mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(g0), _mm256_castsi256_ps(g1), 0x88)),
+		_mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+}
+
+/*
+ * AVX2 reconstruction pass for 32-bit DELTA (F32): as the 16-bit one; an
+ * element's raw field has up to 29 bits, 36 with its bit shift, inside its
+ * 64-bit load. Eight elements read at most 7 + 7 * 29 bits past byte p / 8,
+ * then 8 bytes.
+ */
+size_t ulp_rebuild32_avx2(const uint8_t *syms, const uint32_t *ref, size_t n, const uint8_t *raw,
+                          size_t raw_len, uint64_t *pos, uint32_t *out)
+{
+	const __m256i one = _mm256_set1_epi32(1), three = _mm256_set1_epi32(3),
+	              four = _mm256_set1_epi32(4), zero = _mm256_setzero_si256(),
+	              h = _mm256_set1_epi32((int)0x80000000u);
+	const __m256i hi_half = _mm256_setr_epi32(0, 0, 0, 0, -1, -1, -1, -1);
+	uint64_t p = *pos;
+	size_t i = 0;
+	for (; i + 8 <= n && p / 8 + 27 + 8 <= raw_len; i += 8) {
+		__m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(syms + i)));
+		__m256i nr = _mm256_max_epi32(_mm256_sub_epi32(_mm256_srli_epi32(s, 2), one), zero);
+		__m256i inc = _mm256_add_epi32(nr, _mm256_slli_si256(nr, 4));
+		inc = _mm256_add_epi32(inc, _mm256_slli_si256(inc, 8));
+		inc = _mm256_add_epi32(inc, _mm256_and_si256(hi_half, _mm256_permutevar8x32_epi32(inc, _mm256_set1_epi32(3))));
+		__m256i exc = _mm256_sub_epi32(inc, nr);
+		uint32_t total = (uint32_t)_mm256_extract_epi32(inc, 7);
+		__m256i bits = gather_bits(raw + p / 8, _mm256_add_epi32(_mm256_set1_epi32((int)(p & 7)), exc));
+		__m256i rmask = _mm256_sub_epi32(_mm256_sllv_epi32(one, nr), one);
+		__m256i lead = _mm256_or_si256(four, _mm256_and_si256(s, three));
+		__m256i base = _mm256_blendv_epi8(_mm256_sllv_epi32(lead, nr), s, _mm256_cmpgt_epi32(four, s));
+		__m256i z = _mm256_or_si256(base, _mm256_and_si256(bits, rmask));
+		__m256i d = _mm256_xor_si256(_mm256_srli_epi32(z, 1), _mm256_sub_epi32(zero, _mm256_and_si256(z, one)));
+		__m256i r = _mm256_loadu_si256((const __m256i *)(ref + i));
+		__m256i phir = _mm256_xor_si256(r, _mm256_or_si256(_mm256_srai_epi32(r, 31), h));
+		__m256i key = _mm256_add_epi32(phir, d);
+		__m256i x = _mm256_xor_si256(key, _mm256_or_si256(_mm256_sub_epi32(_mm256_srli_epi32(key, 31), one), h));
+		_mm256_storeu_si256((__m256i *)(out + i), x);
+		p += total;
+	}
+	*pos = p;
+	return i;
+}
+
+/*
+ * AVX2 reconstruction of ANCHOR elements of w = 16 or 32 bits: element i's
+ * nb = w - a_bits raw bits sit at bit pos + i nb (a fixed stride), and
+ * u = (v & lo) | sym << ash | (v >> ash) << (ash + a_bits). Eight elements
+ * read at most 7 + 7 nb bits past byte p / 8, then 8 bytes.
+ */
+size_t ulp_anchor_rebuild_avx2(unsigned w, unsigned ash, unsigned ab, const uint8_t *syms,
+                               size_t n, const uint8_t *raw, size_t raw_len, uint64_t *pos,
+                               void *out)
+{
+	const unsigned nb = w - ab;
+	const __m256i stride = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+	                                          _mm256_set1_epi32((int)nb));
+	const __m256i lo = _mm256_set1_epi32((int)((1u << ash) - 1));
+	const __m256i vmask = _mm256_set1_epi32((int)(nb >= 32 ? ~0u : (1u << nb) - 1));
+	const __m128i ashv = _mm_cvtsi32_si128((int)ash), hiv = _mm_cvtsi32_si128((int)(ash + ab));
+	const size_t span = (7 + 7 * (size_t)nb) / 8 + 8;
+	uint64_t p = *pos;
+	size_t i = 0;
+	for (; i + 8 <= n && p / 8 + span <= raw_len; i += 8) {
+		__m256i v = _mm256_and_si256(gather_bits(raw + p / 8, _mm256_add_epi32(_mm256_set1_epi32((int)(p & 7)), stride)), vmask);
+		__m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(syms + i)));
+		__m256i u = _mm256_or_si256(_mm256_and_si256(v, lo), _mm256_sll_epi32(s, ashv));
+		u = _mm256_or_si256(u, _mm256_sll_epi32(_mm256_srl_epi32(v, ashv), hiv));
+		if (w == 16) {
+			__m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+			_mm_storeu_si128((__m128i *)((uint16_t *)out + i), packed);
+		} else {
+			_mm256_storeu_si256((__m256i *)((uint32_t *)out + i), u);
+		}
+		p += 8 * (uint64_t)nb;
+	}
+	*pos = p;
+	return i;
+}
+
 /*
  * AVX2 pass 1 of 16-bit DELTA (the encoder), the contract of its AVX-512
  * twin: for n elements (a multiple of 16) the symbols, the count indices
