@@ -561,12 +561,14 @@ int ulp_mount_active(const char *mountpoint);
 
 /* ---- CPU dispatch -------------------------------------------------------- */
 
-/* ULP_CPU_AVX512: AVX-512 F, BW, VL and VBMI (Ice Lake, Zen 4 and later). */
-enum { ULP_CPU_AVX2 = 1u << 0, ULP_CPU_AVX512 = 1u << 1 };
+/* ULP_CPU_AVX512: AVX-512 F, BW, VL and VBMI (Ice Lake, Zen 4 and later).
+ * ULP_CPU_NEON: aarch64 Advanced SIMD. */
+enum { ULP_CPU_AVX2 = 1u << 0, ULP_CPU_AVX512 = 1u << 1, ULP_CPU_NEON = 1u << 2 };
 /** Restricts the kernels used to those in mask (0: scalar only); returns the
  *  previous mask. Affects speed only, never output bytes. Process-wide. */
 unsigned ulp_set_cpu_mask(unsigned mask);
-/** Kernels this CPU and build support. */
+/** Kernels this CPU and build support, less those the environment variable
+ *  ULP_CPU rules out (scalar, avx2, avx512, neon or auto). */
 unsigned ulp_cpu_features(void);
 
 /* ---- safetensors ---------------------------------------------------------- */
