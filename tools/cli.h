@@ -18,6 +18,7 @@ int cmd_stat(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
 int cmd_rm(int argc, char **argv);
 int cmd_gc(int argc, char **argv);
+int cmd_sync(int argc, char **argv);
 
 /* The subcommand running ("cat"), set by main before dispatch; NULL before. */
 extern const char *cli_cmd;

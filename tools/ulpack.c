@@ -25,6 +25,7 @@ static const struct {
 	{"verify", cmd_verify, "ARCHIVE [PATH]: decode everything and check every sha256"},
 	{"rm", cmd_rm, "ARCHIVE PATH [-r] | ARCHIVE --all: remove a file, a tree or everything (space returns with gc)"},
 	{"gc", cmd_gc, "ARCHIVE: drop what nothing reaches, rewrite sparse packs"},
+	{"sync", cmd_sync, "MOUNTPOINT: wait until everything closed in a mount is archived; name failures"},
 	{"bench", cmd_bench, "REF.safetensors TARGET.safetensors [--json] [--threads N]: codec benchmark"},
 	{"synth", cmd_synth, "OUTDIR [--steps N] [--dtype D]: write a synthetic training trajectory"},
 };
