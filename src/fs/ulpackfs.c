@@ -921,7 +921,10 @@ int main(int argc, char **argv)
 	if (!fs.read_only && access("/dev/log", F_OK) != 0) { /* no syslog: a log in the archive */
 		char lp[4200];
 		snprintf(lp, sizeof(lp), "%s/ulpackfs.log", fs.archive);
-		fs.logf = fopen(lp, "ae");
+		int lfd = open(lp, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600); /* private, as the archive */
+		fs.logf = lfd >= 0 ? fdopen(lfd, "a") : NULL;
+		if (lfd >= 0 && !fs.logf)
+			close(lfd);
 	}
 	if (ulp_archive_open(fs.archive, &ao, &fs.a, err, sizeof(err)) < 0) {
 		log_msg(NULL, err);

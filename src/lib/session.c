@@ -338,8 +338,6 @@ static int archive_node(ulp_session *s, snode *n)
 		snprintf(why, sizeof(why), "%s", ulp_archive_errmsg(s->a));
 	int64_t t1 = mono_ns();
 	pthread_mutex_lock(&s->mu);
-	s->archiving = 0;
-	s->cur = NULL;
 	s->busy_ns += (uint64_t)(t1 - t0);
 	if (rc < 0) {
 		set_failed(n, rc, why);
@@ -348,6 +346,8 @@ static int archive_node(ulp_session *s, snode *n)
 			s->err = rc;
 		slog(s, "archiving %s: %s (kept in staging)", dst, why);
 		free(dst);
+		s->archiving = 0;
+		s->cur = NULL; /* renames and unlinks of n wait until here */
 		return rc;
 	}
 	s->archived++;
@@ -387,6 +387,8 @@ static int archive_node(ulp_session *s, snode *n)
 		n->dirty = 0;
 		n->state = ST_ARCHIVED;
 	}
+	s->archiving = 0;
+	s->cur = NULL; /* renames and unlinks of n wait until the archive follows them */
 	return 0;
 }
 
@@ -977,7 +979,7 @@ static int hide(ulp_session *s, const char *f, const char *t)
 		maybe_drop(s, n);
 		pthread_mutex_unlock(&s->mu);
 	}
-	if (archived) {
+	if (archived || n) { /* (n: archived while we waited, maybe) */
 		int r = ulp_archive_remove(s->a, f);
 		if (r < 0 && r != -ULP_E_NOENT && rc == 0)
 			rc = r;
@@ -1119,7 +1121,9 @@ int ulp_session_rename(ulp_session *s, const char *f, const char *t, unsigned fl
 	n->pins++;
 	pthread_mutex_unlock(&s->mu);
 	/* its archived version moves too: nothing stays under f, and t has
-	 * it until the node is archived over it */
+	 * it until the node is archived over it (stat again: it may have been
+	 * archived while we waited) */
+	f_arch = ulp_archive_stat(s->a, f, &sf) == 0;
 	if (f_arch && !sf.is_dir) {
 		int r = ulp_archive_rename(s->a, f, t);
 		if (r < 0 && r != -ULP_E_NOENT)
