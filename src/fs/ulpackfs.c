@@ -32,6 +32,7 @@
 #include <fuse_lowlevel.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +51,9 @@ static struct {
 	ulp_session *s;        /* NULL when read-only */
 	char *archive;
 	int read_only, foreground;
+	int no_latest;         /* -o nolatest: no `latest` symlinks */
+	int lock_fd;           /* the mount lock (read-write mounts), or -1 */
+	unsigned kept;         /* files left staged at unmount (exit status 1) */
 	uint64_t cache_size, staging_max;
 	unsigned max_chain;
 	int threads;
@@ -96,20 +100,10 @@ static const char *rel(const char *path)
 	return path;
 }
 
-static int64_t now_ns(void)
+static void set_time(struct timespec *t, ulp_time u)
 {
-	struct timespec t;
-	clock_gettime(CLOCK_REALTIME, &t);
-	return ulp_time_ns(t.tv_sec, t.tv_nsec);
-}
-
-static void set_time(struct timespec *t, int64_t ns)
-{
-	int64_t sec;
-	long nsec;
-	ulp_time_split(ns, &sec, &nsec); /* 0 <= tv_nsec < 1e9, also before 1970 */
-	t->tv_sec = (time_t)sec;
-	t->tv_nsec = nsec;
+	t->tv_sec = (time_t)u.sec; /* a 64-bit time_t holds every second of a ulp_time */
+	t->tv_nsec = (long)u.nsec;
 }
 
 static void fill_stat(const ulp_stat *s, struct stat *st)
@@ -123,7 +117,7 @@ static void fill_stat(const ulp_stat *s, struct stat *st)
 	st->st_blksize = 1 << 20;
 	/* du shows what the archive really holds for this file */
 	st->st_blocks = (blkcnt_t)((s->is_dir || s->is_symlink ? 0 : s->stored_bytes + 511) / 512);
-	set_time(&st->st_mtim, s->mtime_ns);
+	set_time(&st->st_mtim, s->mtime);
 	st->st_atim = st->st_ctim = st->st_mtim;
 }
 
@@ -164,11 +158,47 @@ static void *ulpfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 static void ulpfs_destroy(void *p)
 {
 	(void)p;
-	ulp_session_close(fs.s); /* drains the queue, keeps what fails in staging */
+	fs.kept = ulp_session_close(fs.s); /* drains the queue, re-bases, keeps what fails in staging */
 	fs.s = NULL;
 }
 
 #define RW_OR_EROFS() do { if (!fs.s) return -EROFS; } while (0)
+
+/*
+ * `latest`: in each run directory (ulp_archive_latest), a read-only symlink
+ * to its highest step directory, unless a real entry has that name (in the
+ * archive, or staged). 1 and its target if p is one, else 0.
+ */
+static int virtual_latest(const char *p, char *target, size_t cap)
+{
+	const char *slash = strrchr(p, '/');
+	const char *name = slash ? slash + 1 : p;
+	char dir[ULP_PATH_MAX + 1];
+	ulp_stat s;
+	if (fs.no_latest || strcmp(name, "latest") || (size_t)(name - p) > sizeof(dir))
+		return 0;
+	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - p) : 0, p);
+	int real = (fs.s ? ulp_session_stat(fs.s, p, &s) : ulp_archive_stat(fs.a, p, &s)) != -ULP_E_NOENT;
+	return !real && ulp_archive_latest(fs.a, dir, target, cap) == 0;
+}
+
+/* The stat of p's `latest` (target: its step directory's name): owner and
+ * mtime of that directory, mode 0444 (read-only). */
+static void latest_stat(const char *p, const char *target, struct stat *st)
+{
+	char tp[ULP_PATH_MAX + 1];
+	ulp_stat ts;
+	const char *slash = strrchr(p, '/');
+	snprintf(tp, sizeof(tp), "%.*s%s%s", slash ? (int)(slash - p) : 0, p, slash ? "/" : "", target);
+	if (ulp_archive_stat(fs.a, tp, &ts) == 0)
+		fill_stat(&ts, st);
+	else
+		memset(st, 0, sizeof(*st));
+	st->st_mode = S_IFLNK | 0444;
+	st->st_nlink = 1;
+	st->st_size = (off_t)strlen(target);
+	st->st_blocks = 0;
+}
 
 static int ulpfs_getattr(const char *path, struct stat *st, struct fuse_file_info *fi)
 {
@@ -183,6 +213,11 @@ static int ulpfs_getattr(const char *path, struct stat *st, struct fuse_file_inf
 		return -ESTALE; /* invariant 3 */
 	else
 		rc = fs.s ? ulp_session_stat(fs.s, rel(path), &s) : ulp_archive_stat(fs.a, rel(path), &s);
+	char target[ULP_NAME_MAX + 1];
+	if (rc == -ULP_E_NOENT && path && virtual_latest(rel(path), target, sizeof(target))) {
+		latest_stat(rel(path), target, st);
+		return 0;
+	}
 	if (rc < 0)
 		return err_of(rc);
 	fill_stat(&s, st);
@@ -214,9 +249,18 @@ static int ulpfs_readdir(const char *path, void *buf, fuse_fill_dir_t filler, of
 	filler(buf, ".", NULL, 0, 0);
 	filler(buf, "..", NULL, 0, 0);
 	rd r = {buf, filler};
-	int rc = fs.s ? ulp_session_readdir(fs.s, rel(path), readdir_cb, &r)
-	              : ulp_archive_readdir(fs.a, rel(path), readdir_cb, &r);
-	return rc < 0 ? err_of(rc) : 0;
+	const char *p = rel(path);
+	int rc = fs.s ? ulp_session_readdir(fs.s, p, readdir_cb, &r) : ulp_archive_readdir(fs.a, p, readdir_cb, &r);
+	if (rc < 0)
+		return err_of(rc);
+	char lp[ULP_PATH_MAX + 8], target[ULP_NAME_MAX + 1];
+	snprintf(lp, sizeof(lp), "%s%slatest", p, p[0] ? "/" : "");
+	if (virtual_latest(lp, target, sizeof(target))) {
+		struct stat st;
+		latest_stat(lp, target, &st);
+		filler(buf, "latest", &st, 0, FUSE_FILL_DIR_PLUS);
+	}
+	return 0;
 }
 
 static int open_handle(const char *p, struct fuse_file_info *fi, const ulp_meta *create)
@@ -252,7 +296,7 @@ static int ulpfs_open(const char *path, struct fuse_file_info *fi)
 static int ulpfs_create(const char *path, mode_t mode, struct fuse_file_info *fi)
 {
 	struct fuse_context *cx = fuse_get_context();
-	ulp_meta m = {mode & 07777, cx ? cx->uid : 0, cx ? cx->gid : 0, 0};
+	ulp_meta m = {mode & 07777, cx ? cx->uid : 0, cx ? cx->gid : 0, {0, 0}};
 	return open_handle(rel(path), fi, &m);
 }
 
@@ -356,6 +400,9 @@ static int ulpfs_unlink(const char *path)
 {
 	RW_OR_EROFS();
 	int rc = ulp_session_unlink(fs.s, rel(path));
+	char target[ULP_NAME_MAX + 1];
+	if (rc == -ULP_E_NOENT && virtual_latest(rel(path), target, sizeof(target)))
+		return 0; /* computed, nothing to remove: rsync --delete carries on */
 	return rc < 0 ? err_of(rc) : 0;
 }
 
@@ -363,7 +410,7 @@ static int ulpfs_mkdir(const char *path, mode_t mode)
 {
 	RW_OR_EROFS();
 	struct fuse_context *cx = fuse_get_context();
-	ulp_meta m = {mode & 07777, cx->uid, cx->gid, now_ns()};
+	ulp_meta m = {mode & 07777, cx->uid, cx->gid, ulp_time_now()};
 	int rc = ulp_archive_mkdir(fs.a, rel(path), &m);
 	return rc < 0 ? err_of(rc) : 0;
 }
@@ -379,7 +426,7 @@ static int ulpfs_symlink(const char *target, const char *path)
 {
 	RW_OR_EROFS();
 	struct fuse_context *cx = fuse_get_context();
-	ulp_meta m = {0777, cx->uid, cx->gid, now_ns()};
+	ulp_meta m = {0777, cx->uid, cx->gid, ulp_time_now()};
 	int rc = ulp_archive_symlink(fs.a, rel(path), target, &m);
 	return rc < 0 ? err_of(rc) : 0;
 }
@@ -387,6 +434,11 @@ static int ulpfs_symlink(const char *target, const char *path)
 static int ulpfs_readlink(const char *path, char *buf, size_t size)
 {
 	int rc = ulp_archive_readlink(fs.a, rel(path), buf, size);
+	char target[ULP_NAME_MAX + 1];
+	if (rc == -ULP_E_NOENT && size > 0 && virtual_latest(rel(path), target, sizeof(target))) {
+		snprintf(buf, size, "%s", target); /* truncated as readlink(2) does */
+		return 0;
+	}
 	return rc < 0 ? err_of(rc) : 0;
 }
 
@@ -427,7 +479,7 @@ static int ulpfs_utimens(const char *path, const struct timespec tv[2], struct f
 {
 	if (tv[1].tv_nsec == UTIME_OMIT)
 		return 0;
-	ulp_meta m = {.mtime_ns = tv[1].tv_nsec == UTIME_NOW ? now_ns() : ulp_time_ns(tv[1].tv_sec, tv[1].tv_nsec)};
+	ulp_meta m = {.mtime = tv[1].tv_nsec == UTIME_NOW ? ulp_time_now() : ulp_time_make(tv[1].tv_sec, tv[1].tv_nsec)};
 	return setattr(path, ULP_SET_MTIME, &m, fi);
 }
 
@@ -522,6 +574,9 @@ static int ulpfs_getxattr(const char *path, const char *name, char *value, size_
 		return root_sync(value, size);
 	if (!strcmp(name, "user.ulpack.state")) {
 		int rc = fs.s ? ulp_session_state(fs.s, p, v, sizeof(v)) : ulp_archive_stat(fs.a, p, &s);
+		char target[ULP_NAME_MAX + 1];
+		if (rc == -ULP_E_NOENT && virtual_latest(p, target, sizeof(target)))
+			return -ENODATA; /* `latest`: no attributes */
 		if (rc < 0)
 			return err_of(rc);
 		if (!fs.s)
@@ -530,8 +585,9 @@ static int ulpfs_getxattr(const char *path, const char *name, char *value, size_
 	}
 	/* the archive's facts of a file being archived: once it is */
 	int rc = fs.s ? ulp_session_stat_archived(fs.s, p, &s) : ulp_archive_stat(fs.a, p, &s);
-	if (rc == 1)
-		return -ENODATA; /* staged only: open, or its archiving failed */
+	char target[ULP_NAME_MAX + 1];
+	if (rc == 1 || (rc == -ULP_E_NOENT && virtual_latest(p, target, sizeof(target))))
+		return -ENODATA; /* staged only (open, or its archiving failed), or `latest` */
 	if (rc < 0)
 		return err_of(rc);
 	if (s.is_dir || s.is_symlink)
@@ -556,8 +612,21 @@ static int ulpfs_getxattr(const char *path, const char *name, char *value, size_
 static int ulpfs_listxattr(const char *path, char *list, size_t size)
 {
 	ulp_stat s;
+	if (!rel(path)[0]) { /* the root: the counters (getxattr; user.ulpack.sync is an
+	                      * action, not listed: getfattr -d must not wait) */
+		static const char root_attr[] = "user.ulpack.counters";
+		if (size == 0)
+			return (int)sizeof(root_attr);
+		if (size < sizeof(root_attr))
+			return -ERANGE;
+		memcpy(list, root_attr, sizeof(root_attr));
+		return (int)sizeof(root_attr);
+	}
 	int rc = fs.s ? ulp_session_stat_archived(fs.s, rel(path), &s) : ulp_archive_stat(fs.a, rel(path), &s);
 	size_t n = sizeof(xattrs) / sizeof(xattrs[0]), first = n - 1; /* staged only: the state */
+	char target[ULP_NAME_MAX + 1];
+	if (rc == -ULP_E_NOENT && virtual_latest(rel(path), target, sizeof(target)))
+		return 0; /* `latest`: no attributes */
 	if (rc < 0)
 		return err_of(rc);
 	if (rc == 0 && (s.is_dir || s.is_symlink))
@@ -615,11 +684,12 @@ static const struct fuse_operations ulpfs_ops = {
 
 /* ---- options and main -------------------------------------------------------- */
 
-enum { KEY_HELP, KEY_VERSION, KEY_RO, KEY_ALLOW_OTHER, KEY_DEFAULT_PERMISSIONS };
+enum { KEY_HELP, KEY_VERSION, KEY_RO, KEY_ALLOW_OTHER, KEY_DEFAULT_PERMISSIONS, KEY_FSNAME };
 
 static struct opts {
 	char *cache_size, *max_chain, *threads, *readahead, *staging_max;
-	int allow_other, default_permissions, no_permission_checks;
+	int allow_other, default_permissions, no_permission_checks, nolatest;
+	int fsname;            /* the user gave -o fsname= */
 } o;
 
 static const struct fuse_opt ulpfs_opts[] = {
@@ -632,6 +702,8 @@ static const struct fuse_opt ulpfs_opts[] = {
 	FUSE_OPT_KEY("allow_other", KEY_ALLOW_OTHER),
 	FUSE_OPT_KEY("default_permissions", KEY_DEFAULT_PERMISSIONS),
 	{"no_permission_checks", offsetof(struct opts, no_permission_checks), 1},
+	{"nolatest", offsetof(struct opts, nolatest), 1},
+	FUSE_OPT_KEY("fsname=", KEY_FSNAME),
 	FUSE_OPT_KEY("-h", KEY_HELP),
 	FUSE_OPT_KEY("--help", KEY_HELP),
 	FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -653,6 +725,8 @@ static void usage(FILE *f)
 	        "  -o staging_max=SIZE  closed files waiting to be archived before writes wait\n"
 	        "                       (default: half the archive disk's free space, at least 64M)\n"
 	        "  -o ro                read-only\n"
+	        "  -o nolatest          no `latest` symlink in run directories (see ulpackfs(1))\n"
+	        "  -o fsname=NAME       source shown by findmnt and df (default: the archive's path)\n"
 	        "  -o allow_other       let other users in; implies default_permissions (the kernel\n"
 	        "                       checks modes and owners) unless -o no_permission_checks\n"
 	        "  -f                   stay in the foreground; -d for debug output\n"
@@ -680,6 +754,9 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
 	case KEY_DEFAULT_PERMISSIONS:
 		o.default_permissions = 1;
 		return 1;
+	case KEY_FSNAME:
+		o.fsname = 1;
+		return 1; /* for the kernel: findmnt and df show it */
 	case FUSE_OPT_KEY_NONOPT:
 		if (!fs.archive) {
 			fs.archive = realpath(arg, NULL);
@@ -780,33 +857,48 @@ static int parse_count(const char *name, const char *v, long min, long max, long
 	return 0;
 }
 
-/* A mount point that is already a mount point is busy. */
 /*
- * One read-write mount of an archive at a time: its daemon holds an
- * exclusive flock on ARCHIVE/mount.lock for its whole life (the lock
- * survives the daemonizing fork and goes with the process). After
- * `fusermount3 -u` the daemon still archives what is queued; a new mount
- * waits here (up to a minute) until it has finished, rather than recovering
- * its staged files under it or missing the files it has not committed yet.
+ * One read-write mount of an archive at a time (ulp_mount_lock). A second
+ * mount while the first is mounted fails at once, naming its mount point and
+ * pid. After `fusermount3 -u` the old daemon still archives what is queued
+ * and holds the lock until it exits: a new mount then waits (up to a
+ * minute), saying so, rather than recovering its staged files under it.
+ * Returns the lock's descriptor, or -1 (printed).
  */
 static int lock_archive(const char *dir)
 {
-	char p[4200];
-	snprintf(p, sizeof(p), "%s/mount.lock", dir);
-	int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600); /* private, as every archive file (archive.c) */
-	if (fd < 0)
-		return -errno;
-	for (int i = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; i++) {
-		if (errno != EWOULDBLOCK || i >= 600) {
-			int e = errno == EWOULDBLOCK ? EBUSY : errno;
-			close(fd);
-			return -e;
+	char err[1024];
+	ulp_mount_owner h;
+	int fd, said = 0;
+	for (int i = 0;; i++) {
+		int rc = ulp_mount_lock(dir, &fd, &h, err, sizeof(err));
+		if (rc == 0)
+			return fd;
+		if (rc != -ULP_E_BUSY) {
+			fprintf(stderr, "ulpackfs: %s\n", err);
+			return -1;
 		}
-		if (i == 10)
-			fprintf(stderr, "ulpackfs: %s: waiting for the ulpackfs that had it mounted to finish archiving\n", dir);
+		if (h.mounted) {
+			fprintf(stderr, "ulpackfs: %s: already mounted read-write on %s by ulpackfs pid %ld"
+			        " (unmount it first: fusermount3 -u %s; or mount with -o ro)\n", dir, h.mountpoint, h.pid,
+			        h.mountpoint);
+			return -1;
+		}
+		if (i >= 600) {
+			fprintf(stderr, "ulpackfs: %s: the ulpackfs that had it mounted (pid %ld) is still archiving its"
+			        " queue after a minute; mount again once it has exited\n", dir, h.pid);
+			return -1;
+		}
+		if (!said && i == 5) {
+			if (h.pid)
+				fprintf(stderr, "ulpackfs: %s: waiting for ulpackfs pid %ld, unmounted from %s, to finish"
+				        " archiving its queue\n", dir, h.pid, h.mountpoint);
+			else
+				fprintf(stderr, "ulpackfs: %s: waiting for the ulpackfs that holds it to start or finish\n", dir);
+			said = 1;
+		}
 		usleep(100000);
 	}
-	return fd; /* kept open: the lock lasts as long as the process */
 }
 
 static int is_mount_point(const char *mnt)
@@ -839,6 +931,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	fs.foreground = fs.foreground || co.foreground;
+	fs.no_latest = o.nolatest;
 	fs.readahead = (uint64_t)4 << 20;
 	fs.mountpoint = realpath(co.mountpoint, NULL); /* the daemon leaves the cwd */
 	/* option values: a usage error (exit 2) before anything is mounted */
@@ -882,12 +975,10 @@ int main(int argc, char **argv)
 		fprintf(stderr, "ulpackfs: %s\n", err);
 		return 1;
 	}
+	fs.lock_fd = -1;
 	if (!fs.read_only) { /* an archive, now: take its lock, then recover */
-		int lk = lock_archive(fs.archive);
-		if (lk < 0) {
-			fprintf(stderr, "ulpackfs: %s: %s\n", fs.archive,
-			        lk == -EBUSY ? "mounted read-write by another ulpackfs (still busy after a minute)"
-			                     : strerror(-lk));
+		fs.lock_fd = lock_archive(fs.archive);
+		if (fs.lock_fd < 0) {
 			ulp_archive_close(fs.a);
 			return 1;
 		}
@@ -906,7 +997,21 @@ int main(int argc, char **argv)
 	char mr[64];
 	snprintf(mr, sizeof(mr), "-omax_read=%d", ULPFS_MAX_READ);
 	fuse_opt_add_arg(&args, mr);
-	fuse_opt_add_arg(&args, "-ofsname=ulpackfs");
+	if (!o.fsname) { /* findmnt and df show the archive as the source */
+		size_t l = strlen(fs.archive);
+		char *fo = malloc(2 * l + 16), *w = fo;
+		if (fo) {
+			w += sprintf(w, "-ofsname=");
+			for (const char *c = fs.archive; *c; c++) { /* fuse_opt's escapes */
+				if (*c == ',' || *c == '\\')
+					*w++ = '\\';
+				*w++ = *c;
+			}
+			*w = 0;
+			fuse_opt_add_arg(&args, fo);
+			free(fo);
+		}
+	}
 	fuse_opt_add_arg(&args, "-osubtype=ulpackfs");
 	struct fuse *f = fuse_new(&args, &ulpfs_ops, sizeof(ulpfs_ops), NULL);
 	int rc = 1;
@@ -930,6 +1035,8 @@ int main(int argc, char **argv)
 		log_msg(NULL, err);
 		goto out_unmount;
 	}
+	if (fs.lock_fd >= 0 && ulp_mount_lock_note(fs.lock_fd, (long)getpid(), fs.mountpoint) < 0)
+		syslog(LOG_WARNING, "ulpackfs: %s/mount.lock: cannot record pid and mount point", fs.archive);
 	if (fuse_set_signal_handlers(fuse_get_session(f)) != 0)
 		goto out_unmount;
 	if (co.singlethread) {
@@ -944,6 +1051,10 @@ int main(int argc, char **argv)
 		fuse_loop_cfg_destroy(lc);
 	}
 	fuse_remove_signal_handlers(fuse_get_session(f));
+	/* SIGTERM, SIGINT and SIGHUP end the loop with the signal's number: a
+	 * clean stop (systemd's), and what is queued is archived below */
+	if (rc == SIGTERM || rc == SIGINT || rc == SIGHUP)
+		rc = 0;
 out_unmount:
 	fuse_unmount(f);
 out_destroy:
@@ -956,5 +1067,5 @@ out:
 	free(fs.mountpoint);
 	fuse_opt_free_args(&args);
 	free(fs.archive);
-	return rc ? 1 : 0;
+	return rc || fs.kept ? 1 : 0; /* kept: files left staged for the next mount (logged) */
 }

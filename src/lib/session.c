@@ -53,6 +53,9 @@
  *     so kept across a crash), marks it failed with the cause, is logged,
  *     and makes the next create or open for writing fail with its code;
  *     ulp_session_sync tries it again and names it if it fails again.
+ *  9. Re-basing (recode.c) runs on the archiver thread only, when the queue
+ *     is empty after an archiving or a rename queued work in the index, and
+ *     once more at close; a queued file waits at most one re-basing pass.
  */
 #include "arch_int.h"
 #include <errno.h>
@@ -115,6 +118,7 @@ struct ulp_session {
 	snode *cur;            /* that node */
 	uint64_t enq_seq, done_seq; /* queue entries made, and finished */
 	int stop;
+	int rebase_wanted;     /* the index may have queued re-basing work (recode.c) */
 	int err;               /* code of a failed archiving not reported yet (invariant 8) */
 	pthread_t thread;
 	int thread_on;
@@ -132,12 +136,6 @@ static int64_t mono_ns(void)
 	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-static int64_t now_ns(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_REALTIME, &t);
-	return ulp_time_ns(t.tv_sec, t.tv_nsec);
-}
 
 static void slog(ulp_session *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void slog(ulp_session *s, const char *fmt, ...)
@@ -245,7 +243,7 @@ static ulp_meta node_meta(snode *n)
 	ulp_meta m = n->meta;
 	struct stat sb;
 	if (!n->mtime_set && fstat(ulp_stage_fd(n->stage), &sb) == 0)
-		m.mtime_ns = ulp_time_ns(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
+		m.mtime = ulp_time_make(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
 	return m;
 }
 
@@ -352,6 +350,7 @@ static int archive_node(ulp_session *s, snode *n)
 	}
 	s->archived++;
 	s->archived_bytes += n->qbytes ? n->qbytes : node_size(n);
+	s->rebase_wanted = 1; /* the archiver re-bases when idle (invariant 9) */
 	/* what happened to the node meanwhile: the archive follows it */
 	for (;;) {
 		int gone = !n->path || ulp_session_hidden_name(n->path);
@@ -392,13 +391,28 @@ static int archive_node(ulp_session *s, snode *n)
 	return 0;
 }
 
+/* Re-bases what the index queued (mu held; released meanwhile): a failure
+ * leaves the work queued in the index for the next time (invariant 9). */
+static void rebase_pending(ulp_session *s)
+{
+	s->rebase_wanted = 0;
+	pthread_mutex_unlock(&s->mu);
+	if (ulp_archive_rebase_pending(s->a, NULL, NULL, NULL) < 0)
+		slog(s, "re-basing: %s", ulp_archive_errmsg(s->a));
+	pthread_mutex_lock(&s->mu);
+}
+
 static void *archiver(void *arg)
 {
 	ulp_session *s = arg;
 	pthread_mutex_lock(&s->mu);
 	for (;;) {
-		while (!s->qhead && !s->stop)
+		while (!s->qhead && !s->stop && !s->rebase_wanted)
 			pthread_cond_wait(&s->cv, &s->mu);
+		if (!s->qhead && !s->stop) { /* idle, and archivings or renames queued work */
+			rebase_pending(s);
+			continue;
+		}
 		snode *n = s->qhead;
 		if (!n)
 			break; /* stopping, and nothing left */
@@ -417,6 +431,7 @@ static void *archiver(void *arg)
 		maybe_drop(s, n);
 		pthread_cond_broadcast(&s->cv);
 	}
+	rebase_pending(s); /* at close: the last archivings and renames */
 	pthread_mutex_unlock(&s->mu);
 	return NULL;
 }
@@ -451,10 +466,11 @@ int ulp_session_open(ulp_archive *a, const ulp_session_opts *o, ulp_session **ou
 	return 0;
 }
 
-void ulp_session_close(ulp_session *s)
+unsigned ulp_session_close(ulp_session *s)
 {
+	unsigned kept = 0;
 	if (!s)
-		return;
+		return 0;
 	pthread_mutex_lock(&s->mu);
 	s->stop = 1; /* the queue drains first, in order */
 	pthread_cond_broadcast(&s->cv);
@@ -479,6 +495,7 @@ void ulp_session_close(ulp_session *s)
 			ok = p && ulp_archive_put(s->a, p, ulp_stage_fd(n->stage), &m, NULL) == 0;
 			if (!ok && p && ulp_stage_sync(n->stage, p, &m) == 0) {
 				slog(s, "%s: kept in %s/staging, archived at the next mount", p, s->a->dir);
+				kept++;
 				ulp_stage_close(n->stage); /* leaves its files */
 				n->stage = NULL;
 			} else if (!ok) {
@@ -499,6 +516,7 @@ void ulp_session_close(ulp_session *s)
 	pthread_cond_destroy(&s->cv);
 	pthread_mutex_destroy(&s->mu);
 	free(s);
+	return kept;
 }
 
 int ulp_session_sync(ulp_session *s, void (*failed)(void *arg, const char *path, const char *why), void *arg)
@@ -587,10 +605,10 @@ static void node_to_stat(snode *n, ulp_stat *st)
 	if (fstat(ulp_stage_fd(n->stage), &sb) == 0) {
 		st->size = (uint64_t)sb.st_size;
 		st->stored_bytes = (uint64_t)sb.st_blocks * 512;
-		st->mtime_ns = ulp_time_ns(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
+		st->mtime = ulp_time_make(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
 	}
 	if (n->mtime_set)
-		st->mtime_ns = n->meta.mtime_ns;
+		st->mtime = n->meta.mtime;
 	st->mode = S_IFREG | (n->meta.mode & 07777);
 	st->uid = n->meta.uid;
 	st->gid = n->meta.gid;
@@ -721,9 +739,9 @@ int ulp_session_open_file(ulp_session *s, const char *path, int flags, const ulp
 			free(h);
 			return rc;
 		}
-		ulp_meta m = create ? *create : (ulp_meta){0644, 0, 0, 0};
+		ulp_meta m = create ? *create : (ulp_meta){0644, 0, 0, {0, 0}};
 		m.mode &= 07777;
-		m.mtime_ns = now_ns();
+		m.mtime = ulp_time_now();
 		if (exists) {
 			m.mode = st.mode & 07777;
 			m.uid = st.uid;
@@ -1019,7 +1037,7 @@ static int unname(ulp_session *s, snode *n)
 	return rc;
 }
 
-int ulp_session_rename(ulp_session *s, const char *f, const char *t, unsigned flags)
+static int rename_impl(ulp_session *s, const char *f, const char *t, unsigned flags)
 {
 	if (ulp_session_hidden_name(t))
 		return hide(s, f, t);
@@ -1141,6 +1159,18 @@ int ulp_session_rename(ulp_session *s, const char *f, const char *t, unsigned fl
 	return rc < 0 ? rc : r;
 }
 
+int ulp_session_rename(ulp_session *s, const char *f, const char *t, unsigned flags)
+{
+	int rc = rename_impl(s, f, t, flags);
+	if (rc == 0 && !ulp_session_hidden_name(t)) {
+		pthread_mutex_lock(&s->mu);
+		s->rebase_wanted = 1; /* the archiver re-bases when idle (invariant 9) */
+		pthread_cond_broadcast(&s->cv);
+		pthread_mutex_unlock(&s->mu);
+	}
+	return rc;
+}
+
 int ulp_session_unlink(ulp_session *s, const char *path)
 {
 	pthread_mutex_lock(&s->mu);
@@ -1193,7 +1223,7 @@ int ulp_session_setattr(ulp_session *s, const char *path, ulp_sfile *h, unsigned
 				n->meta.gid = m->gid;
 		}
 		if (which & ULP_SET_MTIME) {
-			n->meta.mtime_ns = m->mtime_ns;
+			n->meta.mtime = m->mtime;
 			n->mtime_set = 1;
 		}
 		n->attrs++;
@@ -1221,7 +1251,7 @@ int ulp_session_setattr(ulp_session *s, const char *path, ulp_sfile *h, unsigned
 		if ((which & ULP_SET_OWNER) && m->gid != (uint32_t)-1)
 			g->st.gid = m->gid;
 		if (which & ULP_SET_MTIME)
-			g->st.mtime_ns = m->mtime_ns;
+			g->st.mtime = m->mtime;
 		pthread_mutex_unlock(&s->mu);
 		return 0;
 	}

@@ -60,7 +60,7 @@ static int exists(ulp_archive *a, const char *path)
 	return ulp_archive_stat(a, path, &st) == 0;
 }
 
-static const ulp_meta M644 = {0644, 0, 0, 0};
+static const ulp_meta M644 = {0644, 0, 0, {0, 0}};
 
 static int put_file(ulp_session *s, const char *path, const uint8_t *b, size_t n)
 {
