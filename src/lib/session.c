@@ -56,6 +56,13 @@
  *  9. Re-basing (recode.c) runs on the archiver thread only, when the queue
  *     is empty after an archiving or a rename queued work in the index, and
  *     once more at close; a queued file waits at most one re-basing pass.
+ * 10. A directory rename and the archiver never work below the same
+ *     directory at once: the rename waits until the archiver's current path
+ *     (cur_path) is outside both names, and the archiver starts no node below
+ *     them until the rename has moved the index and the nodes. Otherwise a
+ *     put under the old name could commit after the index moved (the file
+ *     would come back under the old directory and be missing from the new
+ *     one). One directory rename at a time.
  */
 #include "arch_int.h"
 #include <errno.h>
@@ -116,6 +123,8 @@ struct ulp_session {
 	unsigned qlen;
 	int archiving;         /* the archiver works on a node now */
 	snode *cur;            /* that node */
+	const char *cur_path;  /* the archive path the archiver writes for it (invariant 10) */
+	const char *dir_from, *dir_to; /* a directory rename in flight, or NULL (invariant 10) */
 	uint64_t enq_seq, done_seq; /* queue entries made, and finished */
 	int stop;
 	int rebase_wanted;     /* the index may have queued re-basing work (recode.c) */
@@ -317,8 +326,16 @@ static void set_failed(snode *n, int rc, const char *why)
  * Archives n under its path (mu held on entry and exit, released meanwhile;
  * n pinned by the caller). 0 or the put's error.
  */
+static int below(const char *p, const char *dir)
+{
+	size_t l = strlen(dir);
+	return p && dir && !strncmp(p, dir, l) && p[l] == '/';
+}
+
 static int archive_node(ulp_session *s, snode *n)
 {
+	while (s->dir_from && (below(n->path, s->dir_from) || below(n->path, s->dir_to)))
+		pthread_cond_wait(&s->cv, &s->mu); /* invariant 10; n may be unlinked meanwhile */
 	if (!n->path || !n->dirty || !final_name(n->path))
 		return 0;
 	char *dst = strdup(n->path);
@@ -328,6 +345,7 @@ static int archive_node(ulp_session *s, snode *n)
 	uint64_t writes = n->writes, attrs = n->attrs;
 	s->archiving = 1;
 	s->cur = n;
+	s->cur_path = dst;
 	pthread_mutex_unlock(&s->mu);
 	int64_t t0 = mono_ns();
 	int rc = ulp_archive_put(s->a, dst, ulp_stage_fd(n->stage), &m, NULL);
@@ -343,6 +361,7 @@ static int archive_node(ulp_session *s, snode *n)
 		if (!s->err)
 			s->err = rc;
 		slog(s, "archiving %s: %s (kept in staging)", dst, why);
+		s->cur_path = NULL;
 		free(dst);
 		s->archiving = 0;
 		s->cur = NULL; /* renames and unlinks of n wait until here */
@@ -380,7 +399,9 @@ static int archive_node(ulp_session *s, snode *n)
 			continue; /* attributes again, if they changed once more */
 		free(dst);
 		dst = to;
+		s->cur_path = dst;
 	}
+	s->cur_path = NULL;
 	free(dst);
 	if (n->writes == writes) {
 		n->dirty = 0;
@@ -1037,6 +1058,66 @@ static int unname(ulp_session *s, snode *n)
 	return rc;
 }
 
+/*
+ * Renames directory f to t (mu held on entry, released on return; the
+ * caller holds the directory rename slot, invariant 10). t must be empty,
+ * counting staged files below it that the index does not hold yet.
+ */
+static int rename_dir(ulp_session *s, const char *f, const char *t, int t_arch, const ulp_stat *stt)
+{
+	size_t tl = strlen(t);
+	for (snode *x = s->nodes; x; x = x->next)
+		if (x->path && !strncmp(x->path, t, tl) && x->path[tl] == '/') {
+			pthread_mutex_unlock(&s->mu);
+			return ulp_arch_err(s->a, -ULP_E_NOTEMPTY, "%s: directory not empty", t);
+		}
+	pthread_mutex_unlock(&s->mu);
+	if (t_arch && stt->is_dir && ulp_archive_readdir(s->a, t, has_child, NULL) == 1)
+		return ulp_arch_err(s->a, -ULP_E_NOTEMPTY, "%s: directory not empty", t);
+	ULP_TRY(ulp_archive_rename(s->a, f, t));
+	/* staged files and ghosts below it move with it (invariant 4) */
+	size_t fl = strlen(f);
+	snode **moved = NULL;
+	size_t nm = 0;
+	pthread_mutex_lock(&s->mu);
+	for (snode *x = s->nodes; x; x = x->next)
+		if (x->path && !strncmp(x->path, f, fl) && x->path[fl] == '/') {
+			char *np = malloc(strlen(t) + strlen(x->path + fl) + 1);
+			snode **mv = realloc(moved, (nm + 1) * sizeof(*moved));
+			if (mv)
+				moved = mv;
+			if (!np || !mv) {
+				free(np);
+				continue;
+			}
+			sprintf(np, "%s%s", t, x->path + fl);
+			free(x->path);
+			x->path = np;
+			x->pins++;
+			moved[nm++] = x;
+		}
+	for (ghost *g = s->ghosts; g; g = g->next)
+		if (!strncmp(g->path, f, fl) && g->path[fl] == '/') {
+			char *np = malloc(strlen(t) + strlen(g->path + fl) + 1);
+			if (np) {
+				sprintf(np, "%s%s", t, g->path + fl);
+				free(g->path);
+				g->path = np;
+			}
+		}
+	pthread_mutex_unlock(&s->mu);
+	for (size_t i = 0; i < nm; i++)
+		node_record(s, moved[i], REC_RELABEL);
+	pthread_mutex_lock(&s->mu);
+	for (size_t i = 0; i < nm; i++) {
+		moved[i]->pins--;
+		maybe_drop(s, moved[i]);
+	}
+	pthread_mutex_unlock(&s->mu);
+	free(moved);
+	return 0;
+}
+
 static int rename_impl(ulp_session *s, const char *f, const char *t, unsigned flags)
 {
 	if (ulp_session_hidden_name(t))
@@ -1062,59 +1143,18 @@ static int rename_impl(ulp_session *s, const char *f, const char *t, unsigned fl
 		return ulp_arch_err(s->a, -ULP_E_ISDIR, "%s: is a directory", t);
 	}
 	if (!n && sf.is_dir) {
-		/* over a directory: it must be empty, counting staged files
-		 * below it that the index does not hold yet */
-		size_t tl = strlen(t);
-		for (snode *x = s->nodes; x; x = x->next)
-			if (x->path && !strncmp(x->path, t, tl) && x->path[tl] == '/') {
-				pthread_mutex_unlock(&s->mu);
-				return ulp_arch_err(s->a, -ULP_E_NOTEMPTY, "%s: directory not empty", t);
-			}
-		pthread_mutex_unlock(&s->mu);
-		if (t_arch && stt.is_dir && ulp_archive_readdir(s->a, t, has_child, NULL) == 1)
-			return ulp_arch_err(s->a, -ULP_E_NOTEMPTY, "%s: directory not empty", t);
-		ULP_TRY(ulp_archive_rename(s->a, f, t));
-		/* staged files and ghosts below it move with it (invariant 4) */
-		size_t fl = strlen(f);
-		snode **moved = NULL;
-		size_t nm = 0;
+		while (s->dir_from) /* invariant 10 */
+			pthread_cond_wait(&s->cv, &s->mu);
+		s->dir_from = f;
+		s->dir_to = t;
+		while (below(s->cur_path, f) || below(s->cur_path, t))
+			pthread_cond_wait(&s->cv, &s->mu);
+		int rc = rename_dir(s, f, t, t_arch, &stt); /* returns with mu released */
 		pthread_mutex_lock(&s->mu);
-		for (snode *x = s->nodes; x; x = x->next)
-			if (x->path && !strncmp(x->path, f, fl) && x->path[fl] == '/') {
-				char *np = malloc(strlen(t) + strlen(x->path + fl) + 1);
-				snode **mv = realloc(moved, (nm + 1) * sizeof(*moved));
-				if (mv)
-					moved = mv;
-				if (!np || !mv) {
-					free(np);
-					continue;
-				}
-				sprintf(np, "%s%s", t, x->path + fl);
-				free(x->path);
-				x->path = np;
-				x->pins++;
-				moved[nm++] = x;
-			}
-		for (ghost *g = s->ghosts; g; g = g->next)
-			if (!strncmp(g->path, f, fl) && g->path[fl] == '/') {
-				char *np = malloc(strlen(t) + strlen(g->path + fl) + 1);
-				if (np) {
-					sprintf(np, "%s%s", t, g->path + fl);
-					free(g->path);
-					g->path = np;
-				}
-			}
+		s->dir_from = s->dir_to = NULL;
+		pthread_cond_broadcast(&s->cv);
 		pthread_mutex_unlock(&s->mu);
-		for (size_t i = 0; i < nm; i++)
-			node_record(s, moved[i], REC_RELABEL);
-		pthread_mutex_lock(&s->mu);
-		for (size_t i = 0; i < nm; i++) {
-			moved[i]->pins--;
-			maybe_drop(s, moved[i]);
-		}
-		pthread_mutex_unlock(&s->mu);
-		free(moved);
-		return 0;
+		return rc;
 	}
 	char *np = strdup(t);
 	if (!np) {
@@ -1188,6 +1228,12 @@ int ulp_session_unlink(ulp_session *s, const char *path)
 	pthread_mutex_unlock(&s->mu);
 	if (rc < 0)
 		return rc;
+	/* a hidden name lives only while its file is open (invariant 6); its
+	 * node goes at the last release unless something else (a queue entry
+	 * of the archiver) still pins it: an unlink after that release finds
+	 * nothing, whatever the archiver's timing, and that is success */
+	if (!n && ulp_session_hidden_name(path))
+		return 0;
 	rc = ulp_archive_remove(s->a, path);
 	return rc == -ULP_E_NOENT && n ? 0 : rc;
 }

@@ -152,6 +152,112 @@ static void test_basics(void)
 	ulp_archive_close(a);
 }
 
+/* 1 if path reads as want[0..n) through the session */
+static int session_is(ulp_session *s, const char *path, const uint8_t *want, size_t n)
+{
+	ulp_sfile *h;
+	if (ulp_session_open_file(s, path, O_RDONLY, NULL, &h) < 0)
+		return 0;
+	uint8_t *got = malloc(n + 1);
+	int ok = got && ulp_session_read(h, got, n + 1, 0) == (int64_t)n && !memcmp(got, want, n);
+	free(got);
+	ulp_session_release(h);
+	return ok;
+}
+
+/*
+ * Directory renames while the archiver works below them (fuse_write.sh's
+ * POSIX battery read the old bytes of sub2/x, and fuse_open_files.sh's rmdir
+ * of gdir2 found it non-empty, under load: a put under the old name
+ * committed after the index had moved). Every round writes files into a
+ * directory, renames it at once (while they are queued or being archived),
+ * reads them under the new name, unlinks them and removes the directory
+ * (ENOTEMPTY only while it has entries); and a file hidden while open in a
+ * renamed directory (libfuse's order: unlink, then release) leaves it empty.
+ */
+static void test_dir_rename_race(void)
+{
+	char dir[512];
+	ulp_archive *a = fresh(dir, sizeof(dir));
+	ulp_session *s;
+	REQUIRE(ulp_session_open(a, NULL, &s) == 0, "session");
+	enum { ROUNDS = 12, FILES = 4, SZ = 300000 };
+	uint8_t *b = malloc(SZ);
+	REQUIRE(b, "malloc");
+	ulp_meta dm = {0755, 0, 0, {0, 0}};
+	int bad_read = 0, bad_arch = 0, bad_rmdir = 0, bad_left = 0;
+	for (int r = 0; r < ROUNDS; r++) {
+		char d1[64], d2[64], p[128];
+		snprintf(d1, sizeof(d1), "r%d", r);
+		snprintf(d2, sizeof(d2), "s%d", r);
+		REQUIRE(ulp_archive_mkdir(a, d1, &dm) == 0, "mkdir %s", d1);
+		for (int i = 0; i < FILES; i++) {
+			snprintf(p, sizeof(p), "%s/f%d", d1, i);
+			fill(b, SZ, (unsigned)(r * FILES + i));
+			REQUIRE(put_file(s, p, b, SZ - (size_t)i) == 0, "write %s", p);
+		}
+		REQUIRE(ulp_session_rename(s, d1, d2, 0) == 0, "rename %s", d1);
+		for (int i = 0; i < FILES; i++) {
+			snprintf(p, sizeof(p), "%s/f%d", d2, i);
+			fill(b, SZ, (unsigned)(r * FILES + i));
+			bad_read += !session_is(s, p, b, SZ - (size_t)i);
+		}
+		if (r % 2 == 0) { /* every other round: archived before the unlinks */
+			ulp_session_sync(s, NULL, NULL);
+			for (int i = 0; i < FILES; i++) {
+				snprintf(p, sizeof(p), "%s/f%d", d2, i);
+				fill(b, SZ, (unsigned)(r * FILES + i));
+				bad_arch += !archived_is(a, p, b, SZ - (size_t)i);
+			}
+			bad_arch += exists(a, d1);
+		}
+		bad_rmdir += ulp_session_rmdir(s, d2) != -ULP_E_NOTEMPTY;
+		for (int i = 0; i < FILES; i++) {
+			snprintf(p, sizeof(p), "%s/f%d", d2, i);
+			CHECK(ulp_session_unlink(s, p) == 0, "unlink %s", p);
+		}
+		bad_rmdir += ulp_session_rmdir(s, d2) != 0;
+	}
+	CHECK(bad_read == 0, "files read under the directory's new name: %d wrong", bad_read);
+	CHECK(bad_arch == 0, "archived under the new name only: %d wrong", bad_arch);
+	CHECK(bad_rmdir == 0, "rmdir: ENOTEMPTY with entries, 0 without: %d wrong", bad_rmdir);
+	ulp_session_sync(s, NULL, NULL);
+	for (int r = 0; r < ROUNDS; r++) {
+		char d[64];
+		snprintf(d, sizeof(d), "r%d", r);
+		bad_left += exists(a, d);
+		snprintf(d, sizeof(d), "s%d", r);
+		bad_left += exists(a, d);
+	}
+	CHECK(bad_left == 0, "no directory left behind: %d", bad_left);
+
+	/* fuse_open_files.sh's gdir: written, opened, hidden, directory renamed */
+	for (int r = 0; r < ROUNDS; r++) {
+		ulp_sfile *h;
+		REQUIRE(ulp_archive_mkdir(a, "gdir", &dm) == 0, "mkdir gdir");
+		fill(b, SZ, (unsigned)r);
+		REQUIRE(put_file(s, "gdir/g.txt", b, SZ) == 0, "write g");
+		REQUIRE(ulp_session_open_file(s, "gdir/g.txt", O_RDONLY, NULL, &h) == 0, "open g");
+		CHECK(ulp_session_rename(s, "gdir/g.txt", "gdir/.fuse_hidden00000000000000ab", 0) == 0, "hide g");
+		CHECK(ulp_session_rename(s, "gdir", "gdir2", 0) == 0, "rename gdir");
+		CHECK(session_is(s, "gdir2/.fuse_hidden00000000000000ab", b, SZ), "hidden g reads in gdir2");
+		if (r % 2) { /* the kernel's release is asynchronous: rmdir may come first */
+			CHECK(ulp_session_rmdir(s, "gdir2") == 0, "rmdir gdir2 before the release: %s", ulp_archive_errmsg(a));
+			CHECK(ulp_session_unlink(s, "gdir2/.fuse_hidden00000000000000ab") == 0, "unlink hidden");
+			ulp_session_release(h);
+		} else {
+			CHECK(ulp_session_unlink(s, "gdir2/.fuse_hidden00000000000000ab") == 0, "unlink hidden");
+			ulp_session_release(h);
+			CHECK(ulp_session_rmdir(s, "gdir2") == 0, "rmdir gdir2: %s", ulp_archive_errmsg(a));
+		}
+		ulp_session_sync(s, NULL, NULL);
+		CHECK(!exists(a, "gdir") && !exists(a, "gdir2"), "round %d: gdir and gdir2 gone", r);
+	}
+	free(b);
+	ulp_session_close(s);
+	ulp_archive_close(a);
+}
+
 static void test_backpressure(void)
 {
 	char dir[512];
@@ -257,6 +363,15 @@ static int wr(ulp_sfile *h, int v)
 	return ulp_session_write(h, vers[v], vlen[v], 0) == (int64_t)vlen[v] ? 0 : -1;
 }
 
+/* a failed operation of the workload: named on stderr, exit status 4 */
+static void op(int *bad, int line, ulp_archive *a, int rc)
+{
+	if (rc) {
+		fprintf(stderr, "workload line %d: %d: %s\n", line, rc, ulp_archive_errmsg(a));
+		*bad = 1;
+	}
+}
+
 static void workload(const char *dir, int stop)
 {
 	char err[512];
@@ -269,42 +384,43 @@ static void workload(const char *dir, int stop)
 		_exit(3);
 	ulp_sfile *h, *hc, *hf;
 	int k = 0, bad = 0;
-	bad |= ulp_session_open_file(s, "a.bin", O_WRONLY, &M644, &h) || wr(h, A1); /* 1 */
+	op(&bad, __LINE__, a, ulp_session_open_file(s, "a.bin", O_WRONLY, &M644, &h) || wr(h, A1)); /* 1 */
 	step(&k, stop);
-	bad |= ulp_session_flush(h);                                              /* 2: a = A1 */
+	op(&bad, __LINE__, a, ulp_session_flush(h));                                              /* 2: a = A1 */
 	ulp_session_release(h);
 	step(&k, stop);
-	bad |= ulp_session_open_file(s, ".b.bin.Xy12Zz", O_WRONLY, &M644, &h) || wr(h, B1); /* 3 */
+	op(&bad, __LINE__, a, ulp_session_open_file(s, ".b.bin.Xy12Zz", O_WRONLY, &M644, &h) || wr(h, B1)); /* 3 */
 	step(&k, stop);
-	bad |= ulp_session_flush(h);                                              /* 4: temp = B1 */
+	op(&bad, __LINE__, a, ulp_session_flush(h));                                              /* 4: temp = B1 */
 	ulp_session_release(h);
 	step(&k, stop);
-	bad |= ulp_session_rename(s, ".b.bin.Xy12Zz", "b.bin", 0);                /* 5: b = B1 */
+	op(&bad, __LINE__, a, ulp_session_rename(s, ".b.bin.Xy12Zz", "b.bin", 0));                /* 5: b = B1 */
 	step(&k, stop);
-	bad |= ulp_session_open_file(s, "a.bin", O_RDWR | O_TRUNC, NULL, &h) || wr(h, A2); /* 6: a = A1 */
+	op(&bad, __LINE__, a, ulp_session_open_file(s, "a.bin", O_RDWR | O_TRUNC, NULL, &h) || wr(h, A2)); /* 6: a = A1 */
 	step(&k, stop);
-	bad |= ulp_session_flush(h);                                              /* 7: a = A2 */
+	op(&bad, __LINE__, a, ulp_session_flush(h));                                              /* 7: a = A2 */
 	ulp_session_release(h);
 	step(&k, stop);
-	bad |= ulp_session_open_file(s, "c.bin", O_WRONLY, &M644, &hc) || wr(hc, C1) || ulp_session_fsync(hc); /* 8 */
+	op(&bad, __LINE__, a, ulp_session_open_file(s, "c.bin", O_WRONLY, &M644, &hc) || wr(hc, C1) || ulp_session_fsync(hc)); /* 8 */
 	step(&k, stop);
-	bad |= ulp_session_unlink(s, "b.bin");                                    /* 9: b gone */
+	op(&bad, __LINE__, a, ulp_session_unlink(s, "b.bin"));                                    /* 9: b gone */
 	step(&k, stop);
-	bad |= put_file(s, "d.bin", vers[D1], vlen[D1]);                          /* 10: d = D1 */
+	op(&bad, __LINE__, a, put_file(s, "d.bin", vers[D1], vlen[D1]));                          /* 10: d = D1 */
 	step(&k, stop);
-	bad |= ulp_session_rename(s, "d.bin", "e.bin", 0);                        /* 11: e = D1 */
+	op(&bad, __LINE__, a, ulp_session_rename(s, "d.bin", "e.bin", 0));                        /* 11: e = D1 */
 	step(&k, stop);
-	bad |= ulp_session_open_file(s, "f.bin", O_WRONLY, &M644, &hf) || wr(hf, F1) || ulp_session_flush(hf); /* 12 */
+	op(&bad, __LINE__, a, ulp_session_open_file(s, "f.bin", O_WRONLY, &M644, &hf) || wr(hf, F1) || ulp_session_flush(hf)); /* 12 */
 	step(&k, stop);
-	bad |= ulp_session_rename(s, "f.bin", ".fuse_hidden00000000000000aa", 0); /* 13: f gone */
+	op(&bad, __LINE__, a, ulp_session_rename(s, "f.bin", ".fuse_hidden00000000000000aa", 0)); /* 13: f gone */
 	step(&k, stop);
+	/* libfuse's order at the last close of a hidden file: unlink, then release */
+	op(&bad, __LINE__, a, ulp_session_unlink(s, ".fuse_hidden00000000000000aa"));             /* 14 */
 	ulp_session_release(hf);
-	bad |= ulp_session_unlink(s, ".fuse_hidden00000000000000aa");             /* 14 */
 	step(&k, stop);
-	bad |= ulp_session_flush(hc);                                             /* 15 */
+	op(&bad, __LINE__, a, ulp_session_flush(hc));                                             /* 15 */
 	ulp_session_release(hc);
 	step(&k, stop);
-	bad |= ulp_session_sync(s, NULL, NULL);                                   /* 16 */
+	op(&bad, __LINE__, a, ulp_session_sync(s, NULL, NULL));                                   /* 16 */
 	step(&k, stop);
 	ulp_session_close(s);
 	ulp_archive_close(a);
@@ -388,6 +504,7 @@ int main(void)
 	if (!only || strcmp(only, "concurrency") != 0) {
 		test_basics();
 		test_backpressure();
+		test_dir_rename_race();
 		test_crash_points();
 	}
 	test_concurrency();
