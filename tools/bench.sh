@@ -102,8 +102,8 @@ mkdir -p "$M"
 "$ULPACKFS" "$T/arch" "$M"
 pid=$(pgrep -n -f "ulpackfs $T/arch")
 t0=$(now); rsync -a "$T/run/" "$M/run/"; t_mount=$(( $(now) - t0 ))
-# the last renamed file is archived in the background: the figure that
-# counts runs until the daemon has archived everything and exited
+# closed files are archived in the background: `ulpack sync` is the barrier
+"$ULPACK" sync "$M" > /dev/null; t_sync=$(( $(now) - t0 ))
 rss=$(sed -n 's/VmHWM: *//p' "/proc/$pid/status")
 fusermount3 -u "$M"
 # (exited: gone, or a zombie until init reaps it)
@@ -121,6 +121,13 @@ echo "  = $(echo "$t_plain $t_all" | awk '{ printf "%.3f", $1 / $2 }') x the pla
 enc1=$(get "$T/b.synth-bf16.json" encode_mbps)
 echo "  = $(echo "$raw $t_all $enc1" | awk '{ printf "%.3f", $1 / ($2 / 1e9) / 1e6 / $3 }') x the one-thread" \
 	"encode speed of ulpack bench on the synthetic pair above ($enc1 MB/s)"
+echo "  until rsync returned: $(echo "$t_plain $t_mount" | awk '{ printf "%.3f", $1 / $2 }') x the plain directory" \
+	"(target >= 0.6)"
+"$ULPACK" init "$T/arch-imp" > /dev/null
+t0=$(now); "$ULPACK" import "$T/arch-imp" "$T/run" --prefix run > /dev/null; t_import=$(( $(now) - t0 ))
+echo "  until archived (ulpack sync): $(mbps "$raw" "$t_sync") MB/s = $(echo "$t_import $t_sync" |
+	awk '{ printf "%.3f", $1 / $2 }') x ulpack import of the same run ($(mbps "$raw" "$t_import") MB/s; target >= 0.9)"
+rm -rf "$T/arch-imp"
 echo "peak memory of ulpackfs during the rsync: $rss"
 "$ULPACKFS" "$T/arch" "$M"
 f=checkpoint-800/model.safetensors
@@ -149,3 +156,56 @@ echo "  ulpack cat (a fresh process, chain decoded): $(mbps "$size" "$t_cat") MB
 echo "rsync -a of the whole run out of a fresh mount: $(mbps "$raw" "$t_restore") MB/s" \
 	"($(echo "$t_plain $t_restore" | awk '{ printf "%.3f", $1 / $2 }') x rsync between plain directories)"
 exit 0
+
+# ---- 3. a trainer-like save: model.safetensors in a few large writes and an
+# optimizer.pt-like zip in many 64-byte-aligned records (ULP_BENCH_SAVE_MB,
+# default 500), into a plain directory and into the mount, alternately, 3
+# times each; the time until close() returned for both files
+PYB=$(command -v python3 || true)
+if [ -n "$PYB" ]; then
+	mb=${ULP_BENCH_SAVE_MB:-500}
+	echo "== 3. trainer-like save of $mb MB (model.safetensors + optimizer.pt records) vs a plain directory"
+	save() { # DIR INDEX: prints the seconds until both closes returned
+		"$PYB" - "$1" "$2" "$mb" <<'PYEOF'
+import json, os, struct, sys, time
+d, idx, mb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+model = mb * (1 << 20) // 3
+n = 8
+per = model // n // 4 * 4
+hdr = {"t%d" % i: {"dtype": "F32", "shape": [per // 4], "data_offsets": [i * per, (i + 1) * per]} for i in range(n)}
+h = json.dumps(hdr).encode()
+h += b" " * (-len(h) % 8)
+rng = bytearray(os.urandom(1 << 20))
+blob = bytes(rng) * (per // len(rng) + 1)
+rec = memoryview(bytes(rng) * 2)
+t0 = time.time()
+os.makedirs(os.path.join(d, "checkpoint-%d" % idx), exist_ok=True)
+with open(os.path.join(d, "checkpoint-%d/model.safetensors" % idx), "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h)
+    for i in range(n):                       # a few large writes
+        f.write(memoryview(blob)[:per])
+with open(os.path.join(d, "checkpoint-%d/optimizer.pt" % idx), "wb") as f:
+    left = mb * (1 << 20) - model
+    while left > 0:                          # zip records, 64-byte aligned
+        k = min(left, 64 * (1000 + (left // 64) % 7000))
+        f.write(rec[:64])
+        f.write(rec[64:k])
+        left -= k
+print("%.3f" % (time.time() - t0))
+PYEOF
+	}
+	"$ULPACKFS" "$T/arch" "$M"
+	mkdir -p "$T/saveplain" "$M/save"
+	tp="" tm=""
+	for i in 1 2 3; do
+		tp="$tp $(save "$T/saveplain" "$i")"
+		tm="$tm $(save "$M/save" "$i")"
+		rm -rf "$T/saveplain"/*
+	done
+	med() { echo "$@" | tr ' ' '\n' | grep . | sort -g | sed -n 2p; }
+	t0=$(now); "$ULPACK" sync "$M" > /dev/null; t_s=$(( $(now) - t0 ))
+	echo "save into a plain directory: $(med $tp) s (runs:$tp)"
+	echo "save into ulpackfs:          $(med $tm) s (runs:$tm); archived $(echo "$t_s" | awk '{ printf "%.2f", $1 / 1e9 }') s later"
+	echo "  = $(echo "$(med $tm) $(med $tp)" | awk '{ printf "%.3f", $1 / $2 }') x the plain save (target <= 1.5)"
+	fusermount3 -u "$M"
+fi
