@@ -21,6 +21,11 @@
  *     bytes in order: hoff[i] header bytes come before extent i, hoff[n_ext]
  *     = header_len; checked when the file is opened, so a read never indexes
  *     the header or the extents out of range.
+ *  6. A cached parsed blob may be stale: another process re-based its
+ *     content (recode.c) and gc dropped the reference it names. A chunk
+ *     read that ends in NOENT lets the unpinned parsed blobs go and tries
+ *     once more, so the chain is looked up again in the index (decoded
+ *     chunks are keyed by content and stay valid).
  */
 #include "arch_int.h"
 #include <zstd.h>
@@ -261,11 +266,22 @@ fail:
 	return rc;
 }
 
+static int any_blob(void *arg, const ulp_ckey *key, void *data)
+{
+	(void)arg;
+	(void)data;
+	return key->kind == ULP_CK_BLOB;
+}
+
 static int file_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
                       ulp_centry **e, const uint8_t **data, size_t *len, unsigned *walk)
 {
 	unsigned w = 0;
 	int rc = read_chunk(a, f, sha, k, e, data, len, &w, 0);
+	if (rc == -ULP_E_NOENT) { /* invariant 6: a chain re-based by another process */
+		ulp_cache_purge(a->cache, any_blob, NULL);
+		rc = read_chunk(a, f, sha, k, e, data, len, &w, 0);
+	}
 	if (rc == 0)
 		ulp_cache_mark_served(*e);
 	uint64_t m = __atomic_load_n(&a->max_walk, __ATOMIC_RELAXED);

@@ -303,6 +303,63 @@ static void test_crash(void)
 	}
 }
 
+
+typedef struct keep_set {
+	const ulp_extent *ext;
+	size_t n;
+} keep_set;
+
+/* every decoded chunk, and every parsed blob but the file's own (ext) */
+static int not_top_blob(void *arg, const ulp_ckey *key, void *data)
+{
+	(void)data;
+	const keep_set *k = arg;
+	if (key->kind == ULP_CK_CHUNK)
+		return 1;
+	for (size_t i = 0; i < k->n; i++)
+		if (!memcmp(k->ext[i].content, key->sha, ULP_SHA256_LEN))
+			return 0;
+	return 1;
+}
+
+/* A mount (handle A) that parsed a blob before another process (handle B)
+ * re-based it and gc dropped its old reference: A's cached parsed blob names
+ * a reference the index no longer has. A read through A (its chunks no
+ * longer cached) must look the chain up again and return the same bytes,
+ * not fail with NOENT (issue 15 follow-up, item 4). */
+static void test_stale_blob(void)
+{
+	ulp_archive *a = fresh("stale", 0), *b = reopen("stale", 0);
+	for (int s = 1; s <= 3; s++) {
+		char p[128];
+		path_of(p, sizeof(p), "checkpoint-%d", s);
+		REQUIRE(put(a, p, s) == 0, "put: %s", ulp_archive_errmsg(a));
+	}
+	char p3[128], p2[128];
+	path_of(p3, sizeof(p3), "checkpoint-%d", 3);
+	path_of(p2, sizeof(p2), "checkpoint-%d", 2);
+	CHECK(same_bytes(a, p3, 3), "step 3 reads through A");
+	/* A keeps the parsed blobs of step 3's tensors (each names step 2's as
+	 * its reference); the rest goes, as in a busy mount's cache */
+	ulp_stat st;
+	uint8_t *hdr;
+	size_t hl;
+	keep_set k = {0};
+	REQUIRE(ulp_index_file(a, p3, &st, &hdr, &hl, (ulp_extent **)&k.ext, &k.n) == 0, "extents of step 3");
+	ulp_cache_purge(a->cache, not_top_blob, &k);
+	free(hdr);
+	free((void *)k.ext);
+	REQUIRE(ulp_archive_remove(b, p2) == 0, "rm step 2 through B: %s", ulp_archive_errmsg(b));
+	ulp_gc_result g;
+	REQUIRE(ulp_archive_gc(b, &g) == 0, "gc through B: %s", ulp_archive_errmsg(b));
+	CHECK(g.blobs_rebased > 0, "gc re-based step 3 off step 2 (%llu blobs)", (unsigned long long)g.blobs_rebased);
+	CHECK(same_bytes(a, p3, 3), "step 3 reads through A after B re-based it: %s", ulp_archive_errmsg(a));
+	int again[] = {1, 3};
+	check_all(a, "stale: A", again, 2, ULP_DEFAULT_MAX_CHAIN);
+	ulp_archive_close(b);
+	ulp_archive_close(a);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "%s/ulp-recode-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -317,6 +374,7 @@ int main(void)
 	test_name_order();
 	test_rename();
 	test_crash();
+	test_stale_blob();
 	char cmd[400];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	if (system(cmd) != 0)
