@@ -18,8 +18,8 @@
  *
  * Invariants:
  *  1. ulp_name_cmp is a total order, and 0 only for equal strings: digit
- *     runs compare by value, then (equal values, "007" vs "7") by length,
- *     and whatever else is equal falls back to strcmp.
+ *     runs compare by value, and names equal that way ("007" vs "7") fall
+ *     back to strcmp.
  *  2. ulp_archive_latest never answers for a directory that has a real
  *     entry called "latest": a real entry always wins.
  */
@@ -103,7 +103,7 @@ int64_t ulp_name_step(const char *name)
 		return -1;
 	int64_t v = 0;
 	for (; digit(*digits); digits++) {
-		if (v > (INT64_MAX - 9) / 10)
+		if (v > (INT64_MAX - (*digits - '0')) / 10) /* INT64_MAX itself is a step */
 			return -1;
 		v = v * 10 + (*digits - '0');
 	}
