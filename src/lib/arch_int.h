@@ -299,6 +299,9 @@ uint64_t ulp_pack_size(const ulp_pack_writer *w);
 /* Makes the pack durable under its content name: write, fsync, rename,
  * fsync of the directory. name receives its file name. */
 int ulp_pack_commit(ulp_pack_writer *w, char name[80]);
+/* 1 if the commit's rename replaced a file of the same name (a pack of the
+ * same bytes, which the index may name): not this writer's alone to remove. */
+int ulp_pack_replaced(const ulp_pack_writer *w);
 /* Removes the pack's file (temporary, or final once ulp_pack_commit renamed
  * it, even if the commit then failed) and frees w. */
 void ulp_pack_discard(ulp_pack_writer *w);
