@@ -246,7 +246,8 @@ int ulp_archive_steps(ulp_archive *a, const char *prefix, int (*cb)(void *arg, c
 	if (rc >= 0 && s.rc < 0)
 		rc = ulp_arch_err(a, s.rc, "steps: out of memory");
 	if (rc >= 0) {
-		qsort(s.rows, s.n, sizeof(*s.rows), row_cmp);
+		if (s.n) /* qsort(NULL, 0) is undefined: a prefix with no step directory */
+			qsort(s.rows, s.n, sizeof(*s.rows), row_cmp);
 		for (size_t i = 0; i < s.n && rc == 0; i++) {
 			srow *r = &s.rows[i];
 			char run[ULP_PATH_MAX + 1];
