@@ -828,6 +828,11 @@ static int collect_name(void *arg, const char *name, const ulp_stat *st)
 	return 0;
 }
 
+static int name_order(const void *x, const void *y)
+{
+	return ulp_name_cmp(*(char *const *)x, *(char *const *)y);
+}
+
 static void dirlist_free(dirlist *d)
 {
 	for (size_t i = 0; i < d->n; i++)
@@ -929,6 +934,10 @@ static int export_dir(ectx *e, int dirfd, const char *name, const char *apath, c
 	if (r < 0) /* its entries listed so far are still written */
 		rc = report(dpath, "cannot list all of it: %s",
 		            r == -ULP_E_NOMEM ? "out of memory" : ulp_archive_errmsg(e->a));
+	/* steps in step order: each one's chains then start from the step
+	 * before, still in the decode cache */
+	if (d.n > 1)
+		qsort(d.names, d.n, sizeof(*d.names), name_order);
 	for (size_t i = 0; i < d.n; i++) {
 		char *ap = join(apath, d.names[i]), *dp = join(dpath, d.names[i]);
 		ulp_stat cs;
