@@ -8,6 +8,7 @@
 #      mount vs into a plain directory, peak memory of ulpackfs, sequential
 #      cold read of a delta-coded checkpoint whose reference is cached, the
 #      same read warm (page cache), a plain file, and `ulpack cat`;
+#   E. `ulpack export` of one step at chain depth 7 against cp -r of it;
 #   R. re-basing (issue 15): `ulpack forget --keep-every` on a 12-step synthetic
 #      run and on tiny-lm, pack bytes before and after against an import of the
 #      kept steps alone, and re-basing MB/s against the import's MB/s.
@@ -88,6 +89,23 @@ if [ -d "$TL" ]; then
 else
 	echo "tiny-lm: skipped (no data; set TINY_LM=DIR)"
 fi
+
+echo "== E. ulpack export of one step (a delta at chain depth 7, cold) vs cp -r of it from a plain directory"
+"$ULPACK" synth "$T/exp" --steps 8 > /dev/null
+"$ULPACK" init "$T/exp-a" > /dev/null
+"$ULPACK" import "$T/exp-a" "$T/exp" --prefix run > /dev/null
+: > "$T/exp-t"
+for i in 1 2 3 4 5; do # back to back, medians: the machine may be busy
+	rm -rf "$T/exp-x" "$T/exp-c"
+	t0=$(now); "$ULPACK" export "$T/exp-a" run/checkpoint-800 "$T/exp-x"; t1=$(now)
+	cp -r "$T/exp/checkpoint-800" "$T/exp-c"; t2=$(now)
+	echo "$((t1 - t0)) $((t2 - t1))" >> "$T/exp-t"
+done
+cmp -s "$T/exp-x/model.safetensors" "$T/exp/checkpoint-800/model.safetensors" || { echo "bench: export differs" >&2; exit 1; }
+t_exp=$(cut -d' ' -f1 "$T/exp-t" | sort -n | sed -n 3p) t_cp=$(cut -d' ' -f2 "$T/exp-t" | sort -n | sed -n 3p)
+size=$(du -sb "$T/exp/checkpoint-800" | cut -f1)
+echo "ulpack export: $(mbps "$size" "$t_exp") MB/s, cp -r: $(mbps "$size" "$t_cp") MB/s" \
+	"= $(echo "$t_cp $t_exp" | awk '{ printf "%.3f", $1 / $2 }') x cp -r (8 decodes a chunk: its chain)"
 
 if [ ! -c /dev/fuse ] || ! command -v rsync > /dev/null; then
 	echo "== 2. mount: skipped (no /dev/fuse or no rsync)"

@@ -277,6 +277,16 @@ int ulp_file_open(ulp_archive *a, const char *path, ulp_file **out);
 /** Reads up to len bytes at off; thread-safe. @return bytes read (0 at EOF). */
 int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off);
 const ulp_stat *ulp_file_get_stat(const ulp_file *f);
+/** Writes the whole file into fd at offsets [0, size) with pwrite (fd must
+ *  be seekable; its offset is left alone): the chunks are decoded on the
+ *  archive's pool, each chunk's chain walked once from its nearest cached
+ *  link, the links below the file's own chunk decoded into per-thread
+ *  buffers without entering the cache, and each chunk written as soon as it
+ *  is decoded. For `ulpack export` and `ulpack cat` into a file: a cold
+ *  file costs one decode per link of its chains, and all threads work.
+ *  Errors: IO, NOSPC (writing to fd: the message says so), and those of
+ *  ulp_file_pread. */
+int ulp_file_write_to(ulp_file *f, int fd);
 void ulp_file_close(ulp_file *f);
 
 /* Writing. */
