@@ -160,7 +160,13 @@ static int code_job(void *arg, size_t i)
 	ulp_dtype dt = j->s->t ? j->s->t->dtype : ULP_DT_UNKNOWN;
 	uint8_t *ref = NULL, *check = NULL;
 	ulp_pool *pool = bt->nested ? a->pool : NULL;
-	ulp_sha256(j->buf, j->len, j->sha);
+	/* the content's identity: its digest (ulpack-format(5) 2.4), hashed in
+	 * parallel when this job has the pool to itself */
+	if (ulp_content_digest(pool, j->buf, j->len, j->sha) < 0) {
+		j->rc = -ULP_E_NOMEM;
+		snprintf(j->err, sizeof(j->err), "%s: out of memory hashing %zu bytes", bt->p->path, j->len);
+		return 0;
+	}
 	/* stored once: an earlier file, or earlier in this one (phase C adds
 	 * blobs only between batches, so reading them here is safe) */
 	int have = have_content(bt->p, j->sha, &j->depth);

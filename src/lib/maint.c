@@ -6,7 +6,7 @@
  * gc invariants:
  *  1. A blob is kept while a file's extent or another kept blob's reference
  *     names its content (a deleted file never breaks another's chain).
- *  2. A rewritten blob is decoded and checked against its content sha256
+ *  2. A rewritten blob is decoded and checked against its content digest
  *     before the new pack is committed; the index moves to the new pack in
  *     one transaction; the old pack file is removed only after it commits.
  *  3. Pack files the index does not name (left by a crash between the pack
@@ -143,14 +143,19 @@ static int rewrite_blob(void *arg, const uint8_t *content, uint64_t offset, uint
 	if (rc < 0)
 		return ulp_arch_err(r->a, rc, "gc: blob in pack %lld is damaged: %s", (long long)r->pack, why);
 	size_t raw = (size_t)ulp_blob_get_info(b)->raw_bytes;
+	unsigned version = ulp_blob_get_info(b)->version;
 	ulp_blob_close(b);
 	uint8_t *buf = malloc(raw ? raw : 1), sha[32];
 	if (!buf)
 		return -ULP_E_NOMEM;
 	rc = ulp_read_content(r->a, content, buf, raw);
 	if (rc == 0) {
-		ulp_sha256(buf, raw, sha);
-		if (memcmp(sha, content, 32) != 0)
+		/* the content's identity is the digest of its blob's format */
+		if (version == 1)
+			ulp_sha256(buf, raw, sha);
+		else
+			rc = ulp_content_digest(r->a->pool, buf, raw, sha);
+		if (rc == 0 && memcmp(sha, content, 32) != 0)
 			rc = ulp_arch_err(r->a, -ULP_E_CHECKSUM, "gc: a blob of pack %lld does not decode to its content",
 			                  (long long)r->pack);
 	}
