@@ -68,6 +68,9 @@ struct ulp_archive {
 	int read_only;
 	int schema;                  /* schema version of the index (set at open) */
 	unsigned max_chain;
+	unsigned blob_version;       /* format of the blobs it writes: ULP_BLOB_VERSION,
+	                                or 1 where ULP_TEST_BLOB_VERSION=1 makes an
+	                                archive of an older release (tests) */
 	pthread_key_t tls;
 	pthread_mutex_t mu;          /* guards tstates, packs */
 	ulp_tstate *tstates;         /* every thread's state, freed at close */
@@ -227,6 +230,9 @@ typedef struct ulp_pack_writer ulp_pack_writer;
 int ulp_pack_writer_new(ulp_archive *a, ulp_pack_writer **out);
 /* Appends a blob; *offset receives its offset in the pack. */
 int ulp_pack_append(ulp_pack_writer *w, const void *blob, size_t len, uint64_t *offset);
+/* the same, with the blob's SHA-256 already taken (by the thread that coded it) */
+int ulp_pack_append_digest(ulp_pack_writer *w, const void *blob, size_t len,
+                           const uint8_t sha[ULP_SHA256_LEN], uint64_t *offset);
 uint64_t ulp_pack_size(const ulp_pack_writer *w);
 /* Makes the pack durable under its content name: write, fsync, rename,
  * fsync of the directory. name receives its file name. */

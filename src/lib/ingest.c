@@ -116,6 +116,7 @@ typedef struct job {
 	int ready;                         /* 1: buf holds the bytes, 2: reading failed
 	                                      (atomic: job n waits for it) */
 	uint8_t *blob;                     /* phase B result */
+	uint8_t blob_sha[ULP_SHA256_LEN];  /* SHA-256 of blob, for the pack's name */
 	size_t blob_len, blob_cap, buf_cap; /* buffers are kept from one batch to the next */
 	int codec, used_ref;
 	int rc;
@@ -162,7 +163,9 @@ static int code_job(void *arg, size_t i)
 	ulp_pool *pool = bt->nested ? a->pool : NULL;
 	/* the content's identity: its digest (ulpack-format(5) 2.4), hashed in
 	 * parallel when this job has the pool to itself */
-	if (ulp_content_digest(pool, j->buf, j->len, j->sha) < 0) {
+	if (a->blob_version == 1)
+		ulp_sha256(j->buf, j->len, j->sha);
+	else if (ulp_content_digest(pool, j->buf, j->len, j->sha) < 0) {
 		j->rc = -ULP_E_NOMEM;
 		snprintf(j->err, sizeof(j->err), "%s: out of memory hashing %zu bytes", bt->p->path, j->len);
 		return 0;
@@ -185,7 +188,8 @@ static int code_job(void *arg, size_t i)
 			ref = NULL; /* an unreadable reference is no reason to fail: standalone */
 	}
 	/* both identities are known: the content's from above, the reference's from the index */
-	ulp_enc_opts o = {.ref_sha256 = ref ? j->ref_sha : NULL, .src_sha256 = j->sha};
+	ulp_enc_opts o = {.ref_sha256 = ref ? j->ref_sha : NULL, .src_sha256 = j->sha,
+	                  .format_version = a->blob_version};
 	size_t cap = ulp_encode_bound(dt, j->len, &o);
 	if (j->blob_cap < cap) {
 		free(j->blob);
@@ -232,6 +236,7 @@ static int code_job(void *arg, size_t i)
 	}
 	j->blob_len = (size_t)n;
 	j->codec = st.codec;
+	ulp_sha256(j->blob, j->blob_len, j->blob_sha); /* here, in parallel: not in phase C */
 out:
 	return 0;
 }
@@ -265,7 +270,7 @@ static int append_job(put *p, job *j)
 	ULP_TRY(ulp_grow(&p->nb, &p->cap_nb, p->n_nb, sizeof(*p->nb)));
 	ulp_newblob *nb = &p->nb[p->n_nb];
 	memset(nb, 0, sizeof(*nb));
-	if ((rc = ulp_pack_append(p->pw, j->blob, j->blob_len, &nb->offset)) < 0)
+	if ((rc = ulp_pack_append_digest(p->pw, j->blob, j->blob_len, j->blob_sha, &nb->offset)) < 0)
 		return rc;
 	p->n_nb++;
 	memcpy(nb->content, j->sha, ULP_SHA256_LEN);
