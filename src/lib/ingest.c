@@ -20,6 +20,7 @@
 #include "arch_int.h"
 #include <errno.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -241,6 +242,13 @@ out:
 	return 0;
 }
 
+static void *file_sha_thread(void *arg)
+{
+	batch *bt = arg;
+	code_job(bt, bt->n);
+	return NULL;
+}
+
 /* Phase C: append in order; a content coded twice in one batch is kept once. */
 static int append_job(put *p, job *j)
 {
@@ -409,9 +417,16 @@ static int do_segments(put *p, const seg *segs, size_t n_segs, EVP_MD_CTX *fsha,
 		}
 		if (rc == 0) {
 			batch bt = {p, jobs, n, n == 1, fsha};
-			if (n == 1) { /* alone: its chunks use the pool */
+			if (n == 1) { /* alone: its chunks use the pool, while a thread of
+				         its own takes the file's sha256 over the bytes as
+				         soon as they are read (not after the coding) */
+				pthread_t th;
+				int spawned = pthread_create(&th, NULL, file_sha_thread, &bt) == 0;
 				code_job(&bt, 0);
-				code_job(&bt, 1);
+				if (spawned)
+					pthread_join(th, NULL);
+				else
+					code_job(&bt, 1);
 			} else {
 				ulp_pool_run(p->a->pool, n + 1, code_job, &bt);
 			}

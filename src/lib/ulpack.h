@@ -91,6 +91,12 @@ int ulp_pool_threads(const ulp_pool *pool);
  * A NULL pool runs them in order on the calling thread. Not reentrant.
  */
 int ulp_pool_run(ulp_pool *pool, size_t n, int (*fn)(void *arg, size_t i), void *arg);
+/**
+ * Nanoseconds spent so far, process-wide, inside outermost ulp_pool_run()s of
+ * more than one job (parallel regions, whatever the pool's size): a one-thread
+ * run's time outside them is its serial part (`ulpack bench` serial_fraction).
+ */
+uint64_t ulp_pool_parallel_ns(void);
 
 /* ---- blobs: the codec --------------------------------------------------- */
 
