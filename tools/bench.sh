@@ -7,7 +7,10 @@
 #   2. the mount (needs /dev/fuse and root or fuse permissions): rsync into the
 #      mount vs into a plain directory, peak memory of ulpackfs, sequential
 #      cold read of a delta-coded checkpoint whose reference is cached, the
-#      same read warm (page cache), a plain file, and `ulpack cat`.
+#      same read warm (page cache), a plain file, and `ulpack cat`;
+#   R. re-basing (issue 15): `ulpack forget --keep-every` on a 12-step synthetic
+#      run and on tiny-lm, pack bytes before and after against an import of the
+#      kept steps alone, and re-basing MB/s against the import's MB/s.
 # Usage: bench.sh BUILD_DIR
 set -eu
 B=${1:-.}
@@ -90,6 +93,38 @@ for t in $list; do
 done
 echo "serial fraction (one thread, share outside parallel regions): $sf"
 echo "(zstd -3 runs across tensors on the same pool; import and verify count raw bytes of the run)"
+echo "== R. re-basing: ulpack forget (keep every 3rd step), then pack bytes against the kept steps alone"
+pb() { "$ULPACK" stat "$1" | sed -n 's/.* in \([0-9]*\) pack bytes.*/\1/p'; }
+jget() { sed -n "s/.*\"$2\": \([0-9.]*\).*/\1/p" "$1"; }
+# rebase_case NAME SRC_DIR KEEP_EVERY KEPT_STEPS...
+rebase_case() {
+	name=$1 src=$2 every=$3
+	shift 3
+	"$ULPACK" init "$T/rb-$name" > /dev/null
+	t0=$(now); "$ULPACK" import "$T/rb-$name" "$src" --prefix run > /dev/null; t_imp=$(( $(now) - t0 ))
+	raw=$(du -sb "$src" | cut -f1)
+	"$ULPACK" forget "$T/rb-$name" run --keep-every "$every" --json > "$T/rb-$name.json"
+	mkdir -p "$T/rb-$name-kept"
+	for s in "$@"; do cp -r "$src/checkpoint-$s" "$T/rb-$name-kept/"; done
+	"$ULPACK" init "$T/rb-$name-k" > /dev/null
+	"$ULPACK" import "$T/rb-$name-k" "$T/rb-$name-kept" --prefix run > /dev/null
+	before=$(jget "$T/rb-$name.json" pack_bytes_before) after=$(jget "$T/rb-$name.json" pack_bytes_after)
+	kept=$(pb "$T/rb-$name-k") rbraw=$(jget "$T/rb-$name.json" rebase_raw_bytes)
+	rbs=$(jget "$T/rb-$name.json" rebase_seconds) n=$(jget "$T/rb-$name.json" blobs_rebased)
+	echo "$name: pack bytes $before -> $after after forget + gc; kept steps alone $kept" \
+		"= $(echo "$after $kept" | awk '{ printf "%.4f", $1 / $2 }') x (target <= 1.1)"
+	echo "  re-based $n blobs, $rbraw bytes in $rbs s: $(echo "$rbraw $rbs" | awk '{ printf "%.1f", $2 > 0 ? $1 / $2 / 1e6 : 0 }') MB/s" \
+		"= $(echo "$rbraw $rbs $raw $t_imp" | awk '{ printf "%.3f", ($2 > 0 ? $1 / $2 : 0) / ($3 / ($4 / 1e9)) }') x ulpack import of the run ($(mbps "$raw" "$t_imp") MB/s)"
+}
+"$ULPACK" synth "$T/rbsyn" --steps 12 --interval 100 --dim 256 > /dev/null
+rebase_case synth-12 "$T/rbsyn" 300 300 600 900 1200
+TL=${TINY_LM:-$(dirname "$0")/../../shared/data/tiny-lm/bf16}
+[ -d "$TL" ] || TL=/work/shared/data/tiny-lm/bf16
+if [ -d "$TL" ]; then
+	rebase_case tiny-lm-bf16 "$TL" 150 150 300
+else
+	echo "tiny-lm: skipped (no data; set TINY_LM=DIR)"
+fi
 
 if [ ! -c /dev/fuse ] || ! command -v rsync > /dev/null; then
 	echo "== 2. mount: skipped (no /dev/fuse or no rsync)"

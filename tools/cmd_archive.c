@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <ftw.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -27,12 +28,13 @@ enum {
 	OPT_THREADS = 1 << 4,   /* --threads N */
 	OPT_PREFIX = 1 << 5,    /* --prefix P */
 	OPT_ALL = 1 << 6,       /* --all */
+	OPT_PROGRESS = 1 << 7,  /* --progress */
 	OPT_DECODE = OPT_CACHE | OPT_THREADS, /* every command that decodes */
 };
 
 typedef struct aopts {
 	ulp_archive_opts o;
-	int json, recursive, all;
+	int json, recursive, all, progress;
 	const char *prefix;
 	const char *pos[4];
 	int npos;
@@ -51,6 +53,7 @@ static int parse_common(int argc, char **argv, aopts *ao, const char *usage, int
 		{"--json", OPT_JSON, 0},           {"-r", OPT_RECURSIVE, 0},     {"--recursive", OPT_RECURSIVE, 0},
 		{"--all", OPT_ALL, 0},             {"--max-chain", OPT_MAX_CHAIN, 1}, {"--cache-size", OPT_CACHE, 1},
 		{"--threads", OPT_THREADS, 1},     {"--prefix", OPT_PREFIX, 1},
+		{"--progress", OPT_PROGRESS, 0},
 	};
 	memset(ao, 0, sizeof(*ao));
 	for (int i = 1; i < argc; i++) {
@@ -90,6 +93,7 @@ static int parse_common(int argc, char **argv, aopts *ao, const char *usage, int
 		case OPT_JSON: ao->json = 1; break;
 		case OPT_RECURSIVE: ao->recursive = 1; break;
 		case OPT_ALL: ao->all = 1; break;
+		case OPT_PROGRESS: ao->progress = 1; break;
 		case OPT_PREFIX: ao->prefix = v; break;
 		case OPT_MAX_CHAIN: /* 0 would mean "the archive's value" to the library: not an input */
 			if (cli_opt_int(a, v, 1, 1024, &n))
@@ -251,19 +255,87 @@ static int cmp_item(const void *a, const void *b)
 	return strcmp(x->dst, y->dst);
 }
 
-static int64_t ns_of(const struct timespec *t)
+static ulp_time time_of(const struct timespec *t)
 {
-	return ulp_time_ns(t->tv_sec, t->tv_nsec); /* clamped, never overflows */
+	return ulp_time_make(t->tv_sec, t->tv_nsec);
+}
+
+/*
+ * Import progress: a thread redraws one line on stderr every 0.2 s (a tty,
+ * or --progress: then one line each time), so that a large file being coded
+ * still shows movement (bytes coded so far come from
+ * ulp_archive_put_progress). Files are counted, not directories.
+ */
+typedef struct iprog {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int stop, tty;
+	ulp_archive *a;
+	double t0;
+	uint64_t total, done;  /* bytes of all files; of the files finished (mu) */
+	unsigned files_total, files_done; /* (mu) */
+	const char *cur;       /* file being archived, or NULL (mu) */
+	int in_put;            /* cur is being coded: add its progress (mu) */
+	long interval_ms;      /* between lines: 200; ULPACK_PROGRESS_MS (tests), 10..1000 */
+} iprog;
+
+static void fmt_eta(double s, char *out, size_t cap)
+{
+	if (!(s >= 0) || s > 360000) {
+		snprintf(out, cap, "--:--");
+		return;
+	}
+	unsigned long t = (unsigned long)(s + 0.5);
+	if (t >= 3600)
+		snprintf(out, cap, "%lu:%02lu:%02lu", t / 3600, t / 60 % 60, t % 60);
+	else
+		snprintf(out, cap, "%lu:%02lu", t / 60, t % 60);
+}
+
+static void prog_draw(iprog *p)
+{
+	uint64_t done = p->done + (p->in_put ? ulp_archive_put_progress(p->a) : 0);
+	if (done > p->total)
+		done = p->total;
+	double el = cli_now() - p->t0, rate = el > 0 ? (double)done / el : 0;
+	char eta[32], hd[32], ht[32];
+	fmt_eta(rate > 0 ? (double)(p->total - done) / rate : -1, eta, sizeof(eta));
+	human(done, hd, sizeof(hd));
+	human(p->total, ht, sizeof(ht));
+	fprintf(stderr, "%s[%3.0f%%] %u/%u files, %s of %s, %.1f MB/s, ETA %s%s%s%s", p->tty ? "\r\033[K" : "",
+	        p->total ? 100.0 * (double)done / (double)p->total : 100.0, p->files_done, p->files_total, hd, ht,
+	        rate / 1e6, eta, p->cur ? ": " : "", p->cur ? p->cur : "", p->tty ? "" : "\n");
+}
+
+static void *prog_main(void *arg)
+{
+	iprog *p = arg;
+	pthread_mutex_lock(&p->mu);
+	while (!p->stop) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += p->interval_ms * 1000 * 1000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		if (pthread_cond_timedwait(&p->cv, &p->mu, &ts) != 0 && !p->stop)
+			prog_draw(p);
+	}
+	pthread_mutex_unlock(&p->mu);
+	return NULL;
 }
 
 int cmd_import(int argc, char **argv)
 {
 	static const char usage[] =
-		"usage: ulpack import ARCHIVE SRC_DIR [--prefix P] [--max-chain N] [--threads N] [--cache-size S]\n"
+		"usage: ulpack import ARCHIVE SRC_DIR [--prefix P] [--json] [--progress] [--max-chain N] [--threads N]\n"
+		"                     [--cache-size S]\n"
 		"Archives every file under SRC_DIR (at P/... inside the archive), in step order.\n"
-		"Files already archived with the same size and mtime are skipped.\n";
+		"Files already archived with the same size and mtime are skipped. On a terminal (or with\n"
+		"--progress, one line at a time) it shows files done, bytes, MB/s and an ETA.\n";
 	aopts ao;
-	int rc = parse_common(argc, argv, &ao, usage, 2, 2, OPT_PREFIX | OPT_MAX_CHAIN | OPT_DECODE);
+	int rc = parse_common(argc, argv, &ao, usage, 2, 2, OPT_PREFIX | OPT_MAX_CHAIN | OPT_DECODE | OPT_JSON | OPT_PROGRESS);
 	if (rc)
 		return rc == -1 ? 0 : 2;
 	char clean[4096];
@@ -300,21 +372,34 @@ int cmd_import(int argc, char **argv)
 		return cli_fail("%s: %s", ao.pos[1], strerror(errno));
 	}
 	qsort(g_items, g_n, sizeof(item), cmp_item);
-	int tty = isatty(2), status = 0;
-	uint64_t raw = 0, stored = 0, total = 0, done = 0;
-	unsigned files = 0, skipped = 0;
+	int status = 0;
+	uint64_t raw = 0, stored = 0;
+	unsigned files = 0, skipped = 0, dirs = 0, links = 0;
+	iprog pg = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .tty = isatty(2), .a = a};
 	for (size_t i = 0; i < g_n; i++)
-		if (g_items[i].type == 0)
-			total += (uint64_t)g_items[i].sb.st_size;
-	double t0 = cli_now();
+		if (g_items[i].type == 0) {
+			pg.total += (uint64_t)g_items[i].sb.st_size;
+			pg.files_total++;
+		}
+	pg.t0 = cli_now();
+	const char *ims = getenv("ULPACK_PROGRESS_MS");
+	int64_t iv = 200;
+	if (ims && ulp_parse_int(ims, 10, 1000, &iv) < 0)
+		iv = 200;
+	pg.interval_ms = (long)iv;
+	pthread_t pth;
+	int show = (pg.tty || ao.progress) && pg.files_total > 0;
+	if (show && pthread_create(&pth, NULL, prog_main, &pg) != 0)
+		show = 0;
 	for (size_t i = 0; i < g_n && status == 0; i++) {
 		item *it = &g_items[i];
-		ulp_meta m = {it->sb.st_mode & 07777, it->sb.st_uid, it->sb.st_gid, ns_of(&it->sb.st_mtim)};
+		ulp_meta m = {it->sb.st_mode & 07777, it->sb.st_uid, it->sb.st_gid, time_of(&it->sb.st_mtim)};
 		ulp_stat old;
 		int have = ulp_archive_stat(a, it->dst, &old) == 0;
 		if (it->type == 1) {
 			if (!have && ulp_archive_mkdir(a, it->dst, &m) < 0)
 				status = cli_fail("%s", ulp_archive_errmsg(a));
+			dirs += !have;
 			continue;
 		}
 		if (it->type == 2) {
@@ -329,11 +414,16 @@ int cmd_import(int argc, char **argv)
 				ulp_archive_remove(a, it->dst);
 			if (ulp_archive_symlink(a, it->dst, target, &m) < 0)
 				status = cli_fail("%s", ulp_archive_errmsg(a));
+			links++;
 			continue;
 		}
-		if (have && !old.is_dir && old.size == (uint64_t)it->sb.st_size && old.mtime_ns == m.mtime_ns) {
+		if (have && !old.is_dir && old.size == (uint64_t)it->sb.st_size && old.mtime.sec == m.mtime.sec &&
+		    old.mtime.nsec == m.mtime.nsec) {
 			skipped++;
-			done += old.size;
+			pthread_mutex_lock(&pg.mu);
+			pg.done += (uint64_t)it->sb.st_size;
+			pg.files_done++;
+			pthread_mutex_unlock(&pg.mu);
 			continue;
 		}
 		int fd = open(it->src, O_RDONLY | O_CLOEXEC);
@@ -341,31 +431,55 @@ int cmd_import(int argc, char **argv)
 			status = cli_fail("%s: %s", it->src, strerror(errno));
 			break;
 		}
+		pthread_mutex_lock(&pg.mu);
+		pg.cur = it->dst;
+		pg.in_put = 1;
+		pthread_mutex_unlock(&pg.mu);
 		ulp_put_result res;
 		rc = ulp_archive_put(a, it->dst, fd, &m, &res);
 		close(fd);
+		pthread_mutex_lock(&pg.mu);
+		pg.in_put = 0;
+		pg.cur = NULL;
+		if (rc == 0) {
+			pg.done += (uint64_t)it->sb.st_size;
+			pg.files_done++;
+		}
+		pthread_mutex_unlock(&pg.mu);
 		if (rc < 0) {
+			if (pg.tty && show)
+				fputs("\r\033[K", stderr);
 			status = cli_fail("%s", ulp_archive_errmsg(a));
 			break;
 		}
 		files++;
 		raw += res.raw_bytes;
 		stored += res.stored_bytes;
-		done += res.raw_bytes;
-		if (tty) {
-			double el = cli_now() - t0;
-			fprintf(stderr, "\r\033[K[%3.0f%%] %zu/%zu %.1f MB/s %s", total ? 100.0 * (double)done / (double)total : 100.0,
-			        i + 1, g_n, el > 0 ? (double)raw / el / 1e6 : 0.0, it->dst);
-		}
 	}
-	double el = cli_now() - t0;
-	if (tty)
-		fputs("\r\033[K", stderr);
+	if (show) {
+		pthread_mutex_lock(&pg.mu);
+		pg.stop = 1;
+		pthread_cond_signal(&pg.cv);
+		pthread_mutex_unlock(&pg.mu);
+		pthread_join(pth, NULL);
+		if (pg.tty)
+			fputs("\r\033[K", stderr);
+		else if (status == 0)
+			prog_draw(&pg); /* the final count */
+	}
+	double el = cli_now() - pg.t0;
 	char hr[32], hs[32];
 	human(raw, hr, sizeof(hr));
 	human(stored, hs, sizeof(hs));
-	printf("imported %u files (%u unchanged, skipped): %s -> %s stored (ratio %.4f), %.1f MB/s\n", files,
-	       skipped, hr, hs, raw ? (double)stored / (double)raw : 0.0, el > 0 ? (double)raw / el / 1e6 : 0.0);
+	if (ao.json)
+		printf("{\"files\": %u, \"skipped\": %u, \"directories\": %u, \"symlinks\": %u, \"raw_bytes\": %llu,"
+		       " \"stored_bytes\": %llu, \"ratio\": %.6f, \"seconds\": %.3f, \"mb_per_s\": %.1f, \"ok\": %s}\n",
+		       files, skipped, dirs, links, (unsigned long long)raw, (unsigned long long)stored,
+		       raw ? (double)stored / (double)raw : 0.0, el, el > 0 ? (double)raw / el / 1e6 : 0.0,
+		       status == 0 ? "true" : "false");
+	else
+		printf("imported %u files (%u unchanged, skipped): %s -> %s stored (ratio %.4f), %.1f MB/s\n", files,
+		       skipped, hr, hs, raw ? (double)stored / (double)raw : 0.0, el > 0 ? (double)raw / el / 1e6 : 0.0);
 	for (size_t i = 0; i < g_n; i++) {
 		free(g_items[i].src);
 		free(g_items[i].dst);
@@ -387,30 +501,82 @@ static void mode_str(uint32_t mode, char out[11])
 	out[10] = 0;
 }
 
-static int ls_line(void *arg, const char *name, const ulp_stat *st)
+static void json_str(FILE *f, const char *s);
+
+/* One entry of a listing, sorted by ulp_name_cmp (numbered names in numeric
+ * order: checkpoint-200 before checkpoint-1000). */
+typedef struct lsent {
+	char *name;
+	ulp_stat st;
+} lsent;
+
+typedef struct lsctx {
+	lsent *v;
+	size_t n, cap;
+	int json, first;
+} lsctx;
+
+static int ls_collect(void *arg, const char *name, const ulp_stat *st)
 {
-	(void)arg;
-	char m[11], t[32];
-	mode_str(st->mode, m);
-	int64_t sec;
-	long nsec;
-	ulp_time_split(st->mtime_ns, &sec, &nsec);
-	time_t secs = (time_t)sec;
-	strftime(t, sizeof(t), "%Y-%m-%d %H:%M", localtime(&secs));
-	if (st->is_dir)
-		printf("%s %14s %14s %s %s/\n", m, "-", "-", t, name);
-	else
-		printf("%s %14llu %14llu %s %s\n", m, (unsigned long long)st->size,
-		       (unsigned long long)st->stored_bytes, t, name);
+	lsctx *l = arg;
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? l->cap * 2 : 64;
+		lsent *nv = realloc(l->v, cap * sizeof(*nv));
+		if (!nv)
+			return -ULP_E_NOMEM;
+		l->v = nv;
+		l->cap = cap;
+	}
+	if (!(l->v[l->n].name = strdup(name)))
+		return -ULP_E_NOMEM;
+	l->v[l->n++].st = *st;
 	return 0;
+}
+
+static int lsent_cmp(const void *x, const void *y)
+{
+	return ulp_name_cmp(((const lsent *)x)->name, ((const lsent *)y)->name);
+}
+
+static void ls_line(lsctx *l, const char *name, const ulp_stat *st)
+{
+	char m[11], t[32], step[24];
+	mode_str(st->mode, m);
+	time_t secs = (time_t)st->mtime.sec;
+	struct tm tm;
+	if (!localtime_r(&secs, &tm) || !strftime(t, sizeof(t), "%Y-%m-%d %H:%M", &tm))
+		snprintf(t, sizeof(t), "@%lld", (long long)st->mtime.sec); /* a year beyond struct tm's */
+	if (l->json) {
+		printf("%s\n  {\"name\": ", l->first ? "" : ",");
+		json_str(stdout, name);
+		printf(", \"type\": \"%s\", \"mode\": \"%04o\", \"size\": %llu, \"stored_bytes\": %llu, \"step\": %lld,"
+		       " \"mtime_sec\": %lld, \"mtime_nsec\": %u}",
+		       st->is_dir ? "dir" : st->is_symlink ? "symlink" : "file", (unsigned)(st->mode & 07777),
+		       (unsigned long long)(st->is_dir ? 0 : st->size), (unsigned long long)st->stored_bytes,
+		       (long long)(st->is_dir ? ulp_name_step(name) : st->step), (long long)st->mtime.sec,
+		       (unsigned)st->mtime.nsec);
+		l->first = 0;
+		return;
+	}
+	int64_t sn = st->is_dir ? ulp_name_step(name) : st->step; /* a step directory's own step */
+	if (sn >= 0)
+		snprintf(step, sizeof(step), "%lld", (long long)sn);
+	else
+		snprintf(step, sizeof(step), "-");
+	if (st->is_dir)
+		printf("%s %14s %14s %8s %s %s/\n", m, "-", "-", step, t, name);
+	else
+		printf("%s %14llu %14llu %8s %s %s\n", m, (unsigned long long)st->size,
+		       (unsigned long long)st->stored_bytes, step, t, name);
 }
 
 int cmd_ls(int argc, char **argv)
 {
 	aopts ao;
 	int rc = parse_common(argc, argv, &ao,
-	                      "usage: ulpack ls ARCHIVE [PATH]\nLists a directory of the archive (mode, size,"
-	                      " stored bytes, mtime, name) or one file.\n", 1, 2, 0);
+	                      "usage: ulpack ls ARCHIVE [PATH] [--json]\nLists a directory of the archive (mode, size,"
+	                      " stored bytes, step or -, mtime, name) or one file;\nnumbered names in numeric order"
+	                      " (checkpoint-200 before checkpoint-1000).\n", 1, 2, OPT_JSON);
 	if (rc)
 		return rc == -1 ? 0 : 2;
 	ulp_archive *a = open_archive(&ao, 1);
@@ -418,13 +584,98 @@ int cmd_ls(int argc, char **argv)
 		return 1;
 	const char *path = ao.npos > 1 ? ao.pos[1] : "";
 	ulp_stat st;
+	lsctx l = {.json = ao.json, .first = 1};
 	int status = 0;
 	if (ulp_archive_stat(a, path, &st) < 0)
 		status = cli_fail("%s", ulp_archive_errmsg(a));
-	else if (st.is_dir)
-		status = ulp_archive_readdir(a, path, ls_line, NULL) < 0 ? cli_fail("%s", ulp_archive_errmsg(a)) : 0;
-	else
-		ls_line(NULL, path, &st);
+	else if (st.is_dir && (rc = ulp_archive_readdir(a, path, ls_collect, &l)) < 0)
+		status = cli_fail("%s", rc == -ULP_E_NOMEM ? "out of memory" : ulp_archive_errmsg(a));
+	else if (!st.is_dir && ls_collect(&l, path, &st) < 0)
+		status = cli_fail("out of memory");
+	if (status == 0) {
+		qsort(l.v, l.n, sizeof(*l.v), lsent_cmp);
+		if (l.json) /* text: no heading, so that an empty directory prints nothing */
+			printf("[");
+		for (size_t i = 0; i < l.n; i++)
+			ls_line(&l, l.v[i].name, &l.v[i].st);
+		if (l.json)
+			printf("%s]\n", l.n ? "\n" : "");
+	}
+	for (size_t i = 0; i < l.n; i++)
+		free(l.v[i].name);
+	free(l.v);
+	ulp_archive_close(a);
+	return status;
+}
+
+/* ---- steps ------------------------------------------------------------------ */
+
+typedef struct stctx {
+	int json, first;
+	char run[4096]; /* the run printed last (text: a heading per run) */
+	uint64_t steps;
+} stctx;
+
+static int step_line(void *arg, const ulp_step_info *si)
+{
+	stctx *c = arg;
+	double ratio = si->raw_bytes ? (double)si->stored_bytes / (double)si->raw_bytes : 0.0;
+	const char *name = si->dir + strlen(si->run) + (si->run[0] ? 1 : 0);
+	if (c->json) {
+		printf("%s\n  {\"run\": ", c->first ? "" : ",");
+		json_str(stdout, si->run);
+		printf(", \"step\": %lld, \"dir\": ", (long long)si->step);
+		json_str(stdout, si->dir);
+		printf(", \"files\": %llu, \"raw_bytes\": %llu, \"stored_bytes\": %llu, \"ratio\": %.6f,"
+		       " \"chain_depth\": %u}",
+		       (unsigned long long)si->files, (unsigned long long)si->raw_bytes,
+		       (unsigned long long)si->stored_bytes, ratio, si->chain_depth);
+	} else {
+		if (c->first || strcmp(c->run, si->run)) {
+			printf("%srun %s\n%10s %6s %14s %14s %7s %5s  %s\n", c->first ? "" : "\n", si->run[0] ? si->run : "/",
+			       "step", "files", "raw", "stored", "ratio", "depth", "directory");
+			snprintf(c->run, sizeof(c->run), "%s", si->run);
+		}
+		printf("%10lld %6llu %14llu %14llu %7.4f %5u  %s\n", (long long)si->step, (unsigned long long)si->files,
+		       (unsigned long long)si->raw_bytes, (unsigned long long)si->stored_bytes, ratio, si->chain_depth,
+		       name);
+	}
+	c->first = 0;
+	c->steps++;
+	return 0;
+}
+
+int cmd_steps(int argc, char **argv)
+{
+	aopts ao;
+	int rc = parse_common(argc, argv, &ao,
+	                      "usage: ulpack steps ARCHIVE [RUN] [--json]\n"
+	                      "Lists each run's steps in step order: files, raw and stored bytes, ratio and the\n"
+	                      "deepest delta chain. A step directory is named checkpoint-N, step_N, iter_N, ... or\n"
+	                      "digits only; a run directory holds step directories (see ulpack(1)).\n",
+	                      1, 2, OPT_JSON);
+	if (rc)
+		return rc == -1 ? 0 : 2;
+	ulp_archive *a = open_archive(&ao, 1);
+	if (!a)
+		return 1;
+	const char *prefix = ao.npos > 1 ? ao.pos[1] : "";
+	stctx c = {.json = ao.json, .first = 1};
+	ulp_stat st;
+	int status = 0;
+	if (ulp_archive_stat(a, prefix, &st) < 0) {
+		status = cli_fail("%s", ulp_archive_errmsg(a));
+	} else {
+		if (c.json)
+			printf("[");
+		rc = ulp_archive_steps(a, prefix, step_line, &c);
+		if (c.json)
+			printf("%s]\n", c.steps ? "\n" : "");
+		if (rc < 0)
+			status = cli_fail("%s", ulp_archive_errmsg(a));
+		else if (!c.json && !c.steps)
+			printf("no step directories under %s\n", prefix[0] ? prefix : "the archive's root");
+	}
 	ulp_archive_close(a);
 	return status;
 }
@@ -579,13 +830,10 @@ static int report(const char *dpath, const char *fmt, ...)
 	return -1;
 }
 
-static void mtime_times(int64_t mtime_ns, struct timespec ts[2])
+static void mtime_times(ulp_time mtime, struct timespec ts[2])
 {
 	ts[0] = (struct timespec){0, UTIME_OMIT};
-	int64_t sec;
-	long nsec;
-	ulp_time_split(mtime_ns, &sec, &nsec); /* floors: times before 1970 with a fraction */
-	ts[1] = (struct timespec){(time_t)sec, nsec};
+	ts[1] = (struct timespec){(time_t)mtime.sec, (long)mtime.nsec};
 }
 
 /* Creates a fresh temporary entry in dirfd (invariant 1) and writes its
@@ -628,7 +876,7 @@ static int finish_meta(ectx *e, int fd, const char *dpath, const ulp_stat *st)
 		mode &= ~(mode_t)S_ISGID;
 	if (fchmod(fd, mode) < 0)
 		rc = report(dpath, "cannot set mode %04o: %s", (unsigned)mode, strerror(errno));
-	mtime_times(st->mtime_ns, ts);
+	mtime_times(st->mtime, ts);
 	if (futimens(fd, ts) < 0)
 		rc = report(dpath, "cannot set mtime: %s", strerror(errno));
 	return rc;
@@ -687,7 +935,7 @@ static int export_symlink(ectx *e, int dirfd, const char *name, const char *apat
 		return report(dpath, "cannot create a symbolic link in its directory: %s", strerror(errno));
 	if (e->root && fchownat(dirfd, tmp, st->uid, st->gid, AT_SYMLINK_NOFOLLOW) < 0)
 		rc = report(dpath, "cannot restore owner %u:%u: %s", st->uid, st->gid, strerror(errno));
-	mtime_times(st->mtime_ns, ts);
+	mtime_times(st->mtime, ts);
 	if (utimensat(dirfd, tmp, ts, AT_SYMLINK_NOFOLLOW) < 0)
 		rc = report(dpath, "cannot set mtime: %s", strerror(errno));
 	if (renameat(dirfd, tmp, dirfd, name) < 0) {
@@ -859,10 +1107,13 @@ static int stat_file(void *arg, const char *path, const ulp_stat *st)
 		printf("%s\n    {\"path\": ", s->first ? "" : ",");
 		json_str(stdout, path);
 		printf(", \"raw_bytes\": %llu, \"stored_bytes\": %llu, \"ratio\": %.6f, \"step\": %lld,"
-		       " \"chain_depth\": %u, \"anchor\": %s, \"safetensors\": %s, \"sha256\": \"%s\"}",
+		       " \"chain_depth\": %u, \"anchor\": %s, \"safetensors\": %s, \"kind\": \"%s\","
+		       " \"sha256\": \"%s\", \"mtime_sec\": %lld, \"mtime_nsec\": %u}",
 		       (unsigned long long)st->size, (unsigned long long)st->stored_bytes, ratio,
 		       (long long)st->step, st->chain_depth, st->anchor ? "true" : "false",
-		       st->kind ? "true" : "false", sha);
+		       st->kind == 1 ? "true" : "false",
+		       st->kind == 1 ? "safetensors" : st->kind == 2 ? "torch" : "opaque", sha,
+		       (long long)st->mtime.sec, (unsigned)st->mtime.nsec);
 	} else {
 		printf("%14llu %14llu %7.4f %8lld %5u %s %s\n", (unsigned long long)st->size,
 		       (unsigned long long)st->stored_bytes, ratio, (long long)st->step, st->chain_depth,
@@ -975,18 +1226,33 @@ int cmd_stat(int argc, char **argv)
 
 /* ---- verify, rm, gc ------------------------------------------------------------ */
 
+typedef struct vjson {
+	int json;
+	unsigned long n; /* damaged entries printed */
+} vjson;
+
 static void print_bad(void *arg, const char *path, const char *why)
 {
-	(void)arg;
-	printf("DAMAGED %s: %s\n", path, why);
+	vjson *v = arg;
+	if (v->json) {
+		printf("%s\n    {\"path\": ", v->n ? "," : "");
+		json_str(stdout, path);
+		printf(", \"why\": ");
+		json_str(stdout, why);
+		printf("}");
+	} else {
+		printf("DAMAGED %s: %s\n", path, why);
+	}
+	v->n++;
 }
 
 int cmd_verify(int argc, char **argv)
 {
 	aopts ao;
 	int rc = parse_common(argc, argv, &ao,
-	                      "usage: ulpack verify ARCHIVE [PATH] [--cache-size S] [--threads N]\nDecodes every file (under PATH) and checks"
-	                      " its sha256; exit status 1 and a list of damaged files if any fails.\n", 1, 2, OPT_DECODE);
+	                      "usage: ulpack verify ARCHIVE [PATH] [--json] [--cache-size S] [--threads N]\nDecodes every file (under PATH) and checks"
+	                      " its sha256; exit status 1 and a list of damaged files if any fails.\n", 1, 2,
+	                      OPT_DECODE | OPT_JSON);
 	if (rc)
 		return rc == -1 ? 0 : 2;
 	ulp_archive *a = open_archive(&ao, 1);
@@ -995,19 +1261,31 @@ int cmd_verify(int argc, char **argv)
 	ulp_report r;
 	ulp_stat st;
 	const char *path = ao.npos > 1 ? ao.pos[1] : "";
-	int64_t bad;
+	int64_t bad = 0;
 	int status = 0;
+	vjson v = {ao.json, 0};
 	/* a PATH that names nothing verifies nothing: an error, not "all match" */
-	if (ulp_archive_stat(a, path, &st) < 0 || ulp_archive_report(a, path, NULL, NULL, &r) < 0)
+	if (ulp_archive_stat(a, path, &st) < 0 || ulp_archive_report(a, path, NULL, NULL, &r) < 0) {
 		status = cli_fail("%s", ulp_archive_errmsg(a));
-	else if ((bad = ulp_archive_verify(a, path, print_bad, NULL)) < 0)
-		status = cli_fail("%s", ulp_archive_errmsg(a));
-	else if (bad > 0) {
-		printf("%lld of %llu files damaged\n", (long long)bad, (unsigned long long)r.files);
-		status = 1;
 	} else {
-		printf("verified %llu files, %llu bytes: all sha256 match\n", (unsigned long long)r.files,
-		       (unsigned long long)r.raw_bytes);
+		if (v.json)
+			printf("{\n  \"damaged\": [");
+		bad = ulp_archive_verify(a, path, print_bad, &v);
+		if (v.json)
+			printf("%s],\n  \"files\": %llu,\n  \"raw_bytes\": %llu,\n  \"damaged_count\": %lld,\n"
+			       "  \"ok\": %s\n}\n", v.n ? "\n  " : "", (unsigned long long)r.files,
+			       (unsigned long long)r.raw_bytes, (long long)(bad < 0 ? (int64_t)v.n : bad),
+			       bad == 0 ? "true" : "false");
+		if (bad < 0)
+			status = cli_fail("%s", ulp_archive_errmsg(a));
+		else if (bad > 0) {
+			if (!v.json)
+				printf("%lld of %llu files damaged\n", (long long)bad, (unsigned long long)r.files);
+			status = 1;
+		} else if (!v.json) {
+			printf("verified %llu files, %llu bytes: all sha256 match\n", (unsigned long long)r.files,
+			       (unsigned long long)r.raw_bytes);
+		}
 	}
 	ulp_archive_close(a);
 	return status;
@@ -1103,9 +1381,11 @@ int cmd_gc(int argc, char **argv)
 	if (ulp_archive_gc(a, &r) < 0)
 		status = cli_fail("%s", ulp_archive_errmsg(a));
 	else
-		printf("gc: %llu blobs dropped, %llu packs removed, %llu rewritten, %llu bytes reclaimed\n",
+		printf("gc: %llu blobs dropped, %llu packs removed, %llu rewritten, %llu bytes reclaimed,"
+		       " %llu blobs re-based\n",
 		       (unsigned long long)r.blobs_removed, (unsigned long long)r.packs_removed,
-		       (unsigned long long)r.packs_rewritten, (unsigned long long)r.bytes_reclaimed);
+		       (unsigned long long)r.packs_rewritten, (unsigned long long)r.bytes_reclaimed,
+		       (unsigned long long)r.blobs_rebased);
 	ulp_archive_close(a);
 	return status;
 }

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * cmd_bench.c - `ulpack bench REF TARGET`: codes every tensor of TARGET
- * against the same tensor of REF, checks the round trip byte for byte and
+ * (safetensors, or the storages of a torch.save zip) against the same tensor
+ * of REF, checks the round trip byte for byte and
  * byte identity across thread counts, and reports sizes and speeds next to
  * zstd -3/-19 on the byte-grouped XOR and memcpy, all measured in this run.
  * Speeds are medians of several repetitions; MB/s count raw bytes (10^6).
@@ -15,8 +16,26 @@
 #include <unistd.h>
 #include <zstd.h>
 
+/* A file's tensors, whichever format: safetensors or torch.save zip. */
+typedef struct tens {
+	const char *name;
+	const char *dtype_name;
+	ulp_dtype dt;
+	const uint8_t *p;
+	size_t bytes;
+} tens;
+
+typedef struct tfile {
+	uint8_t *buf;
+	size_t len;
+	ulp_st *st;               /* one of st, tz owns the names */
+	ulp_tz *tz;
+	tens *t;
+	size_t n;
+} tfile;
+
 typedef struct pair {
-	const ulp_st_tensor *t;
+	const tens *t;
 	ulp_dtype dt;
 	const uint8_t *src, *ref; /* ref NULL: no same-named tensor of the same size */
 	uint8_t ref_sha[ULP_SHA256_LEN];
@@ -268,8 +287,9 @@ static void text_group(const group *g)
 static void usage(FILE *f)
 {
 	fprintf(f,
-	        "usage: ulpack bench REF.safetensors TARGET.safetensors [--json] [--threads N]\n"
+	        "usage: ulpack bench REF TARGET [--json] [--threads N]\n"
 	        "                    [--reps R] [--min-time SECONDS] [--cpu scalar|avx2|avx512] [--quick]\n"
+	        "REF and TARGET: two safetensors files, or two torch.save files (their storages).\n"
 	        "Codes each tensor of TARGET against the same-named tensor of REF, decodes it,\n"
 	        "checks byte identity, and reports per dtype and in total: raw and ULPack bytes,\n"
 	        "bits/weight, the model bound, zstd -19/-3 on the byte-grouped XOR, and encode and\n"
@@ -279,18 +299,57 @@ static void usage(FILE *f)
 	        "thread encode, decode and import (of REF then TARGET) outside parallel regions.\n");
 }
 
-static int load(const char *path, uint8_t **buf, size_t *len, ulp_st **st)
+static void tfile_free(tfile *f)
+{
+	ulp_st_free(f->st);
+	ulp_tz_free(f->tz);
+	free(f->t);
+	free(f->buf);
+	memset(f, 0, sizeof(*f));
+}
+
+/* A ZIP (local header signature first) is read as torch.save, anything
+ * else as safetensors. */
+static int load(const char *path, tfile *f)
 {
 	char err[256];
-	if (cli_read_file(path, buf, len) < 0)
+	memset(f, 0, sizeof(*f));
+	if (cli_read_file(path, &f->buf, &f->len) < 0)
 		return -1;
-	int rc = ulp_st_parse(*buf, *len, *len, st, NULL, err, sizeof(err));
+	int zip = f->len >= 4 && memcmp(f->buf, "PK\3\4", 4) == 0;
+	int rc = zip ? ulp_tz_parse_mem(f->buf, f->len, &f->tz, err, sizeof(err))
+	             : ulp_st_parse(f->buf, f->len, f->len, &f->st, NULL, err, sizeof(err));
 	if (rc < 0) {
-		cli_fail("%s: not a valid safetensors file: %s", path, rc == -ULP_E_CORRUPT ? err : ulp_strerror(rc));
-		free(*buf);
+		cli_fail("%s: not a valid %s file: %s", path, zip ? "torch.save" : "safetensors",
+		         rc == -ULP_E_CORRUPT ? err : ulp_strerror(rc));
+		tfile_free(f);
 		return -1;
 	}
+	f->n = f->st ? ulp_st_count(f->st) : ulp_tz_count(f->tz);
+	if (!(f->t = calloc(f->n ? f->n : 1, sizeof(tens)))) {
+		tfile_free(f);
+		return cli_fail("out of memory");
+	}
+	for (size_t i = 0; i < f->n; i++) {
+		if (f->st) {
+			const ulp_st_tensor *t = ulp_st_tensor_at(f->st, i);
+			f->t[i] = (tens){t->name, t->dtype_name, t->dtype,
+			                 f->buf + ulp_st_data_offset(f->st) + t->begin, (size_t)(t->end - t->begin)};
+		} else {
+			const ulp_tz_storage *t = ulp_tz_at(f->tz, i);
+			f->t[i] = (tens){t->name, ulp_dtype_name(t->dtype), t->dtype, f->buf + t->offset,
+			                 (size_t)t->length};
+		}
+	}
 	return 0;
+}
+
+static const tens *tfind(const tfile *f, const char *name)
+{
+	for (size_t i = 0; i < f->n; i++)
+		if (!strcmp(f->t[i].name, name))
+			return &f->t[i];
+	return NULL;
 }
 
 int cmd_bench(int argc, char **argv)
@@ -352,14 +411,11 @@ int cmd_bench(int argc, char **argv)
 	}
 	if (reps < 1)
 		reps = 1;
-	uint8_t *rbuf, *tbuf;
-	size_t rlen, tlen;
-	ulp_st *rst, *tst;
-	if (load(paths[0], &rbuf, &rlen, &rst) < 0)
+	tfile rf, tf;
+	if (load(paths[0], &rf) < 0)
 		return 1;
-	if (load(paths[1], &tbuf, &tlen, &tst) < 0) {
-		ulp_st_free(rst);
-		free(rbuf);
+	if (load(paths[1], &tf) < 0) {
+		tfile_free(&rf);
 		return 1;
 	}
 	ulp_set_cpu_mask(cpu);
@@ -368,7 +424,7 @@ int cmd_bench(int argc, char **argv)
 	int rc = ulp_pool_new(threads, &pool);
 	if (rc < 0)
 		return cli_fail("cannot start threads: %s", ulp_strerror(rc));
-	size_t n = ulp_st_count(tst);
+	size_t n = tf.n;
 	pair *pairs = calloc(n ? n : 1, sizeof(pair));
 	pair **order = calloc(n ? n : 1, sizeof(pair *));
 	group groups[ULP_DT__COUNT + 1];
@@ -376,14 +432,13 @@ int cmd_bench(int argc, char **argv)
 	int status = 0;
 	for (size_t i = 0; i < n; i++) {
 		pair *p = &pairs[i];
-		p->t = ulp_st_tensor_at(tst, i);
-		p->dt = p->t->dtype;
-		p->bytes = (size_t)(p->t->end - p->t->begin);
-		p->src = tbuf + ulp_st_data_offset(tst) + p->t->begin;
-		const ulp_st_tensor *r = ulp_st_find(rst, p->t->name);
-		if (r && r->dtype == p->dt && r->end - r->begin == p->bytes &&
-		    strcmp(r->dtype_name, p->t->dtype_name) == 0)
-			p->ref = rbuf + ulp_st_data_offset(rst) + r->begin;
+		p->t = &tf.t[i];
+		p->dt = p->t->dt;
+		p->bytes = p->t->bytes;
+		p->src = p->t->p;
+		const tens *r = tfind(&rf, p->t->name);
+		if (r && r->dt == p->dt && r->bytes == p->bytes && strcmp(r->dtype_name, p->t->dtype_name) == 0)
+			p->ref = r->p;
 		if (p->ref)
 			ulp_sha256(p->ref, p->bytes, p->ref_sha);
 		p->blob_cap = ulp_encode_bound(p->dt, p->bytes, NULL);
@@ -550,9 +605,7 @@ out:
 	free(order);
 	free(pairs);
 	ulp_pool_free(pool);
-	ulp_st_free(rst);
-	ulp_st_free(tst);
-	free(rbuf);
-	free(tbuf);
+	tfile_free(&rf);
+	tfile_free(&tf);
 	return status;
 }

@@ -17,15 +17,17 @@ static const struct {
 	const char *summary;
 } commands[] = {
 	{"init", cmd_init, "ARCHIVE: create an empty archive"},
-	{"import", cmd_import, "ARCHIVE SRC_DIR [--prefix P]: archive a directory tree, in step order"},
-	{"ls", cmd_ls, "ARCHIVE [PATH]: list a directory of the archive"},
+	{"import", cmd_import, "ARCHIVE SRC_DIR [--prefix P] [--json]: archive a directory tree, in step order"},
+	{"ls", cmd_ls, "ARCHIVE [PATH] [--json]: list a directory of the archive, numbered names in numeric order"},
+	{"steps", cmd_steps, "ARCHIVE [RUN] [--json]: each run's steps: raw and stored bytes, ratio, chain depth"},
 	{"cat", cmd_cat, "ARCHIVE PATH: write a file's original bytes to stdout"},
-	{"export", cmd_export, "ARCHIVE PATH DEST: write a file or a tree out, with modes and mtimes"},
+	{"export", cmd_export, "ARCHIVE PATH DEST: write a file, a step or a tree out as plain files (no FUSE needed)"},
 	{"stat", cmd_stat, "ARCHIVE [PATH] [--json]: sizes, ratios, bits/weight, chain depths"},
-	{"verify", cmd_verify, "ARCHIVE [PATH]: decode everything and check every sha256"},
+	{"verify", cmd_verify, "ARCHIVE [PATH] [--json]: decode everything and check every sha256"},
 	{"rm", cmd_rm, "ARCHIVE PATH [-r] | ARCHIVE --all: remove a file, a tree or everything (space returns with gc)"},
 	{"gc", cmd_gc, "ARCHIVE: drop what nothing reaches, rewrite sparse packs"},
-	{"bench", cmd_bench, "REF.safetensors TARGET.safetensors [--json] [--threads N]: codec benchmark"},
+	{"forget", cmd_forget, "ARCHIVE RUN --keep-last N --keep-every K [--keep STEP]: thin a run, free space"},
+	{"bench", cmd_bench, "REF TARGET [--json] [--threads N]: codec benchmark (safetensors or torch.save pairs)"},
 	{"synth", cmd_synth, "OUTDIR [--steps N] [--dtype D]: write a synthetic training trajectory"},
 };
 

@@ -54,6 +54,7 @@
 #include <fuse_lowlevel.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,7 +75,7 @@ typedef struct node {
 	int handles;           /* open handles */
 	int dirty;             /* written since staged */
 	ulp_meta meta;
-	int mtime_set;         /* utimens set meta.mtime_ns explicitly */
+	int mtime_set;         /* utimens set meta.mtime explicitly */
 	uint64_t writes;       /* bumped by every write: a commit knows if it missed one */
 	uint64_t attrs;        /* bumped by every chmod/chown/utimens, likewise */
 	int synced;            /* durable in staging under path (ulp_stage_sync) */
@@ -100,6 +101,9 @@ static struct {
 	ulp_archive *a;
 	char *archive;
 	int read_only, foreground;
+	int no_latest;         /* -o nolatest: no `latest` symlinks */
+	int lock_fd;           /* the mount lock (read-write mounts), or -1 */
+	unsigned kept;         /* files left staged at unmount (exit status 1) */
 	uint64_t cache_size;
 	unsigned max_chain;
 	int threads;
@@ -113,6 +117,7 @@ static struct {
 	node *qhead, *qtail;
 	unsigned qlen;         /* queued plus the one being archived */
 	int qstop, committer_on;
+	int rebase_wanted;     /* the index may have queued re-basing work (recode.c) */
 	int qerr;              /* errno of a failed background commit, not reported yet */
 	pthread_t committer;
 } fs = {.mu = PTHREAD_MUTEX_INITIALIZER, .qcv = PTHREAD_COND_INITIALIZER};
@@ -136,20 +141,10 @@ static const char *rel(const char *path)
 	return path;
 }
 
-static int64_t now_ns(void)
+static void set_time(struct timespec *t, ulp_time u)
 {
-	struct timespec t;
-	clock_gettime(CLOCK_REALTIME, &t);
-	return ulp_time_ns(t.tv_sec, t.tv_nsec);
-}
-
-static void set_time(struct timespec *t, int64_t ns)
-{
-	int64_t sec;
-	long nsec;
-	ulp_time_split(ns, &sec, &nsec); /* 0 <= tv_nsec < 1e9, also before 1970 */
-	t->tv_sec = (time_t)sec;
-	t->tv_nsec = nsec;
+	t->tv_sec = (time_t)u.sec; /* a 64-bit time_t holds every second of a ulp_time */
+	t->tv_nsec = (long)u.nsec;
 }
 
 /* libfuse's name for a file unlinked while open (invariant 5):
@@ -241,7 +236,7 @@ static int commit_node(node *n, const char *path, int drop)
 	ulp_meta m = n->meta;
 	struct stat sb;
 	if (!n->mtime_set && fstat(ulp_stage_fd(n->stage), &sb) == 0)
-		m.mtime_ns = ulp_time_ns(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
+		m.mtime = ulp_time_make(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
 	char *dst = strdup(path);
 	if (!dst)
 		return -ENOMEM;
@@ -256,6 +251,8 @@ static int commit_node(node *n, const char *path, int drop)
 		free(dst);
 		return err_of(rc);
 	}
+	fs.rebase_wanted = 1; /* the committer re-bases when idle */
+	pthread_cond_broadcast(&fs.qcv);
 	if (!n->path) { /* unlinked while it was being archived */
 		ulp_archive_remove(fs.a, dst);
 	} else {
@@ -286,7 +283,7 @@ static ulp_meta node_meta(node *n)
 	ulp_meta m = n->meta;
 	struct stat sb;
 	if (!n->mtime_set && fstat(ulp_stage_fd(n->stage), &sb) == 0)
-		m.mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+		m.mtime = ulp_time_make(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
 	return m;
 }
 
@@ -327,14 +324,38 @@ static void enqueue(node *n)
 	pthread_cond_broadcast(&fs.qcv);
 }
 
+/* After a rename (fs.mu not held): wakes the committer to re-base. */
+static void want_rebase(void)
+{
+	pthread_mutex_lock(&fs.mu);
+	fs.rebase_wanted = 1;
+	pthread_cond_broadcast(&fs.qcv);
+	pthread_mutex_unlock(&fs.mu);
+}
+
+/* Re-bases in the background (fs.mu held; released meanwhile): a failure
+ * leaves the work queued in the index for the next time. */
+static void rebase_pending(void)
+{
+	fs.rebase_wanted = 0;
+	pthread_mutex_unlock(&fs.mu);
+	if (ulp_archive_rebase_pending(fs.a, NULL, NULL, NULL) < 0)
+		fprintf(stderr, "ulpackfs: re-basing: %s\n", ulp_archive_errmsg(fs.a));
+	pthread_mutex_lock(&fs.mu);
+}
+
 /* The committer thread: archives queued nodes in order (invariant 4). */
 static void *committer(void *arg)
 {
 	(void)arg;
 	pthread_mutex_lock(&fs.mu);
 	for (;;) {
-		while (!fs.qhead && !fs.qstop)
+		while (!fs.qhead && !fs.qstop && !fs.rebase_wanted)
 			pthread_cond_wait(&fs.qcv, &fs.mu);
+		if (!fs.qhead && !fs.qstop) { /* idle, and renames or commits queued work */
+			rebase_pending();
+			continue;
+		}
 		node *n = fs.qhead;
 		if (!n)
 			break; /* stopping, and nothing left */
@@ -358,6 +379,7 @@ static void *committer(void *arg)
 		fs.qlen--;
 		pthread_cond_broadcast(&fs.qcv);
 	}
+	rebase_pending(); /* at unmount: the last renames */
 	pthread_mutex_unlock(&fs.mu);
 	return NULL;
 }
@@ -380,7 +402,7 @@ static void fill_stat(const ulp_stat *s, struct stat *st)
 	st->st_blksize = 1 << 20;
 	/* du shows what the archive really holds for this file */
 	st->st_blocks = (blkcnt_t)((s->is_dir || s->is_symlink ? 0 : s->stored_bytes + 511) / 512);
-	set_time(&st->st_mtim, s->mtime_ns);
+	set_time(&st->st_mtim, s->mtime);
 	st->st_atim = st->st_ctim = st->st_mtim;
 }
 
@@ -398,7 +420,7 @@ static int node_stat(node *n, struct stat *st)
 	st->st_blocks = sb.st_blocks;
 	st->st_blksize = 1 << 20;
 	if (n->mtime_set) {
-		set_time(&st->st_mtim, n->meta.mtime_ns);
+		set_time(&st->st_mtim, n->meta.mtime);
 	} else {
 		st->st_mtim = sb.st_mtim;
 	}
@@ -455,6 +477,7 @@ static void ulpfs_destroy(void *p)
 		if (n->path && n->dirty) {
 			/* could not be archived (a full disk): keep it for the next
 			 * mount's recovery rather than lose it */
+			fs.kept++;
 			if (ulp_stage_sync(n->stage, n->path, &n->meta) == 0) {
 				syslog(LOG_ERR, "ulpackfs: %s: kept in %s/staging, archived at the next mount",
 				       n->path, fs.archive);
@@ -476,6 +499,43 @@ static void ulpfs_destroy(void *p)
 		free(g);
 	}
 	pthread_mutex_unlock(&fs.mu);
+}
+
+/*
+ * `latest`: in each run directory (ulp_archive_latest), a read-only symlink
+ * to its highest step directory, unless a real entry has that name (in the
+ * archive, or staged). 1 and its target if p is one, else 0.
+ */
+static int virtual_latest(const char *p, char *target, size_t cap)
+{
+	const char *slash = strrchr(p, '/');
+	const char *name = slash ? slash + 1 : p;
+	char dir[ULP_PATH_MAX + 1];
+	if (fs.no_latest || strcmp(name, "latest") || (size_t)(name - p) > sizeof(dir))
+		return 0;
+	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - p) : 0, p);
+	pthread_mutex_lock(&fs.mu);
+	int real = find_node(p) != NULL;
+	pthread_mutex_unlock(&fs.mu);
+	return !real && ulp_archive_latest(fs.a, dir, target, cap) == 0;
+}
+
+/* The stat of p's `latest` (target: its step directory's name): owner and
+ * mtime of that directory, mode 0444 (read-only). */
+static void latest_stat(const char *p, const char *target, struct stat *st)
+{
+	char tp[ULP_PATH_MAX + 1];
+	ulp_stat ts;
+	const char *slash = strrchr(p, '/');
+	snprintf(tp, sizeof(tp), "%.*s%s%s", slash ? (int)(slash - p) : 0, p, slash ? "/" : "", target);
+	if (ulp_archive_stat(fs.a, tp, &ts) == 0)
+		fill_stat(&ts, st);
+	else
+		memset(st, 0, sizeof(*st));
+	st->st_mode = S_IFLNK | 0444;
+	st->st_nlink = 1;
+	st->st_size = (off_t)strlen(target);
+	st->st_blocks = 0;
 }
 
 static int ulpfs_getattr(const char *path, struct stat *st, struct fuse_file_info *fi)
@@ -508,6 +568,11 @@ static int ulpfs_getattr(const char *path, struct stat *st, struct fuse_file_inf
 		return rc;
 	ulp_stat s;
 	rc = ulp_archive_stat(fs.a, p, &s);
+	char target[ULP_NAME_MAX + 1];
+	if (rc == -ULP_E_NOENT && virtual_latest(p, target, sizeof(target))) {
+		latest_stat(p, target, st);
+		return 0;
+	}
 	if (rc < 0)
 		return err_of(rc);
 	fill_stat(&s, st);
@@ -565,6 +630,13 @@ static int ulpfs_readdir(const char *path, void *buf, fuse_fill_dir_t filler, of
 		}
 	}
 	pthread_mutex_unlock(&fs.mu);
+	char lp[ULP_PATH_MAX + 8], target[ULP_NAME_MAX + 1];
+	snprintf(lp, sizeof(lp), "%s%slatest", p, p[0] ? "/" : "");
+	if (virtual_latest(lp, target, sizeof(target))) {
+		struct stat st;
+		latest_stat(lp, target, &st);
+		filler(buf, "latest", &st, 0, FUSE_FILL_DIR_PLUS);
+	}
 	return 0;
 }
 
@@ -605,7 +677,7 @@ static int open_handle(const char *p, struct fuse_file_info *fi, int create, mod
 			goto out;
 		}
 		struct fuse_context *cx = fuse_get_context();
-		ulp_meta m = {exists ? s.mode & 07777 : (mode & 07777), cx ? cx->uid : 0, cx ? cx->gid : 0, now_ns()};
+		ulp_meta m = {exists ? s.mode & 07777 : (mode & 07777), cx ? cx->uid : 0, cx ? cx->gid : 0, ulp_time_now()};
 		if (exists) {
 			m.uid = s.uid;
 			m.gid = s.gid;
@@ -681,7 +753,7 @@ static int reattach(handle *h)
 		if (r < 0) {
 			rc = err_of(r);
 		} else {
-			ulp_meta m = {exists ? s.mode & 07777 : 0644, exists ? s.uid : 0, exists ? s.gid : 0, now_ns()};
+			ulp_meta m = {exists ? s.mode & 07777 : 0644, exists ? s.uid : 0, exists ? s.gid : 0, ulp_time_now()};
 			n = new_node(h->path, st, &m);
 			if (!n) {
 				ulp_stage_discard(st);
@@ -1039,6 +1111,8 @@ static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 		}
 	pthread_mutex_unlock(&fs.mu);
 	rc = ulp_archive_rename(fs.a, f, t);
+	if (rc == 0)
+		want_rebase();
 	return rc < 0 ? err_of(rc) : 0;
 }
 
@@ -1077,6 +1151,9 @@ static int ulpfs_unlink(const char *path)
 	int rc = ulp_archive_remove(fs.a, p);
 	if (rc == -ULP_E_NOENT && n)
 		return 0;
+	char target[ULP_NAME_MAX + 1];
+	if (rc == -ULP_E_NOENT && virtual_latest(p, target, sizeof(target)))
+		return 0; /* computed, nothing to remove: rsync --delete carries on */
 	return rc < 0 ? err_of(rc) : 0;
 }
 
@@ -1085,7 +1162,7 @@ static int ulpfs_mkdir(const char *path, mode_t mode)
 	if (fs.read_only)
 		return -EROFS;
 	struct fuse_context *cx = fuse_get_context();
-	ulp_meta m = {mode & 07777, cx->uid, cx->gid, now_ns()};
+	ulp_meta m = {mode & 07777, cx->uid, cx->gid, ulp_time_now()};
 	int rc = ulp_archive_mkdir(fs.a, rel(path), &m);
 	return rc < 0 ? err_of(rc) : 0;
 }
@@ -1118,7 +1195,7 @@ static int ulpfs_symlink(const char *target, const char *path)
 	if (fs.read_only)
 		return -EROFS;
 	struct fuse_context *cx = fuse_get_context();
-	ulp_meta m = {0777, cx->uid, cx->gid, now_ns()};
+	ulp_meta m = {0777, cx->uid, cx->gid, ulp_time_now()};
 	int rc = ulp_archive_symlink(fs.a, rel(path), target, &m);
 	return rc < 0 ? err_of(rc) : 0;
 }
@@ -1126,6 +1203,11 @@ static int ulpfs_symlink(const char *target, const char *path)
 static int ulpfs_readlink(const char *path, char *buf, size_t size)
 {
 	int rc = ulp_archive_readlink(fs.a, rel(path), buf, size);
+	char target[ULP_NAME_MAX + 1];
+	if (rc == -ULP_E_NOENT && size > 0 && virtual_latest(rel(path), target, sizeof(target))) {
+		snprintf(buf, size, "%s", target); /* truncated as readlink(2) does */
+		return 0;
+	}
 	return rc < 0 ? err_of(rc) : 0;
 }
 
@@ -1158,7 +1240,7 @@ static int setattr(const char *path, unsigned which, const ulp_meta *m, struct f
 				n->meta.gid = m->gid;
 		}
 		if (which & ULP_SET_MTIME) {
-			n->meta.mtime_ns = m->mtime_ns;
+			n->meta.mtime = m->mtime;
 			n->mtime_set = 1;
 		}
 		n->attrs++;
@@ -1185,7 +1267,7 @@ static int setattr(const char *path, unsigned which, const ulp_meta *m, struct f
 		if ((which & ULP_SET_OWNER) && m->gid != (uint32_t)-1)
 			g->st.gid = m->gid;
 		if (which & ULP_SET_MTIME)
-			g->st.mtime_ns = m->mtime_ns;
+			g->st.mtime = m->mtime;
 		pthread_mutex_unlock(&fs.mu);
 		return 0;
 	}
@@ -1220,7 +1302,7 @@ static int ulpfs_utimens(const char *path, const struct timespec tv[2], struct f
 {
 	if (tv[1].tv_nsec == UTIME_OMIT)
 		return 0;
-	ulp_meta m = {.mtime_ns = tv[1].tv_nsec == UTIME_NOW ? now_ns() : ulp_time_ns(tv[1].tv_sec, tv[1].tv_nsec)};
+	ulp_meta m = {.mtime = tv[1].tv_nsec == UTIME_NOW ? ulp_time_now() : ulp_time_make(tv[1].tv_sec, tv[1].tv_nsec)};
 	return setattr(path, ULP_SET_MTIME, &m, fi);
 }
 
@@ -1272,8 +1354,9 @@ static int ulpfs_getxattr(const char *path, const char *name, char *value, size_
 		return xattr_reply(value, size, v);
 	}
 	int rc = ulp_archive_stat(fs.a, rel(path), &s);
-	if (rc < 0)
-		return staged(rel(path)) ? -ENODATA : err_of(rc); /* not archived yet */
+	char target[ULP_NAME_MAX + 1];
+	if (rc < 0) /* not archived yet, or `latest`: no attributes */
+		return staged(rel(path)) || virtual_latest(rel(path), target, sizeof(target)) ? -ENODATA : err_of(rc);
 	if (s.is_dir || s.is_symlink)
 		return -ENODATA;
 	if (!strcmp(name, xattrs[0]))
@@ -1296,9 +1379,19 @@ static int ulpfs_getxattr(const char *path, const char *name, char *value, size_
 static int ulpfs_listxattr(const char *path, char *list, size_t size)
 {
 	ulp_stat s;
+	if (!rel(path)[0]) { /* the root: the decode counters (getxattr) */
+		static const char root_attr[] = "user.ulpack.counters";
+		if (size == 0)
+			return (int)sizeof(root_attr);
+		if (size < sizeof(root_attr))
+			return -ERANGE;
+		memcpy(list, root_attr, sizeof(root_attr));
+		return (int)sizeof(root_attr);
+	}
 	int rc = ulp_archive_stat(fs.a, rel(path), &s);
-	if (rc < 0)
-		return staged(rel(path)) ? 0 : err_of(rc); /* not archived yet: no attributes */
+	char target[ULP_NAME_MAX + 1];
+	if (rc < 0) /* not archived yet, or `latest`: no attributes */
+		return staged(rel(path)) || virtual_latest(rel(path), target, sizeof(target)) ? 0 : err_of(rc);
 	if (s.is_dir || s.is_symlink)
 		return 0;
 	size_t need = 0;
@@ -1352,11 +1445,12 @@ static const struct fuse_operations ulpfs_ops = {
 
 /* ---- options and main -------------------------------------------------------- */
 
-enum { KEY_HELP, KEY_VERSION, KEY_RO, KEY_ALLOW_OTHER, KEY_DEFAULT_PERMISSIONS };
+enum { KEY_HELP, KEY_VERSION, KEY_RO, KEY_ALLOW_OTHER, KEY_DEFAULT_PERMISSIONS, KEY_FSNAME };
 
 static struct opts {
 	char *cache_size, *max_chain, *threads, *readahead;
-	int allow_other, default_permissions, no_permission_checks;
+	int allow_other, default_permissions, no_permission_checks, nolatest;
+	int fsname;            /* the user gave -o fsname= */
 } o;
 
 static const struct fuse_opt ulpfs_opts[] = {
@@ -1368,6 +1462,8 @@ static const struct fuse_opt ulpfs_opts[] = {
 	FUSE_OPT_KEY("allow_other", KEY_ALLOW_OTHER),
 	FUSE_OPT_KEY("default_permissions", KEY_DEFAULT_PERMISSIONS),
 	{"no_permission_checks", offsetof(struct opts, no_permission_checks), 1},
+	{"nolatest", offsetof(struct opts, nolatest), 1},
+	FUSE_OPT_KEY("fsname=", KEY_FSNAME),
 	FUSE_OPT_KEY("-h", KEY_HELP),
 	FUSE_OPT_KEY("--help", KEY_HELP),
 	FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -1387,6 +1483,8 @@ static void usage(FILE *f)
 	        "  -o threads=N         decode threads and FUSE worker threads (default: one per CPU)\n"
 	        "  -o readahead=SIZE    kernel read-ahead of this mount (default 4M; 0: the kernel's)\n"
 	        "  -o ro                read-only\n"
+	        "  -o nolatest          no `latest` symlink in run directories (see ulpackfs(1))\n"
+	        "  -o fsname=NAME       source shown by findmnt and df (default: the archive's path)\n"
 	        "  -o allow_other       let other users in; implies default_permissions (the kernel\n"
 	        "                       checks modes and owners) unless -o no_permission_checks\n"
 	        "  -f                   stay in the foreground; -d for debug output\n"
@@ -1414,6 +1512,9 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
 	case KEY_DEFAULT_PERMISSIONS:
 		o.default_permissions = 1;
 		return 1;
+	case KEY_FSNAME:
+		o.fsname = 1;
+		return 1; /* for the kernel: findmnt and df show it */
 	case FUSE_OPT_KEY_NONOPT:
 		if (!fs.archive) {
 			fs.archive = realpath(arg, NULL);
@@ -1514,33 +1615,48 @@ static int parse_count(const char *name, const char *v, long min, long max, long
 	return 0;
 }
 
-/* A mount point that is already a mount point is busy. */
 /*
- * One read-write mount of an archive at a time: its daemon holds an
- * exclusive flock on ARCHIVE/mount.lock for its whole life (the lock
- * survives the daemonizing fork and goes with the process). After
- * `fusermount3 -u` the daemon still archives what is queued; a new mount
- * waits here (up to a minute) until it has finished, rather than recovering
- * its staged files under it or missing the files it has not committed yet.
+ * One read-write mount of an archive at a time (ulp_mount_lock). A second
+ * mount while the first is mounted fails at once, naming its mount point and
+ * pid. After `fusermount3 -u` the old daemon still archives what is queued
+ * and holds the lock until it exits: a new mount then waits (up to a
+ * minute), saying so, rather than recovering its staged files under it.
+ * Returns the lock's descriptor, or -1 (printed).
  */
 static int lock_archive(const char *dir)
 {
-	char p[4200];
-	snprintf(p, sizeof(p), "%s/mount.lock", dir);
-	int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600); /* private, as every archive file (archive.c) */
-	if (fd < 0)
-		return -errno;
-	for (int i = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; i++) {
-		if (errno != EWOULDBLOCK || i >= 600) {
-			int e = errno == EWOULDBLOCK ? EBUSY : errno;
-			close(fd);
-			return -e;
+	char err[1024];
+	ulp_mount_owner h;
+	int fd, said = 0;
+	for (int i = 0;; i++) {
+		int rc = ulp_mount_lock(dir, &fd, &h, err, sizeof(err));
+		if (rc == 0)
+			return fd;
+		if (rc != -ULP_E_BUSY) {
+			fprintf(stderr, "ulpackfs: %s\n", err);
+			return -1;
 		}
-		if (i == 10)
-			fprintf(stderr, "ulpackfs: %s: waiting for the ulpackfs that had it mounted to finish archiving\n", dir);
+		if (h.mounted) {
+			fprintf(stderr, "ulpackfs: %s: already mounted read-write on %s by ulpackfs pid %ld"
+			        " (unmount it first: fusermount3 -u %s; or mount with -o ro)\n", dir, h.mountpoint, h.pid,
+			        h.mountpoint);
+			return -1;
+		}
+		if (i >= 600) {
+			fprintf(stderr, "ulpackfs: %s: the ulpackfs that had it mounted (pid %ld) is still archiving its"
+			        " queue after a minute; mount again once it has exited\n", dir, h.pid);
+			return -1;
+		}
+		if (!said && i == 5) {
+			if (h.pid)
+				fprintf(stderr, "ulpackfs: %s: waiting for ulpackfs pid %ld, unmounted from %s, to finish"
+				        " archiving its queue\n", dir, h.pid, h.mountpoint);
+			else
+				fprintf(stderr, "ulpackfs: %s: waiting for the ulpackfs that holds it to start or finish\n", dir);
+			said = 1;
+		}
 		usleep(100000);
 	}
-	return fd; /* kept open: the lock lasts as long as the process */
 }
 
 static int is_mount_point(const char *mnt)
@@ -1573,6 +1689,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	fs.foreground = fs.foreground || co.foreground;
+	fs.no_latest = o.nolatest;
 	fs.readahead = (uint64_t)4 << 20;
 	fs.mountpoint = realpath(co.mountpoint, NULL); /* the daemon leaves the cwd */
 	/* option values: a usage error (exit 2) before anything is mounted */
@@ -1612,12 +1729,10 @@ int main(int argc, char **argv)
 		fprintf(stderr, "ulpackfs: %s\n", err);
 		return 1;
 	}
+	fs.lock_fd = -1;
 	if (!fs.read_only) { /* an archive, now: take its lock, then recover */
-		int lk = lock_archive(fs.archive);
-		if (lk < 0) {
-			fprintf(stderr, "ulpackfs: %s: %s\n", fs.archive,
-			        lk == -EBUSY ? "mounted read-write by another ulpackfs (still busy after a minute)"
-			                     : strerror(-lk));
+		fs.lock_fd = lock_archive(fs.archive);
+		if (fs.lock_fd < 0) {
 			ulp_archive_close(fs.a);
 			return 1;
 		}
@@ -1636,7 +1751,21 @@ int main(int argc, char **argv)
 	char mr[64];
 	snprintf(mr, sizeof(mr), "-omax_read=%d", ULPFS_MAX_READ);
 	fuse_opt_add_arg(&args, mr);
-	fuse_opt_add_arg(&args, "-ofsname=ulpackfs");
+	if (!o.fsname) { /* findmnt and df show the archive as the source */
+		size_t l = strlen(fs.archive);
+		char *fo = malloc(2 * l + 16), *w = fo;
+		if (fo) {
+			w += sprintf(w, "-ofsname=");
+			for (const char *c = fs.archive; *c; c++) { /* fuse_opt's escapes */
+				if (*c == ',' || *c == '\\')
+					*w++ = '\\';
+				*w++ = *c;
+			}
+			*w = 0;
+			fuse_opt_add_arg(&args, fo);
+			free(fo);
+		}
+	}
 	fuse_opt_add_arg(&args, "-osubtype=ulpackfs");
 	struct fuse *f = fuse_new(&args, &ulpfs_ops, sizeof(ulpfs_ops), NULL);
 	int rc = 1;
@@ -1652,6 +1781,8 @@ int main(int argc, char **argv)
 		syslog(LOG_ERR, "ulpackfs: %s", err);
 		goto out_unmount;
 	}
+	if (fs.lock_fd >= 0 && ulp_mount_lock_note(fs.lock_fd, (long)getpid(), fs.mountpoint) < 0)
+		syslog(LOG_WARNING, "ulpackfs: %s/mount.lock: cannot record pid and mount point", fs.archive);
 	if (fuse_set_signal_handlers(fuse_get_session(f)) != 0)
 		goto out_unmount;
 	if (co.singlethread) {
@@ -1666,6 +1797,10 @@ int main(int argc, char **argv)
 		fuse_loop_cfg_destroy(lc);
 	}
 	fuse_remove_signal_handlers(fuse_get_session(f));
+	/* SIGTERM, SIGINT and SIGHUP end the loop with the signal's number: a
+	 * clean stop (systemd's), and what is queued is archived below */
+	if (rc == SIGTERM || rc == SIGINT || rc == SIGHUP)
+		rc = 0;
 out_unmount:
 	fuse_unmount(f);
 out_destroy:
@@ -1676,5 +1811,5 @@ out:
 	free(fs.mountpoint);
 	fuse_opt_free_args(&args);
 	free(fs.archive);
-	return rc ? 1 : 0;
+	return rc || fs.kept ? 1 : 0; /* kept: files left staged for the next mount (logged) */
 }

@@ -89,6 +89,8 @@ struct ulp_archive {
 	struct readahead *ra;        /* sequential read-ahead (read.c), or NULL */
 	/* counters */
 	uint64_t chunks_decoded, deltas_decoded, hits, misses, max_walk;
+	uint64_t put_done;           /* atomic: bytes of the file being put that are coded
+	                                (ulp_archive_put_progress) */
 };
 
 /* Records the thread's error message; returns code. */
@@ -97,7 +99,7 @@ int ulp_arch_err(const ulp_archive *a, int code, const char *fmt, ...)
 
 /* ---- index (index.c) ------------------------------------------------- */
 
-#define ULP_SCHEMA_VERSION 2
+#define ULP_SCHEMA_VERSION 4
 
 typedef struct sqlite3 sqlite3;
 typedef struct sqlite3_stmt sqlite3_stmt;
@@ -192,7 +194,7 @@ int ulp_index_nearest(ulp_archive *a, const char *series, int64_t step, const ch
 int ulp_index_tensor(ulp_archive *a, int64_t file, const char *name, int dtype, uint64_t length,
                      uint8_t content[ULP_SHA256_LEN], ulp_blobrow *row);
 /* Creates the directories above path that do not exist (mode 0755). */
-int ulp_index_mkdirs(ulp_archive *a, const char *path, int64_t mtime_ns);
+int ulp_index_mkdirs(ulp_archive *a, const char *path, ulp_time mtime);
 
 /* Files (type 0) under prefix, in step order. */
 int ulp_index_files(ulp_archive *a, const char *prefix,
@@ -223,6 +225,72 @@ char *ulp_path_parent(const char *path);
 const char *ulp_path_name(const char *path);
 /* Normalizes a user path to the archive form; -INVAL for '..' or NUL. */
 int ulp_path_clean(const char *in, char *out, size_t cap);
+
+/* ---- re-basing support (index.c, for recode.c) ---------------------------- */
+
+/* A blob row with its reference. */
+typedef struct ulp_rbblob {
+	uint8_t content[ULP_SHA256_LEN];
+	uint8_t ref[ULP_SHA256_LEN];
+	int has_ref;
+	unsigned depth;
+	int codec;
+	int64_t pack;
+	uint64_t offset, stored, raw;
+} ulp_rbblob;
+/* One tensor of an archived file (strings valid during the callback). */
+typedef struct ulp_rbtensor {
+	int64_t file;
+	const char *path, *series, *name;
+	int64_t step;
+	int dtype;
+	uint64_t length;
+	uint8_t content[ULP_SHA256_LEN];
+} ulp_rbtensor;
+/* A re-coded blob to commit: content's row moves to (pack, offset) of the
+ * new pack with a new codec and reference, if it is still old. */
+typedef struct ulp_rebased {
+	uint8_t content[ULP_SHA256_LEN];
+	uint8_t ref[ULP_SHA256_LEN]; /* new reference, if has_ref */
+	int has_ref, codec;
+	uint64_t offset, stored;     /* in the new pack */
+	ulp_rbblob old;              /* the row as planned */
+	int applied;                 /* out: 1 if the row was changed */
+} ulp_rebased;
+int ulp_index_blob_ref(ulp_archive *a, const uint8_t content[ULP_SHA256_LEN], ulp_rbblob *out);
+/* Longest chain below content (0: no dependent); live_only: through blobs an
+ * extent uses only. */
+int ulp_index_height(ulp_archive *a, const uint8_t content[ULP_SHA256_LEN], int live_only, unsigned *h);
+/* 1 if an extent uses content, 0 if not. */
+int ulp_index_blob_used(ulp_archive *a, const uint8_t content[ULP_SHA256_LEN]);
+/* The tensors (named extents) of file id that belong to a series. */
+int ulp_index_file_tensors(ulp_archive *a, int64_t file, int (*cb)(void *arg, const ulp_rbtensor *t), void *arg);
+/* Live tensor blobs whose reference no extent uses, in step order. */
+int ulp_index_orphan_deps(ulp_archive *a, int (*cb)(void *arg, const ulp_rbtensor *t), void *arg);
+/* Contents of the same tensor in the other files of t's series, nearest
+ * step first (lower first on a tie), at most max. */
+int ulp_index_candidates(ulp_archive *a, const ulp_rbtensor *t, uint8_t (*out)[ULP_SHA256_LEN], size_t max,
+                         size_t *n);
+/* The files of file's series with the nearest step below and above it (-1: none). */
+int ulp_index_neighbours(ulp_archive *a, int64_t file, int64_t out[2]);
+/* The re-basing queue (schema 3): oldest first; removing handled rows. */
+int ulp_index_pending(ulp_archive *a, int64_t *ids, size_t max, size_t *n);
+int ulp_index_pending_done(ulp_archive *a, const int64_t *ids, size_t n);
+/* In the caller's transaction: adds the pack and moves each still-planned
+ * row to its new coding (r[i].applied), then the depths below them and the
+ * files' depth and anchor flags; fails if a chain would exceed max_chain. */
+int ulp_index_rebase_apply(ulp_archive *a, const char *pack_name, uint64_t pack_size, ulp_rebased *r,
+                           size_t n);
+
+int ulp_index_file_id(ulp_archive *a, const char *path, int64_t *id);
+/* Steps of the files under run, ascending, with their file counts. */
+int ulp_index_run_steps(ulp_archive *a, const char *run, int (*cb)(void *arg, int64_t step, uint64_t files),
+                        void *arg);
+/* In the caller's transaction: removes the files of those steps under run
+ * and the directories that leaves empty below run. */
+int ulp_index_forget_steps(ulp_archive *a, const char *run, const int64_t *steps, size_t n);
+/* recode.c test hook: 1..3 exit the process at a point of a commit */
+extern int ulp_recode_crash_at;
 
 /* ---- packs (pack.c) ---------------------------------------------------- */
 

@@ -11,21 +11,67 @@
  * strings(1) on a pack by another local user.
  */
 #include "arch_int.h"
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* Creates the missing parents of dir (mode 0755, as mkdir -p), not dir. */
+static int make_parents(const char *dir, ulp_err *err)
+{
+	char p[4200];
+	if (snprintf(p, sizeof(p), "%s", dir) >= (int)sizeof(p))
+		return ULP_ERR(err, -ULP_E_NAMETOOLONG, "%.200s...: path too long", dir);
+	for (char *s = p + 1; *s; s++) {
+		if (*s != '/' || s[1] == 0 || s[1] == '/')
+			continue;
+		*s = 0;
+		struct stat sb;
+		if (stat(p, &sb) < 0 && mkdir(p, 0755) < 0 && errno != EEXIST)
+			return ULP_ERR(err, errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: cannot create it: %s", p,
+			               strerror(errno));
+		*s = '/';
+	}
+	return 0;
+}
+
+/* An archive goes into an empty directory only (or one left by an init that
+ * stopped half way, or a file system's lost+found): a directory of other
+ * files is most likely a typo, and gc would later remove what it does not
+ * know in packs/ and staging/. */
+static int check_empty(const char *dir, ulp_err *err)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return ULP_ERR(err, -ULP_E_IO, "%s: %s", dir, strerror(errno));
+	struct dirent *e;
+	int rc = 0;
+	while (rc == 0 && (e = readdir(d)) != NULL) {
+		const char *n = e->d_name;
+		if (!strcmp(n, ".") || !strcmp(n, "..") || !strcmp(n, "packs") || !strcmp(n, "staging") ||
+		    !strcmp(n, "mount.lock") || !strcmp(n, "lost+found"))
+			continue;
+		rc = ULP_ERR(err, -ULP_E_NOTEMPTY,
+		             "%s: not empty and not an archive (it holds '%s'): refusing to create an archive in it",
+		             dir, n);
+	}
+	closedir(d);
+	return rc;
+}
+
 int ulp_archive_init(const char *dir, char *errbuf, size_t errcap)
 {
 	ulp_err err = {errbuf, errcap};
 	char path[4200];
+	ULP_TRY(make_parents(dir, &err));
 	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
 		return ULP_ERR(&err, errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", dir, strerror(errno));
 	snprintf(path, sizeof(path), "%s/ulpack.db", dir);
 	if (access(path, F_OK) == 0)
 		return ULP_ERR(&err, -ULP_E_EXIST, "%s: already an archive", dir);
+	ULP_TRY(check_empty(dir, &err));
 	if (chmod(dir, 0700) < 0) /* a directory that existed: private too */
 		return ULP_ERR(&err, -ULP_E_IO, "%s: cannot make the archive directory private (mode 0700): %s", dir,
 		               strerror(errno));

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 static const char *const messages[ULP_E__COUNT] = {
 	[ULP_OK] = "success",
@@ -116,6 +117,37 @@ void ulp_time_split(int64_t ns, int64_t *sec, long *nsec)
 	}
 	*sec = s;
 	*nsec = (long)r;
+}
+
+ulp_time ulp_time_make(int64_t sec, int64_t nsec)
+{
+	const int64_t g = 1000000000;
+	int64_t carry = nsec / g, r = nsec % g;
+	if (r < 0) { /* floor, as ulp_time_split */
+		r += g;
+		carry--;
+	}
+	/* carry is within (-1e10, 1e10): only sec + carry can overflow */
+	if (carry > 0 && sec > INT64_MAX - carry)
+		return (ulp_time){INT64_MAX, (uint32_t)(g - 1)};
+	if (carry < 0 && sec < INT64_MIN - carry)
+		return (ulp_time){INT64_MIN, 0};
+	return (ulp_time){sec + carry, (uint32_t)r};
+}
+
+ulp_time ulp_time_from_ns(int64_t ns)
+{
+	int64_t sec;
+	long nsec;
+	ulp_time_split(ns, &sec, &nsec);
+	return (ulp_time){sec, (uint32_t)nsec};
+}
+
+ulp_time ulp_time_now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_REALTIME, &t);
+	return ulp_time_make(t.tv_sec, t.tv_nsec);
 }
 
 int ulp_parse_int(const char *s, int64_t min, int64_t max, int64_t *out)

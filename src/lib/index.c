@@ -4,8 +4,9 @@
  * sqlite3.h. Every thread gets its own connection (WAL, foreign keys, busy
  * timeout) and its own cache of prepared statements.
  *
- * Schema (version 2; version 1 lacks entries.header_sha and is upgraded when
- * opened read-write, see upgrade_v1):
+ * Schema (version 4; version 1 lacks entries.header_sha, version 2 the
+ * re-basing queue and blobs_ref, version 3 entries.mtime_sec and mtime_nsec;
+ * all are upgraded when opened read-write, see upgrade):
  *   meta(key, value)                 schema_version, max_chain, created_by
  *   packs(id, name, size)            immutable pack files under packs/
  *   blobs(id, content, codec, ref, depth, raw_size, stored_size, pack, offset)
@@ -14,16 +15,25 @@
  *                                    needs, depth its chain length (0: none)
  *   entries(id, path, parent, name, type, size, mode, uid, gid, mtime_ns,
  *           sha256, kind, header, run, series, step, target, stored, depth,
- *           anchor, header_sha)      files, directories and symlinks;
- *                                    header_sha: sha256 of header
+ *           anchor, header_sha, mtime_sec, mtime_nsec)
+ *                                    files, directories and symlinks;
+ *                                    header_sha: sha256 of header; the
+ *                                    mtime is mtime_sec + mtime_nsec ns,
+ *                                    mtime_ns the same clamped to int64 ns
  *   extents(file, offset, length, blob, name, dtype)
  *                                    how a file's bytes after its header are
  *                                    made, in order; name/dtype for tensors
+ *   rebase_queue(file, why)         files whose neighbourhood in their series
+ *                                    changed (filled by triggers on entries:
+ *                                    why 1 a new file, 2 a rename that changed
+ *                                    its series), for recode.c; a row goes with
+ *                                    its entry (ON DELETE CASCADE)
  * Views runs(run, files, raw_bytes, stored_bytes) and steps(run, step, files).
  *
  * Invariants:
- *  1. A file's header (its first length(header) bytes) and its extents tile
- *     [0, size) exactly, in offset order.
+ *  1. A file's extents are in offset order, disjoint, inside [0, size); the
+ *     bytes between and around them are its header's, in order (kind 1: the
+ *     first length(header) bytes; kind 2: the header is zstd-compressed).
  *  2. Every blob's ref names the content of another blob (or is NULL), and
  *     depth = depth(ref) + 1; following refs terminates (depth decreases).
  *  3. Every pack row's file exists and is durable before the transaction
@@ -35,6 +45,10 @@
  *  5. Every header byte is checked against header_sha before it is served
  *     (ulp_index_file); a header without a matching sha256 is never read
  *     (ULP_E_CHECKSUM), except in a version 1 index opened read-only.
+ *  6. Every writer sets mtime_ns = ulp_time_ns(mtime_sec, mtime_nsec) along
+ *     with them; a row where they disagree (or mtime_sec is NULL) was written
+ *     by an older (version 2 or 3) build after the upgrade, and its time is mtime_ns
+ *     (ulp_stat_from_row).
  */
 #include "arch_int.h"
 #include <errno.h>
@@ -59,6 +73,19 @@ struct ulp_tstate {
 	ulp_tstate *next;
 };
 
+/* Version 3: what recode.c needs (the queue of pending re-basing work, kept
+ * in the same transactions as the puts and renames that make it, so a crash
+ * never loses it; an index on blobs.ref to find a blob's dependents). */
+#define REBASE_SCHEMA \
+	"CREATE INDEX IF NOT EXISTS blobs_ref ON blobs(ref);" \
+	"CREATE TABLE IF NOT EXISTS rebase_queue(file INTEGER PRIMARY KEY REFERENCES entries(id) ON DELETE CASCADE," \
+	" why INTEGER NOT NULL);" \
+	"CREATE TRIGGER IF NOT EXISTS rebase_new AFTER INSERT ON entries WHEN NEW.type = 0 AND NEW.kind <> 0" \
+	" AND NEW.series IS NOT NULL BEGIN INSERT OR IGNORE INTO rebase_queue VALUES(NEW.id, 1); END;" \
+	"CREATE TRIGGER IF NOT EXISTS rebase_moved AFTER UPDATE OF series ON entries WHEN NEW.type = 0 AND NEW.kind <> 0" \
+	" AND NEW.series IS NOT NULL AND NEW.series IS NOT OLD.series" \
+	" BEGIN INSERT OR IGNORE INTO rebase_queue VALUES(NEW.id, 2); END;"
+
 static const char *const schema =
 	"PRAGMA journal_mode=WAL;"
 	"BEGIN;"
@@ -73,20 +100,23 @@ static const char *const schema =
 	" mode INTEGER NOT NULL, uid INTEGER NOT NULL DEFAULT 0, gid INTEGER NOT NULL DEFAULT 0,"
 	" mtime_ns INTEGER NOT NULL, sha256 BLOB, kind INTEGER NOT NULL DEFAULT 0, header BLOB,"
 	" run TEXT, series TEXT, step INTEGER, target TEXT, stored INTEGER NOT NULL DEFAULT 0,"
-	" depth INTEGER NOT NULL DEFAULT 0, anchor INTEGER NOT NULL DEFAULT 1, header_sha BLOB);"
+	" depth INTEGER NOT NULL DEFAULT 0, anchor INTEGER NOT NULL DEFAULT 1, header_sha BLOB,"
+	" mtime_sec INTEGER, mtime_nsec INTEGER);"
 	"CREATE INDEX entries_parent ON entries(parent);"
 	"CREATE INDEX entries_series ON entries(series, step);"
 	"CREATE TABLE extents(file INTEGER NOT NULL REFERENCES entries(id) ON DELETE CASCADE,"
 	" offset INTEGER NOT NULL, length INTEGER NOT NULL, blob INTEGER NOT NULL REFERENCES blobs(id),"
 	" name TEXT, dtype INTEGER, PRIMARY KEY(file, offset));"
 	"CREATE INDEX extents_blob ON extents(blob);"
+	REBASE_SCHEMA
 	"CREATE VIEW runs AS SELECT run, count(*) AS files, sum(size) AS raw_bytes,"
 	" sum(stored) AS stored_bytes FROM entries WHERE type = 0 GROUP BY run;"
 	"CREATE VIEW steps AS SELECT run, step, count(*) AS files FROM entries"
 	" WHERE type = 0 AND step >= 0 GROUP BY run, step;"
-	"INSERT INTO meta VALUES('schema_version', '2');"
+	"INSERT INTO meta VALUES('schema_version', '4');"
 	"INSERT INTO meta VALUES('created_by', 'ulpack " ULP_VERSION_STRING "');"
-	"INSERT INTO entries(path, parent, name, type, mode, mtime_ns) VALUES('', '', '', 1, 16877, 0);"
+	"INSERT INTO entries(path, parent, name, type, mode, mtime_ns, mtime_sec, mtime_nsec)"
+	" VALUES('', '', '', 1, 16877, 0, 0, 0);"
 	"COMMIT;";
 
 static ulp_tstate *tstate(const ulp_archive *ca)
@@ -298,50 +328,86 @@ int ulp_db_create(const char *path, ulp_err *err)
 }
 
 /* Version 1 -> 2: adds entries.header_sha and fills it from the stored
- * headers, in one transaction (another process may have upgraded the index
- * meanwhile: the version is read again under the write lock). A header that
- * was already damaged before the upgrade is not caught by its checksum;
- * verify still catches it (the file's sha256). */
-static int upgrade_v1(ulp_archive *a, ulp_err *err)
+ * headers. A header that was already damaged before the upgrade is not
+ * caught by its checksum; verify still catches it (the file's sha256). */
+static int upgrade_v1(ulp_archive *a)
 {
 	sqlite3 *db = ulp_db(a);
 	sqlite3_stmt *sel = NULL, *up = NULL;
+	int code = 0;
+	if (sqlite3_exec(db, "ALTER TABLE entries ADD COLUMN header_sha BLOB", NULL, NULL, NULL) != SQLITE_OK ||
+	    sqlite3_prepare_v2(db, "SELECT id, header FROM entries WHERE header IS NOT NULL", -1, &sel, NULL) !=
+	        SQLITE_OK ||
+	    sqlite3_prepare_v2(db, "UPDATE entries SET header_sha = ? WHERE id = ?", -1, &up, NULL) != SQLITE_OK)
+		code = ulp_db_err(a, "upgrading the index to schema version 2");
+	int r = SQLITE_DONE;
+	while (code == 0 && (r = sqlite3_step(sel)) == SQLITE_ROW) {
+		uint8_t sha[ULP_SHA256_LEN];
+		ulp_sha256(sqlite3_column_blob(sel, 1), (size_t)sqlite3_column_bytes(sel, 1), sha);
+		sqlite3_bind_blob(up, 1, sha, ULP_SHA256_LEN, SQLITE_TRANSIENT);
+		sqlite3_bind_int64(up, 2, sqlite3_column_int64(sel, 0));
+		if (sqlite3_step(up) != SQLITE_DONE)
+			code = ulp_db_err(a, "upgrading the index to schema version 2");
+		sqlite3_reset(up);
+	}
+	if (code == 0 && r != SQLITE_DONE)
+		code = ulp_db_err(a, "upgrading the index to schema version 2");
+	sqlite3_finalize(sel);
+	sqlite3_finalize(up);
+	return code;
+}
+
+/* Version 2 -> 3: adds the re-basing queue, its triggers and blobs_ref.
+ * Files archived before are not queued: they were coded as before. */
+static int upgrade_v2(ulp_archive *a)
+{
+	if (sqlite3_exec(ulp_db(a), REBASE_SCHEMA, NULL, NULL, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "upgrading the index to schema version 3");
+	return 0;
+}
+
+/* Version 3 -> 4: adds entries.mtime_sec and mtime_nsec (the time, exact
+ * over the int64 seconds) and fills them from mtime_ns, floored so that
+ * mtime_nsec is in [0, 1e9) before 1970 too; mtime_ns stays (invariant 6). */
+static int upgrade_v3(ulp_archive *a)
+{
+	if (ulp_db_exec(a, "ALTER TABLE entries ADD COLUMN mtime_sec INTEGER") < 0 ||
+	    ulp_db_exec(a, "ALTER TABLE entries ADD COLUMN mtime_nsec INTEGER") < 0 ||
+	    ulp_db_exec(a, "UPDATE entries SET mtime_sec = mtime_ns / 1000000000 - (mtime_ns % 1000000000 < 0),"
+	                   " mtime_nsec = (mtime_ns % 1000000000 + 1000000000) % 1000000000") < 0)
+		return ulp_db_err(a, "upgrading the index to schema version 4");
+	return 0;
+}
+
+/* Upgrades the index to ULP_SCHEMA_VERSION, one version after the other, in
+ * one transaction (another process may have upgraded the index meanwhile:
+ * the version is read again under the write lock). */
+static int upgrade(ulp_archive *a, ulp_err *err)
+{
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *sel = NULL;
 	int code = ulp_db_begin(a), v = 0;
 	if (code == 0 && sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'schema_version'", -1, &sel,
 	                                    NULL) == SQLITE_OK && sqlite3_step(sel) == SQLITE_ROW)
 		v = sqlite3_column_int(sel, 0);
 	sqlite3_finalize(sel);
-	sel = NULL;
-	if (code == 0 && v == 1) {
-		if (sqlite3_exec(db, "ALTER TABLE entries ADD COLUMN header_sha BLOB", NULL, NULL, NULL) != SQLITE_OK ||
-		    sqlite3_prepare_v2(db, "SELECT id, header FROM entries WHERE header IS NOT NULL", -1, &sel, NULL) !=
-		        SQLITE_OK ||
-		    sqlite3_prepare_v2(db, "UPDATE entries SET header_sha = ? WHERE id = ?", -1, &up, NULL) != SQLITE_OK)
-			code = ulp_db_err(a, "upgrading the index to schema version 2");
-		int r;
-		while (code == 0 && (r = sqlite3_step(sel)) == SQLITE_ROW) {
-			uint8_t sha[ULP_SHA256_LEN];
-			ulp_sha256(sqlite3_column_blob(sel, 1), (size_t)sqlite3_column_bytes(sel, 1), sha);
-			sqlite3_bind_blob(up, 1, sha, ULP_SHA256_LEN, SQLITE_TRANSIENT);
-			sqlite3_bind_int64(up, 2, sqlite3_column_int64(sel, 0));
-			if (sqlite3_step(up) != SQLITE_DONE)
-				code = ulp_db_err(a, "upgrading the index to schema version 2");
-			sqlite3_reset(up);
-		}
-		if (code == 0 && r != SQLITE_DONE)
-			code = ulp_db_err(a, "upgrading the index to schema version 2");
-		if (code == 0)
-			code = ulp_db_exec(a, "UPDATE meta SET value = '2' WHERE key = 'schema_version'");
-	}
-	sqlite3_finalize(sel);
-	sqlite3_finalize(up);
+	if (code == 0 && v < 1)
+		code = ulp_arch_err(a, -ULP_E_CORRUPT, "%s/ulpack.db: no schema version", a->dir);
+	if (code == 0 && v == 1)
+		code = upgrade_v1(a);
+	if (code == 0 && v <= 2)
+		code = upgrade_v2(a);
+	if (code == 0 && v <= 3)
+		code = upgrade_v3(a);
+	if (code == 0 && v < ULP_SCHEMA_VERSION)
+		code = ulp_db_exec(a, "UPDATE meta SET value = '4' WHERE key = 'schema_version'");
 	if (code == 0)
 		code = ulp_db_commit(a);
 	if (code < 0) {
 		ulp_db_rollback(a);
 		return ULP_ERR(err, code, "%s", ulp_archive_errmsg(a));
 	}
-	a->schema = 2;
+	a->schema = ULP_SCHEMA_VERSION;
 	return 0;
 }
 
@@ -370,8 +436,8 @@ int ulp_db_check(ulp_archive *a, ulp_err *err)
 		a->schema = v;
 	}
 	sqlite3_finalize(st);
-	if (code == 0 && a->schema < 2 && !a->read_only)
-		code = upgrade_v1(a, err);
+	if (code == 0 && a->schema < ULP_SCHEMA_VERSION && !a->read_only)
+		code = upgrade(a, err);
 	if (code == 0 && a->max_chain == 0) {
 		a->max_chain = ULP_DEFAULT_MAX_CHAIN;
 		if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'max_chain'", -1, &st, NULL) == SQLITE_OK) {
@@ -431,8 +497,12 @@ int ulp_index_pack_name(ulp_archive *a, int64_t id, char *name, size_t cap)
 	return 0;
 }
 
-/* Fills a ulp_stat from a row of ENTRY_COLS. */
-#define ENTRY_COLS "type, size, mode, uid, gid, mtime_ns, sha256, stored, step, depth, anchor, kind, length(CAST(target AS BLOB))"
+/* Fills a ulp_stat from a row of ENTRY_COLS (ENTRY_COLS_V2 in an index of
+ * schema version 1 to 3, opened read-only: no mtime_sec, mtime_nsec). */
+#define ENTRY_COLS_ "type, size, mode, uid, gid, mtime_ns, sha256, stored, step, depth, anchor, kind, length(CAST(target AS BLOB))"
+#define ENTRY_COLS ENTRY_COLS_ ", mtime_sec, mtime_nsec"
+#define ENTRY_COLS_V2 ENTRY_COLS_ ", NULL, NULL"
+#define ENTRY_NCOLS 15 /* the first column after ENTRY_COLS */
 
 int ulp_stat_from_row(sqlite3_stmt *st, ulp_stat *s)
 {
@@ -445,7 +515,13 @@ int ulp_stat_from_row(sqlite3_stmt *st, ulp_stat *s)
 	s->mode |= s->is_dir ? 0040000 : s->is_symlink ? 0120000 : 0100000;
 	s->uid = (uint32_t)sqlite3_column_int(st, 3);
 	s->gid = (uint32_t)sqlite3_column_int(st, 4);
-	s->mtime_ns = sqlite3_column_int64(st, 5);
+	int64_t ns = sqlite3_column_int64(st, 5);
+	s->mtime = ulp_time_from_ns(ns);
+	if (sqlite3_column_type(st, 13) != SQLITE_NULL) { /* invariant 6 */
+		ulp_time t = ulp_time_make(sqlite3_column_int64(st, 13), sqlite3_column_int64(st, 14));
+		if (ulp_time_ns(t.sec, t.nsec) == ns)
+			s->mtime = t;
+	}
 	if (sqlite3_column_bytes(st, 6) == ULP_SHA256_LEN)
 		memcpy(s->sha256, sqlite3_column_blob(st, 6), ULP_SHA256_LEN);
 	s->stored_bytes = (uint64_t)sqlite3_column_int64(st, 7);
@@ -461,13 +537,14 @@ int ulp_stat_from_row(sqlite3_stmt *st, ulp_stat *s)
 int ulp_archive_stat(ulp_archive *a, const char *path, ulp_stat *out)
 {
 	static const char sql[] = "SELECT " ENTRY_COLS " FROM entries WHERE path = ?";
+	static const char sql_v2[] = "SELECT " ENTRY_COLS_V2 " FROM entries WHERE path = ?";
 	char p[4096];
 	int prc = ulp_path_clean(path, p, sizeof(p));
 	if (prc < 0)
 		return ulp_arch_err(a, prc, "%s: %s", path,
 		                    prc == -ULP_E_NAMETOOLONG ? "name or path too long for an archive"
 		                                              : "not a valid path inside an archive (a '..' component)");
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	sqlite3_stmt *st = ulp_db_stmt(a, a->schema >= 4 ? sql : sql_v2);
 	if (!st)
 		return -ULP_E_IO;
 	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
@@ -487,10 +564,11 @@ int ulp_index_file(ulp_archive *a, const char *path, ulp_stat *out, uint8_t **he
                    size_t *header_len, ulp_extent **ext, size_t *n_ext)
 {
 	static const char sql[] = "SELECT " ENTRY_COLS ", id, header, header_sha FROM entries WHERE path = ?";
-	static const char sql_v1[] = "SELECT " ENTRY_COLS ", id, header, NULL FROM entries WHERE path = ?";
+	static const char sql_v2[] = "SELECT " ENTRY_COLS_V2 ", id, header, header_sha FROM entries WHERE path = ?";
+	static const char sql_v1[] = "SELECT " ENTRY_COLS_V2 ", id, header, NULL FROM entries WHERE path = ?";
 	static const char sql_ext[] = "SELECT e.offset, e.length, b.content FROM extents e"
 	                              " JOIN blobs b ON b.id = e.blob WHERE e.file = ? ORDER BY e.offset";
-	sqlite3_stmt *st = ulp_db_stmt(a, a->schema >= 2 ? sql : sql_v1);
+	sqlite3_stmt *st = ulp_db_stmt(a, a->schema >= 4 ? sql : a->schema >= 2 ? sql_v2 : sql_v1);
 	if (!st)
 		return -ULP_E_IO;
 	sqlite3_bind_text(st, 1, path, -1, SQLITE_STATIC);
@@ -502,8 +580,8 @@ int ulp_index_file(ulp_archive *a, const char *path, ulp_stat *out, uint8_t **he
 		return ulp_db_err(a, "file lookup");
 	}
 	ulp_stat_from_row(st, out);
-	int64_t id = sqlite3_column_int64(st, 13);
-	size_t hl = (size_t)sqlite3_column_bytes(st, 14);
+	int64_t id = sqlite3_column_int64(st, ENTRY_NCOLS);
+	size_t hl = (size_t)sqlite3_column_bytes(st, ENTRY_NCOLS + 1);
 	uint8_t *h = NULL;
 	if (hl) {
 		h = malloc(hl);
@@ -511,12 +589,12 @@ int ulp_index_file(ulp_archive *a, const char *path, ulp_stat *out, uint8_t **he
 			sqlite3_reset(st);
 			return -ULP_E_NOMEM;
 		}
-		memcpy(h, sqlite3_column_blob(st, 14), hl);
+		memcpy(h, sqlite3_column_blob(st, ENTRY_NCOLS + 1), hl);
 		/* invariant 5: the header is checked before anything serves it */
 		uint8_t sha[ULP_SHA256_LEN];
 		ulp_sha256(h, hl, sha);
-		if (a->schema >= 2 && (sqlite3_column_bytes(st, 15) != ULP_SHA256_LEN ||
-		                       memcmp(sqlite3_column_blob(st, 15), sha, ULP_SHA256_LEN) != 0)) {
+		if (a->schema >= 2 && (sqlite3_column_bytes(st, ENTRY_NCOLS + 2) != ULP_SHA256_LEN ||
+		                       memcmp(sqlite3_column_blob(st, ENTRY_NCOLS + 2), sha, ULP_SHA256_LEN) != 0)) {
 			sqlite3_reset(st);
 			free(h);
 			return ulp_arch_err(a, -ULP_E_CHECKSUM,
@@ -567,6 +645,8 @@ int ulp_archive_readdir(ulp_archive *a, const char *path,
                         int (*cb)(void *arg, const char *name, const ulp_stat *st), void *arg)
 {
 	static const char sql[] = "SELECT " ENTRY_COLS ", name FROM entries WHERE parent = ? AND path <> '' ORDER BY name";
+	static const char sql_v2[] = "SELECT " ENTRY_COLS_V2 ", name FROM entries WHERE parent = ? AND path <> ''"
+	                             " ORDER BY name";
 	char p[4096];
 	ulp_stat s;
 	ULP_TRY(ulp_path_clean(path, p, sizeof(p)));
@@ -576,13 +656,13 @@ int ulp_archive_readdir(ulp_archive *a, const char *path,
 	/* a private statement: callbacks may query the index themselves */
 	sqlite3 *db = ulp_db(a);
 	sqlite3_stmt *st;
-	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+	if (!db || sqlite3_prepare_v2(db, a->schema >= 4 ? sql : sql_v2, -1, &st, NULL) != SQLITE_OK)
 		return ulp_db_err(a, "readdir");
 	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
 	int rc = 0, r;
 	while ((r = sqlite3_step(st)) == SQLITE_ROW) {
 		ulp_stat_from_row(st, &s);
-		rc = cb(arg, (const char *)sqlite3_column_text(st, 13), &s);
+		rc = cb(arg, (const char *)sqlite3_column_text(st, ENTRY_NCOLS), &s);
 		if (rc)
 			break;
 	}
@@ -751,10 +831,19 @@ int64_t ulp_parse_step(const char *path, char **series)
 
 /* ---- writing ------------------------------------------------------------ */
 
-int ulp_index_mkdirs(ulp_archive *a, const char *path, int64_t mtime_ns)
+/* Binds time t to parameters ns (as mtime_ns) and sec, sec + 1 (mtime_sec,
+ * mtime_nsec): invariant 6. */
+static void bind_time(sqlite3_stmt *st, int ns, int sec, ulp_time t)
 {
-	static const char sql[] = "INSERT OR IGNORE INTO entries(path, parent, name, type, mode, mtime_ns)"
-	                          " VALUES(?, ?, ?, 1, 493, ?)";
+	sqlite3_bind_int64(st, ns, ulp_time_ns(t.sec, t.nsec));
+	sqlite3_bind_int64(st, sec, t.sec);
+	sqlite3_bind_int64(st, sec + 1, t.nsec);
+}
+
+int ulp_index_mkdirs(ulp_archive *a, const char *path, ulp_time mtime)
+{
+	static const char sql[] = "INSERT OR IGNORE INTO entries(path, parent, name, type, mode, mtime_ns,"
+	                          " mtime_sec, mtime_nsec) VALUES(?, ?, ?, 1, 493, ?, ?, ?)";
 	static const char sql_type[] = "SELECT type FROM entries WHERE path = ?";
 	char buf[4096];
 	snprintf(buf, sizeof(buf), "%s", path);
@@ -781,7 +870,7 @@ int ulp_index_mkdirs(ulp_archive *a, const char *path, int64_t mtime_ns)
 			sqlite3_bind_text(st, 1, buf, -1, SQLITE_STATIC);
 			sqlite3_bind_text(st, 2, parent, -1, SQLITE_STATIC);
 			sqlite3_bind_text(st, 3, ulp_path_name(buf), -1, SQLITE_STATIC);
-			sqlite3_bind_int64(st, 4, mtime_ns);
+			bind_time(st, 4, 5, mtime);
 			rc = sqlite3_step(st);
 			sqlite3_reset(st);
 			free(parent);
@@ -796,7 +885,7 @@ int ulp_index_mkdirs(ulp_archive *a, const char *path, int64_t mtime_ns)
 int ulp_index_nearest(ulp_archive *a, const char *series, int64_t step, const char *path,
                       int64_t *id, char *ref_path, size_t cap)
 {
-	static const char sql[] = "SELECT id, path FROM entries WHERE series = ? AND type = 0 AND kind = 1"
+	static const char sql[] = "SELECT id, path FROM entries WHERE series = ? AND type = 0 AND kind <> 0"
 	                          " AND path <> ? ORDER BY abs(step - ?), step LIMIT 1";
 	*id = -1;
 	ref_path[0] = 0;
@@ -855,12 +944,13 @@ int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_na
 	static const char sql_del[] = "DELETE FROM entries WHERE path = ?";
 	static const char sql_ent[] = "INSERT INTO entries(path, parent, name, type, size, mode, uid, gid,"
 	                              " mtime_ns, sha256, kind, header, run, series, step, target, stored,"
-	                              " depth, anchor, header_sha) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
+	                              " depth, anchor, header_sha, mtime_sec, mtime_nsec)"
+	                              " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
 	static const char sql_ext[] = "INSERT INTO extents(file, offset, length, blob, name, dtype)"
 	                              " VALUES(?, ?, ?, (SELECT id FROM blobs WHERE content = ?), ?, ?)";
 	sqlite3_stmt *st;
 	int rc;
-	ULP_TRY(ulp_index_mkdirs(a, f->path, f->meta.mtime_ns));
+	ULP_TRY(ulp_index_mkdirs(a, f->path, f->meta.mtime));
 	if (!(st = ulp_db_stmt(a, sql_old)))
 		return -ULP_E_IO;
 	sqlite3_bind_text(st, 1, f->path, -1, SQLITE_STATIC);
@@ -916,7 +1006,7 @@ int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_na
 	sqlite3_bind_int(st, 6, (int)(f->meta.mode & 07777));
 	sqlite3_bind_int64(st, 7, f->meta.uid);
 	sqlite3_bind_int64(st, 8, f->meta.gid);
-	sqlite3_bind_int64(st, 9, f->meta.mtime_ns);
+	bind_time(st, 9, 21, f->meta.mtime);
 	if (f->type == ULP_ENT_FILE)
 		sqlite3_bind_blob(st, 10, f->sha, ULP_SHA256_LEN, SQLITE_STATIC);
 	sqlite3_bind_int(st, 11, f->kind);
@@ -994,8 +1084,8 @@ int ulp_archive_symlink(ulp_archive *a, const char *path, const char *target, co
 
 int ulp_archive_mkdir(ulp_archive *a, const char *path, const ulp_meta *m)
 {
-	static const char sql[] = "INSERT INTO entries(path, parent, name, type, mode, uid, gid, mtime_ns)"
-	                          " VALUES(?, ?, ?, 1, ?, ?, ?, ?)";
+	static const char sql[] = "INSERT INTO entries(path, parent, name, type, mode, uid, gid, mtime_ns,"
+	                          " mtime_sec, mtime_nsec) VALUES(?, ?, ?, 1, ?, ?, ?, ?, ?, ?)";
 	char p[4096];
 	ULP_TRY(bad_path(a, path, "cannot create a directory"));
 	if (a->read_only || ulp_path_clean(path, p, sizeof(p)) < 0 || !p[0])
@@ -1004,7 +1094,7 @@ int ulp_archive_mkdir(ulp_archive *a, const char *path, const ulp_meta *m)
 	if (ulp_archive_stat(a, p, &s) == 0)
 		return ulp_arch_err(a, -ULP_E_EXIST, "%s: exists", p);
 	ULP_TRY(ulp_db_begin(a));
-	int64_t now = (int64_t)time(NULL) * 1000000000;
+	ulp_time now = ulp_time_make(time(NULL), 0);
 	int rc = ulp_index_mkdirs(a, p, now);
 	char *parent = ulp_path_parent(p);
 	sqlite3_stmt *st = ulp_db_stmt(a, sql);
@@ -1015,7 +1105,7 @@ int ulp_archive_mkdir(ulp_archive *a, const char *path, const ulp_meta *m)
 		sqlite3_bind_int(st, 4, m ? (int)(m->mode & 07777) : 0755);
 		sqlite3_bind_int64(st, 5, m ? m->uid : 0);
 		sqlite3_bind_int64(st, 6, m ? m->gid : 0);
-		sqlite3_bind_int64(st, 7, m ? m->mtime_ns : now);
+		bind_time(st, 7, 8, m ? m->mtime : now);
 		rc = step_rc(a, st, "mkdir");
 	} else if (rc == 0) {
 		rc = -ULP_E_NOMEM;
@@ -1105,7 +1195,7 @@ int ulp_archive_rename(ulp_archive *a, const char *from, const char *to)
 		}
 	}
 	if (rc == 0)
-		rc = ulp_index_mkdirs(a, t, (int64_t)time(NULL) * 1000000000);
+		rc = ulp_index_mkdirs(a, t, ulp_time_make(time(NULL), 0));
 	/* the entry and everything below it; t is not below f (checked above),
 	 * so no updated row comes back into the range being read */
 	sqlite3 *db = ulp_db(a);
@@ -1153,7 +1243,9 @@ int ulp_archive_setattr(ulp_archive *a, const char *path, unsigned which, const 
 {
 	static const char sql[] = "UPDATE entries SET mode = CASE WHEN ?1 THEN ?2 ELSE mode END,"
 	                          " uid = CASE WHEN ?3 THEN ?4 ELSE uid END, gid = CASE WHEN ?3 THEN ?5 ELSE gid END,"
-	                          " mtime_ns = CASE WHEN ?6 THEN ?7 ELSE mtime_ns END WHERE path = ?8";
+	                          " mtime_ns = CASE WHEN ?6 THEN ?7 ELSE mtime_ns END,"
+	                          " mtime_sec = CASE WHEN ?6 THEN ?9 ELSE mtime_sec END,"
+	                          " mtime_nsec = CASE WHEN ?6 THEN ?10 ELSE mtime_nsec END WHERE path = ?8";
 	char p[4096];
 	ulp_stat s;
 	if (a->read_only || ulp_path_clean(path, p, sizeof(p)) < 0)
@@ -1168,7 +1260,7 @@ int ulp_archive_setattr(ulp_archive *a, const char *path, unsigned which, const 
 	sqlite3_bind_int64(st, 4, m->uid);
 	sqlite3_bind_int64(st, 5, m->gid);
 	sqlite3_bind_int(st, 6, (which & ULP_SET_MTIME) != 0);
-	sqlite3_bind_int64(st, 7, m->mtime_ns);
+	bind_time(st, 7, 9, m->mtime);
 	sqlite3_bind_text(st, 8, p, -1, SQLITE_STATIC);
 	return step_rc(a, st, "setattr");
 }
@@ -1178,21 +1270,22 @@ int ulp_archive_setattr(ulp_archive *a, const char *path, unsigned which, const 
 int ulp_index_files(ulp_archive *a, const char *prefix,
                     int (*cb)(void *arg, const char *path, const ulp_stat *st), void *arg)
 {
-	static const char sql[] = "SELECT " ENTRY_COLS ", path FROM entries WHERE type = 0 AND"
-	                          " (?1 = '' OR path = ?1 OR " BELOW("path", "?1") ")"
-	                          " ORDER BY step IS NOT NULL, step, path";
+#define FILES_SQL(cols) "SELECT " cols ", path FROM entries WHERE type = 0 AND" \
+	                        " (?1 = '' OR path = ?1 OR " BELOW("path", "?1") ")" \
+	                        " ORDER BY step IS NOT NULL, step, path"
+	static const char sql[] = FILES_SQL(ENTRY_COLS), sql_v2[] = FILES_SQL(ENTRY_COLS_V2);
 	char p[4096];
 	ULP_TRY(ulp_path_clean(prefix, p, sizeof(p)));
 	sqlite3 *db = ulp_db(a);
 	sqlite3_stmt *st;
-	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+	if (!db || sqlite3_prepare_v2(db, a->schema >= 4 ? sql : sql_v2, -1, &st, NULL) != SQLITE_OK)
 		return ulp_db_err(a, "list files");
 	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
 	int rc = 0, r;
 	while ((r = sqlite3_step(st)) == SQLITE_ROW) {
 		ulp_stat s;
 		ulp_stat_from_row(st, &s);
-		if ((rc = cb(arg, (const char *)sqlite3_column_text(st, 13), &s)) != 0)
+		if ((rc = cb(arg, (const char *)sqlite3_column_text(st, ENTRY_NCOLS), &s)) != 0)
 			break;
 	}
 	if (r != SQLITE_ROW && r != SQLITE_DONE)
@@ -1432,4 +1525,418 @@ int ulp_index_file_blobs(ulp_archive *a, const char *path,
 	if (r < 0)
 		return r;
 	return rc == SQLITE_DONE || rc == SQLITE_ROW ? 0 : ulp_db_err(a, "file blobs lookup");
+}
+
+/* ---- re-basing support (recode.c) ----------------------------------------- */
+
+int ulp_index_blob_ref(ulp_archive *a, const uint8_t content[ULP_SHA256_LEN], ulp_rbblob *out)
+{
+	static const char sql[] = "SELECT ref, depth, codec, pack, offset, stored_size, raw_size FROM blobs"
+	                          " WHERE content = ?";
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_blob(st, 1, content, ULP_SHA256_LEN, SQLITE_STATIC);
+	int rc = sqlite3_step(st);
+	if (rc != SQLITE_ROW) {
+		sqlite3_reset(st);
+		return rc == SQLITE_DONE ? -ULP_E_NOENT : ulp_db_err(a, "blob lookup");
+	}
+	ulp_rbblob b;
+	memset(&b, 0, sizeof(b));
+	memcpy(b.content, content, ULP_SHA256_LEN);
+	b.has_ref = sqlite3_column_bytes(st, 0) == ULP_SHA256_LEN;
+	if (b.has_ref)
+		memcpy(b.ref, sqlite3_column_blob(st, 0), ULP_SHA256_LEN);
+	b.depth = (unsigned)sqlite3_column_int(st, 1);
+	b.codec = sqlite3_column_int(st, 2);
+	b.pack = sqlite3_column_int64(st, 3);
+	b.offset = (uint64_t)sqlite3_column_int64(st, 4);
+	b.stored = (uint64_t)sqlite3_column_int64(st, 5);
+	b.raw = (uint64_t)sqlite3_column_int64(st, 6);
+	sqlite3_reset(st);
+	*out = b;
+	return 0;
+}
+
+int ulp_index_height(ulp_archive *a, const uint8_t content[ULP_SHA256_LEN], int live_only, unsigned *h)
+{
+	/* UNION, not UNION ALL: a damaged index with a cycle still ends */
+	static const char sql[] =
+		"WITH RECURSIVE d(c, h) AS (SELECT ?1, 0 UNION SELECT b.content, d.h + 1 FROM blobs b JOIN d ON b.ref = d.c"
+		" WHERE d.h < 4096 AND (?2 = 0 OR EXISTS (SELECT 1 FROM extents x WHERE x.blob = b.id)))"
+		" SELECT max(h) FROM d";
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_blob(st, 1, content, ULP_SHA256_LEN, SQLITE_STATIC);
+	sqlite3_bind_int(st, 2, live_only);
+	int rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		*h = (unsigned)sqlite3_column_int(st, 0);
+	sqlite3_reset(st);
+	return rc == SQLITE_ROW ? 0 : ulp_db_err(a, "dependents lookup");
+}
+
+int ulp_index_blob_used(ulp_archive *a, const uint8_t content[ULP_SHA256_LEN])
+{
+	static const char sql[] = "SELECT EXISTS (SELECT 1 FROM extents x JOIN blobs b ON b.id = x.blob"
+	                          " WHERE b.content = ?)";
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_blob(st, 1, content, ULP_SHA256_LEN, SQLITE_STATIC);
+	int rc = sqlite3_step(st), used = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : 0;
+	sqlite3_reset(st);
+	return rc == SQLITE_ROW ? used : ulp_db_err(a, "blob use lookup");
+}
+
+int ulp_index_file_tensors(ulp_archive *a, int64_t file,
+                           int (*cb)(void *arg, const ulp_rbtensor *t), void *arg)
+{
+	static const char sql[] = "SELECT e.path, e.series, e.step, x.name, x.dtype, x.length, b.content"
+	                          " FROM entries e JOIN extents x ON x.file = e.id JOIN blobs b ON b.id = x.blob"
+	                          " WHERE e.id = ? AND x.name IS NOT NULL AND x.length > 0 ORDER BY x.offset";
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *st;
+	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "file tensors");
+	sqlite3_bind_int64(st, 1, file);
+	int rc = 0, r;
+	while (rc == 0 && (r = sqlite3_step(st)) == SQLITE_ROW) {
+		if (sqlite3_column_type(st, 1) == SQLITE_NULL || sqlite3_column_bytes(st, 6) != ULP_SHA256_LEN)
+			continue;
+		ulp_rbtensor t = {.file = file, .path = (const char *)sqlite3_column_text(st, 0),
+		                  .series = (const char *)sqlite3_column_text(st, 1),
+		                  .step = sqlite3_column_int64(st, 2), .name = (const char *)sqlite3_column_text(st, 3),
+		                  .dtype = sqlite3_column_int(st, 4), .length = (uint64_t)sqlite3_column_int64(st, 5)};
+		memcpy(t.content, sqlite3_column_blob(st, 6), ULP_SHA256_LEN);
+		rc = cb(arg, &t);
+	}
+	if (rc == 0 && r != SQLITE_DONE)
+		rc = ulp_db_err(a, "file tensors");
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int ulp_index_orphan_deps(ulp_archive *a, int (*cb)(void *arg, const ulp_rbtensor *t), void *arg)
+{
+	/* live blobs (an extent uses them) whose reference no extent uses: once
+	 * they are re-based, gc drops the reference and everything only it needed;
+	 * each with the first file (in step order) that uses it as a tensor */
+	static const char sql[] =
+		"SELECT e.id, e.path, e.series, e.step, x.name, x.dtype, x.length, d.content FROM blobs d"
+		" JOIN blobs r ON r.content = d.ref"
+		" JOIN extents x ON x.blob = d.id JOIN entries e ON e.id = x.file"
+		" WHERE NOT EXISTS (SELECT 1 FROM extents y WHERE y.blob = r.id) AND x.name IS NOT NULL"
+		" ORDER BY e.step IS NULL, e.step, e.path, x.offset";
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *st;
+	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "orphaned references");
+	int rc = 0, r;
+	while (rc == 0 && (r = sqlite3_step(st)) == SQLITE_ROW) {
+		if (sqlite3_column_bytes(st, 7) != ULP_SHA256_LEN)
+			continue;
+		ulp_rbtensor t = {.file = sqlite3_column_int64(st, 0), .path = (const char *)sqlite3_column_text(st, 1),
+		                  .series = (const char *)sqlite3_column_text(st, 2),
+		                  .step = sqlite3_column_type(st, 3) == SQLITE_NULL ? -1 : sqlite3_column_int64(st, 3),
+		                  .name = (const char *)sqlite3_column_text(st, 4), .dtype = sqlite3_column_int(st, 5),
+		                  .length = (uint64_t)sqlite3_column_int64(st, 6)};
+		memcpy(t.content, sqlite3_column_blob(st, 7), ULP_SHA256_LEN);
+		rc = cb(arg, &t);
+	}
+	if (rc == 0 && r != SQLITE_DONE)
+		rc = ulp_db_err(a, "orphaned references");
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int ulp_index_candidates(ulp_archive *a, const ulp_rbtensor *t, uint8_t (*out)[ULP_SHA256_LEN], size_t max,
+                         size_t *n)
+{
+	static const char sql[] =
+		"SELECT b.content FROM entries e JOIN extents x ON x.file = e.id JOIN blobs b ON b.id = x.blob"
+		" WHERE e.series = ?1 AND e.type = 0 AND e.kind = 1 AND e.id <> ?2 AND x.name = ?3 AND x.dtype = ?4"
+		" AND x.length = ?5 AND b.content <> ?6 ORDER BY abs(e.step - ?7), e.step, e.path LIMIT ?8";
+	*n = 0;
+	if (!t->series)
+		return 0;
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_text(st, 1, t->series, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 2, t->file);
+	sqlite3_bind_text(st, 3, t->name, -1, SQLITE_STATIC);
+	sqlite3_bind_int(st, 4, t->dtype);
+	sqlite3_bind_int64(st, 5, (sqlite3_int64)t->length);
+	sqlite3_bind_blob(st, 6, t->content, ULP_SHA256_LEN, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 7, t->step);
+	sqlite3_bind_int64(st, 8, (sqlite3_int64)max);
+	int rc;
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+		if (sqlite3_column_bytes(st, 0) == ULP_SHA256_LEN)
+			memcpy(out[(*n)++], sqlite3_column_blob(st, 0), ULP_SHA256_LEN);
+	sqlite3_reset(st);
+	return rc == SQLITE_DONE ? 0 : ulp_db_err(a, "reference candidates");
+}
+
+int ulp_index_neighbours(ulp_archive *a, int64_t file, int64_t out[2])
+{
+	static const char sql[] =
+		"SELECT (SELECT n.id FROM entries n WHERE n.series = e.series AND n.type = 0 AND n.kind = 1"
+		"  AND n.id <> e.id AND n.step <= e.step ORDER BY n.step DESC, n.path LIMIT 1),"
+		" (SELECT n.id FROM entries n WHERE n.series = e.series AND n.type = 0 AND n.kind = 1"
+		"  AND n.id <> e.id AND n.step >= e.step ORDER BY n.step, n.path LIMIT 1)"
+		" FROM entries e WHERE e.id = ? AND e.series IS NOT NULL";
+	out[0] = out[1] = -1;
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_int64(st, 1, file);
+	int rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		for (int i = 0; i < 2; i++)
+			if (sqlite3_column_type(st, i) != SQLITE_NULL)
+				out[i] = sqlite3_column_int64(st, i);
+	sqlite3_reset(st);
+	return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : ulp_db_err(a, "neighbour lookup");
+}
+
+int ulp_index_pending(ulp_archive *a, int64_t *ids, size_t max, size_t *n)
+{
+	static const char sql[] = "SELECT file FROM rebase_queue ORDER BY file LIMIT ?";
+	*n = 0;
+	if (a->schema < 3)
+		return 0;
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_int64(st, 1, (sqlite3_int64)max);
+	int rc;
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+		ids[(*n)++] = sqlite3_column_int64(st, 0);
+	sqlite3_reset(st);
+	return rc == SQLITE_DONE ? 0 : ulp_db_err(a, "re-basing queue");
+}
+
+int ulp_index_pending_done(ulp_archive *a, const int64_t *ids, size_t n)
+{
+	static const char sql[] = "DELETE FROM rebase_queue WHERE file = ?";
+	for (size_t i = 0; i < n; i++) {
+		sqlite3_stmt *st = ulp_db_stmt(a, sql);
+		if (!st)
+			return -ULP_E_IO;
+		sqlite3_bind_int64(st, 1, ids[i]);
+		ULP_TRY(step_rc(a, st, "re-basing queue"));
+	}
+	return 0;
+}
+
+/* 1 if the chain of content from (walking refs as the index says now, in the
+ * caller's transaction) reaches content to, 0 if not; *depth receives the
+ * chain length of from. */
+static int chain_reaches(ulp_archive *a, const uint8_t *from, const uint8_t *to, unsigned *depth)
+{
+	uint8_t cur[ULP_SHA256_LEN];
+	memcpy(cur, from, ULP_SHA256_LEN);
+	for (unsigned n = 0; n <= 4096; n++) {
+		if (memcmp(cur, to, ULP_SHA256_LEN) == 0)
+			return 1;
+		ulp_rbblob b;
+		ULP_TRY(ulp_index_blob_ref(a, cur, &b));
+		if (!b.has_ref) {
+			*depth = n;
+			return 0;
+		}
+		memcpy(cur, b.ref, ULP_SHA256_LEN);
+	}
+	return ulp_arch_err(a, -ULP_E_CORRUPT, "%s/ulpack.db: a delta chain is longer than 4096 links", a->dir);
+}
+
+int ulp_index_rebase_apply(ulp_archive *a, const char *pack_name, uint64_t pack_size, ulp_rebased *r,
+                           size_t n)
+{
+	static const char sql_upd[] = "UPDATE blobs SET codec = ?, ref = ?, depth = ?, stored_size = ?, pack = ?,"
+	                              " offset = ? WHERE content = ?";
+	static const char sql_mark[] = "INSERT OR IGNORE INTO temp.rb_upd VALUES(?)";
+	static const char sql_stored[] =
+		"UPDATE entries SET stored = max(0, stored + ?1) WHERE id = (SELECT min(x.file) FROM extents x"
+		" JOIN blobs b ON b.id = x.blob WHERE b.content = ?2)";
+	int64_t pack;
+	size_t applied = 0;
+	ULP_TRY(ulp_db_exec(a, "CREATE TEMP TABLE IF NOT EXISTS rb_upd(content BLOB PRIMARY KEY);"
+	                       "CREATE TEMP TABLE IF NOT EXISTS rb_aff(content BLOB PRIMARY KEY);"
+	                       "DELETE FROM temp.rb_upd; DELETE FROM temp.rb_aff;"));
+	ULP_TRY(ulp_index_pack_add(a, pack_name, pack_size, &pack));
+	for (size_t i = 0; i < n; i++) {
+		ulp_rebased *x = &r[i];
+		ulp_rbblob now;
+		unsigned rdepth = 0;
+		x->applied = 0;
+		/* invariant 1 of recode.c: only the row that was planned changes */
+		int rc = ulp_index_blob_ref(a, x->content, &now);
+		if (rc == -ULP_E_NOENT)
+			continue;
+		ULP_TRY(rc);
+		if (now.has_ref != x->old.has_ref || (now.has_ref && memcmp(now.ref, x->old.ref, ULP_SHA256_LEN)) ||
+		    now.pack != x->old.pack || now.offset != x->old.offset)
+			continue;
+		if (x->has_ref) { /* the reference is still there and does not need this blob */
+			rc = chain_reaches(a, x->ref, x->content, &rdepth);
+			if (rc == -ULP_E_NOENT || rc == 1)
+				continue;
+			ULP_TRY(rc);
+		}
+		sqlite3_stmt *st = ulp_db_stmt(a, sql_upd);
+		if (!st)
+			return -ULP_E_IO;
+		sqlite3_bind_int(st, 1, x->codec);
+		if (x->has_ref)
+			sqlite3_bind_blob(st, 2, x->ref, ULP_SHA256_LEN, SQLITE_STATIC);
+		sqlite3_bind_int(st, 3, x->has_ref ? (int)rdepth + 1 : 0);
+		sqlite3_bind_int64(st, 4, (sqlite3_int64)x->stored);
+		sqlite3_bind_int64(st, 5, pack);
+		sqlite3_bind_int64(st, 6, (sqlite3_int64)x->offset);
+		sqlite3_bind_blob(st, 7, x->content, ULP_SHA256_LEN, SQLITE_STATIC);
+		ULP_TRY(step_rc(a, st, "re-base blob"));
+		if (!(st = ulp_db_stmt(a, sql_mark)))
+			return -ULP_E_IO;
+		sqlite3_bind_blob(st, 1, x->content, ULP_SHA256_LEN, SQLITE_STATIC);
+		ULP_TRY(step_rc(a, st, "re-base blob"));
+		if (!(st = ulp_db_stmt(a, sql_stored)))
+			return -ULP_E_IO;
+		sqlite3_bind_int64(st, 1, (sqlite3_int64)x->stored - (sqlite3_int64)x->old.stored);
+		sqlite3_bind_blob(st, 2, x->content, ULP_SHA256_LEN, SQLITE_STATIC);
+		ULP_TRY(step_rc(a, st, "re-base blob"));
+		x->applied = 1;
+		applied++;
+	}
+	if (!applied) /* nothing changed: the caller removes the pack again */
+		return 0;
+	/* invariant 2 of the header: depths follow the new references, down
+	 * every chain that passes through a re-coded blob */
+	ULP_TRY(ulp_db_exec(a, "WITH RECURSIVE d(c) AS (SELECT content FROM temp.rb_upd UNION"
+	                       " SELECT b.content FROM blobs b JOIN d ON b.ref = d.c)"
+	                       " INSERT OR IGNORE INTO temp.rb_aff SELECT c FROM d"));
+	for (int pass = 0;; pass++) {
+		ULP_TRY(ulp_db_exec(a, "UPDATE blobs SET depth = coalesce((SELECT r.depth + 1 FROM blobs r"
+		                       " WHERE r.content = blobs.ref), 0) WHERE content IN temp.rb_aff AND depth IS NOT"
+		                       " coalesce((SELECT r.depth + 1 FROM blobs r WHERE r.content = blobs.ref), 0)"));
+		if (sqlite3_changes(ulp_db(a)) == 0)
+			break;
+		if (pass > 4096)
+			return ulp_arch_err(a, -ULP_E_CORRUPT, "%s/ulpack.db: re-basing made a cycle of references", a->dir);
+	}
+	sqlite3_stmt *st;
+	int rc = sqlite3_prepare_v2(ulp_db(a), "SELECT coalesce(max(depth), 0) FROM blobs b WHERE content IN temp.rb_aff"
+	                            " AND EXISTS (SELECT 1 FROM extents x WHERE x.blob = b.id)",
+	                            -1, &st, NULL);
+	if (rc != SQLITE_OK)
+		return ulp_db_err(a, "re-base depths");
+	unsigned maxd = sqlite3_step(st) == SQLITE_ROW ? (unsigned)sqlite3_column_int(st, 0) : 0;
+	sqlite3_finalize(st);
+	/* the planner keeps the chains of files short: never commit a longer
+	 * one (blobs no file uses any more, which gc drops next, may be deeper) */
+	if (maxd > a->max_chain)
+		return ulp_arch_err(a, -ULP_E_BUSY, "%s: re-basing would make a chain of %u deltas (max_chain %u);"
+		                    " the archive changed meanwhile, try again", a->dir, maxd, a->max_chain);
+	return ulp_db_exec(a, "UPDATE entries SET"
+	                      " depth = (SELECT coalesce(max(b.depth), 0) FROM extents x JOIN blobs b ON b.id = x.blob"
+	                      "  WHERE x.file = entries.id),"
+	                      " anchor = (SELECT coalesce(max(b.depth), 0) = 0 FROM extents x JOIN blobs b ON b.id = x.blob"
+	                      "  WHERE x.file = entries.id)"
+	                      " WHERE id IN (SELECT x.file FROM extents x JOIN blobs b ON b.id = x.blob"
+	                      "  WHERE b.content IN temp.rb_aff)");
+}
+
+int ulp_index_file_id(ulp_archive *a, const char *path, int64_t *id)
+{
+	static const char sql[] = "SELECT id FROM entries WHERE path = ?";
+	sqlite3_stmt *st = ulp_db_stmt(a, sql);
+	if (!st)
+		return -ULP_E_IO;
+	sqlite3_bind_text(st, 1, path, -1, SQLITE_STATIC);
+	int rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		*id = sqlite3_column_int64(st, 0);
+	sqlite3_reset(st);
+	if (rc == SQLITE_DONE)
+		return ulp_arch_err(a, -ULP_E_NOENT, "%s: no such file in archive %s", path, a->dir);
+	return rc == SQLITE_ROW ? 0 : ulp_db_err(a, "file lookup");
+}
+
+int ulp_index_run_steps(ulp_archive *a, const char *run, int (*cb)(void *arg, int64_t step, uint64_t files),
+                        void *arg)
+{
+	static const char sql[] = "SELECT step, count(*) FROM entries WHERE type = 0 AND step IS NOT NULL AND"
+	                          " (path = ?1 OR " BELOW("path", "?1") ") GROUP BY step ORDER BY step";
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *st;
+	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "steps of a run");
+	sqlite3_bind_text(st, 1, run, -1, SQLITE_STATIC);
+	int rc = 0, r;
+	while (rc == 0 && (r = sqlite3_step(st)) == SQLITE_ROW)
+		rc = cb(arg, sqlite3_column_int64(st, 0), (uint64_t)sqlite3_column_int64(st, 1));
+	if (rc == 0 && r != SQLITE_DONE)
+		rc = ulp_db_err(a, "steps of a run");
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int ulp_index_forget_steps(ulp_archive *a, const char *run, const int64_t *steps, size_t n)
+{
+	/* the files of those steps, then the directories they leave empty
+	 * under the run (a checkpoint-N/ directory goes with its files) */
+	static const char sql_sel[] = "SELECT path FROM entries WHERE type <> 1 AND step = ?2 AND"
+	                              " (path = ?1 OR " BELOW("path", "?1") ")";
+	static const char sql_del[] = "DELETE FROM entries WHERE path = ?";
+	static const char sql_rmdir[] = "DELETE FROM entries WHERE path = ?1 AND type = 1 AND NOT EXISTS"
+	                                " (SELECT 1 FROM entries k WHERE k.parent = ?1 AND k.path <> '')";
+	size_t rl = strlen(run);
+	for (size_t i = 0; i < n; i++) {
+		char **paths = NULL;
+		size_t np = 0, cap = 0;
+		int rc = 0, r;
+		sqlite3_stmt *st = ulp_db_stmt(a, sql_sel);
+		if (!st)
+			return -ULP_E_IO;
+		sqlite3_bind_text(st, 1, run, -1, SQLITE_STATIC);
+		sqlite3_bind_int64(st, 2, steps[i]);
+		while (rc == 0 && (r = sqlite3_step(st)) == SQLITE_ROW) {
+			if ((rc = ulp_grow(&paths, &cap, np, sizeof(*paths))) == 0 &&
+			    !(paths[np++] = strdup((const char *)sqlite3_column_text(st, 0))))
+				rc = -ULP_E_NOMEM;
+		}
+		if (rc == 0 && r != SQLITE_DONE)
+			rc = ulp_db_err(a, "forget");
+		sqlite3_reset(st);
+		for (size_t k = 0; rc == 0 && k < np; k++) {
+			if (!(st = ulp_db_stmt(a, sql_del))) {
+				rc = -ULP_E_IO;
+				break;
+			}
+			sqlite3_bind_text(st, 1, paths[k], -1, SQLITE_STATIC);
+			rc = step_rc(a, st, "forget");
+			/* its parents, up to the run, while they are empty */
+			char *d = paths[k];
+			for (char *slash; rc == 0 && (slash = strrchr(d, '/')) && (size_t)(slash - d) > rl;) {
+				*slash = 0;
+				if (!(st = ulp_db_stmt(a, sql_rmdir))) {
+					rc = -ULP_E_IO;
+					break;
+				}
+				sqlite3_bind_text(st, 1, d, -1, SQLITE_STATIC);
+				rc = step_rc(a, st, "forget");
+				if (rc == 0 && sqlite3_changes(ulp_db(a)) == 0)
+					break;
+			}
+		}
+		for (size_t k = 0; k < np; k++)
+			free(paths[k]);
+		free(paths);
+		ULP_TRY(rc);
+	}
+	return 0;
 }

@@ -1,11 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * ingest.c - archiving one file. A safetensors file is cut into its header
- * (kept verbatim in the index), its tensors (each a blob, coded against the
- * same tensor of the archived file of its series with the nearest step) and
- * any bytes between or after them; any other file into segments of
- * ULP_SEGMENT bytes, each a zstd (or raw) blob. Identical contents are
- * stored once.
+ * ingest.c - archiving one file. A file is laid out as an ordered list of
+ * segments (layout()): verbatim bytes, kept in the index (the file's stored
+ * header: the concatenation of its verbatim segments), tensors (each a blob,
+ * coded against the tensor of the same name in the archived file of its
+ * series with the nearest step) and opaque bytes (segments of ULP_SEGMENT
+ * bytes, each a zstd or raw blob). A safetensors file is its header
+ * (verbatim), its tensors and any bytes between or after them (opaque); a
+ * torch.save zip (torchzip.c) is its storages as tensors, the small records
+ * and ZIP structures around them verbatim (larger gaps opaque); any other
+ * file is opaque. Identical contents are stored once.
  *
  * Invariants:
  *  1. Every new blob is decoded and compared byte for byte with its input
@@ -16,8 +20,13 @@
  *     archive is exactly as before.
  *  3. A delta's reference chain never exceeds max_chain deltas: a tensor
  *     whose reference already has max_chain is coded standalone (an anchor).
+ *  4. Segments tile [0, size) in order; the stored header is exactly the
+ *     bytes of the verbatim segments, in order, as read for the file's
+ *     sha256 (kind 2: zstd-compressed, see ulpack-format(5)).
  */
 #include "arch_int.h"
+#include "torchzip.h"
+#include <zstd.h>
 #include <errno.h>
 #include <openssl/evp.h>
 #include <pthread.h>
@@ -29,9 +38,19 @@
 
 #define ULP_SEGMENT ((size_t)4 << 20) /* bytes a segment of an opaque file: bounds memory */
 
+/* Verbatim gaps of a torch zip longer than this are stored opaque, and so
+ * are all once the verbatim bytes of a file pass ULP_VERBATIM_TOTAL (the
+ * header lives in the index and is read whole when the file is opened). */
+#define ULP_VERBATIM_GAP   ((uint64_t)1 << 20)
+#define ULP_VERBATIM_TOTAL ((uint64_t)16 << 20)
+
+enum { SEG_OPAQUE, SEG_TENSOR, SEG_VERBATIM };
+
 typedef struct seg {
 	uint64_t offset, length;
-	const ulp_st_tensor *t; /* NULL: opaque bytes */
+	int kind;               /* SEG_* */
+	const char *name;       /* SEG_TENSOR: its name (owned by the parsed layout) */
+	ulp_dtype dtype;        /* SEG_TENSOR */
 } seg;
 
 typedef struct put {
@@ -47,6 +66,8 @@ typedef struct put {
 	unsigned depth;
 	int anchor;
 	ulp_put_result *res;
+	uint8_t *vb;            /* the verbatim segments' bytes, in order (invariant 4) */
+	size_t n_vb, cap_vb;
 } put;
 
 static int read_at(put *p, uint8_t *buf, size_t len, uint64_t off)
@@ -159,7 +180,9 @@ static int code_job(void *arg, size_t i)
 		snprintf(j->err, sizeof(j->err), "%s", ulp_archive_errmsg(a));
 		return 0;
 	}
-	ulp_dtype dt = j->s->t ? j->s->t->dtype : ULP_DT_UNKNOWN;
+	if (j->s->kind == SEG_VERBATIM) /* kept as read: phase C adds it to the header */
+		return 0;
+	ulp_dtype dt = j->s->kind == SEG_TENSOR ? j->s->dtype : ULP_DT_UNKNOWN;
 	uint8_t *ref = NULL, *check = NULL;
 	ulp_pool *pool = bt->nested ? a->pool : NULL;
 	/* the content's identity: its digest (ulpack-format(5) 2.4), hashed in
@@ -222,7 +245,7 @@ static int code_job(void *arg, size_t i)
 		j->used_ref = has_ref;
 		/* the next step is coded against this one: keep it decoded, in
 		 * the memory of the reference it supersedes (no fresh pages) */
-		if (rc == 0 && j->s->t) {
+		if (rc == 0 && j->s->kind == SEG_TENSOR) {
 			size_t cb = (size_t)ulp_blob_get_info(b)->chunk_elems * ulp_dtype_size(dt);
 			if (ref)
 				ulp_read_retire(a, j->ref_sha, j->len, cb);
@@ -252,11 +275,19 @@ static void *file_sha_thread(void *arg)
 /* Phase C: append in order; a content coded twice in one batch is kept once. */
 static int append_job(put *p, job *j)
 {
-	const char *name = j->s->t ? j->s->t->name : NULL;
-	int dtype = j->s->t ? (int)j->s->t->dtype : -1;
+	const char *name = j->s->kind == SEG_TENSOR ? j->s->name : NULL;
+	int dtype = j->s->kind == SEG_TENSOR ? (int)j->s->dtype : -1;
 	unsigned depth;
 	if (j->rc < 0)
 		return ulp_arch_err(p->a, j->rc, "%s", j->err);
+	__atomic_add_fetch(&p->a->put_done, (uint64_t)j->s->length, __ATOMIC_RELAXED);
+	if (j->s->kind == SEG_VERBATIM) {
+		while (p->cap_vb - p->n_vb < j->len)
+			ULP_TRY(ulp_grow(&p->vb, &p->cap_vb, p->cap_vb, 1));
+		memcpy(p->vb + p->n_vb, j->buf, j->len);
+		p->n_vb += j->len;
+		return 0;
+	}
 	if (j->reuse) {
 		if (p->res)
 			p->res->reused++;
@@ -294,7 +325,7 @@ static int append_job(put *p, job *j)
 	if (p->res) {
 		if (j->used_ref)
 			p->res->deltas++;
-		else if (j->s->t)
+		else if (j->s->kind == SEG_TENSOR)
 			p->res->anchors++;
 	}
 	return add_extent(p, j->s->offset, j->s->length, j->sha, name, dtype, nb->depth);
@@ -322,11 +353,11 @@ static int prepare_job(put *p, const seg *s, int64_t ref_file, job *j)
 	if (!j->buf)
 		return ulp_arch_err(a, -ULP_E_NOMEM, "%s: no memory for %zu bytes", p->path, j->len);
 	/* the bytes are read by the job itself, in phase B */
-	if (s->t && p->res)
+	if (s->kind == SEG_TENSOR && p->res)
 		p->res->tensors++;
 	ulp_blobrow row;
-	if (s->t && ref_file >= 0 && j->len > 0 &&
-	    ulp_index_tensor(a, ref_file, s->t->name, (int)s->t->dtype, s->length, j->ref_sha, &row) == 0 &&
+	if (s->kind == SEG_TENSOR && ref_file >= 0 && j->len > 0 &&
+	    ulp_index_tensor(a, ref_file, s->name, (int)s->dtype, s->length, j->ref_sha, &row) == 0 &&
 	    row.depth < a->max_chain) { /* invariant 3 */
 		j->try_ref = 1;
 		j->depth = row.depth;
@@ -444,10 +475,132 @@ static int add_opaque(seg **v, size_t *n, size_t *cap, uint64_t off, uint64_t le
 	while (len > 0) {
 		uint64_t l = ULP_MIN(len, (uint64_t)ULP_SEGMENT);
 		ULP_TRY(ulp_grow(v, cap, *n, sizeof(seg)));
-		(*v)[(*n)++] = (seg){off, l, NULL};
+		(*v)[(*n)++] = (seg){off, l, SEG_OPAQUE, NULL, ULP_DT_UNKNOWN};
 		off += l;
 		len -= l;
 	}
+	return 0;
+}
+
+/* How a file is cut into segments (invariant 4). */
+typedef struct layout {
+	int kind;               /* 0 opaque, 1 safetensors, 2 torch zip (ulp_stat.kind) */
+	ulp_st *st;             /* kind 1: owns the tensor names */
+	ulp_tz *tz;             /* kind 2: owns the storage names */
+	seg *segs;
+	size_t n, cap;
+	uint64_t verbatim;      /* bytes in verbatim segments */
+} layout;
+
+static int add_seg(layout *L, uint64_t off, uint64_t len, int kind, const char *name, ulp_dtype dt)
+{
+	if (len == 0)
+		return 0;
+	if (kind == SEG_OPAQUE)
+		return add_opaque(&L->segs, &L->n, &L->cap, off, len);
+	ULP_TRY(ulp_grow(&L->segs, &L->cap, L->n, sizeof(seg)));
+	L->segs[L->n++] = (seg){off, len, kind, name, dt};
+	if (kind == SEG_VERBATIM)
+		L->verbatim += len;
+	return 0;
+}
+
+/* Bytes around a torch zip's storages: verbatim while small. */
+static int add_gap(layout *L, uint64_t off, uint64_t len)
+{
+	int v = len <= ULP_VERBATIM_GAP && L->verbatim + len <= ULP_VERBATIM_TOTAL;
+	return add_seg(L, off, len, v ? SEG_VERBATIM : SEG_OPAQUE, NULL, ULP_DT_UNKNOWN);
+}
+
+static int tz_read(void *arg, void *buf, size_t len, uint64_t off)
+{
+	return read_at(arg, buf, len, off);
+}
+
+static void layout_free(layout *L)
+{
+	ulp_st_free(L->st);
+	ulp_tz_free(L->tz);
+	free(L->segs);
+}
+
+/* Anything a parser does not accept is laid out opaque: only I/O fails. */
+static int layout_file(put *P, uint64_t size, layout *L)
+{
+	uint8_t *head = NULL;
+	int rc = 0;
+	if (size >= 8) { /* safetensors? */
+		uint8_t len8[8];
+		ULP_TRY(read_at(P, len8, 8, 0));
+		uint64_t hn = ulp_ld64(len8);
+		if (hn <= (100u << 20) && hn + 8 <= size) {
+			if (!(head = malloc((size_t)hn + 8)))
+				return -ULP_E_NOMEM;
+			if ((rc = read_at(P, head, (size_t)hn + 8, 0)) == 0 &&
+			    ulp_st_parse(head, (size_t)hn + 8, size, &L->st, NULL, NULL, 0) == 0) {
+				uint64_t at = hn + 8;
+				L->kind = 1;
+				rc = add_seg(L, 0, at, SEG_VERBATIM, NULL, ULP_DT_UNKNOWN);
+				for (size_t i = 0; rc == 0 && i < ulp_st_count(L->st); i++) {
+					const ulp_st_tensor *t = ulp_st_tensor_at(L->st, i);
+					rc = add_seg(L, at, hn + 8 + t->begin - at, SEG_OPAQUE, NULL, ULP_DT_UNKNOWN);
+					if (rc == 0)
+						rc = add_seg(L, hn + 8 + t->begin, t->end - t->begin, SEG_TENSOR, t->name, t->dtype);
+					at = hn + 8 + t->end;
+				}
+				if (rc == 0)
+					rc = add_seg(L, at, size - at, SEG_OPAQUE, NULL, ULP_DT_UNKNOWN);
+			}
+			free(head);
+			if (rc < 0 || L->kind)
+				return rc;
+		}
+	}
+	uint8_t sig[4];
+	if (size >= 22 && (rc = read_at(P, sig, 4, 0)) == 0 && memcmp(sig, "PK\3\4", 4) == 0) {
+		rc = ulp_tz_parse(tz_read, P, size, &L->tz, NULL, 0);
+		if (rc == -ULP_E_IO)
+			return rc;
+		if (rc == 0) { /* storages as tensors, the rest verbatim (invariant 4) */
+			uint64_t at = 0;
+			L->kind = 2;
+			for (size_t i = 0; rc == 0 && i < ulp_tz_count(L->tz); i++) {
+				const ulp_tz_storage *t = ulp_tz_at(L->tz, i);
+				rc = add_gap(L, at, t->offset - at);
+				if (rc == 0)
+					rc = add_seg(L, t->offset, t->length, SEG_TENSOR, t->name, t->dtype);
+				at = t->offset + t->length;
+			}
+			return rc < 0 ? rc : add_gap(L, at, size - at);
+		}
+	}
+	if (rc == -ULP_E_IO)
+		return rc;
+	L->kind = 0;
+	return add_opaque(&L->segs, &L->n, &L->cap, 0, size);
+}
+
+/* The header as stored: kind 2 compresses it (zstd, one frame). *out is
+ * malloc'd, or P->vb itself (*owned 0). */
+static int stored_header(put *P, int kind, uint8_t **out, size_t *len, int *owned)
+{
+	*owned = 0;
+	*out = P->vb;
+	*len = P->n_vb;
+	if (kind != 2 || P->n_vb == 0)
+		return 0;
+	size_t cap = ZSTD_compressBound(P->n_vb);
+	uint8_t *z = malloc(cap);
+	if (!z)
+		return -ULP_E_NOMEM;
+	size_t n = ZSTD_compress(z, cap, P->vb, P->n_vb, 19);
+	if (ZSTD_isError(n)) {
+		free(z);
+		return ulp_arch_err(P->a, -ULP_E_NOMEM, "%s: compressing the header: %s", P->path, ZSTD_getErrorName(n));
+	}
+	*out = z;
+	*len = n;
+	*owned = 1;
 	return 0;
 }
 
@@ -470,69 +623,39 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 		memset(res, 0, sizeof(*res));
 	uint64_t size = (uint64_t)sb.st_size;
 	put P = {.a = a, .path = p, .fd = fd, .anchor = 1, .res = res};
-	ulp_st *st = NULL;
-	seg *segs = NULL;
-	size_t n_segs = 0, cap_segs = 0;
+	layout L = {0};
 	EVP_MD_CTX *fsha = EVP_MD_CTX_new();
 	uint8_t *head = NULL;
 	size_t head_len = 0;
-	int rc = 0, in_tx = 0;
+	int rc = 0, in_tx = 0, head_owned = 0;
 	if (!fsha || !EVP_DigestInit_ex(fsha, EVP_sha256(), NULL)) {
 		EVP_MD_CTX_free(fsha);
 		return -ULP_E_NOMEM;
 	}
 	pthread_mutex_lock(&a->write_mu);
+	__atomic_store_n(&a->put_done, 0, __ATOMIC_RELAXED); /* this file's progress */
 
-	/* safetensors? anything that does not parse is stored as opaque bytes */
-	if (size >= 8) {
-		uint8_t len8[8];
-		if ((rc = read_at(&P, len8, 8, 0)) < 0)
-			goto out;
-		uint64_t hn = ulp_ld64(len8);
-		if (hn <= (100u << 20) && hn + 8 <= size) {
-			head = malloc((size_t)hn + 8);
-			if (!head) {
-				rc = -ULP_E_NOMEM;
-				goto out;
-			}
-			if ((rc = read_at(&P, head, (size_t)hn + 8, 0)) < 0)
-				goto out;
-			if (ulp_st_parse(head, (size_t)hn + 8, size, &st, NULL, NULL, 0) == 0)
-				head_len = (size_t)hn + 8;
-		}
-	}
-	if (st) {
-		uint64_t at = head_len;
-		for (size_t i = 0; i < ulp_st_count(st); i++) {
-			const ulp_st_tensor *t = ulp_st_tensor_at(st, i);
-			if ((rc = add_opaque(&segs, &n_segs, &cap_segs, at, head_len + t->begin - at)) < 0)
-				goto out;
-			if ((rc = ulp_grow(&segs, &cap_segs, n_segs, sizeof(seg))) < 0)
-				goto out;
-			segs[n_segs++] = (seg){head_len + t->begin, t->end - t->begin, t};
-			at = head_len + t->end;
-		}
-		if ((rc = add_opaque(&segs, &n_segs, &cap_segs, at, size - at)) < 0)
-			goto out;
-		EVP_DigestUpdate(fsha, head, head_len);
-	} else {
-		if ((rc = add_opaque(&segs, &n_segs, &cap_segs, 0, size)) < 0)
-			goto out;
-	}
+	/* safetensors, torch zip or opaque: anything that does not parse is opaque */
+	if ((rc = layout_file(&P, size, &L)) < 0)
+		goto out;
 
 	/* the reference: the nearest step of the same series */
 	int64_t ref_file = -1;
 	char *series = NULL;
 	int64_t step = ulp_parse_step(p, &series);
-	if (st && series)
+	if (L.kind && series)
 		rc = ulp_index_nearest(a, series, step, p, &ref_file, res ? res->ref_path : (char[512]){0}, 512);
 	free(series);
 	if (rc < 0)
 		goto out;
-	if ((rc = do_segments(&P, segs, n_segs, fsha, ref_file)) < 0)
+	if ((rc = do_segments(&P, L.segs, L.n, fsha, ref_file)) < 0)
 		goto out;
+	if ((rc = stored_header(&P, L.kind, &head, &head_len, &head_owned)) < 0)
+		goto out;
+	if (L.kind == 2) /* its header is its own: counted (kind 1 keeps the old accounting) */
+		P.stored += head_len;
 
-	ulp_newfile nf = {.path = p, .type = ULP_ENT_FILE, .kind = st != NULL, .header = head,
+	ulp_newfile nf = {.path = p, .type = ULP_ENT_FILE, .kind = L.kind, .header = head,
 	                  .header_len = head_len, .size = size, .stored = P.stored, .depth = P.depth,
 	                  .anchor = P.anchor};
 	if (meta) {
@@ -541,7 +664,7 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 		nf.meta.mode = sb.st_mode & 07777;
 		nf.meta.uid = sb.st_uid;
 		nf.meta.gid = sb.st_gid;
-		nf.meta.mtime_ns = ulp_time_ns(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
+		nf.meta.mtime = ulp_time_make(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
 	}
 	unsigned int shalen;
 	EVP_DigestFinal_ex(fsha, nf.sha, &shalen);
@@ -573,12 +696,19 @@ out:
 		ulp_pack_discard(P.pw); /* invariant 2 */
 	else
 		ulp_pack_free(P.pw);
+	__atomic_store_n(&a->put_done, 0, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&a->write_mu);
 	EVP_MD_CTX_free(fsha);
-	ulp_st_free(st);
-	free(segs);
-	free(head);
+	layout_free(&L);
+	if (head_owned)
+		free(head);
+	free(P.vb);
 	free(P.nb);
 	free(P.nx);
 	return rc;
+}
+
+uint64_t ulp_archive_put_progress(const ulp_archive *a)
+{
+	return __atomic_load_n(&a->put_done, __ATOMIC_RELAXED);
 }

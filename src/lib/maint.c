@@ -210,8 +210,16 @@ int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res)
 	char path[4400];
 	if (a->read_only)
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is open read-only", a->dir);
+	/* re-base first: what removed steps still hold for kept ones can go */
+	ulp_rebase_result rb1, rb2;
+	int rc = ulp_archive_rebase_pending(a, NULL, NULL, &rb1);
+	if (rc == 0)
+		rc = ulp_archive_rebase_orphans(a, NULL, NULL, &rb2);
+	if (rc < 0)
+		return rc;
+	r.blobs_rebased = rb1.recoded + rb2.recoded;
 	pthread_mutex_lock(&a->write_mu);
-	int rc = ulp_db_begin(a);
+	rc = ulp_db_begin(a);
 	if (rc == 0)
 		rc = ulp_index_gc_sweep(a, &r.blobs_removed);
 	if (rc == 0)

@@ -17,8 +17,13 @@
  *     file still reads its bytes until it is closed.
  *  4. A parsed blob in the cache points into its pack's mapping and pins it
  *     while cached (struct cblob).
+ *  5. A file is its extents (sorted, disjoint) and, around them, its header's
+ *     bytes in order: hoff[i] header bytes come before extent i, hoff[n_ext]
+ *     = header_len; checked when the file is opened, so a read never indexes
+ *     the header or the extents out of range.
  */
 #include "arch_int.h"
+#include <zstd.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -36,10 +41,11 @@ struct ulp_file {
 	loc *locs;            /* sorted by content */
 	size_t n_locs;
 	ulp_stat st;
-	uint8_t *header;      /* the stored header bytes (safetensors), or NULL */
+	uint8_t *header;      /* the verbatim bytes around the extents (decompressed), or NULL */
 	size_t header_len;
-	ulp_extent *ext;      /* tiling [header_len, size) */
+	ulp_extent *ext;      /* in offset order, disjoint (invariant 3) */
 	size_t n_ext;
+	uint64_t *hoff;       /* n_ext + 1: header bytes before extent i (invariant 3) */
 	uint64_t next_off;    /* where the last read ended (atomic: a hint) */
 	uint64_t ra_mark;     /* last chunk posted for read-ahead: ext << 32 | k, plus 1 */
 	char path[];
@@ -529,17 +535,42 @@ int ulp_file_open(ulp_archive *a, const char *path, ulp_file **out)
 	int rc = ulp_index_file(a, p, &f->st, &f->header, &f->header_len, &f->ext, &f->n_ext);
 	if (rc == 0 && (f->st.is_dir || f->st.is_symlink))
 		rc = ulp_arch_err(a, -ULP_E_INVAL, "%s: not a regular file", p);
-	/* invariant 1 of index.c: header and extents tile [0, size) */
-	uint64_t at = f->header_len;
-	for (size_t i = 0; rc == 0 && i < f->n_ext; i++) {
-		if (f->ext[i].offset != at)
-			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: extents leave a hole at byte %llu", p,
-			                  (unsigned long long)at);
-		at += f->ext[i].length;
+	/* kind 2 stores its header compressed */
+	if (rc == 0 && f->st.kind == 2 && f->header_len) {
+		unsigned long long n = ZSTD_getFrameContentSize(f->header, f->header_len);
+		uint8_t *h = NULL;
+		if (n == ZSTD_CONTENTSIZE_ERROR || n == ZSTD_CONTENTSIZE_UNKNOWN || n > f->st.size)
+			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: stored header is not a zstd frame of its size", p);
+		else if (!(h = malloc(n ? (size_t)n : 1)))
+			rc = -ULP_E_NOMEM;
+		else if (ZSTD_decompress(h, (size_t)n, f->header, f->header_len) != n)
+			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: stored header does not decompress", p);
+		free(f->header);
+		f->header = h;
+		f->header_len = (size_t)n;
 	}
-	if (rc == 0 && at != f->st.size)
-		rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: extents cover %llu of %llu bytes", p,
-		                  (unsigned long long)at, (unsigned long long)f->st.size);
+	/* invariant 1 of index.c, invariant 5 here */
+	if (rc == 0 && !(f->hoff = malloc((f->n_ext + 1) * sizeof(*f->hoff))))
+		rc = -ULP_E_NOMEM;
+	uint64_t at = 0, h = 0;
+	for (size_t i = 0; rc == 0 && i < f->n_ext; i++) {
+		const ulp_extent *x = &f->ext[i];
+		if (x->offset < at || x->offset > f->st.size || x->length > f->st.size - x->offset)
+			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: extent at byte %llu overlaps or runs past the end", p,
+			                  (unsigned long long)x->offset);
+		else {
+			h += x->offset - at;
+			f->hoff[i] = h;
+			at = x->offset + x->length;
+		}
+	}
+	if (rc == 0) {
+		h += f->st.size - at;
+		f->hoff[f->n_ext] = h;
+		if (h != f->header_len)
+			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: extents leave %llu bytes but the header has %zu", p,
+			                  (unsigned long long)h, f->header_len);
+	}
 	if (rc == 0 && f->n_ext)
 		rc = ulp_index_file_blobs(a, p, add_loc, f); /* invariant 3 */
 	if (rc == 0 && f->n_locs > 1)
@@ -561,6 +592,7 @@ void ulp_file_close(ulp_file *f)
 	free(f->locs);
 	free(f->header);
 	free(f->ext);
+	free(f->hoff);
 	free(f);
 }
 
@@ -569,14 +601,15 @@ const ulp_stat *ulp_file_get_stat(const ulp_file *f)
 	return &f->st;
 }
 
-/* The extent holding byte off (off >= header_len, off < size). */
+/* The first extent that ends after byte off (n_ext if none): the one holding
+ * off, or the next one when off lies in the header's bytes. */
 static size_t find_extent(const ulp_file *f, uint64_t off)
 {
 	size_t lo = 0, hi = f->n_ext;
-	while (hi - lo > 1) {
-		size_t mid = (lo + hi) / 2;
-		if (f->ext[mid].offset <= off)
-			lo = mid;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (f->ext[mid].offset + f->ext[mid].length <= off)
+			lo = mid + 1;
 		else
 			hi = mid;
 	}
@@ -605,11 +638,17 @@ static int chunk_bytes(ulp_archive *a, const ulp_file *f, const ulp_extent *x, u
 static void read_ahead(ulp_file *f, uint64_t last)
 {
 	size_t i = find_extent(f, last);
-	uint64_t cb;
-	if (f->ext[i].length == 0 || chunk_bytes(f->a, f, &f->ext[i], &cb) < 0)
+	uint64_t cb = 1, k;
+	if (i >= f->n_ext || f->ext[i].length == 0)
 		return;
-	uint64_t k = (last - f->ext[i].offset) / cb + 1;
-	if (k * cb >= f->ext[i].length) { /* the next extent's first chunk */
+	if (last < f->ext[i].offset) { /* in the header's bytes: the next extent's first chunk */
+		k = 0;
+	} else {
+		if (chunk_bytes(f->a, f, &f->ext[i], &cb) < 0)
+			return;
+		k = (last - f->ext[i].offset) / cb + 1;
+	}
+	if (k > 0 && k * cb >= f->ext[i].length) { /* the next extent's first chunk */
 		do
 			i++;
 		while (i < f->n_ext && f->ext[i].length == 0);
@@ -632,18 +671,11 @@ int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
 		len = (size_t)(f->st.size - off);
 	/* reading in order: the chunk after this read's end is decoded meanwhile */
 	uint64_t prev = __atomic_exchange_n(&f->next_off, off + len, __ATOMIC_RELAXED);
-	if (prev == off && off + len < f->st.size && off + len > f->header_len && f->n_ext)
+	if (prev == off && off + len < f->st.size && f->n_ext)
 		read_ahead(f, off + len - 1);
 	size_t done = 0;
-	if (off < f->header_len) {
-		size_t n = ULP_MIN(len, (size_t)(f->header_len - off));
-		memcpy(out, f->header + off, n);
-		done = n;
-	}
-	if (done == len)
-		return (int64_t)len;
 	/* which chunks: prefetch them in parallel when there are several */
-	size_t first = find_extent(f, off + done), nwant = 0, cap = 0;
+	size_t first = find_extent(f, off), nwant = 0, cap = 0;
 	want *w = NULL;
 	int rc = 0;
 	for (size_t i = first; i < f->n_ext && f->ext[i].offset < off + len && rc == 0; i++) {
@@ -666,7 +698,16 @@ int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
 		ulp_pool_run(a->pool, nwant, job_prefetch, &p);
 	}
 	free(w);
-	for (size_t i = first; rc == 0 && done < len && i < f->n_ext; i++) {
+	for (size_t i = first; rc == 0 && done < len && i <= f->n_ext; i++) {
+		/* the header's bytes before extent i (or after the last one) */
+		uint64_t gap_end = i < f->n_ext ? f->ext[i].offset : f->st.size;
+		if (off + done < gap_end) {
+			size_t n = (size_t)ULP_MIN((uint64_t)(len - done), gap_end - (off + done));
+			memcpy(out + done, f->header + (f->hoff[i] - (gap_end - (off + done))), n);
+			done += n;
+		}
+		if (i == f->n_ext || done == len)
+			break;
 		const ulp_extent *x = &f->ext[i];
 		uint64_t cb;
 		if (x->length == 0)

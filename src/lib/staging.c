@@ -5,10 +5,12 @@
  * (once the file was fsynced, or closed under a name that waits for a rename)
  * its archive path and metadata.
  *
- * A .meta file is "ULPM2 <mode octal> <uid> <gid> <mtime_ns> <path bytes>\n"
- * followed by exactly that many bytes of path (any byte but NUL, newlines
- * included). Meta files of older versions, "<mode> <uid> <gid> <mtime>\n"
- * followed by the path, are still read: their path is the rest of the file.
+ * A .meta file is "ULPM3 <mode octal> <uid> <gid> <mtime seconds> <mtime
+ * nanoseconds> <path bytes>\n" followed by exactly that many bytes of path
+ * (any byte but NUL, newlines included). Meta files of older versions are
+ * still read: "ULPM2 <mode> <uid> <gid> <mtime_ns> <path bytes>\n" and the
+ * path, and "<mode> <uid> <gid> <mtime_ns>\n" followed by the path (the rest
+ * of the file).
  *
  * Invariants:
  *  1. A staged file is archived with ulp_archive_put(), which verifies and
@@ -142,7 +144,8 @@ static int write_meta(ulp_stage *s, const char *path, const ulp_meta *m, int dur
 		return io_err(a, tmp, "create");
 	}
 	size_t pl = strlen(path);
-	fprintf(f, "ULPM2 %o %u %u %lld %zu\n", m->mode & 07777, m->uid, m->gid, (long long)m->mtime_ns, pl);
+	fprintf(f, "ULPM3 %o %u %u %lld %u %zu\n", m->mode & 07777, m->uid, m->gid, (long long)m->mtime.sec,
+	        (unsigned)m->mtime.nsec, pl);
 	fwrite(path, 1, pl, f);
 	int bad = fflush(f) != 0 || ferror(f) || (durable && fsync(fileno(f)) != 0);
 	if (fclose(f) != 0 || bad) {
@@ -234,11 +237,18 @@ static int parse_meta(const char *file, char *path, size_t cap, ulp_meta *m)
 		return -1;
 	buf[n] = 0;
 	unsigned mode;
-	long long mt;
+	long long mt, ns = 0;
 	size_t pl;
-	int at = -1;
+	int at = -1, v3 = !strncmp(buf, "ULPM3 ", 6);
 	const char *p;
-	if (!strncmp(buf, "ULPM2 ", 6)) {
+	if (v3) {
+		if (sscanf(buf + 6, "%o %u %u %lld %lld %zu%n", &mode, &m->uid, &m->gid, &mt, &ns, &pl, &at) != 6 ||
+		    at < 0 || buf[6 + at] != '\n' || ns < 0 || ns > 999999999)
+			return -1;
+		p = buf + 6 + at + 1;
+		if ((size_t)(buf + n - p) != pl)
+			return -1; /* a length that does not match: not ours */
+	} else if (!strncmp(buf, "ULPM2 ", 6)) {
 		if (sscanf(buf + 6, "%o %u %u %lld %zu%n", &mode, &m->uid, &m->gid, &mt, &pl, &at) != 5 || at < 0 ||
 		    buf[6 + at] != '\n')
 			return -1;
@@ -257,7 +267,7 @@ static int parse_meta(const char *file, char *path, size_t cap, ulp_meta *m)
 	memcpy(path, p, pl);
 	path[pl] = 0;
 	m->mode = mode;
-	m->mtime_ns = mt;
+	m->mtime = v3 ? ulp_time_make(mt, ns) : ulp_time_from_ns(mt);
 	return 0;
 }
 

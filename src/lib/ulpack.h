@@ -266,19 +266,29 @@ const char *ulp_archive_errmsg(const ulp_archive *a);
 /** The archive's directory. */
 const char *ulp_archive_dir(const ulp_archive *a);
 
+/* Times: seconds since 1970-01-01 UTC (any int64, as the kernel's time64_t)
+ * and a nanosecond part, like a struct timespec; every time a Linux file
+ * system can hold is kept exactly (ulpack-format(5) 9: entries.mtime_sec and
+ * mtime_nsec). */
+typedef struct ulp_time {
+	int64_t sec;            /* seconds since the epoch, negative before 1970 */
+	uint32_t nsec;          /* [0, 1e9) */
+} ulp_time;
+
 /* What an archive knows of a path. */
 typedef struct ulp_stat {
 	int is_dir, is_symlink;
 	uint64_t size;          /* bytes (symlink: target length) */
 	uint32_t mode;          /* permission bits and type (S_IFREG, S_IFDIR, S_IFLNK) */
 	uint32_t uid, gid;
-	int64_t mtime_ns;
+	ulp_time mtime;
 	uint8_t sha256[ULP_SHA256_LEN]; /* files: of the whole content */
 	uint64_t stored_bytes;  /* bytes of the blobs only this file introduced */
 	int64_t step;           /* parsed from the path, -1 if none */
 	unsigned chain_depth;   /* deepest delta chain among its tensors */
 	int anchor;             /* 1 if no tensor needs a reference */
-	int kind;               /* 1 safetensors (coded per tensor), 0 opaque */
+	int kind;               /* 1 safetensors, 2 torch.save zip (both coded per
+	                           tensor), 0 opaque */
 } ulp_stat;
 
 /** Metadata of a path without decoding anything. Errors: NOENT. */
@@ -303,7 +313,7 @@ void ulp_file_close(ulp_file *f);
 typedef struct ulp_meta {
 	uint32_t mode;          /* permission bits (type bits ignored) */
 	uint32_t uid, gid;
-	int64_t mtime_ns;
+	ulp_time mtime;
 } ulp_meta;
 
 typedef struct ulp_put_result {
@@ -340,10 +350,71 @@ int ulp_archive_setattr(ulp_archive *a, const char *path, unsigned which, const 
 
 typedef struct ulp_gc_result {
 	uint64_t blobs_removed, packs_removed, packs_rewritten, bytes_reclaimed;
+	uint64_t blobs_rebased;  /* blobs re-coded off removed steps or onto nearer ones */
 } ulp_gc_result;
-/** Drops blobs nothing reaches (no file, no chain) and rewrites or removes
- *  the packs that held them, verifying every blob it rewrites. */
+/** Re-bases first (ulp_archive_rebase_pending, then _orphans: a removed
+ *  step's blobs that kept files need are re-coded against a remaining
+ *  step), then drops blobs nothing reaches (no file, no chain) and rewrites
+ *  or removes the packs that held them, verifying every blob it rewrites. */
 int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res);
+
+/* ---- re-basing (recode.c) ------------------------------------------------
+ *
+ * A stored tensor can be re-coded against another reference, or as an
+ * anchor, without changing its content: each re-coded blob is decoded and
+ * compared before it counts, the new pack is durable before one index
+ * transaction commits the new codings (a crash leaves the old state or the
+ * new one), no chain exceeds max_chain, and readers see the same bytes
+ * throughout. Work runs on the archive's pool. */
+typedef struct ulp_rebase_result {
+	uint64_t planned;        /* blobs considered for re-coding */
+	uint64_t recoded;        /* blobs re-coded and committed */
+	uint64_t anchors;        /* of which now standalone */
+	uint64_t not_better;     /* tried and kept as they were (not smaller) */
+	uint64_t raw_bytes;      /* decoded bytes of the re-coded blobs */
+	uint64_t stored_before, stored_after; /* their stored bytes, before and after */
+	double seconds;          /* wall time of the call */
+} ulp_rebase_result;
+/* Progress: done of total bytes of tensors to re-code. */
+typedef void (*ulp_progress_fn)(void *arg, uint64_t done, uint64_t total);
+
+/** Re-codes tensor `tensor` of file path against the same tensor of file
+ *  ref_path (same dtype and size), or standalone when ref_path is NULL.
+ *  Errors: NOENT, INVAL (ref_path needs this tensor, or the chain would
+ *  exceed max_chain). res may be NULL. */
+int ulp_archive_rebase(ulp_archive *a, const char *path, const char *tensor, const char *ref_path,
+                       ulp_rebase_result *res);
+/** Handles the re-basing queue that the index keeps (in the transactions
+ *  of puts and renames, so a crash loses none of it): a file whose series
+ *  changed by a rename, or that arrived between archived steps, and its
+ *  neighbouring steps are re-coded against their nearest step where that is
+ *  smaller. Call it after archiving (a mount's idle time, unmount, gc). */
+int ulp_archive_rebase_pending(ulp_archive *a, ulp_progress_fn progress, void *arg, ulp_rebase_result *res);
+/** Re-codes the tensors whose reference no file uses any more (its step
+ *  was removed) against the nearest remaining step of their series (in step
+ *  order, as an import of the remaining steps would), or standalone, so that
+ *  gc can drop the removed steps' blobs. */
+int ulp_archive_rebase_orphans(ulp_archive *a, ulp_progress_fn progress, void *arg, ulp_rebase_result *res);
+
+/* Retention: which steps of a run to keep. A step is kept if any rule keeps
+ * it; files without a step are always kept. */
+typedef struct ulp_forget_opts {
+	int64_t keep_last;     /* the N highest steps (0: no such rule) */
+	int64_t keep_every;    /* steps that are multiples of K (0: no such rule); by step
+	                          number, not position, so that a new step never changes
+	                          which older ones are kept */
+	const int64_t *keep;   /* these steps */
+	size_t n_keep;
+	int dry_run;           /* 1: report only */
+} ulp_forget_opts;
+/** Removes the files of the steps of run (a path prefix) that no rule
+ *  keeps, and the directories that leaves empty, in one transaction;
+ *  cb(arg, step, files, kept) is called for each step, ascending (may be
+ *  NULL). Space returns with ulp_archive_gc. Errors: INVAL (no rule),
+ *  NOENT (no such run).
+ *  @return the number of steps forgotten (or that would be, dry_run). */
+int64_t ulp_archive_forget(ulp_archive *a, const char *run, const ulp_forget_opts *o,
+                           int (*cb)(void *arg, int64_t step, uint64_t files, int kept), void *arg);
 
 /**
  * Decodes every file under prefix ("" for all) and checks its sha256 (and its
@@ -377,7 +448,7 @@ typedef struct ulp_dtype_total {
 typedef struct ulp_report {
 	uint64_t files, dirs, raw_bytes, stored_bytes, blobs, pack_bytes;
 	unsigned max_chain_depth;
-	ulp_dtype_total by_dtype[ULP_DT__COUNT]; /* tensors only (kind 1 files) */
+	ulp_dtype_total by_dtype[ULP_DT__COUNT]; /* tensors only (kind 1 and 2 files) */
 	uint64_t opaque_raw, opaque_stored;      /* other files and non-tensor bytes */
 } ulp_report;
 int ulp_archive_report(ulp_archive *a, const char *prefix,
@@ -433,11 +504,18 @@ int ulp_parse_size(const char *s, uint64_t *out);
  *  Errors: NAMETOOLONG, INVAL (a ".." component). */
 int ulp_path_check(const char *path);
 
-/* Times are int64 nanoseconds since the epoch (mtime_ns), which covers
- * 1677-09-21 to 2262-04-11. */
-/** sec + nsec as nanoseconds; a time outside that range is clamped to its
- *  nearest end (the kernel clamps times to what a file system holds alike).
- *  nsec is in [0, 1e9) (a timespec's). */
+/* Times (ulp_time, above). */
+/** sec + nsec, normalised so that nsec is in [0, 1e9) (nsec may be any value,
+ *  e.g. a timespec's, -1 or 1e9); a sum beyond the int64 seconds saturates at
+ *  {INT64_MIN, 0} or {INT64_MAX, 999999999}. */
+ulp_time ulp_time_make(int64_t sec, int64_t nsec);
+/** ns nanoseconds since the epoch as a time (exact for every int64). */
+ulp_time ulp_time_from_ns(int64_t ns);
+/** The current time (CLOCK_REALTIME). */
+ulp_time ulp_time_now(void);
+/** sec + nsec as int64 nanoseconds, which cover 1677-09-21 to 2262-04-11 only
+ *  (the index's legacy mtime_ns column): a time outside is clamped to the
+ *  nearest end. nsec is in [0, 1e9) (a timespec's). */
 int64_t ulp_time_ns(int64_t sec, int64_t nsec);
 /** Splits ns into seconds and a nanosecond part in [0, 1e9) (rounds toward
  *  minus infinity, so a time before 1970 with a fraction stays exact). */
@@ -453,6 +531,63 @@ int ulp_parse_int(const char *s, int64_t min, int64_t max, int64_t *out);
  *  the file name), or -1. *series receives the path with the step's digits
  *  replaced by "{S}" (malloc'd; NULL when there is no step). */
 int64_t ulp_parse_step(const char *path, char **series);
+
+/* ---- steps and runs (steps.c) -------------------------------------------- */
+
+/** Compares names as people read numbered names: runs of digits by their
+ *  value (checkpoint-200 before checkpoint-1000), the rest bytewise; a total
+ *  order, 0 only for equal strings. For qsort of names and paths. */
+int ulp_name_cmp(const char *a, const char *b);
+/** The step of a step directory's name (checkpoint-N, checkpoint_N, step_N,
+ *  step-N, stepN, iter_N, iteration_N, ckpt-N, epochE-stepN, or digits
+ *  only), or -1: names starting with '.' or "tmp" (temporaries) and
+ *  DeepSpeed's global_stepN are not step directories. A run directory is a
+ *  directory that is not a step directory and holds at least one. */
+int64_t ulp_name_step(const char *name);
+
+/* One step of a run, for ulp_archive_steps. */
+typedef struct ulp_step_info {
+	const char *run;        /* the run directory ("" for the archive's root) */
+	const char *dir;        /* the step directory's path */
+	int64_t step;
+	uint64_t files;         /* files under it, at any depth */
+	uint64_t raw_bytes, stored_bytes; /* their sizes and the blob bytes they introduced */
+	unsigned chain_depth;   /* deepest delta chain among them */
+} ulp_step_info;
+/** Calls cb for each step directory under prefix ("" for all), by run (path
+ *  order) and then by step; a file counts in its shallowest ancestor step
+ *  directory. Stops at a non-zero return of cb, which it returns. Strings
+ *  are valid during the call. Errors: NOENT (prefix), NOMEM. */
+int ulp_archive_steps(ulp_archive *a, const char *prefix, int (*cb)(void *arg, const ulp_step_info *s),
+                      void *arg);
+/** The name of the child of run directory dir with the highest step (ties:
+ *  the greatest by ulp_name_cmp) into name[cap]. Errors: NOENT (dir is not a
+ *  run directory), EXIST (dir has a real entry called "latest": it wins),
+ *  OVERFLOW (cap). */
+int ulp_archive_latest(ulp_archive *a, const char *dir, char *name, size_t cap);
+
+/** Bytes of the file being archived by ulp_archive_put (on any thread) that
+ *  are coded so far; 0 between files. Thread-safe: for progress display. */
+uint64_t ulp_archive_put_progress(const ulp_archive *a);
+
+/* ---- mount lock (mountlock.c) ----------------------------------------------- */
+
+/* Who holds an archive's mount lock. */
+typedef struct ulp_mount_owner {
+	long pid;               /* 0 if not recorded yet */
+	char mountpoint[ULP_PATH_MAX + 1]; /* "" if not recorded yet */
+	int alive;              /* the process runs */
+	int mounted;            /* mountpoint is a live ulpackfs mount (this mount namespace) */
+} ulp_mount_owner;
+/** Takes the lock that allows one read-write mount of archive dir at a
+ *  time (an exclusive flock on DIR/mount.lock, held while *fd is open, kept
+ *  across fork). Never waits. Errors: BUSY (another process holds it; holder,
+ *  when not NULL, says who and where), IO. errbuf gets the cause. */
+int ulp_mount_lock(const char *dir, int *fd, ulp_mount_owner *holder, char *errbuf, size_t errcap);
+/** Records the holder's pid and mount point in the lock open on fd. */
+int ulp_mount_lock_note(int fd, long pid, const char *mountpoint);
+/** 1 if mountpoint is a ulpackfs mount in /proc/self/mountinfo. */
+int ulp_mount_active(const char *mountpoint);
 
 /* ---- CPU dispatch -------------------------------------------------------- */
 
@@ -511,6 +646,37 @@ typedef struct ulp_st_wtensor {
 /** Writes a safetensors file (tensors in the given order, header padded to 8
  *  bytes with spaces). Errors: IO (errno preserved), INVAL. */
 int ulp_st_write(const char *path, const ulp_st_wtensor *t, size_t n, const char *metadata_json);
+
+/* ---- torch.save zip files (torchzip.c) ------------------------------------ */
+
+/** A storage of a torch.save file: a tensor's bytes in the file. */
+typedef struct ulp_tz_storage {
+	const char *name;        /* path of the first tensor using it ("state.0.exp_avg",
+	                            "model.layers.3.mlp.up_proj.weight"), else
+	                            "storage:KEY"; unique; owned by the ulp_tz */
+	ulp_dtype dtype;         /* never ULP_DT_UNKNOWN (other storages are not listed) */
+	uint64_t offset, length; /* in the file; length = numel x itemsize > 0 */
+} ulp_tz_storage;
+
+typedef struct ulp_tz ulp_tz;
+
+/** Reads len bytes at off into buf: 0, or a negative code. */
+typedef int (*ulp_tz_read_fn)(void *arg, void *buf, size_t len, uint64_t off);
+
+/**
+ * Reads a torch.save zip (PyTorch >= 1.6) of size bytes through rd: ZIP and
+ * ZIP64 directories, local headers, and data.pkl's persistent ids. On
+ * success *out lists the storages of known dtype, sorted by offset,
+ * disjoint. Strict: CORRUPT (errbuf says why) for anything it does not
+ * fully understand; NOMEM; rd's errors.
+ */
+int ulp_tz_parse(ulp_tz_read_fn rd, void *arg, uint64_t size, ulp_tz **out, char *errbuf,
+                 size_t errcap);
+/** The same over a buffer holding the whole file. */
+int ulp_tz_parse_mem(const uint8_t *data, size_t size, ulp_tz **out, char *errbuf, size_t errcap);
+size_t ulp_tz_count(const ulp_tz *z);
+const ulp_tz_storage *ulp_tz_at(const ulp_tz *z, size_t i);
+void ulp_tz_free(ulp_tz *z);
 
 #ifdef __cplusplus
 }

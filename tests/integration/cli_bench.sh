@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 # cli_bench.sh - `ulpack synth` writes a deterministic trajectory and
 # `ulpack bench --json` on a pair of it reports every promised field, a
-# successful round trip, and ULPack below zstd -19 on the byte-grouped XOR.
+# successful round trip, and ULPack below zstd -19 on the byte-grouped XOR;
+# bench on a pair of torch.save files.
 . "$(dirname "$0")/lib.sh"
 
 "$ULPACK" synth "$T/a" --steps 2 --dim 64 || fail "synth"
@@ -35,4 +36,17 @@ PYEOF
 	--reps 1 --min-time 0.01 > "$T/bench.txt" || fail "bench on mixed dtypes"
 grep -q '^F32 ' "$T/bench.txt" && grep -q '^BF16 ' "$T/bench.txt" && grep -q '^total ' "$T/bench.txt" \
 	&& ok "text report per dtype" || fail "text report: $(cat "$T/bench.txt")"
+# torch.save pairs: the storages of two steps of AdamW state (tests/data/torch)
+TD="$top_srcdir/tests/data/torch/run"
+"$ULPACK" bench "$TD/checkpoint-20/optimizer.pt" "$TD/checkpoint-30/optimizer.pt" --json --reps 1 --min-time 0.01 \
+	> "$T/bench_pt.json" || fail "bench on torch.save files"
+"$PY" - "$T/bench_pt.json" <<'PYEOF' && ok "bench on torch.save files" || fail "bench on torch.save json"
+import json, sys
+d = json.load(open(sys.argv[1]))
+t = d["total"]
+assert t["roundtrip_ok"] is True and t["raw_bytes"] == 132624, t
+assert t["ulpack_bytes"] < t["raw_bytes"] and t["ulpack_bytes"] < 1.02 * t["zstd19_bgxor_bytes"], t
+PYEOF
+"$ULPACK" bench "$TD/checkpoint-20/optimizer.pt" "$top_srcdir/tests/data/torch/make.py" > /dev/null 2>&1 \
+	&& fail "bench accepted a file that is neither format" || ok "bench refuses other files"
 finish

@@ -3,9 +3,14 @@
 # fuse_names_times.sh - names and times the mount must refuse or keep
 # (issue 11, items 16 and 17): a name over 255 bytes gives ENAMETOOLONG for
 # create, mkdir, symlink, link and a rename target, a path over 4095 bytes
-# ENAMETOOLONG (not EINVAL), ulpack import reports such a name; a time before
-# 1970 with a fraction comes back exact after a remount and through ulpack
-# export, one after 2262 is clamped to 2262 rather than wrapping around.
+# ENAMETOOLONG (not EINVAL), ulpack import reports such a name. Times come
+# back exact over the whole range the kernel holds (int64 seconds and
+# nanoseconds; at the two ends it drops the nanoseconds itself): 1900 with a
+# fraction, the last nanosecond before 1970, 2300-01-01 00:00:00.5 (past
+# int64 nanoseconds), 2446-05-10 (ext4's last second), the first and last
+# int64 second; set by path, on an open file and on a directory; live, after
+# a remount, in ulpack ls and stat --json, through ulpack export, and from
+# staging after a kill -9 of the daemon.
 . "$(dirname "$0")/lib.sh"
 need_fuse
 
@@ -53,29 +58,145 @@ PYEOF
 
 # times (TZ=UTC: the dates below are UTC)
 export TZ=UTC
+# name: seconds, nanoseconds set, nanoseconds the kernel passes on
+cat > "$T/times.py" <<'PYEOF'
+TIMES = {"1900": (-2208988800, 250000000), "1969": (-1, 999999999), "2300": (10413792000, 500000000),
+         "2446": (15032385535, 999999999), "min": (-2**63, 0), "max": (2**63 - 1, 999999999)}
+def ns(name):
+    s, n = TIMES[name]
+    return s * 10**9 + (0 if name in ("min", "max") else n)  # the kernel's clamp drops them there
+def check(got):  # got: name -> st_mtime_ns; raises with what differs
+    bad = {k: (v, ns(k.lstrip("pfdrs"))) for k, v in got.items() if v != ns(k.lstrip("pfdrs"))}
+    assert not bad, "got, wanted: %r" % bad
+PYEOF
+"$PY" - "$M" "$T" <<'PYEOF' || fail "setting times"
+import os, sys
+m, t = sys.argv[1], sys.argv[2]
+sys.path.insert(0, t)
+from times import TIMES
+for name, (s, n) in TIMES.items():
+    p = os.path.join(m, "p" + name)  # utimensat by path on an archived file
+    open(p, "wb").write(b"p")
+    os.utime(p, ns=(0, s * 10**9 + n))
+    fd = os.open(os.path.join(m, "f" + name), os.O_CREAT | os.O_WRONLY, 0o644)  # futimens while written
+    os.write(fd, b"f")
+    os.utime(fd, ns=(0, s * 10**9 + n))
+    os.close(fd)
+    d = os.path.join(m, "d" + name)
+    os.mkdir(d)
+    os.utime(d, ns=(0, s * 10**9 + n))
+PYEOF
 printf a > "$M/1960" && touch -d '1960-01-01 00:00:00.5' "$M/1960" || fail "touch -d 1960"
-printf b > "$M/2300" && touch -d '2300-01-01' "$M/2300" || fail "touch -d 2300"
-printf c > "$M/u1960" && printf d > "$M/u2300" && "$PY" -c "
-import os
-os.utime('$M/u1960', ns=(0, -315619199500000000))
-os.utime('$M/u2300', ns=(0, 10413792000 * 10**9))" || fail "utimensat by path"
-mkdir "$M/dir1969" && touch -d '1969-12-31 23:59:59.25' "$M/dir1969" || fail "touch -d 1969 (directory)"
+printf b > "$M/2300" && touch -d '2300-01-01 00:00:00.5' "$M/2300" || fail "touch -d 2300"
+printf c > "$M/1900" && touch -d '1900-01-01 00:00:00.25' "$M/1900" || fail "touch -d 1900"
+mkdir "$M/dir1969" && touch -d '1969-12-31 23:59:59.999999999' "$M/dir1969" || fail "touch -d 1969 (directory)"
+cat > "$T/check.py" <<'PYEOF'
+import os, sys
+m, t = sys.argv[1], sys.argv[2]
+sys.path.insert(0, t)
+from times import TIMES, check
+check({k + n: os.stat(os.path.join(m, k + n)).st_mtime_ns for n in TIMES for k in "pfd"})
+touched = {"1960": -315619199500000000, "2300": 10413792000500000000, "1900": -2208988799750000000,
+           "dir1969": -1}
+got = {n: os.stat(os.path.join(m, n)).st_mtime_ns for n in touched}
+assert got == touched, "touch -d: got %r, wanted %r" % (got, touched)
+PYEOF
+"$PY" "$T/check.py" "$M" "$T" && ok "times exact through the mount" || fail "times through the mount"
 umount_fs "$M"
 mount_fs "$A" "$M" || { fail remount; finish; }
-"$PY" - "$M" <<'PYEOF' && ok "times before 1970 with a fraction, after 2262 (clamped), after a remount" || fail "times"
-import os, sys
-m = sys.argv[1]
-want = {"u1960": -315619199500000000, "1960": -315619199500000000, "dir1969": -750000000,
-        "u2300": 2**63 - 1, "2300": 2**63 - 1}  # 2300 clamped to 2262-04-11
-got = {n: os.stat(os.path.join(m, n)).st_mtime_ns for n in want}
-bad = {n: (got[n], want[n]) for n in want if got[n] != want[n]}
-assert not bad, "got, wanted: %r" % bad
-PYEOF
+"$PY" "$T/check.py" "$M" "$T" && ok "times exact after a remount (1900.25, 1969.999999999, 2300.5, 2446, int64 ends)" \
+	|| fail "times after a remount"
 umount_fs "$M"
-"$ULPACK" export "$A" u1960 "$T/out1960" > /dev/null 2>&1 || fail "export"
-"$PY" - "$T/out1960" <<'PYEOF' && ok "ulpack export restores a time before 1970 with a fraction" || fail "export time"
+"$ULPACK" ls "$A" > "$T/ls.out" 2>&1 || fail "ulpack ls"
+grep -q ' 2300-01-01 00:00 2300$' "$T/ls.out" && grep -q ' 1900-01-01 00:00 1900$' "$T/ls.out" &&
+	grep -q ' @9223372036854775807 pmax$' "$T/ls.out" && grep -q ' 2446-05-10 22:38 p2446$' "$T/ls.out" &&
+	ok "ulpack ls shows 1900, 2300, 2446 and the last int64 second" || fail "ulpack ls: $(cat "$T/ls.out")"
+"$ULPACK" stat "$A" --json > "$T/stat.json" || fail "ulpack stat --json"
+"$PY" - "$T/stat.json" "$T" <<'PYEOF' && ok "ulpack stat --json gives exact seconds and nanoseconds" || fail "stat --json times"
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from times import TIMES, check
+files = {f["path"]: f for f in json.load(open(sys.argv[1]))["files"]}
+check({k + n: files[k + n]["mtime_sec"] * 10**9 + files[k + n]["mtime_nsec"] for n in TIMES for k in "pf"})
+assert (files["2300"]["mtime_sec"], files["2300"]["mtime_nsec"]) == (10413792000, 500000000), files["2300"]
+PYEOF
+# export: each time as exact as a utimensat on the destination's file system
+# stores it (ext4 holds 1901-12-13 to 2446-05-10, tmpfs the int64 seconds)
+mkdir "$T/out" && "$ULPACK" export "$A" "" "$T/out/all" > /dev/null 2>&1 || fail "export"
+"$PY" - "$T/out" "$T" <<'PYEOF' && ok "ulpack export restores each time as the destination holds it" || fail "export times"
 import os, sys
-t = os.stat(sys.argv[1]).st_mtime_ns
-assert t == -315619199500000000, t
+o, t = sys.argv[1], sys.argv[2]
+sys.path.insert(0, t)
+from times import TIMES, ns
+bad, exact = {}, 0
+for n in TIMES:
+    probe = os.path.join(o, "probe")
+    open(probe, "wb").close()
+    os.utime(probe, ns=(0, ns(n)))
+    want = os.stat(probe).st_mtime_ns
+    exact += want == ns(n)
+    for k in "pfd":
+        got = os.stat(os.path.join(o, "all", k + n)).st_mtime_ns
+        if got != want:
+            bad[k + n] = (got, want)
+assert not bad, "got, wanted: %r" % bad
+assert os.stat(os.path.join(o, "all", "1960")).st_mtime_ns == -315619199500000000
+# 1969.999999999 and 2300.5 fit ext4, xfs (bigtime), btrfs and tmpfs
+assert os.stat(os.path.join(o, "all", "p2300")).st_mtime_ns == 10413792000500000000
+assert os.stat(os.path.join(o, "all", "f1969")).st_mtime_ns == -1
+print("# %d of %d times exact on the destination" % (exact, len(TIMES)))
+PYEOF
+
+# crash recovery from staging: a file fsynced and held open, and one closed
+# under an rsync temporary name, each with a time set while open; kill -9
+mount_fs "$A" "$M" || { fail "mount for kill -9"; finish; }
+pid=$(fs_pid "$M")
+"$PY" - "$M" "$T" <<'PYEOF' &
+import os, sys, time
+m, t = sys.argv[1], sys.argv[2]
+sys.path.insert(0, t)
+from times import TIMES
+held = []
+for name, (s, n) in TIMES.items():
+    fd = os.open(os.path.join(m, "s" + name), os.O_CREAT | os.O_WRONLY, 0o644)
+    os.write(fd, b"synced")
+    os.utime(fd, ns=(0, s * 10**9 + n))
+    os.fsync(fd)
+    held.append(fd)
+    fd = os.open(os.path.join(m, ".r%s.Ab12cD" % name), os.O_CREAT | os.O_WRONLY, 0o644)
+    os.write(fd, b"temp")
+    os.utime(fd, ns=(0, s * 10**9 + n))
+    os.close(fd)
+open(os.path.join(t, "ready"), "w").close()
+while not os.path.exists(os.path.join(t, "go")):
+    time.sleep(0.05)
+for fd in held:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+PYEOF
+wpid=$!
+for _ in $(seq 600); do
+	[ -e "$T/ready" ] && break
+	running "$wpid" || break
+	sleep 0.05
+done
+[ -e "$T/ready" ] || fail "the writer did not get ready"
+[ -n "$pid" ] && kill -9 "$pid"
+for _ in $(seq 600); do running "$pid" || break; sleep 0.05; done
+touch "$T/go"
+wait "$wpid" 2>/dev/null
+fusermount3 -u -z "$M" 2>/dev/null
+mount_fs "$A" "$M" 2> "$T/mount.err" || fail "remount after kill -9: $(cat "$T/mount.err")"
+"$PY" - "$M" "$T" <<'PYEOF' && ok "times exact after a kill -9, from staging" || fail "times after kill -9"
+import os, sys
+m, t = sys.argv[1], sys.argv[2]
+sys.path.insert(0, t)
+from times import TIMES, check
+got = {"s" + n: os.stat(os.path.join(m, "s" + n)).st_mtime_ns for n in TIMES}
+got.update({"r" + n: os.stat(os.path.join(m, ".r%s.Ab12cD" % n)).st_mtime_ns for n in TIMES})
+check(got)
+assert open(os.path.join(m, "s2300"), "rb").read() == b"synced"
 PYEOF
 finish

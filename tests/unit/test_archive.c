@@ -80,7 +80,7 @@ static int put_path(ulp_archive *a, const char *apath, const char *file, ulp_put
 {
 	int fd = open(file, O_RDONLY);
 	REQUIRE(fd >= 0, "open %s", file);
-	ulp_meta m = {0644, 0, 0, 1000000000ll * 1700000000};
+	ulp_meta m = {0644, 0, 0, {1700000000, 0}};
 	int rc = ulp_archive_put(a, apath, fd, &m, res);
 	close(fd);
 	return rc;
@@ -303,7 +303,7 @@ static void test_gc(void)
 	CHECK(ulp_archive_report(a, "", NULL, NULL, &rep) == 0 && rep.blobs == 0 && rep.pack_bytes == 0,
 	      "nothing left: %llu blobs", (unsigned long long)rep.blobs);
 	/* rename and namespace operations */
-	ulp_meta m = {0755, 0, 0, 5};
+	ulp_meta m = {0755, 0, 0, {0, 5}};
 	CHECK(ulp_archive_mkdir(a, "x/y", &m) == 0, "mkdir -p");
 	CHECK(ulp_archive_rename(a, "x", "z") == 0, "rename dir");
 	ulp_stat st;
@@ -452,7 +452,7 @@ static void test_staging(void)
 			const char msg[] = "staged bytes";
 			if (write(ulp_stage_fd(s), msg, sizeof(msg)) != (ssize_t)sizeof(msg))
 				_exit(1);
-			ulp_meta m = {0640, 1, 2, 123456789};
+			ulp_meta m = {0640, 1, 2, {0, 123456789}};
 			if (synced && ulp_stage_sync(s, synced ? "x/synced.txt" : "x/lost.txt", &m) < 0)
 				_exit(1);
 			_exit(0); /* "crash": never committed */
@@ -467,7 +467,7 @@ static void test_staging(void)
 	CHECK(ulp_stage_recover(a, &rec, &rem) == 0 && rec == 1 && rem == 1, "recovered %u, removed %u", rec, rem);
 	ulp_stat s;
 	CHECK(ulp_archive_stat(a, "x/synced.txt", &s) == 0 && s.size == 13 && (s.mode & 0777) == 0640 &&
-	      s.mtime_ns == 123456789, "recovered file and metadata");
+	      s.mtime.sec == 0 && s.mtime.nsec == 123456789, "recovered file and metadata");
 	ulp_file *f;
 	char buf[32] = "";
 	REQUIRE(ulp_file_open(a, "x/synced.txt", &f) == 0, "open recovered");
@@ -488,7 +488,7 @@ static void test_staging(void)
 	char cu[32] = "";
 	CHECK(pread(ulp_stage_fd(st), cu, sizeof(cu), 0) == 13 && !strcmp(cu, "staged bytes"), "copy-up bytes");
 	CHECK(pwrite(ulp_stage_fd(st), "S", 1, 0) == 1, "write");
-	ulp_meta m = {0600, 0, 0, 5};
+	ulp_meta m = {0600, 0, 0, {0, 5}};
 	CHECK(ulp_stage_commit(st, "x/synced.txt", &m, NULL) == 0, "commit");
 	REQUIRE(ulp_file_open(a, "x/synced.txt", &f) == 0, "reopen");
 	CHECK(ulp_file_pread(f, buf, sizeof(buf), 0) == 13 && !strcmp(buf, "Staged bytes"), "rewritten");
@@ -496,8 +496,9 @@ static void test_staging(void)
 	ulp_archive_close(a);
 }
 
-/* staging records: a newline in a path (both sidecar formats), relabel after
- * a rename, forget after an unlink, and a dead process's .meta.tmp */
+/* staging records: a newline in a path (all three sidecar formats), relabel
+ * after a rename, forget after an unlink, a dead process's .meta.tmp, and
+ * times past int64 nanoseconds (ULPM3: seconds and nanoseconds) */
 static void put_file(const char *path, const char *text)
 {
 	FILE *f = fopen(path, "w");
@@ -515,17 +516,22 @@ static void test_staging_records(void)
 	pid_t pid = fork();
 	if (pid == 0) {
 		ulp_archive *a;
-		ulp_stage *s1, *s2, *s3;
-		ulp_meta m = {0644, 0, 0, 42};
+		ulp_stage *s1, *s2, *s3, *s4, *s5;
+		ulp_meta m = {0644, 0, 0, {0, 42}};
+		ulp_meta m2300 = {0644, 0, 0, {10413792000LL, 500000000}}; /* 2300-01-01 00:00:00.5 */
+		ulp_meta mmin = {0644, 0, 0, {INT64_MIN, 0}}, mmax = {0644, 0, 0, {INT64_MAX, 999999999}};
 		if (ulp_archive_open(dir, NULL, &a, NULL, 0) < 0 || ulp_stage_new(a, NULL, &s1) < 0 ||
-		    ulp_stage_new(a, NULL, &s2) < 0 || ulp_stage_new(a, NULL, &s3) < 0)
+		    ulp_stage_new(a, NULL, &s2) < 0 || ulp_stage_new(a, NULL, &s3) < 0 ||
+		    ulp_stage_new(a, NULL, &s4) < 0 || ulp_stage_new(a, NULL, &s5) < 0)
 			_exit(1);
+		if (ulp_stage_sync(s4, "tmin", &mmin) < 0 || ulp_stage_record(s5, "tmax", &mmax) < 0)
+			_exit(5);
 		if (ulp_stage_write(s1, "one", 3, 0) != 3 || ulp_stage_write(s2, "two", 3, 0) != 3 ||
 		    ulp_stage_write(s3, "three", 5, 0) != 5)
 			_exit(2);
 		if (ulp_stage_relabel(s2, "never", &m) < 0) /* nothing recorded: nothing to do */
 			_exit(3);
-		if (ulp_stage_sync(s1, "a\nb.txt", &m) < 0 || ulp_stage_record(s2, "d/.t.abcdef", &m) < 0 ||
+		if (ulp_stage_sync(s1, "a\nb.txt", &m2300) < 0 || ulp_stage_record(s2, "d/.t.abcdef", &m) < 0 ||
 		    ulp_stage_relabel(s2, "d2/t", &m) < 0 || ulp_stage_sync(s3, "gone", &m) < 0 ||
 		    ulp_stage_forget(s3) < 0)
 			_exit(4);
@@ -539,16 +545,35 @@ static void test_staging_records(void)
 	put_file(p, "old");
 	snprintf(p, sizeof(p), "%s/staging/99998-1.meta", dir);
 	put_file(p, "600 0 0 7\nold\nformat");
+	/* a sidecar of the second format (ULPM2: int64 ns), a time before 1970 */
+	snprintf(p, sizeof(p), "%s/staging/99998-2.data", dir);
+	put_file(p, "v2");
+	snprintf(p, sizeof(p), "%s/staging/99998-2.meta", dir);
+	put_file(p, "ULPM2 640 0 0 -1 9\nv2\nformat");
+	/* ULPM3 with a nanosecond part out of range: not ours, removed */
+	snprintf(p, sizeof(p), "%s/staging/99998-3.data", dir);
+	put_file(p, "bad");
+	snprintf(p, sizeof(p), "%s/staging/99998-3.meta", dir);
+	put_file(p, "ULPM3 644 0 0 5 1000000000 3\nbad");
 	snprintf(p, sizeof(p), "%s/staging/99997-3.meta.tmp", dir);
 	put_file(p, "ULPM2 644 0");
 	ulp_archive *a;
 	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
 	unsigned rec, rem;
-	CHECK(ulp_stage_recover(a, &rec, &rem) == 0 && rec == 3 && rem == 1, "recovered %u, removed %u", rec, rem);
+	CHECK(ulp_stage_recover(a, &rec, &rem) == 0 && rec == 6 && rem == 2, "recovered %u, removed %u", rec, rem);
 	ulp_stat s;
-	CHECK(ulp_archive_stat(a, "a\nb.txt", &s) == 0 && s.size == 3, "a newline in a path (ULPM2)");
-	CHECK(ulp_archive_stat(a, "old\nformat", &s) == 0 && s.size == 3 && (s.mode & 0777) == 0600,
-	      "a newline in a path (first format)");
+	CHECK(ulp_archive_stat(a, "a\nb.txt", &s) == 0 && s.size == 3, "a newline in a path (ULPM3)");
+	CHECK(s.mtime.sec == 10413792000LL && s.mtime.nsec == 500000000, "2300-01-01 00:00:00.5 through staging: %lld %u",
+	      (long long)s.mtime.sec, s.mtime.nsec);
+	CHECK(ulp_archive_stat(a, "tmin", &s) == 0 && s.mtime.sec == INT64_MIN && s.mtime.nsec == 0,
+	      "the first int64 second through staging");
+	CHECK(ulp_archive_stat(a, "tmax", &s) == 0 && s.mtime.sec == INT64_MAX && s.mtime.nsec == 999999999,
+	      "the last int64 second through staging");
+	CHECK(ulp_archive_stat(a, "v2\nformat", &s) == 0 && s.size == 2 && (s.mode & 0777) == 0640 &&
+	      s.mtime.sec == -1 && s.mtime.nsec == 999999999, "a ULPM2 sidecar, -1 ns");
+	CHECK(ulp_archive_stat(a, "old\nformat", &s) == 0 && s.size == 3 && (s.mode & 0777) == 0600 &&
+	      s.mtime.sec == 0 && s.mtime.nsec == 7, "a newline in a path (first format)");
+	CHECK(ulp_archive_stat(a, "bad", &s) < 0, "a ULPM3 sidecar with nsec out of range is not recovered");
 	CHECK(ulp_archive_stat(a, "d2/t", &s) == 0 && s.size == 3, "relabelled");
 	CHECK(ulp_archive_stat(a, "d/.t.abcdef", &s) < 0 && ulp_archive_stat(a, "d", &s) < 0, "not under its old name");
 	CHECK(ulp_archive_stat(a, "gone", &s) < 0 && ulp_archive_stat(a, "never", &s) < 0, "forgotten stays gone");
@@ -810,7 +835,7 @@ static void test_names_times(void)
 	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
 	ulp_archive *a;
 	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
-	ulp_meta m = {0644, 0, 0, -315619199500000000LL};
+	ulp_meta m = {0644, 0, 0, {-315619200, 500000000}};
 	CHECK(ulp_archive_mkdir(a, n256, &m) == -ULP_E_NAMETOOLONG && strstr(ulp_archive_errmsg(a), "over 255"),
 	      "mkdir of a long name: %s", ulp_archive_errmsg(a));
 	CHECK(ulp_archive_symlink(a, n256, "t", &m) == -ULP_E_NAMETOOLONG, "symlink of a long name");
@@ -824,10 +849,11 @@ static void test_names_times(void)
 	CHECK(ulp_archive_rename(a, n255, n256) == -ULP_E_NAMETOOLONG, "rename to a long name");
 	close(fd);
 	ulp_stat st;
-	CHECK(ulp_archive_stat(a, n255, &st) == 0 && st.mtime_ns == -315619199500000000LL, "time before 1970 kept");
-	m.mtime_ns = INT64_MAX;
+	CHECK(ulp_archive_stat(a, n255, &st) == 0 && st.mtime.sec == -315619200 && st.mtime.nsec == 500000000,
+	      "time before 1970 kept");
+	m.mtime = (ulp_time){INT64_MAX, 999999999};
 	CHECK(ulp_archive_setattr(a, n255, ULP_SET_MTIME, &m) == 0 && ulp_archive_stat(a, n255, &st) == 0 &&
-	      st.mtime_ns == INT64_MAX, "the last time kept");
+	      st.mtime.sec == INT64_MAX && st.mtime.nsec == 999999999, "the last time kept");
 	ulp_archive_close(a);
 }
 
@@ -861,7 +887,7 @@ static void test_rename_non_ascii(void)
 	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
 	ulp_archive *a;
 	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
-	ulp_meta m = {0755, 0, 0, 5};
+	ulp_meta m = {0755, 0, 0, {0, 5}};
 	REQUIRE(ulp_archive_mkdir(a, "données/run1/sub", &m) == 0, "mkdir");
 	REQUIRE(put_bytes(a, "données/run1/f", "x\n") == 0, "put f");
 	REQUIRE(put_bytes(a, "données/run1/sub/g", "y\n") == 0, "put g");
@@ -935,7 +961,7 @@ static void test_rename_dirs(void)
 	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
 	ulp_archive *a;
 	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
-	ulp_meta m = {0755, 0, 0, 5};
+	ulp_meta m = {0755, 0, 0, {0, 5}};
 	REQUIRE(ulp_archive_mkdir(a, "src", &m) == 0 && ulp_archive_mkdir(a, "empty", &m) == 0 &&
 	        ulp_archive_mkdir(a, "full", &m) == 0, "mkdirs");
 	REQUIRE(put_bytes(a, "src/f", "1\n") == 0 && put_bytes(a, "full/g", "2\n") == 0 &&
@@ -1029,6 +1055,8 @@ static void test_header_upgrade(void)
 	ulp_archive_close(a);
 	/* back to version 1, as an older build wrote it */
 	sql_exec(dir, "ALTER TABLE entries DROP COLUMN header_sha");
+	sql_exec(dir, "ALTER TABLE entries DROP COLUMN mtime_sec");
+	sql_exec(dir, "ALTER TABLE entries DROP COLUMN mtime_nsec");
 	REQUIRE(sql_exec(dir, "UPDATE meta SET value = '1' WHERE key = 'schema_version'") == SQLITE_OK, "v1");
 	ulp_archive_opts ro = {.read_only = 1};
 	REQUIRE(ulp_archive_open(dir, &ro, &a, err, sizeof(err)) == 0, "open v1 read-only: %s", err);
@@ -1052,12 +1080,191 @@ static void test_header_upgrade(void)
 		sqlite3_finalize(q);
 	}
 	sqlite3_close(h);
-	CHECK(v == 2 && sums == 1, "upgraded to version %d, %d header checksums", v, sums);
+	CHECK(v == ULP_SCHEMA_VERSION && sums == 1, "upgraded to version %d, %d header checksums", v, sums);
 	sql_exec(dir, "UPDATE entries SET header = CAST(substr(header, 1, 9) || x'00' || substr(header, 11) AS BLOB)");
 	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
 	uint8_t buf[64];
 	int64_t n;
 	CHECK(read_all(a, "m.safetensors", buf, sizeof(buf), &n) == -ULP_E_CHECKSUM, "checked after the upgrade");
+	ulp_archive_close(a);
+}
+
+/* times an archive keeps exactly (issue 11 item 17): 1900 with a fraction,
+ * the last nanosecond before 1970, 2300-01-01 00:00:00.5 (past int64 ns),
+ * the last second ext4 holds, the ends of the int64 seconds */
+static const ulp_time times[] = {
+	{-2208988800LL, 250000000},    /* 1900-01-01 00:00:00.25 */
+	{-1, 999999999},               /* 1969-12-31 23:59:59.999999999 */
+	{10413792000LL, 500000000},    /* 2300-01-01 00:00:00.5 */
+	{15032385535LL, 999999999},    /* 2446-05-10 22:38:55.999999999 */
+	{INT64_MIN, 0},
+	{INT64_MAX, 999999999},
+};
+#define N_TIMES (sizeof(times) / sizeof(times[0]))
+
+static int same_time(ulp_time a, ulp_time b)
+{
+	return a.sec == b.sec && a.nsec == b.nsec;
+}
+
+static int check_time_cb(void *arg, const char *name, const ulp_stat *st)
+{
+	unsigned *bad = arg;
+	int i = name[0] == 't' ? atoi(name + 1) : -1;
+	if (i >= 0 && (size_t)i < N_TIMES && !same_time(st->mtime, times[i])) {
+		fprintf(stderr, "# %s: %lld.%09u\n", name, (long long)st->mtime.sec, st->mtime.nsec);
+		(*bad)++;
+	}
+	return 0;
+}
+
+/* every time of times[] kept by t<i> (a file), d<i> (a directory) and l<i>
+ * (a symlink) of dir sub, through stat, readdir and an open file */
+static unsigned bad_times(ulp_archive *a, const char *sub)
+{
+	unsigned bad = 0;
+	for (size_t i = 0; i < N_TIMES; i++) {
+		char p[64];
+		ulp_stat st;
+		const char *kinds = "tdl";
+		for (int k = 0; k < 3; k++) {
+			snprintf(p, sizeof(p), "%s/%c%zu", sub, kinds[k], i);
+			if (ulp_archive_stat(a, p, &st) < 0 || !same_time(st.mtime, times[i])) {
+				fprintf(stderr, "# stat %s: %lld.%09u\n", p, (long long)st.mtime.sec, st.mtime.nsec);
+				bad++;
+			}
+		}
+		ulp_file *f;
+		snprintf(p, sizeof(p), "%s/t%zu", sub, i);
+		if (ulp_file_open(a, p, &f) < 0) {
+			bad++;
+			continue;
+		}
+		bad += !same_time(ulp_file_get_stat(f)->mtime, times[i]);
+		ulp_file_close(f);
+	}
+	if (ulp_archive_readdir(a, sub, check_time_cb, &bad) < 0)
+		bad++;
+	return bad;
+}
+
+static void test_time_range(void)
+{
+	ulp_time t = ulp_time_make(-315619200, 500000000);
+	CHECK(t.sec == -315619200 && t.nsec == 500000000, "1960-01-01 00:00:00.5");
+	t = ulp_time_make(5, -1);
+	CHECK(t.sec == 4 && t.nsec == 999999999, "a negative nanosecond part borrows a second");
+	t = ulp_time_make(-1, 2999999999LL);
+	CHECK(t.sec == 1 && t.nsec == 999999999, "nanoseconds over a second carry");
+	t = ulp_time_make(INT64_MAX, 999999999);
+	CHECK(t.sec == INT64_MAX && t.nsec == 999999999, "the last time is exact");
+	t = ulp_time_make(INT64_MAX, 1000000000);
+	CHECK(t.sec == INT64_MAX && t.nsec == 999999999, "past the last time saturates");
+	t = ulp_time_make(INT64_MAX - 1, INT64_MAX);
+	CHECK(t.sec == INT64_MAX && t.nsec == 999999999, "a huge carry saturates without overflow");
+	t = ulp_time_make(INT64_MIN, 0);
+	CHECK(t.sec == INT64_MIN && t.nsec == 0, "the first time is exact");
+	t = ulp_time_make(INT64_MIN, -1);
+	CHECK(t.sec == INT64_MIN && t.nsec == 0, "before the first time saturates");
+	t = ulp_time_make(INT64_MIN + 10, INT64_MIN);
+	CHECK(t.sec == INT64_MIN && t.nsec == 0, "a huge borrow saturates without overflow");
+	t = ulp_time_make(0, INT64_MIN);
+	CHECK(t.sec == -9223372037LL && t.nsec == 145224192, "INT64_MIN ns as a nanosecond part");
+	t = ulp_time_from_ns(INT64_MIN);
+	CHECK(t.sec == -9223372037LL && t.nsec == 145224192, "INT64_MIN ns");
+	t = ulp_time_from_ns(-1);
+	CHECK(t.sec == -1 && t.nsec == 999999999, "-1 ns");
+	ulp_time n = ulp_time_now();
+	CHECK(n.sec > 1700000000 && n.nsec < 1000000000, "now");
+
+	/* the archive: put, mkdir, symlink, then setattr, then a reopen */
+	char dir[512], err[512], fp[600];
+	snprintf(dir, sizeof(dir), "%s/times", root);
+	snprintf(fp, sizeof(fp), "%s/times.bin", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	ulp_archive *a;
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
+	int fd = open(fp, O_RDWR | O_CREAT | O_TRUNC, 0644);
+	REQUIRE(fd >= 0 && write(fd, "abc", 3) == 3, "input file");
+	for (size_t i = 0; i < N_TIMES; i++) {
+		ulp_meta m = {0644, 0, 0, times[i]}, now = {0644, 0, 0, {1, 0}};
+		char p[64];
+		snprintf(p, sizeof(p), "put/t%zu", i);
+		CHECK(ulp_archive_put(a, p, fd, &m, NULL) == 0, "put %s", p);
+		snprintf(p, sizeof(p), "put/d%zu", i);
+		CHECK(ulp_archive_mkdir(a, p, &m) == 0, "mkdir %s", p);
+		snprintf(p, sizeof(p), "put/l%zu", i);
+		CHECK(ulp_archive_symlink(a, p, "t0", &m) == 0, "symlink %s", p);
+		const char *kinds = "tdl";
+		for (int k = 0; k < 3; k++) { /* created at another time, then set */
+			snprintf(p, sizeof(p), "set/%c%zu", kinds[k], i);
+			CHECK((k == 0   ? ulp_archive_put(a, p, fd, &now, NULL)
+			       : k == 1 ? ulp_archive_mkdir(a, p, &now)
+			                : ulp_archive_symlink(a, p, "t0", &now)) == 0 &&
+			          ulp_archive_setattr(a, p, ULP_SET_MTIME, &m) == 0,
+			      "setattr %s", p);
+		}
+	}
+	close(fd);
+	CHECK(bad_times(a, "put") == 0, "times kept by put, mkdir and symlink");
+	CHECK(bad_times(a, "set") == 0, "times kept by setattr");
+	ulp_archive_close(a);
+	ulp_archive_opts ro = {.read_only = 1};
+	REQUIRE(ulp_archive_open(dir, &ro, &a, err, sizeof(err)) == 0, "reopen");
+	CHECK(bad_times(a, "put") == 0 && bad_times(a, "set") == 0, "times kept after a reopen");
+	ulp_archive_close(a);
+
+	/* back to schema version 2, as an older build wrote it: int64 ns only */
+	char db[600];
+	snprintf(db, sizeof(db), "%s/ulpack.db", dir);
+	REQUIRE(sql_exec(dir, "ALTER TABLE entries DROP COLUMN mtime_sec") == SQLITE_OK &&
+	        sql_exec(dir, "ALTER TABLE entries DROP COLUMN mtime_nsec") == SQLITE_OK &&
+	        sql_exec(dir, "UPDATE meta SET value = '2' WHERE key = 'schema_version'") == SQLITE_OK, "v2");
+	REQUIRE(ulp_archive_open(dir, &ro, &a, err, sizeof(err)) == 0, "open v2 read-only: %s", err);
+	ulp_stat st;
+	CHECK(ulp_archive_stat(a, "put/t1", &st) == 0 && same_time(st.mtime, times[1]), "v2 read-only: -1 ns exact");
+	CHECK(ulp_archive_stat(a, "put/d2", &st) == 0 && st.mtime.sec == 9223372036LL && st.mtime.nsec == 854775807,
+	      "v2 read-only: 2300 as the int64 ns it stored (2262-04-11)");
+	int n_v2 = 0;
+	CHECK(ulp_archive_readdir(a, "put", count_cb, &n_v2) == 0 && n_v2 == 3 * (int)N_TIMES, "v2 read-only readdir: %d",
+	      n_v2);
+	ulp_archive_close(a);
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open v2 read-write: %s", err);
+	CHECK(ulp_archive_stat(a, "put/t0", &st) == 0 && same_time(st.mtime, times[0]), "upgraded: 1900.25 exact");
+	CHECK(ulp_archive_stat(a, "put/l1", &st) == 0 && same_time(st.mtime, times[1]), "upgraded: -1 ns exact");
+	CHECK(ulp_archive_stat(a, "put/t4", &st) == 0 && st.mtime.sec == -9223372037LL &&
+	      st.mtime.nsec == 145224192, "upgraded: INT64_MIN ns floored");
+	ulp_meta m = {0644, 0, 0, times[2]};
+	CHECK(ulp_archive_setattr(a, "put/t2", ULP_SET_MTIME, &m) == 0 && ulp_archive_stat(a, "put/t2", &st) == 0 &&
+	      same_time(st.mtime, times[2]), "upgraded: 2300.5 exact once set again");
+	ulp_archive_close(a);
+	sqlite3 *h;
+	sqlite3_stmt *q;
+	int v = 0, unfilled = -1;
+	REQUIRE(sqlite3_open(db, &h) == SQLITE_OK, "sqlite3_open");
+	if (sqlite3_prepare_v2(h, "SELECT (SELECT value FROM meta WHERE key = 'schema_version'),"
+	                          " (SELECT count(*) FROM entries WHERE mtime_sec IS NULL OR mtime_nsec IS NULL)",
+	                       -1, &q, NULL) == SQLITE_OK) {
+		if (sqlite3_step(q) == SQLITE_ROW) {
+			v = sqlite3_column_int(q, 0);
+			unfilled = sqlite3_column_int(q, 1);
+		}
+		sqlite3_finalize(q);
+	}
+	sqlite3_close(h);
+	CHECK(v == ULP_SCHEMA_VERSION && unfilled == 0, "upgraded to version %d, %d rows without mtime_sec", v, unfilled);
+	/* a version 2 build writing after the upgrade sets mtime_ns alone
+	 * (invariant 6 of index.c): its time wins */
+	REQUIRE(sql_exec(dir, "UPDATE entries SET mtime_ns = 1500000000123456789 WHERE path = 'put/t2'") == SQLITE_OK &&
+	        sql_exec(dir, "INSERT INTO entries(path, parent, name, type, mode, mtime_ns)"
+	                      " VALUES('put/old', 'put', 'old', 1, 493, -1500000000)") == SQLITE_OK,
+	        "a version 2 writer");
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open");
+	CHECK(ulp_archive_stat(a, "put/t2", &st) == 0 && st.mtime.sec == 1500000000 && st.mtime.nsec == 123456789,
+	      "mtime_ns set by a version 2 writer wins");
+	CHECK(ulp_archive_stat(a, "put/old", &st) == 0 && st.mtime.sec == -2 && st.mtime.nsec == 500000000,
+	      "a row a version 2 writer inserted");
+	CHECK(ulp_archive_stat(a, "put/t1", &st) == 0 && same_time(st.mtime, times[1]), "the others stay exact");
 	ulp_archive_close(a);
 }
 
@@ -1091,7 +1298,7 @@ static void test_private_modes(void)
 	CHECK(mode_of(p) == 0600, "ulpack.db-shm %o", mode_of(p));
 	ulp_stage *s;
 	REQUIRE(ulp_stage_new(a, NULL, &s) == 0, "stage");
-	ulp_meta m = {0600, 0, 0, 5};
+	ulp_meta m = {0600, 0, 0, {0, 5}};
 	CHECK(ulp_stage_sync(s, "staged", &m) == 0, "stage sync");
 	int files = 0, bad = 0;
 	for (int k = 0; k < 2; k++) {
@@ -1143,6 +1350,7 @@ int main(void)
 		test_gc_open();
 		test_step_order();
 		test_names_times();
+		test_time_range();
 		test_rename_non_ascii();
 		test_orphans();
 		test_rename_dirs();

@@ -464,7 +464,7 @@ typedef struct opdef {
 	size_t n;
 } opdef;
 
-static const ulp_meta meta = {0644, 0, 0, 1000000000ll * 1700000000};
+static const ulp_meta meta = {0644, 0, 0, {1700000000, 0}};
 
 static int put_file(ulp_archive *a, const char *apath, const char *in)
 {

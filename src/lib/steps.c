@@ -1,0 +1,262 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * steps.c - steps, not names: numbered names in numeric order, the step of a
+ * step directory's name, each run's steps with their sizes (`ulpack steps`),
+ * and the latest step of a run directory (the mount's `latest` symlink).
+ * Reads the index through the public listing calls only; owns no state.
+ *
+ * Definitions (ulpack(1) STEPS, ulpackfs(1) LATEST):
+ *  - A step directory is a directory whose name carries a step in one of the
+ *    forms training frameworks write (checkpoint-N, checkpoint_N, step_N,
+ *    step-N, stepN, iter_N, iteration_N, ckpt-N, epochE-stepN, ...) or is
+ *    digits only (orbax: 1000/). Names starting with '.' or "tmp" (rsync's
+ *    and Trainer's temporaries) are not step directories.
+ *  - A run directory is a directory that is not itself a step directory and
+ *    has at least one step directory among its children.
+ *  - A file belongs to the step directory that is its shallowest ancestor
+ *    step directory (run/checkpoint-100/global_step100/x is step 100 of run).
+ *
+ * Invariants:
+ *  1. ulp_name_cmp is a total order, and 0 only for equal strings: digit
+ *     runs compare by value, then (equal values, "007" vs "7") by length,
+ *     and whatever else is equal falls back to strcmp.
+ *  2. ulp_archive_latest never answers for a directory that has a real
+ *     entry called "latest": a real entry always wins.
+ */
+#include "arch_int.h"
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static int digit(char c)
+{
+	return c >= '0' && c <= '9';
+}
+
+int ulp_name_cmp(const char *a, const char *b)
+{
+	const unsigned char *x = (const unsigned char *)a, *y = (const unsigned char *)b;
+	while (*x && *y) {
+		if (digit((char)*x) && digit((char)*y)) {
+			const unsigned char *xs = x, *ys = y;
+			while (*xs == '0' && digit((char)xs[1]))
+				xs++;
+			while (*ys == '0' && digit((char)ys[1]))
+				ys++;
+			const unsigned char *xe = xs, *ye = ys;
+			while (digit((char)*xe))
+				xe++;
+			while (digit((char)*ye))
+				ye++;
+			size_t xl = (size_t)(xe - xs), yl = (size_t)(ye - ys);
+			if (xl != yl)
+				return xl < yl ? -1 : 1; /* more significant digits: larger */
+			int c = memcmp(xs, ys, xl);
+			if (c)
+				return c < 0 ? -1 : 1;
+			x = xe;
+			y = ye;
+			continue;
+		}
+		if (*x != *y)
+			return *x < *y ? -1 : 1;
+		x++;
+		y++;
+	}
+	if (*x || *y)
+		return *x ? 1 : -1;
+	int c = strcmp(a, b); /* invariant 1: "007" vs "7" */
+	return c < 0 ? -1 : c > 0;
+}
+
+int64_t ulp_name_step(const char *name)
+{
+	static const char *const keys[] = {"checkpoint-", "checkpoint_", "checkpoint", "step_", "step-", "step",
+	                                   "iteration_", "iteration-", "iter_", "iter-", "iter", "ckpt-", "ckpt_",
+	                                   "ckpt"};
+	const char *digits = NULL;
+	if (!name[0] || name[0] == '.' || !strncmp(name, "tmp", 3) || strchr(name, '/'))
+		return -1;
+	const char *p = name;
+	while (digit(*p))
+		p++;
+	if (!*p) {
+		digits = name; /* digits only */
+	} else {
+		for (size_t k = 0; k < ULP_ARRAY_LEN(keys) && !digits; k++) {
+			size_t kl = strlen(keys[k]);
+			for (const char *s = name; *s && !digits; s++) {
+				if (strncmp(s, keys[k], kl) != 0 || !digit(s[kl]))
+					continue;
+				/* the key must start a word: "mystep3" and DeepSpeed's
+				 * global_stepN (its run directory holds its own `latest`
+				 * file, which must stay writable) are not step names */
+				if (s > name && ((s[-1] >= 'a' && s[-1] <= 'z') || (s[-1] >= 'A' && s[-1] <= 'Z')))
+					continue;
+				if (s - name >= 7 && !strncmp(s - 7, "global_", 7))
+					continue;
+				digits = s + kl;
+			}
+		}
+	}
+	if (!digits)
+		return -1;
+	int64_t v = 0;
+	for (; digit(*digits); digits++) {
+		if (v > (INT64_MAX - 9) / 10)
+			return -1;
+		v = v * 10 + (*digits - '0');
+	}
+	return v;
+}
+
+/* ---- latest ------------------------------------------------------------------- */
+
+typedef struct lctx {
+	char best[ULP_NAME_MAX + 1];
+	int64_t step;
+	int real; /* a real entry named "latest" */
+} lctx;
+
+static int latest_cb(void *arg, const char *name, const ulp_stat *st)
+{
+	lctx *l = arg;
+	if (!strcmp(name, "latest")) {
+		l->real = 1;
+		return 1; /* invariant 2: nothing more to learn */
+	}
+	if (!st->is_dir)
+		return 0;
+	int64_t s = ulp_name_step(name);
+	if (s < 0 || s < l->step || (s == l->step && ulp_name_cmp(name, l->best) < 0) || strlen(name) > ULP_NAME_MAX)
+		return 0;
+	l->step = s;
+	snprintf(l->best, sizeof(l->best), "%s", name);
+	return 0;
+}
+
+int ulp_archive_latest(ulp_archive *a, const char *dir, char *name, size_t cap)
+{
+	char p[ULP_PATH_MAX + 1];
+	ULP_TRY(ulp_path_clean(dir, p, sizeof(p)));
+	if (ulp_name_step(ulp_path_name(p)) >= 0)
+		return ulp_arch_err(a, -ULP_E_NOENT, "%s: a step directory, not a run directory", p);
+	lctx l = {.step = -1};
+	int rc = ulp_archive_readdir(a, p, latest_cb, &l);
+	if (rc < 0)
+		return rc;
+	if (l.real)
+		return ulp_arch_err(a, -ULP_E_EXIST, "%s/latest: a real entry", p);
+	if (l.step < 0)
+		return ulp_arch_err(a, -ULP_E_NOENT, "%s: not a run directory (no step directory in it)", p[0] ? p : "''");
+	if (strlen(l.best) >= cap)
+		return -ULP_E_OVERFLOW;
+	memcpy(name, l.best, strlen(l.best) + 1);
+	return 0;
+}
+
+/* ---- steps of runs -------------------------------------------------------------- */
+
+typedef struct srow {
+	char *dir;   /* the step directory's path (malloc'd) */
+	size_t run_len; /* bytes of dir that name its run (no trailing '/') */
+	int64_t step;
+	uint64_t files, raw, stored;
+	unsigned depth;
+} srow;
+
+typedef struct sctx {
+	srow *rows;
+	size_t n, cap;
+	int rc;
+} sctx;
+
+/* Offset and length of the shallowest ancestor directory of path that is a
+ * step directory under a run directory; 0 if none. */
+static int step_dir_of(const char *path, size_t *dir_len, size_t *run_len, int64_t *step)
+{
+	const char *start = path;
+	for (const char *slash; (slash = strchr(start, '/')) != NULL; start = slash + 1) {
+		char name[ULP_NAME_MAX + 1];
+		size_t l = (size_t)(slash - start);
+		if (l > ULP_NAME_MAX)
+			continue;
+		memcpy(name, start, l);
+		name[l] = 0;
+		int64_t s = ulp_name_step(name);
+		if (s < 0)
+			continue;
+		*dir_len = (size_t)(slash - path);
+		*run_len = start > path ? (size_t)(start - path) - 1 : 0;
+		*step = s;
+		return 1;
+	}
+	return 0;
+}
+
+static int steps_file(void *arg, const char *path, const ulp_stat *st)
+{
+	sctx *s = arg;
+	size_t dl, rl;
+	int64_t step;
+	if (!step_dir_of(path, &dl, &rl, &step))
+		return 0;
+	srow *r = NULL;
+	/* files come in step order: the row is usually one of the last ones */
+	for (size_t i = s->n; i-- > 0 && !r;)
+		if (strlen(s->rows[i].dir) == dl && !strncmp(s->rows[i].dir, path, dl))
+			r = &s->rows[i];
+	if (!r) {
+		if (ulp_grow(&s->rows, &s->cap, s->n, sizeof(*s->rows)) < 0 || !(s->rows[s->n].dir = strndup(path, dl)))
+			return s->rc = -ULP_E_NOMEM;
+		r = &s->rows[s->n++];
+		r->run_len = rl;
+		r->step = step;
+		r->files = r->raw = r->stored = 0;
+		r->depth = 0;
+	}
+	r->files++;
+	r->raw += st->size;
+	r->stored += st->stored_bytes;
+	if (st->chain_depth > r->depth)
+		r->depth = st->chain_depth;
+	return 0;
+}
+
+static int row_cmp(const void *x, const void *y)
+{
+	const srow *a = x, *b = y;
+	size_t l = ULP_MIN(a->run_len, b->run_len);
+	int c = strncmp(a->dir, b->dir, l);
+	if (c == 0 && a->run_len != b->run_len)
+		c = a->run_len < b->run_len ? -1 : 1;
+	if (c)
+		return c;
+	if (a->step != b->step)
+		return a->step < b->step ? -1 : 1;
+	return ulp_name_cmp(a->dir + a->run_len, b->dir + b->run_len);
+}
+
+int ulp_archive_steps(ulp_archive *a, const char *prefix, int (*cb)(void *arg, const ulp_step_info *s),
+                      void *arg)
+{
+	sctx s = {0};
+	ulp_report rep;
+	int rc = ulp_archive_report(a, prefix ? prefix : "", steps_file, &s, &rep);
+	if (rc >= 0 && s.rc < 0)
+		rc = ulp_arch_err(a, s.rc, "steps: out of memory");
+	if (rc >= 0) {
+		qsort(s.rows, s.n, sizeof(*s.rows), row_cmp);
+		for (size_t i = 0; i < s.n && rc == 0; i++) {
+			srow *r = &s.rows[i];
+			char run[ULP_PATH_MAX + 1];
+			snprintf(run, sizeof(run), "%.*s", (int)r->run_len, r->dir);
+			ulp_step_info si = {run, r->dir, r->step, r->files, r->raw, r->stored, r->depth};
+			rc = cb(arg, &si);
+		}
+	}
+	for (size_t i = 0; i < s.n; i++)
+		free(s.rows[i].dir);
+	free(s.rows);
+	return rc;
+}

@@ -1,0 +1,57 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# fuse_rebase.sh - issue 15 items 1 and 2 through a real mount and the CLI:
+# a 12-step run saved through tmp-checkpoint-N/ renames, and one rsynced in
+# name order (checkpoint-1000 before checkpoint-200), are stored within 1 %
+# of `ulpack import` of the same run in step order once the mount has
+# re-based in the background and gc has dropped what that freed; `ulpack
+# forget --keep-every` then leaves at most 1.1x what an import of the kept
+# steps alone takes. Every archive verifies. Ratios only, never times.
+. "$(dirname "$0")/lib.sh"
+need_fuse
+command -v rsync > /dev/null || skip "no rsync"
+U=$ULPACK
+pack_bytes() { "$U" stat "$1" | sed -n 's/.* in \([0-9]*\) pack bytes.*/\1/p'; }
+within() { # within A B PERMILLE: A <= B * (1000 + PERMILLE) / 1000
+	[ "$1" -le $(( $2 * (1000 + $3) / 1000 )) ]
+}
+"$U" synth "$T/src" --steps 12 --interval 100 --dim 128 > /dev/null || fail "synth"
+"$U" init "$T/ref" > /dev/null && "$U" import "$T/ref" "$T/src" --prefix run > /dev/null || fail "import"
+REF=$(pack_bytes "$T/ref")
+
+# rsync in name order
+"$U" init "$T/names" > /dev/null
+mount_fs "$T/names" "$T/m1" || fail "mount"
+rsync -a "$T/src/" "$T/m1/run/" || fail "rsync"
+fusermount3 -u "$T/m1" && sleep 1
+"$U" gc "$T/names" > /dev/null || fail "gc (names)"
+B=$(pack_bytes "$T/names")
+"$U" verify "$T/names" > /dev/null || fail "verify (names)"
+within "$B" "$REF" 10 && ok "name order: $B pack bytes, import $REF" || fail "name order: $B pack bytes, import $REF (over 1 %)"
+
+# tmp-checkpoint-N/ written, then renamed to checkpoint-N/
+"$U" init "$T/tmp" > /dev/null
+mount_fs "$T/tmp" "$T/m2" || fail "mount"
+mkdir "$T/m2/run"
+for d in $(cd "$T/src" && ls -d checkpoint-* | sort -t- -k2 -n); do
+	mkdir "$T/m2/run/tmp-$d" && cp "$T/src/$d/"* "$T/m2/run/tmp-$d/" && mv "$T/m2/run/tmp-$d" "$T/m2/run/$d" || fail "save $d"
+done
+fusermount3 -u "$T/m2" && sleep 1
+"$U" gc "$T/tmp" > /dev/null || fail "gc (tmp)"
+B=$(pack_bytes "$T/tmp")
+"$U" verify "$T/tmp" > /dev/null || fail "verify (tmp)"
+within "$B" "$REF" 10 && ok "tmp-dir renames: $B pack bytes, import $REF" || fail "tmp-dir renames: $B pack bytes, import $REF (over 1 %)"
+
+# retention: keep every 3rd step
+"$U" forget "$T/tmp" run --keep-every 300 --dry-run > "$T/dry" || fail "forget --dry-run"
+grep -q "8 steps would be forgotten" "$T/dry" || fail "dry run: $(cat "$T/dry")"
+[ "$(pack_bytes "$T/tmp")" = "$B" ] || fail "a dry run changed the archive"
+"$U" forget "$T/tmp" run --keep-every 300 --json > "$T/f.json" || fail "forget"
+"$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["forgotten"] == 8 and d["kept"] == 4, d' "$T/f.json" || fail "forget --json"
+"$U" verify "$T/tmp" > /dev/null || fail "verify after forget"
+mkdir "$T/kept" && for s in 300 600 900 1200; do cp -r "$T/src/checkpoint-$s" "$T/kept/"; done
+"$U" init "$T/k" > /dev/null && "$U" import "$T/k" "$T/kept" --prefix run > /dev/null || fail "import kept"
+A=$(pack_bytes "$T/tmp") K=$(pack_bytes "$T/k")
+within "$A" "$K" 100 && ok "forget: $A pack bytes, kept steps alone $K" || fail "forget: $A pack bytes, kept steps alone $K (over 1.1x)"
+"$U" forget "$T/tmp" run > /dev/null 2>&1 && fail "forget without a rule succeeded"
+finish
