@@ -20,6 +20,7 @@ grep -c "ULPb$(printf '\001')" "$A"/packs/*.pack > /dev/null || fail "the v1 imp
 # step 300's chain goes through the v1 blobs of step 200: depth 2 (200 is at 1)
 "$ULPACK" stat "$A" run/checkpoint-300/model.safetensors --json | grep -q '"chain_depth": 2' &&
 	ok "v2 deltas against v1 references" || fail "step 300 is not coded against step 200's v1 blobs"
+cp -r "$A" "$T/B" # for re-basing, below
 for p in old/checkpoint-100 old/checkpoint-200 new/checkpoint-300 new/checkpoint-400; do
 	f=${p#*/}/model.safetensors
 	"$ULPACK" cat "$A" "run/$f" | cmp -s - "$T/$p/model.safetensors" || fail "run/$f reads back wrong"
@@ -36,4 +37,24 @@ cp -r "$T/old/checkpoint-100" "$T/again"
 	fail "v2 delta over v1 references reads back wrong after gc"
 "$ULPACK" cat "$A" copy/model.safetensors | cmp -s - "$T/old/checkpoint-100/model.safetensors" ||
 	fail "copy reads back wrong after gc"
+# re-basing (recode.c) over both formats: forgetting 100 and 300 re-codes step
+# 200's v1 contents and step 400's v2 contents; each new blob keeps its
+# content's format, so its digest stays the content's key (regression: recode
+# compared a v2 key with a plain SHA-256 and wrote v2 blobs under v1 keys)
+B="$T/B"
+"$ULPACK" forget "$B" run --keep-every 200 --json > "$T/out" 2>&1 || fail "forget: $(cat "$T/out")"
+grep -q '"blobs_rebased": [1-9]' "$T/out" || fail "forget re-based nothing: $(cat "$T/out")"
+"$ULPACK" verify "$B" > "$T/out" 2>&1 || fail "verify after forget: $(cat "$T/out")"
+for s in 200 400; do
+	"$ULPACK" cat "$B" run/checkpoint-$s/model.safetensors | cmp -s - "$T/"*"/checkpoint-$s/model.safetensors" ||
+		fail "step $s reads back wrong after forget"
+done
+# the re-coded blobs' pack loses step 400's half: gc rewrites it, checking
+# each blob's content digest by its format
+"$ULPACK" rm "$B" run/checkpoint-400 -r > /dev/null 2>&1 || fail "rm 400"
+"$ULPACK" gc "$B" > "$T/out" 2>&1 || fail "gc after forget: $(cat "$T/out")"
+"$ULPACK" verify "$B" > "$T/out" 2>&1 || fail "verify after forget and gc: $(cat "$T/out")"
+"$ULPACK" cat "$B" run/checkpoint-200/model.safetensors | cmp -s - "$T/old/checkpoint-200/model.safetensors" ||
+	fail "step 200 reads back wrong after forget and gc"
+ok "forget re-bases v1 and v2 contents; verify and gc agree"
 finish
