@@ -84,7 +84,7 @@ int ulp_content_digest(ulp_pool *pool, const void *data, size_t len, uint8_t out
 	if (!leaves)
 		return -ULP_E_NOMEM;
 	digest_job j = {data, len, leaves, 1};
-	if (m > 1 && pool && ulp_pool_threads(pool) > 1)
+	if (m > 1 && pool) /* one thread too: a parallel region (ulp_pool_parallel_ns) */
 		ulp_pool_run(pool, m, job_digest, &j);
 	else
 		ulp_digest_leaves(data, len, leaves);

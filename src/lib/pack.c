@@ -4,9 +4,11 @@
  * ARCHIVE/packs. A pack is "ULPpack1" followed by blobs back to back; the
  * index knows where each blob starts. Packs are immutable and named by a
  * SHA-256 over their bytes, so they map one to one onto objects of an object
- * store: SHA-256 of the magic, then for each blob its SHA-256 and its length
- * (u64), so the blobs' SHA-256s are taken by the threads that made them
- * (ulp_pack_append_digest) and no serial pass reads the pack's bytes again.
+ * store: SHA-256 of the magic, then for each blob its digest (the content
+ * digest of ulpack-format(5) 2.4 over the blob's bytes: leaves in parallel)
+ * and its length (u64), so the blobs' digests are taken by the threads that
+ * made them (ulp_pack_append_digest) and no serial pass reads the pack's bytes
+ * again.
  *
  * Invariants:
  *  1. A pack is written under packs/tmp-<pid>-<n>, fsynced, renamed to
@@ -128,7 +130,7 @@ int ulp_pack_append_digest(ulp_pack_writer *w, const void *blob, size_t len,
 int ulp_pack_append(ulp_pack_writer *w, const void *blob, size_t len, uint64_t *offset)
 {
 	uint8_t sha[ULP_SHA256_LEN];
-	ulp_sha256(blob, len, sha);
+	ULP_TRY(ulp_content_digest(NULL, blob, len, sha));
 	return ulp_pack_append_digest(w, blob, len, sha, offset);
 }
 

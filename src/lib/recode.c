@@ -275,8 +275,9 @@ static int code_item(ulp_archive *a, item *x, int use_pool)
 		x->blob_len = (size_t)n;
 		x->rb.codec = st.codec;
 		x->keep = x->must || (uint64_t)n < x->rb.old.stored;
-		if (x->keep) /* here, in parallel: not at append */
-			ulp_sha256(x->blob, x->blob_len, x->blob_sha);
+		/* the pack's per-blob digest here, in parallel: not at append */
+		if (x->keep && ulp_content_digest(pool, x->blob, x->blob_len, x->blob_sha) < 0)
+			rc = ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory hashing re-coded blob %.16s", a->dir, hex);
 	}
 	if (rc < 0)
 		snprintf(x->err, sizeof(x->err), "%s", ulp_archive_errmsg(a));
