@@ -57,6 +57,43 @@ for p in $pairs; do
 done
 echo "(ratio: ULPack bytes / raw bytes; zstd sizes and per-dtype detail: ulpack bench A B)"
 
+# ---- scaling: threads 1, 2, 4, ... nproc on a 64 MB synthetic pair (--dim 1024)
+echo "== 1b. scaling over threads (64 MB bf16 pair; import/verify: a 4-checkpoint run)"
+"$ULPACK" synth "$T/big" --dim 1024 --steps 4 > /dev/null
+P1="$T/big/checkpoint-300/model.safetensors" P2="$T/big/checkpoint-400/model.safetensors"
+raw_run=$(du -sb "$T/big" | cut -f1)
+nproc=$(nproc)
+list=1 t=2
+while [ "$t" -lt "$nproc" ]; do list="$list $t"; t=$((t * 2)); done
+[ "$nproc" -gt 1 ] && list="$list $nproc"
+printf '%7s | %9s %9s %9s %9s | %9s %9s | %s\n' threads enc dec zstd3-enc zstd3-dec import verify \
+	"MB/s (scaling vs 1 thread)"
+for t in $list; do
+	"$ULPACK" bench "$P1" "$P2" --threads "$t" --quick --reps 3 --json > "$T/s.$t.json"
+	rm -rf "$T/sa"; "$ULPACK" init "$T/sa" > /dev/null
+	t0=$(now); "$ULPACK" import "$T/sa" "$T/big" --threads "$t" > /dev/null; ti=$(( $(now) - t0 ))
+	t0=$(now); "$ULPACK" verify "$T/sa" --threads "$t" > /dev/null; tv=$(( $(now) - t0 ))
+	f="$T/s.$t.json"
+	if [ "$t" = 1 ]; then
+		e1=$(get "$f" encode_mbps) d1=$(get "$f" decode_mbps)
+		z1=$(get "$f" zstd3_encode_mbps) zd1=$(get "$f" zstd3_decode_mbps)
+		i1=$(mbps "$raw_run" "$ti") v1=$(mbps "$raw_run" "$tv")
+		sf=$(sed -n 's/.*"serial_fraction": \({[^}]*}\).*/\1/p' "$f")
+	fi
+	if [ "$t" = 1 ]; then
+		e=$e1 d=$d1 z=$z1 zd=$zd1 i=$i1 v=$v1
+	else
+		e=$(get "$f" encode_mbps_mt) d=$(get "$f" decode_mbps_mt)
+		z=$(get "$f" zstd3_encode_mbps_mt) zd=$(get "$f" zstd3_decode_mbps_mt)
+		i=$(mbps "$raw_run" "$ti") v=$(mbps "$raw_run" "$tv")
+	fi
+	x() { echo "$1 $2" | awk '{ printf "%.2fx", $1 / $2 }'; }
+	printf '%7s | %9s %9s %9s %9s | %9s %9s\n' "$t" "$e" "$d" "$z" "$zd" "$i" "$v"
+	printf '%7s | %9s %9s %9s %9s | %9s %9s\n' "" "$(x "$e" "$e1")" "$(x "$d" "$d1")" "$(x "$z" "$z1")" \
+		"$(x "$zd" "$zd1")" "$(x "$i" "$i1")" "$(x "$v" "$v1")"
+done
+echo "serial fraction (one thread, share outside parallel regions): $sf"
+echo "(zstd -3 runs across tensors on the same pool; import and verify count raw bytes of the run)"
 echo "== R. re-basing: ulpack forget (keep every 3rd step), then pack bytes against the kept steps alone"
 pb() { "$ULPACK" stat "$1" | sed -n 's/.* in \([0-9]*\) pack bytes.*/\1/p'; }
 jget() { sed -n "s/.*\"$2\": \([0-9.]*\).*/\1/p" "$1"; }

@@ -87,10 +87,12 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 	        "usage: ulpack synth OUTDIR [--steps N] [--interval K] [--dtype bf16|f16|f32|mixed]\n"
-	        "                    [--dim D] [--seed S]\n"
+	        "                    [--dim D] [--vocab V] [--seed S]\n"
 	        "Writes a deterministic synthetic trajectory: OUTDIR/checkpoint-<step>/model.safetensors\n"
 	        "for steps K, 2K, ... NK (defaults: 8 steps, interval 100, bf16, D = 512: about\n"
-	        "8.4M parameters a checkpoint).\n");
+	        "8.4M parameters a checkpoint). --vocab sets the rows of the embedding and the\n"
+	        "lm_head (default 4D): --dim 8192 --vocab 131072 gives two 2 GiB bf16 tensors\n"
+	        "(synth itself then holds 12 bytes a parameter).\n");
 }
 
 static int mkdir_p(const char *path)
@@ -115,6 +117,7 @@ int cmd_synth(int argc, char **argv)
 {
 	const char *out = NULL, *dtype = "bf16";
 	int steps = 8, interval = 100, dim = 512;
+	int64_t vocab_rows = 0; /* 0: 4 * dim */
 	unsigned long long seed = 20261130;
 	int64_t v;
 	for (int i = 1; i < argc; i++) {
@@ -122,7 +125,8 @@ int cmd_synth(int argc, char **argv)
 			usage(stdout);
 			return 0;
 		} else if ((!strcmp(argv[i], "--steps") || !strcmp(argv[i], "--interval") || !strcmp(argv[i], "--dtype") ||
-		            !strcmp(argv[i], "--dim") || !strcmp(argv[i], "--seed")) && i + 1 == argc) {
+		            !strcmp(argv[i], "--dim") || !strcmp(argv[i], "--seed") ||
+		            !strcmp(argv[i], "--vocab")) && i + 1 == argc) {
 			return cli_opt_missing(argv[i]);
 		} else if (!strcmp(argv[i], "--steps")) {
 			if (cli_opt_int(argv[i], argv[i + 1], 1, 100000, &v))
@@ -143,6 +147,11 @@ int cmd_synth(int argc, char **argv)
 			if (v % 8)
 				return cli_fail("--dim '%s': not a multiple of 8", argv[i + 1]) + 1;
 			dim = (int)v;
+			i++;
+		} else if (!strcmp(argv[i], "--vocab")) {
+			if (cli_opt_int(argv[i], argv[i + 1], 1, (int64_t)1 << 24, &v))
+				return 2;
+			vocab_rows = v;
 			i++;
 		} else if (!strcmp(argv[i], "--seed")) {
 			if (cli_opt_int(argv[i], argv[i + 1], 0, INT64_MAX, &v))
@@ -179,7 +188,7 @@ int cmd_synth(int argc, char **argv)
 		return cli_fail("unknown dtype '%s' (bf16, f16, f32 or mixed)", dtype);
 
 	rng_state = seed * 2 + 1;
-	const uint64_t d = (uint64_t)dim, vocab = 4 * d;
+	const uint64_t d = (uint64_t)dim, vocab = vocab_rows ? (uint64_t)vocab_rows : 4 * d;
 	stensor ts[32];
 	size_t nt = 0;
 #define ADD(nm, r, c, k, fz) do {                                              \

@@ -71,6 +71,9 @@ struct ulp_archive {
 	int read_only;
 	int schema;                  /* schema version of the index (set at open) */
 	unsigned max_chain;
+	unsigned blob_version;       /* format of the blobs it writes: ULP_BLOB_VERSION,
+	                                or 1 where ULP_TEST_BLOB_VERSION=1 makes an
+	                                archive of an older release (tests) */
 	pthread_key_t tls;
 	pthread_mutex_t mu;          /* guards tstates, packs */
 	ulp_tstate *tstates;         /* every thread's state, freed at close */
@@ -298,6 +301,9 @@ typedef struct ulp_pack_writer ulp_pack_writer;
 int ulp_pack_writer_new(ulp_archive *a, ulp_pack_writer **out);
 /* Appends a blob; *offset receives its offset in the pack. */
 int ulp_pack_append(ulp_pack_writer *w, const void *blob, size_t len, uint64_t *offset);
+/* the same, with the blob's digest already taken (by the thread that coded it) */
+int ulp_pack_append_digest(ulp_pack_writer *w, const void *blob, size_t len,
+                           const uint8_t sha[ULP_SHA256_LEN], uint64_t *offset);
 uint64_t ulp_pack_size(const ulp_pack_writer *w);
 /* Makes the pack durable under its content name: write, fsync, rename,
  * fsync of the directory. name receives its file name. */
@@ -347,6 +353,9 @@ int ulp_stat_from_row(sqlite3_stmt *st, ulp_stat *out);
 /* Caches the chunks of a content the caller holds decoded. */
 void ulp_read_seed(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], const uint8_t *content,
                    size_t len, size_t chunk_bytes);
+/* The same for chunk k alone (l bytes at chunk): chunks in parallel. */
+int ulp_read_seed_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
+                        const uint8_t *chunk, size_t l);
 /* Lets the cached chunks of a content go (unless in use), their memory kept
  * for the next ones: an ingest retires a reference its new step supersedes. */
 void ulp_read_retire(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], size_t len,

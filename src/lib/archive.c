@@ -113,6 +113,8 @@ int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive 
 	a->dir = strdup(dir);
 	a->read_only = o->read_only;
 	a->max_chain = o->max_chain;
+	const char *bv = getenv("ULP_TEST_BLOB_VERSION");
+	a->blob_version = bv && !strcmp(bv, "1") ? 1 : ULP_BLOB_VERSION;
 	pthread_mutex_init(&a->mu, NULL);
 	pthread_mutex_init(&a->write_mu, NULL);
 	int rc = -ULP_E_NOMEM;

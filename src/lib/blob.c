@@ -14,6 +14,9 @@
  *     outside the blob, the reference or dst.
  *  3. Every decoded chunk is compared with its XXH3-64 checksum before it is
  *     reported as decoded.
+ *  4. Format v2's content digest (ulpack-format(5) 2.4) is hashed leaf by
+ *     leaf by the threads that check or decode the chunks holding the
+ *     leaves; only the root (32 bytes a MiB) is hashed serially.
  */
 #include "codec.h"
 #include <pthread.h>
@@ -35,7 +38,7 @@
 #endif
 
 #define BLOB_MAGIC "ULPb"
-#define BLOB_VERSION 1
+#define BLOB_VERSION ULP_BLOB_VERSION /* written by default; 1 and 2 are read */
 #define CHUNK_LOG2_MIN 10
 #define CHUNK_LOG2_MAX 24
 
@@ -136,6 +139,9 @@ typedef struct enc {
 	size_t n_chunks;
 	uint64_t *sum;      /* per chunk XXH3 of the source bytes */
 	uint8_t sha[32], ref_sha[32];
+	unsigned version;   /* format written: 1 or 2 */
+	uint8_t *leaves;    /* v2 without src_sha256: the content digest's leaves */
+	int leaf_in_chunk;  /* chunks hold whole leaves: job_checksum hashes them */
 	/* pass-1 state */
 	uint8_t *syms;      /* scratch, or malloc'd when syms_owned */
 	int syms_owned;
@@ -184,7 +190,7 @@ static size_t write_header(const enc *e, const cand *c, uint8_t *dst)
 	size_t o = 0;
 #define PUT(ptr, len) do { if (dst) memcpy(dst + o, (ptr), (len)); o += (len); } while (0)
 	PUT(BLOB_MAGIC, 4);
-	tmp[0] = BLOB_VERSION;
+	tmp[0] = (uint8_t)e->version;
 	tmp[1] = (uint8_t)c->codec;
 	tmp[2] = (uint8_t)e->dt;
 	tmp[3] = (uint8_t)e->chunk_log2;
@@ -235,6 +241,19 @@ static int job_checksum(void *arg, size_t k)
 	size_t first, count;
 	chunk_span(e, k, &first, &count);
 	e->sum[k] = ulp_xxh64(e->src + first * e->esize, count * e->esize);
+	if (e->leaves && e->leaf_in_chunk) /* invariant 4 */
+		ulp_digest_leaves(e->src + first * e->esize, count * e->esize,
+		                  e->leaves + first * e->esize / ULP_DIGEST_LEAF * ULP_SHA256_LEN);
+	return 0;
+}
+
+/* chunks smaller than a leaf: the leaves are jobs of their own */
+static int job_leaf(void *arg, size_t k)
+{
+	enc *e = arg;
+	size_t bytes = e->n * e->esize, first = k * ULP_DIGEST_LEAF;
+	ulp_digest_leaves(e->src + first, ULP_MIN(ULP_DIGEST_LEAF, bytes - first),
+	                  e->leaves + k * ULP_SHA256_LEN);
 	return 0;
 }
 
@@ -584,18 +603,38 @@ int64_t ulp_encode(const ulp_enc_opts *opts, ulp_pool *pool, ulp_dtype dt, void 
 	e.n = src_len / e.esize;
 	e.n_chunks = n_chunks_for(e.n, e.chunk_log2);
 	int is_float = ulp_fmt_get(dt, &e.f) == 0;
+	e.version = o->format_version ? o->format_version : BLOB_VERSION;
+	if (e.version < 1 || e.version > BLOB_VERSION)
+		return -ULP_E_INVAL;
 	if (o->src_sha256)
 		memcpy(e.sha, o->src_sha256, 32);
-	else
+	else if (e.version == 1)
 		ulp_sha256(src, src_len, e.sha);
 	if (ref && o->ref_sha256)
 		memcpy(e.ref_sha, o->ref_sha256, 32);
-	else if (ref)
+	else if (ref && e.version == 1)
 		ulp_sha256(ref, ref_len, e.ref_sha);
+	else if (ref && ulp_content_digest(pool, ref, ref_len, e.ref_sha) < 0)
+		return -ULP_E_NOMEM;
 	e.sum = calloc(e.n_chunks ? e.n_chunks : 1, sizeof(uint64_t));
 	if (!e.sum)
 		return -ULP_E_NOMEM;
+	if (e.version >= 2 && !o->src_sha256) {
+		e.leaves = malloc(ULP_MAX(ulp_digest_n_leaves(src_len), 1) * ULP_SHA256_LEN);
+		if (!e.leaves) {
+			free(e.sum);
+			return -ULP_E_NOMEM;
+		}
+		e.leaf_in_chunk = ((size_t)e.esize << e.chunk_log2) % ULP_DIGEST_LEAF == 0;
+	}
 	ulp_pool_run(pool, e.n_chunks, job_checksum, &e);
+	if (e.leaves) {
+		if (!e.leaf_in_chunk)
+			ulp_pool_run(pool, ulp_digest_n_leaves(src_len), job_leaf, &e);
+		ulp_digest_root(e.leaves, src_len, e.sha);
+		free(e.leaves);
+		e.leaves = NULL;
+	}
 
 	if (o->force_codec) {
 		rc = force(&e, pool, o->force_codec - 1, is_float, &best, stats ? &bound : NULL);
@@ -716,8 +755,8 @@ int ulp_blob_open(const void *data, size_t len, ulp_blob **out, char *errbuf, si
 		return ULP_CORRUPT(&err, "blob of %zu bytes is shorter than any header", len);
 	if (memcmp(p, BLOB_MAGIC, 4) != 0)
 		return ULP_CORRUPT(&err, "not a ulpack blob (bad magic)");
-	if (p[4] != BLOB_VERSION)
-		return ULP_ERR(&err, -ULP_E_VERSION, "blob format version %u, this build reads %u",
+	if (p[4] < 1 || p[4] > BLOB_VERSION)
+		return ULP_ERR(&err, -ULP_E_VERSION, "blob format version %u, this build reads 1 to %u",
 		               p[4], BLOB_VERSION);
 	b = calloc(1, sizeof(*b));
 	if (!b)
@@ -751,8 +790,10 @@ int ulp_blob_open(const void *data, size_t len, ulp_blob **out, char *errbuf, si
 		memcpy(b->info.ref_sha256, p, 32);
 		p += 32;
 	}
-	if (codec == ULP_CODEC_IDENT && memcmp(b->info.content_sha256, b->info.ref_sha256, 32) &&
-	    !ULP_FUZZING) {
+	/* v2 names the reference by its identity in the archive, which may be
+	 * a v1 SHA-256 while the content's digest is v2's: only v1 can check */
+	if (b->info.version == 1 && codec == ULP_CODEC_IDENT &&
+	    memcmp(b->info.content_sha256, b->info.ref_sha256, 32) && !ULP_FUZZING) {
 		rc = ULP_CORRUPT(&err, "identical-to-reference blob names two different contents");
 		goto fail;
 	}
@@ -939,6 +980,7 @@ typedef struct dec_job {
 	uint8_t *dst;
 	const uint8_t *ref;
 	ulp_err *err;
+	uint8_t *leaves;    /* v2 digest check with whole leaves in each chunk, or NULL */
 } dec_job;
 
 static int job_decode(void *arg, size_t k)
@@ -948,33 +990,74 @@ static int job_decode(void *arg, size_t k)
 	ulp_blob_chunk_range(j->b, (uint32_t)k, &off, &len);
 	int64_t rc = decode_chunk(j->b, (uint32_t)k, j->dst + off, (size_t)len,
 	                          j->ref ? j->ref + off : NULL, (size_t)len, j->err);
+	if (rc >= 0 && j->leaves) /* invariant 4: hashed while the chunk is in cache */
+		ulp_digest_leaves(j->dst + off, (size_t)len,
+		                  j->leaves + off / ULP_DIGEST_LEAF * ULP_SHA256_LEN);
 	return rc < 0 ? (int)rc : 0;
 }
 
 static int64_t decode_all(const ulp_blob *b, ulp_pool *pool, void *dst, size_t cap,
-                          const void *ref, size_t ref_len, ulp_err *err)
+                          const void *ref, size_t ref_len, ulp_err *err, int verify);
+
+int64_t ulp_blob_decode_verify(const ulp_blob *b, ulp_pool *pool, void *dst, size_t dst_cap,
+                               const void *ref, size_t ref_len)
+{
+	return decode_all(b, pool, dst, dst_cap, ref, ref_len, NULL, 1);
+}
+
+/* verify: check the content digest too (v2: leaves hashed beside the decoding) */
+static int64_t decode_all(const ulp_blob *b, ulp_pool *pool, void *dst, size_t cap,
+                          const void *ref, size_t ref_len, ulp_err *err, int verify)
 {
 	if (cap < b->info.raw_bytes)
 		return -ULP_E_OVERFLOW;
 	if (b->info.has_ref && (!ref || ref_len != b->info.raw_bytes))
 		return ULP_ERR(err, -ULP_E_INVAL, "blob needs a reference of %llu bytes",
 		               (unsigned long long)b->info.raw_bytes);
+	size_t raw = (size_t)b->info.raw_bytes;
+	uint8_t got[ULP_SHA256_LEN];
 	if (b->info.codec == ULP_CODEC_IDENT) {
-		memcpy(dst, ref, (size_t)b->info.raw_bytes);
-		return (int64_t)b->info.raw_bytes;
+		memcpy(dst, ref, raw);
+		if (!verify)
+			return (int64_t)raw;
+		if (b->info.version == 1)
+			ulp_sha256(dst, raw, got);
+		else
+			ULP_TRY(ulp_content_digest(pool, dst, raw, got));
+		goto check;
 	}
-	dec_job j = {b, dst, ref, err};
+	dec_job j = {b, dst, ref, err, NULL};
 	/* a shared error sink would race: only the sequential path fills it */
 	if (pool && ulp_pool_threads(pool) > 1)
 		j.err = NULL;
-	ULP_TRY(ulp_pool_run(pool, b->info.n_chunks, job_decode, &j));
-	return (int64_t)b->info.raw_bytes;
+	int in_chunk = ((size_t)b->esize * b->info.chunk_elems) % ULP_DIGEST_LEAF == 0;
+	if (verify && b->info.version >= 2 && in_chunk &&
+	    !(j.leaves = malloc(ULP_MAX(ulp_digest_n_leaves(raw), 1) * ULP_SHA256_LEN)))
+		return -ULP_E_NOMEM;
+	int rc = ulp_pool_run(pool, b->info.n_chunks, job_decode, &j);
+	if (rc < 0 || !verify) {
+		free(j.leaves);
+		return rc < 0 ? rc : (int64_t)raw;
+	}
+	if (j.leaves)
+		ulp_digest_root(j.leaves, raw, got);
+	else if (b->info.version >= 2)
+		rc = ulp_content_digest(pool, dst, raw, got); /* chunks smaller than a leaf */
+	else
+		ulp_sha256(dst, raw, got);
+	free(j.leaves);
+	ULP_TRY(rc);
+check:
+	if (memcmp(got, b->info.content_sha256, ULP_SHA256_LEN))
+		return ULP_ERR(err, -ULP_E_CHECKSUM, "decoded content fails its %s",
+		               b->info.version == 1 ? "sha256" : "content digest");
+	return (int64_t)raw;
 }
 
 int64_t ulp_blob_decode(const ulp_blob *b, ulp_pool *pool, void *dst, size_t dst_cap,
                         const void *ref, size_t ref_len)
 {
-	return decode_all(b, pool, dst, dst_cap, ref, ref_len, NULL);
+	return decode_all(b, pool, dst, dst_cap, ref, ref_len, NULL, 0);
 }
 
 int ulp_blob_validate(const void *data, size_t len, const void *ref, size_t ref_len, int deep,
@@ -990,15 +1073,9 @@ int ulp_blob_validate(const void *data, size_t len, const void *ref, size_t ref_
 			ulp_blob_close(b);
 			return -ULP_E_NOMEM;
 		}
-		int64_t n = decode_all(b, NULL, buf, (size_t)b->info.raw_bytes, ref, ref_len, &err);
-		if (n < 0) {
+		int64_t n = decode_all(b, NULL, buf, (size_t)b->info.raw_bytes, ref, ref_len, &err, 1);
+		if (n < 0)
 			rc = (int)n;
-		} else {
-			uint8_t sha[32];
-			ulp_sha256(buf, (size_t)n, sha);
-			if (memcmp(sha, b->info.content_sha256, 32))
-				rc = ULP_ERR(&err, -ULP_E_CHECKSUM, "decoded content fails its sha256");
-		}
 		free(buf);
 	}
 	ulp_blob_close(b);

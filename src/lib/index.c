@@ -238,6 +238,8 @@ void ulp_tstate_free_all(ulp_archive *a)
 int ulp_db_err(ulp_archive *a, const char *what)
 {
 	sqlite3 *db = ulp_db(a);
+	if (!db && !pthread_getspecific(a->tls)) /* no thread state: no memory for it (nor for a message) */
+		return -ULP_E_NOMEM;
 	int rc = db ? sqlite3_errcode(db) : SQLITE_CANTOPEN;
 	int code = rc == SQLITE_FULL ? -ULP_E_NOSPC
 	         : rc == SQLITE_BUSY || rc == SQLITE_LOCKED ? -ULP_E_BUSY

@@ -29,6 +29,7 @@
 #include <zstd.h>
 #include <errno.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -137,6 +138,7 @@ typedef struct job {
 	int ready;                         /* 1: buf holds the bytes, 2: reading failed
 	                                      (atomic: job n waits for it) */
 	uint8_t *blob;                     /* phase B result */
+	uint8_t blob_sha[ULP_SHA256_LEN];  /* the blob's digest, for the pack's name */
 	size_t blob_len, blob_cap, buf_cap; /* buffers are kept from one batch to the next */
 	int codec, used_ref;
 	int rc;
@@ -150,6 +152,44 @@ typedef struct batch {
 	int nested;                        /* jobs may use the pool themselves */
 	EVP_MD_CTX *file_sha;              /* job n: the file's hash over the batch, in order */
 } batch;
+
+/* After a content's decode (a lone one: on the pool): the comparison with its
+ * input piece by piece, then the cache seeded chunk by chunk. */
+typedef struct finish {
+	ulp_archive *a;
+	const job *j;
+	const uint8_t *check;
+	size_t piece;        /* bytes a job: the blob's chunk */
+	int differs;         /* atomic */
+} finish;
+
+static int job_compare(void *arg, size_t k)
+{
+	finish *f = arg;
+	size_t off = k * f->piece;
+	if (memcmp(f->check + off, f->j->buf + off, ULP_MIN(f->piece, f->j->len - off)) != 0)
+		__atomic_store_n(&f->differs, 1, __ATOMIC_RELAXED);
+	return 0;
+}
+
+static int job_seed(void *arg, size_t k)
+{
+	finish *f = arg;
+	size_t off = k * f->piece;
+	ulp_read_seed_chunk(f->a, f->j->sha, (uint32_t)k, f->j->buf + off, ULP_MIN(f->piece, f->j->len - off));
+	return 0; /* a chunk not cached is decoded when read */
+}
+
+/* n jobs on pool, or here in order without one (a job of a batch: the pool
+ * is busy, and a region of its own would be counted twice) */
+static void run_jobs(ulp_pool *pool, size_t n, int (*fn)(void *, size_t), void *arg)
+{
+	if (pool)
+		ulp_pool_run(pool, n, fn, arg);
+	else
+		for (size_t k = 0; k < n; k++)
+			fn(arg, k);
+}
 
 /* Phase B: code one content against its reference (or standalone), decode
  * what was written and compare (invariant 1). */
@@ -183,7 +223,15 @@ static int code_job(void *arg, size_t i)
 	ulp_dtype dt = j->s->kind == SEG_TENSOR ? j->s->dtype : ULP_DT_UNKNOWN;
 	uint8_t *ref = NULL, *check = NULL;
 	ulp_pool *pool = bt->nested ? a->pool : NULL;
-	ulp_sha256(j->buf, j->len, j->sha);
+	/* the content's identity: its digest (ulpack-format(5) 2.4), hashed in
+	 * parallel when this job has the pool to itself */
+	if (a->blob_version == 1)
+		ulp_sha256(j->buf, j->len, j->sha);
+	else if (ulp_content_digest(pool, j->buf, j->len, j->sha) < 0) {
+		j->rc = -ULP_E_NOMEM;
+		snprintf(j->err, sizeof(j->err), "%s: out of memory hashing %zu bytes", bt->p->path, j->len);
+		return 0;
+	}
 	/* stored once: an earlier file, or earlier in this one (phase C adds
 	 * blobs only between batches, so reading them here is safe) */
 	int have = have_content(bt->p, j->sha, &j->depth);
@@ -202,7 +250,8 @@ static int code_job(void *arg, size_t i)
 			ref = NULL; /* an unreadable reference is no reason to fail: standalone */
 	}
 	/* both identities are known: the content's from above, the reference's from the index */
-	ulp_enc_opts o = {.ref_sha256 = ref ? j->ref_sha : NULL, .src_sha256 = j->sha};
+	ulp_enc_opts o = {.ref_sha256 = ref ? j->ref_sha : NULL, .src_sha256 = j->sha,
+	                  .format_version = a->blob_version};
 	size_t cap = ulp_encode_bound(dt, j->len, &o);
 	if (j->blob_cap < cap) {
 		free(j->blob);
@@ -228,17 +277,21 @@ static int code_job(void *arg, size_t i)
 	if (rc == 0) {
 		int has_ref = ulp_blob_get_info(b)->has_ref;
 		int64_t d = ulp_blob_decode(b, pool, check, j->len, has_ref ? ref : NULL, has_ref ? j->len : 0);
-		rc = d == (int64_t)j->len && memcmp(check, j->buf, j->len) == 0 &&
+		size_t cb = (size_t)ulp_blob_get_info(b)->chunk_elems * ulp_dtype_size(dt);
+		finish f = {a, j, check, cb ? cb : ((size_t)4 << 20), 0};
+		size_t pieces = (j->len + f.piece - 1) / f.piece;
+		if (d == (int64_t)j->len)
+			run_jobs(pool, pieces, job_compare, &f);
+		rc = d == (int64_t)j->len && !f.differs &&
 		     memcmp(ulp_blob_get_info(b)->content_sha256, j->sha, ULP_SHA256_LEN) == 0
 		         ? 0 : -ULP_E_CHECKSUM;
 		j->used_ref = has_ref;
 		/* the next step is coded against this one: keep it decoded, in
 		 * the memory of the reference it supersedes (no fresh pages) */
-		if (rc == 0 && j->s->kind == SEG_TENSOR) {
-			size_t cb = (size_t)ulp_blob_get_info(b)->chunk_elems * ulp_dtype_size(dt);
+		if (rc == 0 && j->s->kind == SEG_TENSOR && cb) {
 			if (ref)
 				ulp_read_retire(a, j->ref_sha, j->len, cb);
-			ulp_read_seed(a, j->sha, j->buf, j->len, cb);
+			run_jobs(pool, pieces, job_seed, &f);
 		}
 		ulp_blob_close(b);
 	}
@@ -249,8 +302,20 @@ static int code_job(void *arg, size_t i)
 	}
 	j->blob_len = (size_t)n;
 	j->codec = st.codec;
+	/* the pack's per-blob digest, here, in parallel: not in phase C */
+	if (ulp_content_digest(pool, j->blob, j->blob_len, j->blob_sha) < 0) {
+		j->rc = -ULP_E_NOMEM;
+		snprintf(j->err, sizeof(j->err), "%s: out of memory hashing a blob", bt->p->path);
+	}
 out:
 	return 0;
+}
+
+static void *file_sha_thread(void *arg)
+{
+	batch *bt = arg;
+	code_job(bt, bt->n);
+	return NULL;
 }
 
 /* Phase C: append in order; a content coded twice in one batch is kept once. */
@@ -290,7 +355,7 @@ static int append_job(put *p, job *j)
 	ULP_TRY(ulp_grow(&p->nb, &p->cap_nb, p->n_nb, sizeof(*p->nb)));
 	ulp_newblob *nb = &p->nb[p->n_nb];
 	memset(nb, 0, sizeof(*nb));
-	if ((rc = ulp_pack_append(p->pw, j->blob, j->blob_len, &nb->offset)) < 0)
+	if ((rc = ulp_pack_append_digest(p->pw, j->blob, j->blob_len, j->blob_sha, &nb->offset)) < 0)
 		return rc;
 	p->n_nb++;
 	memcpy(nb->content, j->sha, ULP_SHA256_LEN);
@@ -429,9 +494,16 @@ static int do_segments(put *p, const seg *segs, size_t n_segs, EVP_MD_CTX *fsha,
 		}
 		if (rc == 0) {
 			batch bt = {p, jobs, n, n == 1, fsha};
-			if (n == 1) { /* alone: its chunks use the pool */
+			if (n == 1) { /* alone: its chunks use the pool, while a thread of
+				         its own takes the file's sha256 over the bytes as
+				         soon as they are read (not after the coding) */
+				pthread_t th;
+				int spawned = pthread_create(&th, NULL, file_sha_thread, &bt) == 0;
 				code_job(&bt, 0);
-				code_job(&bt, 1);
+				if (spawned)
+					pthread_join(th, NULL);
+				else
+					code_job(&bt, 1);
 			} else {
 				ulp_pool_run(p->a->pool, n + 1, code_job, &bt);
 			}

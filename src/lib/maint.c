@@ -6,18 +6,24 @@
  * gc invariants:
  *  1. A blob is kept while a file's extent or another kept blob's reference
  *     names its content (a deleted file never breaks another's chain).
- *  2. A rewritten blob is decoded and checked against its content sha256
+ *  2. A rewritten blob is decoded and checked against its content digest
  *     before the new pack is committed; the index moves to the new pack in
  *     one transaction; the old pack file is removed only after it commits.
  *  3. Pack files the index does not name (left by a crash between the pack
  *     rename and the index commit) and temporary files of dead processes are
  *     removed while gc holds the index's write lock, when no import can be
  *     between those two steps.
+ *
+ * verify invariant:
+ *  4. Every file under the prefix is decoded and its sha256 compared, in
+ *     whatever order the threads take them; damage is reported in the
+ *     index's order (step order), after all are checked.
  */
 #include "arch_int.h"
 #include <dirent.h>
 #include <errno.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,67 +31,150 @@
 
 #define VERIFY_BLOCK ((size_t)8 << 20)
 
+/* verify: the files under a prefix, listed first, then checked (invariant 5) */
+typedef struct vfile {
+	char *path;
+	uint64_t size;
+	uint8_t sha[ULP_SHA256_LEN];
+	int rc;    /* 0, or why it failed (why: the message) */
+	char *why; /* malloc'd, or NULL */
+} vfile;
+
 typedef struct vctx {
 	ulp_archive *a;
-	void (*bad)(void *, const char *, const char *);
-	void *arg;
-	int64_t damaged;
-	uint8_t *buf;
+	vfile *f;
+	size_t n, cap;
+	uint64_t total, largest;
 } vctx;
 
-static int verify_one(void *arg, const char *path, const ulp_stat *st)
+static int list_file(void *arg, const char *path, const ulp_stat *st)
 {
 	vctx *v = arg;
+	ULP_TRY(ulp_grow(&v->f, &v->cap, v->n, sizeof(*v->f)));
+	vfile *f = &v->f[v->n];
+	memset(f, 0, sizeof(*f));
+	if (!(f->path = strdup(path)))
+		return -ULP_E_NOMEM;
+	f->size = st->size;
+	memcpy(f->sha, st->sha256, ULP_SHA256_LEN);
+	v->n++;
+	v->total += st->size;
+	v->largest = ULP_MAX(v->largest, st->size);
+	return 0;
+}
+
+typedef struct hashjob {
+	EVP_MD_CTX *c;
+	const uint8_t *p;
+	size_t n;
+} hashjob;
+
+static void *hash_thread(void *arg)
+{
+	hashjob *h = arg;
+	EVP_DigestUpdate(h->c, h->p, h->n);
+	return NULL;
+}
+
+/* Decodes one file and compares its sha256. pipelined: the file's SHA-256 of
+ * block k runs on its own thread while block k+1 decodes (on the pool), so
+ * the hash is never a pass of its own. */
+static int verify_file(ulp_archive *a, vfile *vf, int pipelined)
+{
 	ulp_file *f;
-	char why[1200];
-	int rc = ulp_file_open(v->a, path, &f);
+	uint8_t *buf[2] = {malloc(VERIFY_BLOCK), pipelined ? malloc(VERIFY_BLOCK) : NULL};
+	EVP_MD_CTX *sha = EVP_MD_CTX_new();
+	int rc = !buf[0] || (pipelined && !buf[1]) || !sha ? -ULP_E_NOMEM : 0;
+	if (rc == 0)
+		rc = ulp_file_open(a, vf->path, &f);
 	if (rc == 0) {
-		EVP_MD_CTX *sha = EVP_MD_CTX_new();
 		EVP_DigestInit_ex(sha, EVP_sha256(), NULL);
 		uint64_t off = 0;
-		while (off < st->size) {
-			int64_t n = ulp_file_pread(f, v->buf, VERIFY_BLOCK, off);
+		pthread_t th;
+		hashjob h = {sha, NULL, 0};
+		int running = 0;
+		for (unsigned k = 0; off < vf->size; k ^= pipelined) {
+			int64_t n = ulp_file_pread(f, buf[k], VERIFY_BLOCK, off);
+			if (running) /* block k-1, in the other buffer */
+				pthread_join(th, NULL);
+			running = 0;
 			if (n <= 0) {
 				rc = n < 0 ? (int)n : -ULP_E_IO;
 				break;
 			}
-			EVP_DigestUpdate(sha, v->buf, (size_t)n);
+			h.p = buf[k];
+			h.n = (size_t)n;
+			if (pipelined && pthread_create(&th, NULL, hash_thread, &h) == 0)
+				running = 1;
+			else
+				hash_thread(&h);
 			off += (uint64_t)n;
 		}
+		if (running)
+			pthread_join(th, NULL);
 		uint8_t d[32];
 		unsigned int dl;
 		EVP_DigestFinal_ex(sha, d, &dl);
-		EVP_MD_CTX_free(sha);
 		ulp_file_close(f);
-		if (rc == 0 && memcmp(d, st->sha256, 32) != 0) {
+		if (rc == 0 && memcmp(d, vf->sha, 32) != 0) {
 			rc = -ULP_E_CHECKSUM;
-			ulp_arch_err(v->a, rc, "%s: decoded bytes do not match the stored sha256", path);
+			ulp_arch_err(a, rc, "%s: decoded bytes do not match the stored sha256", vf->path);
 		}
 	}
-	if (rc == -ULP_E_NOMEM) /* not damage: verify itself fails */
-		return ulp_arch_err(v->a, rc, "%s: out of memory while verifying it", path);
-	if (rc < 0) {
-		snprintf(why, sizeof(why), "%s", ulp_archive_errmsg(v->a));
-		v->damaged++;
-		if (v->bad)
-			v->bad(v->arg, path, why);
-	}
+	EVP_MD_CTX_free(sha);
+	free(buf[0]);
+	free(buf[1]);
+	vf->rc = rc;
+	if (rc < 0 && !(vf->why = strdup(ulp_archive_errmsg(a))))
+		vf->rc = -ULP_E_NOMEM;
 	return 0;
 }
 
+static int verify_job(void *arg, size_t i)
+{
+	vctx *v = arg;
+	return verify_file(v->a, &v->f[i], 0);
+}
+
+/*
+ * Invariant 4. Many files, none dominant: one file a thread (each decodes on its thread);
+ * otherwise one file at a time, its chunks decoded on the pool and its
+ * SHA-256 on a thread beside them.
+ */
 int64_t ulp_archive_verify(ulp_archive *a, const char *prefix,
                            void (*bad)(void *arg, const char *path, const char *why), void *arg)
 {
-	vctx v = {a, bad, arg, 0, malloc(VERIFY_BLOCK)};
-	if (!v.buf)
-		return -ULP_E_NOMEM;
-	int rc = ulp_index_files(a, prefix, verify_one, &v);
-	free(v.buf);
+	vctx v = {a, NULL, 0, 0, 0, 0};
+	int rc = ulp_index_files(a, prefix, list_file, &v);
+	int threads = ulp_pool_threads(a->pool);
+	if (rc == 0) {
+		if (threads > 1 && v.n >= (size_t)threads && v.largest <= v.total / 2)
+			ulp_pool_run(a->pool, v.n, verify_job, &v);
+		else
+			for (size_t i = 0; i < v.n; i++)
+				verify_file(a, &v.f[i], threads > 1);
+	}
+	int64_t damaged = 0;
+	for (size_t i = 0; rc == 0 && i < v.n; i++) {
+		vfile *f = &v.f[i];
+		if (f->rc == -ULP_E_NOMEM) /* not damage: verify itself fails */
+			rc = ulp_arch_err(a, f->rc, "%s: out of memory while verifying it", f->path);
+		else if (f->rc < 0) {
+			damaged++;
+			if (bad)
+				bad(arg, f->path, f->why);
+		}
+	}
+	for (size_t i = 0; i < v.n; i++) {
+		free(v.f[i].path);
+		free(v.f[i].why);
+	}
+	free(v.f);
 	if (rc < 0)
 		return rc;
 	/* rows no directory reaches: nothing lists, exports or mounts them */
 	rc = ulp_index_orphans(a, prefix, bad, arg);
-	return rc < 0 ? rc : v.damaged + rc;
+	return rc < 0 ? rc : damaged + rc;
 }
 
 /* ---- gc ------------------------------------------------------------------ */
@@ -143,14 +232,19 @@ static int rewrite_blob(void *arg, const uint8_t *content, uint64_t offset, uint
 	if (rc < 0)
 		return ulp_arch_err(r->a, rc, "gc: blob in pack %lld is damaged: %s", (long long)r->pack, why);
 	size_t raw = (size_t)ulp_blob_get_info(b)->raw_bytes;
+	unsigned version = ulp_blob_get_info(b)->version;
 	ulp_blob_close(b);
 	uint8_t *buf = malloc(raw ? raw : 1), sha[32];
 	if (!buf)
 		return -ULP_E_NOMEM;
 	rc = ulp_read_content(r->a, content, buf, raw);
 	if (rc == 0) {
-		ulp_sha256(buf, raw, sha);
-		if (memcmp(sha, content, 32) != 0)
+		/* the content's identity is the digest of its blob's format */
+		if (version == 1)
+			ulp_sha256(buf, raw, sha);
+		else
+			rc = ulp_content_digest(r->a->pool, buf, raw, sha);
+		if (rc == 0 && memcmp(sha, content, 32) != 0)
 			rc = ulp_arch_err(r->a, -ULP_E_CHECKSUM, "gc: a blob of pack %lld does not decode to its content",
 			                  (long long)r->pack);
 	}

@@ -2,9 +2,13 @@
 /*
  * pack.c - the pack store: the only module that writes or maps files under
  * ARCHIVE/packs. A pack is "ULPpack1" followed by blobs back to back; the
- * index knows where each blob starts. Packs are immutable and named by the
- * SHA-256 of their bytes, so they map one to one onto objects of an object
- * store.
+ * index knows where each blob starts. Packs are immutable and named by a
+ * SHA-256 over their bytes, so they map one to one onto objects of an object
+ * store: SHA-256 of the magic, then for each blob its digest (the content
+ * digest of ulpack-format(5) 2.4 over the blob's bytes: leaves in parallel)
+ * and its length (u64), so the blobs' digests are taken by the threads that
+ * made them (ulp_pack_append_digest) and no serial pass reads the pack's bytes
+ * again.
  *
  * Invariants:
  *  1. A pack is written under packs/tmp-<pid>-<n>, fsynced, renamed to
@@ -73,7 +77,6 @@ static int write_all(ulp_pack_writer *w, const void *p, size_t len)
 				errno = EIO;
 			return io_err(w->a, w->tmp, "write");
 		}
-		EVP_DigestUpdate(w->sha, b, (size_t)n);
 		b += n;
 		len -= (size_t)n;
 		w->size += (uint64_t)n;
@@ -103,6 +106,7 @@ int ulp_pack_writer_new(ulp_archive *a, ulp_pack_writer **out)
 		free(w);
 		return rc;
 	}
+	EVP_DigestUpdate(w->sha, PACK_MAGIC, 8);
 	int rc = write_all(w, PACK_MAGIC, 8);
 	if (rc < 0) {
 		ulp_pack_discard(w);
@@ -112,10 +116,23 @@ int ulp_pack_writer_new(ulp_archive *a, ulp_pack_writer **out)
 	return 0;
 }
 
+int ulp_pack_append_digest(ulp_pack_writer *w, const void *blob, size_t len,
+                           const uint8_t sha[ULP_SHA256_LEN], uint64_t *offset)
+{
+	uint8_t l8[8];
+	ulp_st64(l8, len);
+	*offset = w->size;
+	ULP_TRY(write_all(w, blob, len));
+	EVP_DigestUpdate(w->sha, sha, ULP_SHA256_LEN);
+	EVP_DigestUpdate(w->sha, l8, 8);
+	return 0;
+}
+
 int ulp_pack_append(ulp_pack_writer *w, const void *blob, size_t len, uint64_t *offset)
 {
-	*offset = w->size;
-	return write_all(w, blob, len);
+	uint8_t sha[ULP_SHA256_LEN];
+	ULP_TRY(ulp_content_digest(NULL, blob, len, sha));
+	return ulp_pack_append_digest(w, blob, len, sha, offset);
 }
 
 int ulp_pack_replaced(const ulp_pack_writer *w)

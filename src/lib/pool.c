@@ -8,11 +8,44 @@
  *     each other and a job may itself call ulp_pool_run()).
  *  2. Jobs are claimed through one atomic counter, so each index runs once.
  *  3. ulp_pool_run() returns only after every worker has left the job.
+ *  4. The wall time of every outermost ulp_pool_run() of more than one job
+ *     (a parallel region, even when the pool has one thread) is added to
+ *     one process-wide counter, for the serial fraction of `ulpack bench`.
  */
 #include "ulp_int.h"
 #include <pthread.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
+
+static uint64_t region_ns;            /* invariant 4 (atomic) */
+static __thread unsigned region_depth; /* ulp_pool_run()s this thread is inside */
+
+uint64_t ulp_pool_parallel_ns(void)
+{
+	return __atomic_load_n(&region_ns, __ATOMIC_RELAXED);
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static int pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg);
+
+int ulp_pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg)
+{
+	if (n <= 1 || region_depth > 0) /* one job: serial, but what it runs may not be */
+		return pool_run(p, n, fn, arg);
+	uint64_t t0 = now_ns();
+	region_depth++;
+	int rc = pool_run(p, n, fn, arg);
+	region_depth--;
+	__atomic_fetch_add(&region_ns, now_ns() - t0, __ATOMIC_RELAXED);
+	return rc;
+}
 
 struct ulp_pool {
 	int n_workers;          /* threads besides the caller */
@@ -117,7 +150,7 @@ int ulp_pool_threads(const ulp_pool *p)
 	return p ? p->n_workers + 1 : 1;
 }
 
-int ulp_pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg)
+static int pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg)
 {
 	if (!p || p->n_workers == 0 || n <= 1 || pthread_mutex_trylock(&p->run_mu) != 0) {
 		int first = 0;

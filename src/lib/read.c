@@ -310,31 +310,36 @@ int ulp_read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_t k
 /* Puts the chunks of a content the caller holds decoded (an ingest that just
  * verified it) into the cache, so the next step coded against it finds its
  * reference without decoding. */
+int ulp_read_seed_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
+                        const uint8_t *chunk, size_t l)
+{
+	ulp_ckey key = {.chunk = k, .kind = ULP_CK_CHUNK};
+	memcpy(key.sha, sha, ULP_SHA256_LEN);
+	ulp_centry *e;
+	void *d;
+	int must;
+	ULP_TRY(ulp_cache_get(a->cache, &key, &e, &d, &must));
+	if (must) {
+		uint8_t *buf = ulp_cache_alloc(a->cache, l);
+		if (!buf) {
+			ulp_cache_fail(a->cache, e, -ULP_E_NOMEM);
+			return -ULP_E_NOMEM;
+		}
+		memcpy(buf, chunk, l);
+		ulp_cache_fill(a->cache, e, buf, l, ulp_cache_free_buf);
+	}
+	ulp_cache_put(a->cache, e);
+	return 0;
+}
+
 void ulp_read_seed(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], const uint8_t *content,
                    size_t len, size_t chunk_bytes)
 {
 	if (!chunk_bytes)
 		return;
-	for (size_t off = 0, k = 0; off < len; off += chunk_bytes, k++) {
-		ulp_ckey key = {.chunk = (uint32_t)k, .kind = ULP_CK_CHUNK};
-		memcpy(key.sha, sha, ULP_SHA256_LEN);
-		ulp_centry *e;
-		void *d;
-		int must;
-		if (ulp_cache_get(a->cache, &key, &e, &d, &must) < 0)
+	for (size_t off = 0, k = 0; off < len; off += chunk_bytes, k++)
+		if (ulp_read_seed_chunk(a, sha, (uint32_t)k, content + off, ULP_MIN(chunk_bytes, len - off)) < 0)
 			return;
-		if (must) {
-			size_t l = ULP_MIN(chunk_bytes, len - off);
-			uint8_t *buf = ulp_cache_alloc(a->cache, l);
-			if (!buf) {
-				ulp_cache_fail(a->cache, e, -ULP_E_NOMEM);
-				return;
-			}
-			memcpy(buf, content + off, l);
-			ulp_cache_fill(a->cache, e, buf, l, ulp_cache_free_buf);
-		}
-		ulp_cache_put(a->cache, e);
-	}
 }
 
 void ulp_read_retire(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], size_t len,

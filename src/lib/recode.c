@@ -19,8 +19,11 @@
  *  1. Only what was planned changes: a row that changed meanwhile (another
  *     writer re-coded or dropped it) is left as it is, checked inside the
  *     transaction that commits.
- *  2. Every re-coded blob decodes to its content (bytes and sha256) before
- *     the pack is committed; the pack is durable before the transaction that
+ *  2. Every re-coded blob decodes to its content (bytes and identity) before
+ *     the pack is committed; the new blob is written in the format of the
+ *     blob it replaces, so its content digest (v1: SHA-256, v2: the tree
+ *     digest of ulpack-format(5) 2.4) is the content's key, as ingest and
+ *     gc compute it, and verify's decode check holds; the pack is durable before the transaction that
  *     names it commits. A crash at any point leaves the old rows (and maybe
  *     a pack the index does not name, which gc removes) or the new ones.
  *  3. A new reference never needs the blob it is for (no cycle: its chain,
@@ -52,6 +55,7 @@ typedef struct item {
 	/* coding results */
 	uint8_t *blob;
 	size_t blob_len;
+	uint8_t blob_sha[ULP_SHA256_LEN]; /* the pack's per-blob digest, taken while coding */
 	int rc, keep;
 	char err[300];
 } item;
@@ -187,12 +191,14 @@ static int read_whole(ulp_archive *a, const uint8_t *sha, uint8_t *dst, size_t l
 	return 0;
 }
 
-static int chunk_elems_of(ulp_archive *a, const uint8_t *sha, uint32_t *ce)
+static int chunk_elems_of(ulp_archive *a, const uint8_t *sha, uint32_t *ce, unsigned *version)
 {
 	ulp_centry *e;
 	const ulp_blob *b;
 	ULP_TRY(ulp_read_blob(a, sha, &e, &b));
 	*ce = ulp_blob_get_info(b)->chunk_elems;
+	if (version)
+		*version = ulp_blob_get_info(b)->version;
 	ulp_cache_put(a->cache, e);
 	return 0;
 }
@@ -206,20 +212,24 @@ static int code_item(ulp_archive *a, item *x, int use_pool)
 	uint8_t *src = ulp_alloc_big(len), *ref = x->rb.has_ref ? ulp_alloc_big(len) : NULL;
 	uint8_t *check = ulp_alloc_big(len), sha[ULP_SHA256_LEN];
 	uint32_t ce = 0, rce = 0;
+	unsigned version = 0;
 	int rc = !src || !check || (x->rb.has_ref && !ref) ? -ULP_E_NOMEM : 0;
 	char hex[65];
 	ulp_sha256_hex(x->rb.content, hex);
 	if (rc == 0)
+		rc = chunk_elems_of(a, x->rb.content, &ce, &version);
+	if (rc == 0)
 		rc = read_whole(a, x->rb.content, src, len, use_pool);
-	if (rc == 0) {
-		ulp_sha256(src, len, sha);
-		if (memcmp(sha, x->rb.content, ULP_SHA256_LEN) != 0)
+	if (rc == 0) { /* the key is the digest of the stored blob's format (invariant 2) */
+		if (version == 1)
+			ulp_sha256(src, len, sha);
+		else
+			rc = ulp_content_digest(pool, src, len, sha);
+		if (rc == 0 && memcmp(sha, x->rb.content, ULP_SHA256_LEN) != 0)
 			rc = ulp_arch_err(a, -ULP_E_CHECKSUM, "%s: blob %.16s does not decode to its content", a->dir, hex);
 	}
-	if (rc == 0)
-		rc = chunk_elems_of(a, x->rb.content, &ce);
 	if (rc == 0 && x->rb.has_ref) {
-		rc = chunk_elems_of(a, x->rb.ref, &rce);
+		rc = chunk_elems_of(a, x->rb.ref, &rce, NULL);
 		if (rc == 0 && rce != ce) { /* chunks decode against the same chunk of the reference */
 			free(ref);
 			ref = NULL;
@@ -232,7 +242,9 @@ static int code_item(ulp_archive *a, item *x, int use_pool)
 	unsigned cl = 0;
 	while (ce > 1u && (1u << cl) < ce)
 		cl++;
-	ulp_enc_opts o = {.chunk_log2 = cl, .ref_sha256 = ref ? x->rb.ref : NULL, .src_sha256 = x->rb.content};
+	/* same format as before: a v1 content keeps its SHA-256 key (invariant 2) */
+	ulp_enc_opts o = {.chunk_log2 = cl, .ref_sha256 = ref ? x->rb.ref : NULL, .src_sha256 = x->rb.content,
+	                  .format_version = version};
 	size_t cap = ulp_encode_bound(dt, len, &o);
 	if (rc == 0 && !(x->blob = ulp_alloc_big(cap)))
 		rc = -ULP_E_NOMEM;
@@ -249,7 +261,7 @@ static int code_item(ulp_archive *a, item *x, int use_pool)
 			int has_ref = in->has_ref;
 			int64_t d = ulp_blob_decode(b, pool, check, len, has_ref ? ref : NULL, has_ref ? len : 0);
 			rc = d == (int64_t)len && memcmp(check, src, len) == 0 && in->chunk_elems == ce &&
-			     memcmp(in->content_sha256, x->rb.content, ULP_SHA256_LEN) == 0 ? 0 : -ULP_E_CHECKSUM;
+			     in->version == version && memcmp(in->content_sha256, x->rb.content, ULP_SHA256_LEN) == 0 ? 0 : -ULP_E_CHECKSUM;
 			if (!has_ref) { /* the encoder found a standalone coding smaller */
 				x->rb.has_ref = 0;
 				x->depth = 0;
@@ -263,6 +275,9 @@ static int code_item(ulp_archive *a, item *x, int use_pool)
 		x->blob_len = (size_t)n;
 		x->rb.codec = st.codec;
 		x->keep = x->must || (uint64_t)n < x->rb.old.stored;
+		/* the pack's per-blob digest here, in parallel: not at append */
+		if (x->keep && ulp_content_digest(pool, x->blob, x->blob_len, x->blob_sha) < 0)
+			rc = ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory hashing re-coded blob %.16s", a->dir, hex);
 	}
 	if (rc < 0)
 		snprintf(x->err, sizeof(x->err), "%s", ulp_archive_errmsg(a));
@@ -357,7 +372,7 @@ static int run_items(ulp_archive *a, item *it, size_t n, ulp_progress_fn progres
 			if (!w)
 				rc = ulp_pack_writer_new(a, &w);
 			if (rc == 0)
-				rc = ulp_pack_append(w, x->blob, x->blob_len, &x->rb.offset);
+				rc = ulp_pack_append_digest(w, x->blob, x->blob_len, x->blob_sha, &x->rb.offset);
 			x->rb.stored = x->blob_len;
 		}
 		for (size_t i = i0; i < i1; i++) {

@@ -71,6 +71,13 @@ void *ulp_scratch_or_malloc(unsigned slot, size_t size, int *owned);
 
 /* 64-bit content checksum of a decoded chunk (XXH3-64, seed 0). */
 uint64_t ulp_xxh64(const void *data, size_t len);
+/* the content digest's parts (hash.c, ulpack-format(5) 2.4): leaves of
+ * [p, p + len) where p is at a leaf boundary of its content, into
+ * leaves[32 * i]; the number of leaves of a content; the digest from all
+ * of its leaves */
+void ulp_digest_leaves(const uint8_t *p, size_t len, uint8_t *leaves);
+size_t ulp_digest_n_leaves(uint64_t len);
+void ulp_digest_root(const uint8_t *leaves, uint64_t len, uint8_t out[ULP_SHA256_LEN]);
 
 /* CPU dispatch state (cpu.c). */
 extern unsigned ulp_cpu_mask_active;

@@ -91,6 +91,12 @@ int ulp_pool_threads(const ulp_pool *pool);
  * A NULL pool runs them in order on the calling thread. Not reentrant.
  */
 int ulp_pool_run(ulp_pool *pool, size_t n, int (*fn)(void *arg, size_t i), void *arg);
+/**
+ * Nanoseconds spent so far, process-wide, inside outermost ulp_pool_run()s of
+ * more than one job (parallel regions, whatever the pool's size): a one-thread
+ * run's time outside them is its serial part (`ulpack bench` serial_fraction).
+ */
+uint64_t ulp_pool_parallel_ns(void);
 
 /* ---- blobs: the codec --------------------------------------------------- */
 
@@ -108,6 +114,17 @@ const char *ulp_codec_name(int codec);
 
 #define ULP_SHA256_LEN 32
 #define ULP_DEFAULT_CHUNK_LOG2 20 /* elements per chunk: 2^20 */
+#define ULP_DIGEST_LEAF ((size_t)1 << 20) /* bytes a leaf of the content digest */
+#define ULP_BLOB_VERSION 2        /* the blob format ulp_encode writes by default */
+
+/**
+ * The content digest of ulpack-format(5) 2.4 (blob format v2): SHA-256 of the
+ * SHA-256s of each ULP_DIGEST_LEAF bytes of data and of its length, the
+ * leaves hashed in parallel on pool (may be NULL). A content's identity in an
+ * archive (blobs of format v1 carry the plain SHA-256 instead).
+ * @return 0 or -ULP_E_NOMEM.
+ */
+int ulp_content_digest(ulp_pool *pool, const void *data, size_t len, uint8_t out[ULP_SHA256_LEN]);
 
 typedef struct ulp_enc_opts {
 	unsigned chunk_log2; /* elements per chunk = 2^chunk_log2, 10..24; 0: default */
@@ -115,9 +132,14 @@ typedef struct ulp_enc_opts {
 	int effort;          /* 0: try zstd only where ULPack looks weak; 1: try every codec */
 	int force_codec;     /* 0: choose; ULP_CODEC_x + 1: use codec x (tests, benchmarks);
 	                        -INVAL if x cannot code this input */
-	const uint8_t *ref_sha256; /* SHA-256 of the reference when the caller knows it
-	                              (an archive does), or NULL to compute it */
-	const uint8_t *src_sha256; /* SHA-256 of src when the caller has it, or NULL */
+	const uint8_t *ref_sha256; /* identity of the reference when the caller knows it
+	                              (an archive does: its content digest, or the plain
+	                              SHA-256 of a v1 blob's content), or NULL to compute
+	                              it (the digest of the format written) */
+	const uint8_t *src_sha256; /* digest of src in the format written (v2:
+	                              ulp_content_digest, v1: SHA-256) when the caller
+	                              has it, or NULL */
+	unsigned format_version;   /* 0: ULP_BLOB_VERSION; 1: write format v1 (tests) */
 } ulp_enc_opts;
 
 typedef struct ulp_enc_stats {
@@ -147,7 +169,7 @@ int64_t ulp_encode(const ulp_enc_opts *opts, ulp_pool *pool, ulp_dtype dt,
                    const void *ref, size_t ref_len, ulp_enc_stats *stats);
 
 typedef struct ulp_blob_info {
-	unsigned version;            /* format version, 1 */
+	unsigned version;            /* format version, 1 or 2 */
 	int codec;                   /* ULP_CODEC_* */
 	ulp_dtype dtype;
 	uint64_t n_elems;            /* elements */
@@ -155,8 +177,9 @@ typedef struct ulp_blob_info {
 	uint32_t chunk_elems;        /* elements per chunk (the last may be shorter) */
 	uint32_t n_chunks;
 	int has_ref;                 /* 1 if decoding needs the reference */
-	uint8_t content_sha256[ULP_SHA256_LEN]; /* of the decoded bytes */
-	uint8_t ref_sha256[ULP_SHA256_LEN];     /* of the reference's bytes; zero if none */
+	uint8_t content_sha256[ULP_SHA256_LEN]; /* digest of the decoded bytes (v2: the
+	                                           content digest; v1: SHA-256) */
+	uint8_t ref_sha256[ULP_SHA256_LEN];     /* identity of the reference; zero if none */
 } ulp_blob_info;
 
 /** A parsed, validated blob, ready to decode chunks. */
@@ -186,8 +209,15 @@ int64_t ulp_blob_decode_chunk(const ulp_blob *b, uint32_t k, void *dst, size_t d
 int64_t ulp_blob_decode(const ulp_blob *b, ulp_pool *pool, void *dst, size_t dst_cap,
                         const void *ref, size_t ref_len);
 /**
+ * ulp_blob_decode, and checks the decoded bytes against the blob's content
+ * digest: for v2 the leaves are hashed by the threads that decode their
+ * chunks. Errors as ulp_blob_decode, and CHECKSUM when the digest differs.
+ */
+int64_t ulp_blob_decode_verify(const ulp_blob *b, ulp_pool *pool, void *dst, size_t dst_cap,
+                               const void *ref, size_t ref_len);
+/**
  * Checks a blob: header, tables, directory; with deep, also decodes it against
- * ref and checks every chunk checksum and the content sha256.
+ * ref and checks every chunk checksum and the content digest.
  */
 int ulp_blob_validate(const void *data, size_t len, const void *ref, size_t ref_len,
                       int deep, char *errbuf, size_t errcap);

@@ -3,7 +3,8 @@
  * fuzz_blob.c - the blob decoder on hostile input. Any input: open it, decode
  * it whole and chunk by chunk against a reference derived from the input,
  * on every CPU path. Consistency on success: chunk-wise and whole decodes
- * agree, and every path produces the same bytes.
+ * agree, every path produces the same bytes, and the content digest check
+ * (v1: SHA-256, v2: the tree of ulpack-format(5) 2.4) decodes the same.
  * (Fuzzing builds skip the header and chunk checks so the fuzzer can reach
  * the parsers and decoders behind them; see ULP_FUZZING in blob.c.)
  */
@@ -50,6 +51,11 @@ FUZZ_TARGET(blob)
 			                                   in->has_ref ? ref + off : NULL, in->has_ref ? (size_t)len : 0);
 			FUZZ_ASSERT(rc == (int64_t)len && memcmp(out + off, out2 + off, (size_t)len) == 0);
 		}
+	}
+	if (first_rc == 0) { /* the digest check (v1 or v2) decodes the same bytes or reports CHECKSUM */
+		int64_t rc = ulp_blob_decode_verify(b, NULL, out2, n, in->has_ref ? ref : NULL, in->has_ref ? n : 0);
+		FUZZ_ASSERT(rc == (int64_t)n || rc == -ULP_E_CHECKSUM);
+		FUZZ_ASSERT(memcmp(out, out2, n) == 0);
 	}
 	free(ref);
 	free(out);

@@ -7,7 +7,7 @@
  * place; encode it as ingest does, then require:
  *  - encoding succeeds (a forced codec may refuse with -INVAL, nothing else);
  *  - the blob opens and its header names the dtype, the count and the content
- *    sha256;
+ *    digest of its format (v2: ulp_content_digest; v1: SHA-256);
  *  - the whole decode on every CPU path and the chunk-wise decode give back
  *    the target byte for byte;
  *  - ulp_blob_validate(deep) accepts it (chunk checksums and sha256: these
@@ -17,8 +17,9 @@
  * Input: [dtype][flags][count lo][count hi] payload...
  *   flags bit 0: a reference; bits 1-3: 0 choose the codec, x force codec
  *   x - 1; bit 4: effort 1; bit 5: target = reference nudged; bit 6: pass the
- *   sha256s in (as ingest does); bit 7: also code on a 2-thread pool.
- *   count: elements (0: as many as the payload holds), at most 4095;
+ *   digests in (as ingest does); bit 7: also code on a 2-thread pool.
+ *   count: elements (0: as many as the payload holds), at most 4095; bit 15
+ *   of count: write blob format v1 (plain SHA-256) instead of v2;
  *   chunks are 2^10 elements so that small inputs span several.
  */
 #include "fuzz.h"
@@ -44,6 +45,7 @@ FUZZ_TARGET(roundtrip)
 	ulp_dtype dt = (ulp_dtype)(data[0] % ULP_DT__COUNT);
 	unsigned flags = data[1], es = ulp_dtype_size(dt);
 	size_t n = ((size_t)data[2] | (size_t)data[3] << 8) & MAX_ELEMS;
+	unsigned version = data[3] & 0x80 ? 1 : 2;
 	const uint8_t *pl = data + 4;
 	size_t plen = size - 4;
 	if (n == 0)
@@ -61,9 +63,14 @@ FUZZ_TARGET(roundtrip)
 			nudge(src + i * es, es, plen ? (int8_t)pl[(i * 3 + 1) % plen] >> (i & 3) : 0);
 		}
 	uint8_t src_sha[ULP_SHA256_LEN], ref_sha[ULP_SHA256_LEN];
-	ulp_sha256(src, bytes, src_sha);
-	ulp_sha256(ref, bytes, ref_sha);
-	ulp_enc_opts o = {.chunk_log2 = 10, .effort = (flags >> 4) & 1};
+	if (version == 1) {
+		ulp_sha256(src, bytes, src_sha);
+		ulp_sha256(ref, bytes, ref_sha);
+	} else {
+		ulp_content_digest(NULL, src, bytes, src_sha);
+		ulp_content_digest(NULL, ref, bytes, ref_sha);
+	}
+	ulp_enc_opts o = {.chunk_log2 = 10, .effort = (flags >> 4) & 1, .format_version = version};
 	unsigned forced = (flags >> 1) & 7;
 	if (forced)
 		o.force_codec = (int)forced; /* codec forced - 1 */
@@ -90,7 +97,8 @@ FUZZ_TARGET(roundtrip)
 	ulp_blob *b;
 	FUZZ_ASSERT(ulp_blob_open(blob, (size_t)len, &b, NULL, 0) == 0);
 	const ulp_blob_info *in = ulp_blob_get_info(b);
-	FUZZ_ASSERT(in->dtype == dt && in->n_elems == n && in->raw_bytes == bytes && in->codec == st.codec);
+	FUZZ_ASSERT(in->dtype == dt && in->n_elems == n && in->raw_bytes == bytes && in->codec == st.codec &&
+	            in->version == version);
 	FUZZ_ASSERT(memcmp(in->content_sha256, src_sha, ULP_SHA256_LEN) == 0);
 	FUZZ_ASSERT(!in->has_ref || has_ref); /* a standalone tensor never needs a reference */
 	const uint8_t *dr = in->has_ref ? ref : NULL;
@@ -115,6 +123,7 @@ FUZZ_TARGET(roundtrip)
 		}
 		FUZZ_ASSERT(memcmp(out, src, bytes) == 0);
 	}
+	FUZZ_ASSERT(ulp_blob_decode_verify(b, NULL, out, bytes, dr, drlen) == (int64_t)bytes);
 	ulp_blob_close(b);
 	FUZZ_ASSERT(ulp_blob_validate(blob, (size_t)len, dr, drlen, 1, NULL, 0) == 0);
 out:

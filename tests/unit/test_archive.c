@@ -238,6 +238,19 @@ static void test_trajectory(void)
 	int64_t bad = ulp_archive_verify(a, "", bad_cb, list);
 	CHECK(bad >= 1 && strstr(list, "run/checkpoint-100/model.safetensors;"), "damage found: %s", list);
 	CHECK(!strstr(list, "junk"), "undamaged opaque file unaffected: %s", list);
+	{ /* maint.c invariant 4: files checked in parallel (2 threads, 12 files),
+	     reported in the index's order, as one thread reports them */
+		ulp_archive *a1;
+		ulp_archive_opts o1 = o;
+		o1.threads = 1;
+		char list1[4096] = "";
+		ulp_archive_close(a);
+		REQUIRE(ulp_archive_open(dir, &o1, &a1, err, sizeof(err)) == 0, "open, one thread");
+		CHECK(ulp_archive_verify(a1, "", bad_cb, list1) == bad && !strcmp(list, list1),
+		      "same damage in the same order on 1 and 2 threads: %s | %s", list, list1);
+		ulp_archive_close(a1);
+		REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "reopen");
+	}
 	ulp_file *h;
 	uint8_t buf[64];
 	REQUIRE(ulp_file_open(a, "run/checkpoint-100/model.safetensors", &h) == 0, "open damaged");

@@ -4,6 +4,9 @@
  * across thread counts, chunked decoding, and hostile blobs: every byte of
  * small blobs flipped and every truncation length give an error, never a
  * crash and never wrong bytes; a wrong reference gives a checksum error.
+ * Format v2's content digest: its definition, the same from any thread
+ * count and from chunks holding several leaves or parts of one, and a
+ * reference named by a v1 identity.
  */
 #include "tap.h"
 #include "ulpack.h"
@@ -199,8 +202,104 @@ static void test_hostile(void)
 	free(r2);
 }
 
+/* ulpack-format(5) 2.4 by hand */
+static void digest_by_hand(const uint8_t *x, size_t len, uint8_t out[32])
+{
+	size_t m = (len + ULP_DIGEST_LEAF - 1) / ULP_DIGEST_LEAF;
+	uint8_t *cat = malloc(m * 32 + 8);
+	for (size_t i = 0; i < m; i++)
+		ulp_sha256(x + i * ULP_DIGEST_LEAF, i + 1 < m ? ULP_DIGEST_LEAF : len - i * ULP_DIGEST_LEAF, cat + 32 * i);
+	for (int k = 0; k < 8; k++)
+		cat[m * 32 + k] = (uint8_t)((uint64_t)len >> (8 * k));
+	ulp_sha256(cat, m * 32 + 8, out);
+	free(cat);
+}
+
+static void test_digest(void)
+{
+	/* 1.5M bf16 elements: 3 MiB, two 2-MiB chunks of two leaves each, the
+	 * last leaf full, then 2.5 MiB with a partial leaf */
+	size_t n = 3u << 19, bytes = n * 2;
+	uint16_t *x = malloc(bytes), *r = malloc(bytes);
+	make_pair(x, r, n);
+	ulp_pool *pool;
+	REQUIRE(ulp_pool_new(3, &pool) == 0, "pool");
+	uint8_t want[32], got[32], got1[32], empty[32];
+	for (size_t len = bytes; len >= bytes - (1u << 19); len -= 1u << 19) {
+		digest_by_hand((const uint8_t *)x, len, want);
+		ulp_content_digest(NULL, x, len, got1);
+		ulp_content_digest(pool, x, len, got);
+		CHECK(!memcmp(want, got1, 32) && !memcmp(want, got, 32), "content digest of %zu bytes as defined", len);
+	}
+	digest_by_hand(NULL, 0, want);
+	ulp_content_digest(NULL, NULL, 0, empty);
+	CHECK(!memcmp(want, empty, 32), "content digest of nothing: SHA-256 of 8 zero bytes");
+	digest_by_hand((const uint8_t *)x, bytes, want);
+	/* chunks of 2 leaves (default), of exactly one (2^19 bf16), of 1/4 leaf */
+	unsigned logs[3] = {0, 19, 17};
+	for (int i = 0; i < 3; i++) {
+		ulp_enc_opts o = {.chunk_log2 = logs[i]};
+		blob b1 = enc(&o, NULL, ULP_DT_BF16, x, bytes, r), bp = enc(&o, pool, ULP_DT_BF16, x, bytes, r);
+		CHECK(b1.n == bp.n && !memcmp(b1.p, bp.p, b1.n), "chunk 2^%u: same blob on 1 and 3 threads", logs[i]);
+		ulp_blob *h;
+		REQUIRE(ulp_blob_open(bp.p, bp.n, &h, NULL, 0) == 0, "open");
+		CHECK(ulp_blob_get_info(h)->version == 2 && !memcmp(ulp_blob_get_info(h)->content_sha256, want, 32),
+		      "chunk 2^%u: v2 names the content digest", logs[i]);
+		uint8_t *out = malloc(bytes);
+		CHECK(ulp_blob_decode_verify(h, pool, out, bytes, r, bytes) == (int64_t)bytes && !memcmp(out, x, bytes),
+		      "chunk 2^%u: decode_verify on 3 threads", logs[i]);
+		CHECK(ulp_blob_decode_verify(h, NULL, out, bytes, r, bytes) == (int64_t)bytes, "chunk 2^%u: decode_verify on one",
+		      logs[i]);
+		ulp_blob_close(h);
+		free(out);
+		free(b1.p);
+		free(bp.p);
+	}
+	/* a digest that does not match the content: decode passes the chunk
+	 * checks, decode_verify and validate catch it */
+	uint8_t wrong[32];
+	memcpy(wrong, want, 32);
+	wrong[7] ^= 1;
+	ulp_enc_opts o = {.src_sha256 = wrong};
+	blob b = enc(&o, pool, ULP_DT_BF16, x, bytes, r);
+	ulp_blob *h;
+	REQUIRE(ulp_blob_open(b.p, b.n, &h, NULL, 0) == 0, "open");
+	uint8_t *out = malloc(bytes);
+	CHECK(ulp_blob_decode(h, pool, out, bytes, r, bytes) == (int64_t)bytes, "wrong digest: plain decode passes");
+	CHECK(ulp_blob_decode_verify(h, pool, out, bytes, r, bytes) == -ULP_E_CHECKSUM, "wrong digest: decode_verify fails");
+	char err[256] = "";
+	CHECK(ulp_blob_validate(b.p, b.n, r, bytes, 1, err, sizeof(err)) == -ULP_E_CHECKSUM && strstr(err, "content digest"),
+	      "wrong digest: validate says %s", err);
+	ulp_blob_close(h);
+	free(b.p);
+	/* a reference named by its v1 identity (plain SHA-256), as an archive
+	 * of v1 blobs names it: delta and identical blobs of v2 open and decode */
+	uint8_t flat[32];
+	ulp_sha256(r, bytes, flat);
+	ulp_enc_opts of = {.ref_sha256 = flat};
+	b = enc(&of, pool, ULP_DT_BF16, x, bytes, r);
+	REQUIRE(ulp_blob_open(b.p, b.n, &h, NULL, 0) == 0, "open");
+	CHECK(!memcmp(ulp_blob_get_info(h)->ref_sha256, flat, 32) &&
+	      ulp_blob_decode_verify(h, pool, out, bytes, r, bytes) == (int64_t)bytes,
+	      "v2 delta against a reference named by its v1 sha256");
+	ulp_blob_close(h);
+	free(b.p);
+	b = enc(&of, pool, ULP_DT_BF16, r, bytes, r);
+	REQUIRE(ulp_blob_open(b.p, b.n, &h, err, sizeof(err)) == 0, "open ident: %s", err);
+	CHECK(ulp_blob_get_info(h)->codec == ULP_CODEC_IDENT &&
+	      ulp_blob_decode_verify(h, pool, out, bytes, r, bytes) == (int64_t)bytes && !memcmp(out, r, bytes),
+	      "v2 identical blob whose reference has a v1 identity");
+	ulp_blob_close(h);
+	free(b.p);
+	free(out);
+	ulp_pool_free(pool);
+	free(x);
+	free(r);
+}
+
 int main(void)
 {
+	test_digest();
 	test_choice();
 	test_threads();
 	test_hostile();

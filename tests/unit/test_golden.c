@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_golden.c - frozen blobs of format v1 (tests/golden/v1) must still
- * decode to their inputs, the encoder must still produce them byte for byte,
- * and the damaged blobs of tests/golden/bad must fail with their exact error.
+ * test_golden.c - frozen blobs of formats v1 and v2 (tests/golden/v1, v2)
+ * must still decode to their inputs and pass their content digests, the
+ * encoder must still produce them byte for byte (v1 when asked for it), and
+ * the damaged blobs of tests/golden/bad must fail with their exact error.
  *
  *   test_golden            check against $ULP_GOLDEN_DIR
- *   test_golden --regen D  write D/v1 and D/bad (only when the format changes
- *                          on purpose: bump the version and keep the old ones)
+ *   test_golden --regen D  write D/v2 and D/bad (only when the format changes
+ *                          on purpose: bump the version and keep the old ones;
+ *                          D/v1 is frozen and no longer written)
  */
 #include "tap.h"
 #include "ulpack.h"
@@ -67,13 +69,14 @@ static void make_input(const gcase *c, uint8_t *x, uint8_t *r)
 	}
 }
 
-static int encode_case(const gcase *c, uint8_t **blob, size_t *len, uint8_t **x, uint8_t **r)
+static int encode_case(const gcase *c, unsigned version, uint8_t **blob, size_t *len, uint8_t **x,
+                       uint8_t **r)
 {
 	size_t bytes = c->n * ulp_dtype_size(c->dt);
 	*x = malloc(bytes + 1);
 	*r = malloc(bytes + 1);
 	make_input(c, *x, *r);
-	ulp_enc_opts o = {.chunk_log2 = 10, .force_codec = c->codec + 1};
+	ulp_enc_opts o = {.chunk_log2 = 10, .force_codec = c->codec + 1, .format_version = version};
 	size_t cap = ulp_encode_bound(c->dt, bytes, &o);
 	*blob = malloc(cap);
 	int64_t n = ulp_encode(&o, NULL, c->dt, *blob, cap, *x, bytes, c->with_ref ? *r : NULL,
@@ -113,7 +116,9 @@ typedef struct bad {
 
 static const bad bads[] = {
 	{"magic", -ULP_E_CORRUPT, "bad magic"},
-	{"version", -ULP_E_VERSION, "version 2"},
+	/* v1 blobs relabelled v2 fail the header check, which covers the version */
+	{"version", -ULP_E_CORRUPT, "header check does not match"},
+	{"version3", -ULP_E_VERSION, "version 3"},
 	{"short", -ULP_E_CORRUPT, "shorter than any header"},
 	{"codec", -ULP_E_CORRUPT, "bad codec"},
 	{"header", -ULP_E_CORRUPT, "header check does not match"},
@@ -129,6 +134,8 @@ static size_t make_bad(const char *name, const uint8_t *good, size_t len, uint8_
 		out[0] = 'X';
 	else if (!strcmp(name, "version"))
 		out[4] = 2;
+	else if (!strcmp(name, "version3"))
+		out[4] = 3;
 	else if (!strcmp(name, "short"))
 		return 20;
 	else if (!strcmp(name, "codec"))
@@ -147,23 +154,21 @@ static size_t make_bad(const char *name, const uint8_t *good, size_t len, uint8_
 static int regen(const char *dir)
 {
 	char path[4096];
-	snprintf(path, sizeof(path), "%s/v1", dir);
+	snprintf(path, sizeof(path), "%s/v2", dir);
 	mkdir(dir, 0755);
 	mkdir(path, 0755);
 	snprintf(path, sizeof(path), "%s/bad", dir);
 	mkdir(path, 0755);
-	snprintf(path, sizeof(path), "%s/v1/SHA256SUMS", dir);
+	snprintf(path, sizeof(path), "%s/v2/SHA256SUMS", dir);
 	FILE *sums = fopen(path, "w");
 	if (!sums)
 		return 1;
-	uint8_t *first = NULL;
-	size_t first_len = 0;
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		uint8_t *b, *x, *r;
 		size_t len;
-		if (encode_case(&cases[i], &b, &len, &x, &r) < 0)
+		if (encode_case(&cases[i], 2, &b, &len, &x, &r) < 0)
 			return 1;
-		snprintf(path, sizeof(path), "%s/v1/%s.blob", dir, cases[i].name);
+		snprintf(path, sizeof(path), "%s/v2/%s.blob", dir, cases[i].name);
 		if (spit(path, b, len) < 0)
 			return 1;
 		uint8_t sha[32];
@@ -171,16 +176,18 @@ static int regen(const char *dir)
 		ulp_sha256(b, len, sha);
 		ulp_sha256_hex(sha, hex);
 		fprintf(sums, "%s  %s.blob\n", hex, cases[i].name);
-		if (i == 0) {
-			first = b;
-			first_len = len;
-		} else {
-			free(b);
-		}
+		free(b);
 		free(x);
 		free(r);
 	}
 	fclose(sums);
+	/* the damaged blobs stay derived from v1's bf16-delta, as they were */
+	uint8_t *first, *x, *r;
+	size_t first_len;
+	if (encode_case(&cases[0], 1, &first, &first_len, &x, &r) < 0)
+		return 1;
+	free(x);
+	free(r);
 	uint8_t *out = malloc(first_len + 16);
 	for (size_t i = 0; i < sizeof(bads) / sizeof(bads[0]); i++) {
 		size_t len = make_bad(bads[i].name, first, first_len, out);
@@ -202,19 +209,20 @@ int main(int argc, char **argv)
 	if (!dir)
 		dir = "tests/golden";
 	char path[4096];
-	snprintf(path, sizeof(path), "%s/v1/SHA256SUMS", dir);
+	uint8_t *bf16_delta = NULL, *bf16_ref = NULL;
+	size_t bf16_len = 0;
+	for (unsigned v = 1; v <= 2; v++) {
+	snprintf(path, sizeof(path), "%s/v%u/SHA256SUMS", dir, v);
 	size_t sums_len;
 	char *sums = (char *)slurp(path, &sums_len);
 	REQUIRE(sums != NULL, "cannot read %s: %s", path, strerror(errno));
 	sums[sums_len] = 0;
-	uint8_t *bf16_delta = NULL, *bf16_ref = NULL;
-	size_t bf16_len = 0;
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		const gcase *c = &cases[i];
 		uint8_t *b, *x, *r;
 		size_t len, glen;
-		REQUIRE(encode_case(c, &b, &len, &x, &r) == 0, "encode %s", c->name);
-		snprintf(path, sizeof(path), "%s/v1/%s.blob", dir, c->name);
+		REQUIRE(encode_case(c, v, &b, &len, &x, &r) == 0, "encode %s", c->name);
+		snprintf(path, sizeof(path), "%s/v%u/%s.blob", dir, v, c->name);
 		uint8_t *g = slurp(path, &glen);
 		REQUIRE(g != NULL, "missing golden blob %s", path);
 		uint8_t sha[32];
@@ -237,9 +245,20 @@ int main(int argc, char **argv)
 		int64_t n = ulp_blob_decode(h, NULL, out, bytes, ulp_blob_get_info(h)->has_ref ? r : NULL,
 		                            ulp_blob_get_info(h)->has_ref ? bytes : 0);
 		CHECK(n == (int64_t)bytes && memcmp(out, x, bytes) == 0, "%s: frozen blob decodes to its input", c->name);
+		/* the identity each version names: v1 plain SHA-256, v2 the content digest */
+		uint8_t want[32];
+		if (v == 1)
+			ulp_sha256(x, bytes, want);
+		else
+			ulp_content_digest(NULL, x, bytes, want);
+		CHECK(ulp_blob_get_info(h)->version == v && !memcmp(ulp_blob_get_info(h)->content_sha256, want, 32),
+		      "v%u/%s: names its content by the digest of v%u", v, c->name, v);
+		CHECK(ulp_blob_decode_verify(h, NULL, out, bytes, ulp_blob_get_info(h)->has_ref ? r : NULL,
+		                             ulp_blob_get_info(h)->has_ref ? bytes : 0) == (int64_t)bytes,
+		      "v%u/%s: decode_verify passes", v, c->name);
 		ulp_blob_close(h);
 		free(out);
-		if (i == 0) {
+		if (i == 0 && v == 1) {
 			bf16_delta = g;
 			bf16_len = glen;
 			bf16_ref = r;
@@ -250,6 +269,8 @@ int main(int argc, char **argv)
 		free(b);
 		free(x);
 		free(r);
+	}
+	free(sums);
 	}
 	for (size_t i = 0; i < sizeof(bads) / sizeof(bads[0]); i++) {
 		size_t len;
@@ -265,6 +286,5 @@ int main(int argc, char **argv)
 	(void)bf16_len;
 	free(bf16_delta);
 	free(bf16_ref);
-	free(sums);
 	return tap_done();
 }
