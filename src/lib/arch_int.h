@@ -277,8 +277,8 @@ int ulp_index_candidates(ulp_archive *a, const ulp_rbtensor *t, uint8_t (*out)[U
 /* The files of file's series with the nearest step below and above it (-1: none). */
 int ulp_index_neighbours(ulp_archive *a, int64_t file, int64_t out[2]);
 /* The re-basing queue (schema 3): oldest first; removing handled rows. */
-int ulp_index_pending(ulp_archive *a, int64_t *ids, size_t max, size_t *n);
-int ulp_index_pending_done(ulp_archive *a, const int64_t *ids, size_t n);
+int ulp_index_pending(ulp_archive *a, int64_t *ids, int64_t *gens, size_t max, size_t *n);
+int ulp_index_pending_done(ulp_archive *a, const int64_t *ids, const int64_t *gens, size_t n);
 /* In the caller's transaction: adds the pack and moves each still-planned
  * row to its new coding (r[i].applied), then the depths below them and the
  * files' depth and anchor flags; fails if a chain would exceed max_chain. */

@@ -25,9 +25,13 @@
  *                                    made, in order; name/dtype for tensors
  *   rebase_queue(file, why)         files whose neighbourhood in their series
  *                                    changed (filled by triggers on entries:
- *                                    why 1 a new file, 2 a rename that changed
- *                                    its series), for recode.c; a row goes with
- *                                    its entry (ON DELETE CASCADE)
+ *                                    a new file, or a rename that changed its
+ *                                    series), for recode.c; why counts the
+ *                                    changes, so a row queued again while it
+ *                                    is being handled stays (it is deleted
+ *                                    only with the count that was read); a
+ *                                    row goes with its entry (ON DELETE
+ *                                    CASCADE)
  * Views runs(run, files, raw_bytes, stored_bytes) and steps(run, step, files).
  *
  * Invariants:
@@ -81,10 +85,11 @@ struct ulp_tstate {
 	"CREATE TABLE IF NOT EXISTS rebase_queue(file INTEGER PRIMARY KEY REFERENCES entries(id) ON DELETE CASCADE," \
 	" why INTEGER NOT NULL);" \
 	"CREATE TRIGGER IF NOT EXISTS rebase_new AFTER INSERT ON entries WHEN NEW.type = 0 AND NEW.kind <> 0" \
-	" AND NEW.series IS NOT NULL BEGIN INSERT OR IGNORE INTO rebase_queue VALUES(NEW.id, 1); END;" \
+	" AND NEW.series IS NOT NULL BEGIN INSERT INTO rebase_queue VALUES(NEW.id, 1)" \
+	" ON CONFLICT(file) DO UPDATE SET why = why + 1; END;" \
 	"CREATE TRIGGER IF NOT EXISTS rebase_moved AFTER UPDATE OF series ON entries WHEN NEW.type = 0 AND NEW.kind <> 0" \
 	" AND NEW.series IS NOT NULL AND NEW.series IS NOT OLD.series" \
-	" BEGIN INSERT OR IGNORE INTO rebase_queue VALUES(NEW.id, 2); END;"
+	" BEGIN INSERT INTO rebase_queue VALUES(NEW.id, 1) ON CONFLICT(file) DO UPDATE SET why = why + 1; END;"
 
 static const char *const schema =
 	"PRAGMA journal_mode=WAL;"
@@ -1705,9 +1710,9 @@ int ulp_index_neighbours(ulp_archive *a, int64_t file, int64_t out[2])
 	return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : ulp_db_err(a, "neighbour lookup");
 }
 
-int ulp_index_pending(ulp_archive *a, int64_t *ids, size_t max, size_t *n)
+int ulp_index_pending(ulp_archive *a, int64_t *ids, int64_t *gens, size_t max, size_t *n)
 {
-	static const char sql[] = "SELECT file FROM rebase_queue ORDER BY file LIMIT ?";
+	static const char sql[] = "SELECT file, why FROM rebase_queue ORDER BY file LIMIT ?";
 	*n = 0;
 	if (a->schema < 3)
 		return 0;
@@ -1716,20 +1721,24 @@ int ulp_index_pending(ulp_archive *a, int64_t *ids, size_t max, size_t *n)
 		return -ULP_E_IO;
 	sqlite3_bind_int64(st, 1, (sqlite3_int64)max);
 	int rc;
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW)
-		ids[(*n)++] = sqlite3_column_int64(st, 0);
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		ids[*n] = sqlite3_column_int64(st, 0);
+		gens[(*n)++] = sqlite3_column_int64(st, 1);
+	}
 	sqlite3_reset(st);
 	return rc == SQLITE_DONE ? 0 : ulp_db_err(a, "re-basing queue");
 }
 
-int ulp_index_pending_done(ulp_archive *a, const int64_t *ids, size_t n)
+int ulp_index_pending_done(ulp_archive *a, const int64_t *ids, const int64_t *gens, size_t n)
 {
-	static const char sql[] = "DELETE FROM rebase_queue WHERE file = ?";
+	/* only the change that was handled: one queued meanwhile stays */
+	static const char sql[] = "DELETE FROM rebase_queue WHERE file = ? AND why = ?";
 	for (size_t i = 0; i < n; i++) {
 		sqlite3_stmt *st = ulp_db_stmt(a, sql);
 		if (!st)
 			return -ULP_E_IO;
 		sqlite3_bind_int64(st, 1, ids[i]);
+		sqlite3_bind_int64(st, 2, gens[i]);
 		ULP_TRY(step_rc(a, st, "re-basing queue"));
 	}
 	return 0;

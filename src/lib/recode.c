@@ -604,11 +604,11 @@ int ulp_archive_rebase_pending(ulp_archive *a, ulp_progress_fn progress, void *a
 {
 	ulp_rebase_result r = {0};
 	double t0 = now_s();
-	int64_t ids[PENDING_BATCH];
+	int64_t ids[PENDING_BATCH], gens[PENDING_BATCH];
 	size_t n;
 	int rc;
 	ULP_TRY(check_rw(a));
-	while ((rc = ulp_index_pending(a, ids, PENDING_BATCH, &n)) == 0 && n > 0) {
+	while ((rc = ulp_index_pending(a, ids, gens, PENDING_BATCH, &n)) == 0 && n > 0) {
 		plan P = {a, NULL, 0, 0};
 		tctx c = {&P, RB_IMPROVE};
 		/* each queued file, then its neighbours, for which it may now be
@@ -629,7 +629,7 @@ int ulp_archive_rebase_pending(ulp_archive *a, ulp_progress_fn progress, void *a
 			pthread_mutex_lock(&a->write_mu);
 			rc = ulp_db_begin(a);
 			if (rc == 0)
-				rc = ulp_index_pending_done(a, ids, n);
+				rc = ulp_index_pending_done(a, ids, gens, n);
 			if (rc == 0)
 				rc = ulp_db_commit(a);
 			if (rc < 0)

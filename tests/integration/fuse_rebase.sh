@@ -23,7 +23,7 @@ REF=$(pack_bytes "$T/ref")
 "$U" init "$T/names" > /dev/null
 mount_fs "$T/names" "$T/m1" || fail "mount"
 rsync -a "$T/src/" "$T/m1/run/" || fail "rsync"
-fusermount3 -u "$T/m1" && sleep 1
+umount_fs "$T/m1" # waits for the daemon: it archives and re-bases its queue after the unmount
 "$U" gc "$T/names" > /dev/null || fail "gc (names)"
 B=$(pack_bytes "$T/names")
 "$U" verify "$T/names" > /dev/null || fail "verify (names)"
@@ -36,7 +36,7 @@ mkdir "$T/m2/run"
 for d in $(cd "$T/src" && ls -d checkpoint-* | sort -t- -k2 -n); do
 	mkdir "$T/m2/run/tmp-$d" && cp "$T/src/$d/"* "$T/m2/run/tmp-$d/" && mv "$T/m2/run/tmp-$d" "$T/m2/run/$d" || fail "save $d"
 done
-fusermount3 -u "$T/m2" && sleep 1
+umount_fs "$T/m2"
 "$U" gc "$T/tmp" > /dev/null || fail "gc (tmp)"
 B=$(pack_bytes "$T/tmp")
 "$U" verify "$T/tmp" > /dev/null || fail "verify (tmp)"
