@@ -846,14 +846,12 @@ static void readahead_once(void)
  */
 static int parse_count(const char *name, const char *v, long min, long max, long *out)
 {
-	char *end;
-	errno = 0;
-	long n = strtol(v, &end, 10);
-	if (end == v || *end || errno || n < min || n > max) {
+	int64_t n;
+	if (ulp_parse_int(v, min, max, &n) < 0) { /* the CLI's strict parser */
 		fprintf(stderr, "ulpackfs: bad %s '%s': a whole number from %ld to %ld\n", name, v, min, max);
 		return -1;
 	}
-	*out = n;
+	*out = (long)n;
 	return 0;
 }
 
