@@ -448,7 +448,8 @@ int ulp_db_check(ulp_archive *a, ulp_err *err)
 	if (code == 0 && a->max_chain == 0) {
 		a->max_chain = ULP_DEFAULT_MAX_CHAIN;
 		if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'max_chain'", -1, &st, NULL) == SQLITE_OK) {
-			if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_int(st, 0) > 0)
+			if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_int(st, 0) > 0 &&
+			    sqlite3_column_int(st, 0) <= ULP_MAX_CHAIN) /* a damaged value lifts no limit */
 				a->max_chain = (unsigned)sqlite3_column_int(st, 0);
 			sqlite3_finalize(st);
 		}

@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #define ULP_WALK_MAX 4096
+_Static_assert(ULP_MAX_CHAIN < ULP_WALK_MAX, "a chain the writers may make is one a read can walk");
 
 /* where one blob of an open file's chains lies (invariant 3) */
 typedef struct loc {

@@ -413,6 +413,24 @@ static void test_open_errors(void)
 	fputs("this is not sqlite", f);
 	fclose(f);
 	CHECK(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) < 0 && err[0], "garbage index: %s", err);
+	/* one max_chain limit for the library and both front ends: a chain
+	 * longer than a read walks (the mount took up to 1000000) is refused */
+	snprintf(dir, sizeof(dir), "%s/limits", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	ulp_archive_opts o = {64 << 20, ULP_MAX_CHAIN, 1, 0};
+	CHECK(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "max_chain %d: %s", ULP_MAX_CHAIN, err);
+	if (a)
+		ulp_archive_close(a);
+	a = NULL;
+	o.max_chain = ULP_MAX_CHAIN + 1;
+	CHECK(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == -ULP_E_INVAL && strstr(err, "max_chain"),
+	      "max_chain %d: %s", ULP_MAX_CHAIN + 1, err);
+	o.max_chain = 5000;
+	CHECK(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == -ULP_E_INVAL, "max_chain 5000: %s", err);
+	o.max_chain = 0;
+	o.threads = ULP_MAX_THREADS + 1;
+	CHECK(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == -ULP_E_INVAL && strstr(err, "threads"),
+	      "threads %d: %s", ULP_MAX_THREADS + 1, err);
 }
 
 /* issue 11 item 19: a path the library refuses gets a message naming it
