@@ -80,3 +80,51 @@ umount_fs() {
 	done
 	echo "# ulpackfs $_pid still running 60 s after unmounting $1" >&2
 }
+# mount_fg ARCHIVE MNT [options...]: mounts with ulpackfs in the foreground,
+# a child of this shell whose pid is FS_PID (to kill -9 and wait for), and
+# waits until it answers
+mount_fg() {
+	_a=$1 _m=$2
+	shift 2
+	mkdir -p "$_m"
+	"$ULPACKFS" "$_a" "$_m" -f "$@" &
+	FS_PID=$!
+	MOUNTS="$MOUNTS $_m"
+	for _ in 1 2 3 4 5 6 7 8 9 10; do
+		mountpoint -q "$_m" && return 0
+		sleep 0.2
+	done
+	return 1
+}
+
+# ---- crashes ----------------------------------------------------------------
+# A writer run in the background (PID $W) that must hold files open across a
+# crash touches $T/ready once it holds them and waits for $T/go to close them
+# (a python one: PYTHONPATH="$IT_DIR", crash_writer.hold_until_go).
+IT_DIR=$(cd "$(dirname "$0")" && pwd)
+# wait_ready W: whether the writer got ready (30 s at most; not if it exited)
+wait_ready() {
+	for _ in $(seq 600); do
+		[ -e "$T/ready" ] && return 0
+		running "$1" || break
+		sleep 0.05
+	done
+	[ -e "$T/ready" ]
+}
+# crash_fs PID MNT [W]: kill -9 of the ulpackfs PID serving MNT; waits until
+# it has gone, then lets writer W close its files ($T/go) and waits for it,
+# then detaches the dead mount point. The next mount recovers staging.
+crash_fs() {
+	[ -n "$1" ] && kill -9 "$1"
+	for _ in $(seq 600); do
+		running "$1" || break
+		sleep 0.05
+	done
+	wait "$1" 2>/dev/null # reaps it where it is a child (mount_fg)
+	if [ -n "${3:-}" ]; then
+		touch "$T/go"
+		wait "$3" 2>/dev/null
+	fi
+	fusermount3 -u -z "$2" 2>/dev/null
+	return 0
+}
