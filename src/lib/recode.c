@@ -470,10 +470,9 @@ static int check_rw(ulp_archive *a)
 {
 	if (a->read_only)
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is open read-only", a->dir);
-	/* this thread's connection first: a missing one is no memory for its
-	 * state, or an error already recorded (as ulp_db_exec reports it) */
+	/* this thread's connection first (ulp_db_err: why it could not be opened) */
 	if (!ulp_db(a))
-		return pthread_getspecific(a->tls) ? -ULP_E_IO : -ULP_E_NOMEM;
+		return ulp_db_err(a, "open");
 	return 0;
 }
 
