@@ -1657,7 +1657,7 @@ int ulp_index_candidates(ulp_archive *a, const ulp_rbtensor *t, uint8_t (*out)[U
 {
 	static const char sql[] =
 		"SELECT b.content FROM entries e JOIN extents x ON x.file = e.id JOIN blobs b ON b.id = x.blob"
-		" WHERE e.series = ?1 AND e.type = 0 AND e.kind = 1 AND e.id <> ?2 AND x.name = ?3 AND x.dtype = ?4"
+		" WHERE e.series = ?1 AND e.type = 0 AND e.kind <> 0 AND e.id <> ?2 AND x.name = ?3 AND x.dtype = ?4"
 		" AND x.length = ?5 AND b.content <> ?6 ORDER BY abs(e.step - ?7), e.step, e.path LIMIT ?8";
 	*n = 0;
 	if (!t->series)
@@ -1683,9 +1683,9 @@ int ulp_index_candidates(ulp_archive *a, const ulp_rbtensor *t, uint8_t (*out)[U
 int ulp_index_neighbours(ulp_archive *a, int64_t file, int64_t out[2])
 {
 	static const char sql[] =
-		"SELECT (SELECT n.id FROM entries n WHERE n.series = e.series AND n.type = 0 AND n.kind = 1"
+		"SELECT (SELECT n.id FROM entries n WHERE n.series = e.series AND n.type = 0 AND n.kind <> 0"
 		"  AND n.id <> e.id AND n.step <= e.step ORDER BY n.step DESC, n.path LIMIT 1),"
-		" (SELECT n.id FROM entries n WHERE n.series = e.series AND n.type = 0 AND n.kind = 1"
+		" (SELECT n.id FROM entries n WHERE n.series = e.series AND n.type = 0 AND n.kind <> 0"
 		"  AND n.id <> e.id AND n.step >= e.step ORDER BY n.step, n.path LIMIT 1)"
 		" FROM entries e WHERE e.id = ? AND e.series IS NOT NULL";
 	out[0] = out[1] = -1;
