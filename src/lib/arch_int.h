@@ -233,6 +233,9 @@ char *ulp_path_parent(const char *path);
 const char *ulp_path_name(const char *path);
 /* Normalizes a user path to the archive form; -INVAL for '..' or NUL. */
 int ulp_path_clean(const char *in, char *out, size_t cap);
+/* ulp_path_clean for a path a caller gave: INVAL or NAMETOOLONG with a
+ * message naming the path in a's errmsg. */
+int ulp_arch_path(ulp_archive *a, const char *path, char *out, size_t cap);
 
 /* ---- re-basing support (index.c, for recode.c) ---------------------------- */
 

@@ -559,11 +559,7 @@ int ulp_archive_stat(ulp_archive *a, const char *path, ulp_stat *out)
 	static const char sql[] = "SELECT " ENTRY_COLS " FROM entries WHERE path = ?";
 	static const char sql_v2[] = "SELECT " ENTRY_COLS_V2 " FROM entries WHERE path = ?";
 	char p[4096];
-	int prc = ulp_path_clean(path, p, sizeof(p));
-	if (prc < 0)
-		return ulp_arch_err(a, prc, "%s: %s", path,
-		                    prc == -ULP_E_NAMETOOLONG ? "name or path too long for an archive"
-		                                              : "not a valid path inside an archive (a '..' component)");
+	ULP_TRY(ulp_arch_path(a, path, p, sizeof(p)));
 	sqlite3_stmt *st;
 	ULP_TRY(ulp_db_stmt(a, a->schema >= 4 ? sql : sql_v2, &st));
 	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
@@ -666,7 +662,7 @@ int ulp_archive_readdir(ulp_archive *a, const char *path,
 	                             " ORDER BY name";
 	char p[4096];
 	ulp_stat s;
-	ULP_TRY(ulp_path_clean(path, p, sizeof(p)));
+	ULP_TRY(ulp_arch_path(a, path, p, sizeof(p)));
 	ULP_TRY(ulp_archive_stat(a, p, &s));
 	if (!s.is_dir)
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: not a directory", p);
@@ -693,7 +689,7 @@ int ulp_archive_readlink(ulp_archive *a, const char *path, char *buf, size_t cap
 {
 	static const char sql[] = "SELECT target FROM entries WHERE path = ? AND type = 2";
 	char p[4096];
-	ULP_TRY(ulp_path_clean(path, p, sizeof(p)));
+	ULP_TRY(ulp_arch_path(a, path, p, sizeof(p)));
 	sqlite3_stmt *st;
 	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
@@ -732,6 +728,17 @@ int ulp_path_clean(const char *in, char *out, size_t cap)
 		o += len;
 	}
 	out[o] = 0;
+	return 0;
+}
+
+int ulp_arch_path(ulp_archive *a, const char *path, char *out, size_t cap)
+{
+	int rc = ulp_path_clean(path, out, cap);
+	if (rc == -ULP_E_NAMETOOLONG)
+		return ulp_arch_err(a, rc, "%.200s...: a name over %d bytes or a path over %d bytes", path, ULP_NAME_MAX,
+		                    ULP_PATH_MAX);
+	if (rc < 0)
+		return ulp_arch_err(a, rc, "%s: not a valid path inside an archive (a '..' component)", path);
 	return 0;
 }
 
@@ -1283,7 +1290,7 @@ int ulp_index_files(ulp_archive *a, const char *prefix,
 	                        " ORDER BY step IS NOT NULL, step, path"
 	static const char sql[] = FILES_SQL(ENTRY_COLS), sql_v2[] = FILES_SQL(ENTRY_COLS_V2);
 	char p[4096];
-	ULP_TRY(ulp_path_clean(prefix, p, sizeof(p)));
+	ULP_TRY(ulp_arch_path(a, prefix, p, sizeof(p)));
 	sqlite3 *db = ulp_db(a);
 	sqlite3_stmt *st;
 	if (!db || sqlite3_prepare_v2(db, a->schema >= 4 ? sql : sql_v2, -1, &st, NULL) != SQLITE_OK)
@@ -1316,7 +1323,7 @@ int ulp_index_orphans(ulp_archive *a, const char *prefix,
 		" OR NOT EXISTS (SELECT 1 FROM entries d WHERE d.path = e.parent AND d.type = 1))"
 		" ORDER BY e.path";
 	char p[4096];
-	ULP_TRY(ulp_path_clean(prefix, p, sizeof(p)));
+	ULP_TRY(ulp_arch_path(a, prefix, p, sizeof(p)));
 	sqlite3 *db = ulp_db(a);
 	sqlite3_stmt *st;
 	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
@@ -1374,7 +1381,7 @@ int ulp_archive_report(ulp_archive *a, const char *prefix,
 		" (SELECT coalesce(sum(size), 0) FROM packs), (SELECT coalesce(max(depth), 0) FROM blobs)";
 	memset(out, 0, sizeof(*out));
 	char p[4096];
-	ULP_TRY(ulp_path_clean(prefix, p, sizeof(p)));
+	ULP_TRY(ulp_arch_path(a, prefix, p, sizeof(p)));
 	struct tally_ctx c = {per_file, arg, out};
 	ULP_TRY(ulp_index_files(a, p, tally, &c));
 	sqlite3 *db = ulp_db(a);

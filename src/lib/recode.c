@@ -516,8 +516,9 @@ int ulp_archive_rebase(ulp_archive *a, const char *path, const char *tensor, con
 	int64_t fid, rid = -1;
 	char p[4096], rp[4096];
 	ULP_TRY(check_rw(a));
-	if (ulp_path_clean(path, p, sizeof(p)) < 0 || (ref_path && ulp_path_clean(ref_path, rp, sizeof(rp)) < 0))
-		return ulp_arch_err(a, -ULP_E_INVAL, "%s: not a valid path inside an archive", path);
+	ULP_TRY(ulp_arch_path(a, path, p, sizeof(p)));
+	if (ref_path)
+		ULP_TRY(ulp_arch_path(a, ref_path, rp, sizeof(rp)));
 	ULP_TRY(file_id(a, p, &fid));
 	if (ref_path)
 		ULP_TRY(file_id(a, rp, &rid));
