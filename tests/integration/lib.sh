@@ -49,8 +49,12 @@ mount_fs() {
 	mkdir -p "$m"
 	"$ULPACKFS" "$a" "$m" "$@" || return 1
 	MOUNTS="$MOUNTS $m"
+	wait_mounted "$m"
+}
+# wait_mounted MNT: whether MNT becomes a mount point within 2 s
+wait_mounted() {
 	for _ in 1 2 3 4 5 6 7 8 9 10; do
-		mountpoint -q "$m" && return 0
+		mountpoint -q "$1" && return 0
 		sleep 0.2
 	done
 	return 1
@@ -90,11 +94,7 @@ mount_fg() {
 	"$ULPACKFS" "$_a" "$_m" -f "$@" &
 	FS_PID=$!
 	MOUNTS="$MOUNTS $_m"
-	for _ in 1 2 3 4 5 6 7 8 9 10; do
-		mountpoint -q "$_m" && return 0
-		sleep 0.2
-	done
-	return 1
+	wait_mounted "$_m"
 }
 
 # ---- crashes ----------------------------------------------------------------
