@@ -172,8 +172,7 @@ hold_until_go(t, held)
 PYEOF
 wpid=$!
 wait_ready "$wpid" || fail "the writer did not get ready"
-crash_fs "$pid" "$M" "$wpid"
-mount_fs "$A" "$M" 2> "$T/mount.err" || fail "remount after kill -9: $(cat "$T/mount.err")"
+crash_remount "$pid" "$A" "$M" "$wpid"
 "$PY" - "$M" "$T" <<'PYEOF' && ok "times exact after a kill -9, from staging" || fail "times after kill -9"
 import os, sys
 m, t = sys.argv[1], sys.argv[2]

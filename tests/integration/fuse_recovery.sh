@@ -58,8 +58,7 @@ hold_until_go(t, held)
 PYEOF
 wpid=$!
 wait_ready "$wpid" || fail "the writer did not get ready"
-crash_fs "$pid" "$M" "$wpid"
-mount_fs "$A" "$M" 2> "$T/mount.err" || fail "remount after kill -9: $(cat "$T/mount.err")"
+crash_remount "$pid" "$A" "$M" "$wpid"
 
 expect() { # expect NAME REPEAT LINE: NAME holds REPEAT lines LINE
 	"$PY" - "$M/$1" "$2" "$3" <<'PYEOF'

@@ -128,3 +128,11 @@ crash_fs() {
 	fusermount3 -u -z "$2" 2>/dev/null
 	return 0
 }
+# crash_remount PID ARCHIVE MNT [W]: crash_fs PID MNT W, then mounts ARCHIVE
+# on MNT again (recovering staging); a failure to mount fails the test
+crash_remount() {
+	crash_fs "$1" "$3" "${4:-}"
+	mount_fs "$2" "$3" 2> "$T/mount.err" && return 0
+	fail "remount after kill -9: $(cat "$T/mount.err")"
+	return 1
+}

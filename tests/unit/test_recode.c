@@ -622,26 +622,35 @@ static uint64_t t_baseline(const char *name, const int *steps, size_t n)
 }
 
 static uint64_t t_kept_ref; /* pack bytes of steps 20, 40, 50 put in order */
+static const int t_kept[] = {0, 2, 3};
+
+/* a fresh archive of steps 20..50 put in order (each a delta of the one
+ * before); its pack bytes in *bytes */
+static ulp_archive *t_archive_all(const char *name, uint64_t *bytes)
+{
+	ulp_archive *a = fresh(name, 0);
+	for (int i = 0; i < T_STEPS; i++)
+		REQUIRE(t_put(a, i) == 0, "put: %s", ulp_archive_errmsg(a));
+	*bytes = pack_bytes(a, NULL);
+	return a;
+}
 
 /* forget: steps 20..50 archived (each a delta of the one before), step 30
  * forgotten; gc re-bases step 40 onto step 20 and drops step 30's blobs */
 static void test_torch_forget(void)
 {
-	static const int kept[] = {0, 2, 3};
-	ulp_archive *a = fresh("torch-forget", 0);
-	for (int i = 0; i < T_STEPS; i++)
-		REQUIRE(t_put(a, i) == 0, "put: %s", ulp_archive_errmsg(a));
+	uint64_t before;
+	ulp_archive *a = t_archive_all("torch-forget", &before);
 	int anchors;
 	uint64_t s40 = t_stored(a, 2, &anchors);
 	CHECK(!anchors, "step 40 is stored as deltas (%llu bytes)", (unsigned long long)s40);
-	uint64_t before = pack_bytes(a, NULL);
 	static const int64_t keep[] = {20};
 	ulp_forget_opts o = {.keep_last = 2, .keep = keep, .n_keep = 1};
 	CHECK(ulp_archive_forget(a, "run", &o, NULL, NULL) == 1, "step 30 forgotten: %s", ulp_archive_errmsg(a));
 	ulp_gc_result g;
 	REQUIRE(ulp_archive_gc(a, &g) == 0, "gc: %s", ulp_archive_errmsg(a));
 	uint64_t after = pack_bytes(a, NULL);
-	t_check(a, "torch forget", kept, 3);
+	t_check(a, "torch forget", t_kept, 3);
 	ulp_stat st;
 	char p[128];
 	t_path(p, sizeof(p), 1, 0);
@@ -649,9 +658,9 @@ static void test_torch_forget(void)
 	CHECK(g.blobs_rebased > 0, "gc re-based step 40's storages (%llu blobs)", (unsigned long long)g.blobs_rebased);
 	ulp_archive_close(a);
 	a = reopen("torch-forget", 0); /* cold: every chain decoded from the packs */
-	t_check(a, "torch forget, reopened", kept, 3);
+	t_check(a, "torch forget, reopened", t_kept, 3);
 	ulp_archive_close(a);
-	uint64_t ref = t_kept_ref = t_baseline("torch-forget-ref", kept, 3);
+	uint64_t ref = t_kept_ref = t_baseline("torch-forget-ref", t_kept, 3);
 	/* step 40 re-based onto step 20 as a put in order codes it (it was made
 	 * standalone: torch files were no candidates, 1.032x) */
 	FIGURE(after < before && after * 100 <= ref * 101, "torch forget: %llu -> %llu pack bytes after forget + gc,"
@@ -663,11 +672,8 @@ static void test_torch_forget(void)
  * needs them) onto step 20 */
 static void test_torch_orphans(void)
 {
-	static const int kept[] = {0, 2, 3};
-	ulp_archive *a = fresh("torch-orphans", 0);
-	for (int i = 0; i < T_STEPS; i++)
-		REQUIRE(t_put(a, i) == 0, "put: %s", ulp_archive_errmsg(a));
-	uint64_t before = pack_bytes(a, NULL);
+	uint64_t before;
+	ulp_archive *a = t_archive_all("torch-orphans", &before);
 	for (int k = 0; k < 2; k++) {
 		char p[128];
 		t_path(p, sizeof(p), 1, k);
@@ -677,11 +683,11 @@ static void test_torch_orphans(void)
 	REQUIRE(ulp_archive_rebase_orphans(a, NULL, NULL, &r) == 0, "orphans: %s", ulp_archive_errmsg(a));
 	CHECK(r.recoded > 0, "step 40's storages re-coded (%llu of %llu planned, %llu anchors)",
 	      (unsigned long long)r.recoded, (unsigned long long)r.planned, (unsigned long long)r.anchors);
-	t_check(a, "torch orphans, before gc", kept, 3);
+	t_check(a, "torch orphans, before gc", t_kept, 3);
 	ulp_gc_result g;
 	REQUIRE(ulp_archive_gc(a, &g) == 0, "gc: %s", ulp_archive_errmsg(a));
 	uint64_t after = pack_bytes(a, NULL);
-	t_check(a, "torch orphans", kept, 3);
+	t_check(a, "torch orphans", t_kept, 3);
 	ulp_archive_close(a);
 	FIGURE(after < before && g.bytes_reclaimed > 0 && after * 100 <= t_kept_ref * 101,
 	       "torch orphans: %llu -> %llu pack bytes (%llu reclaimed), %llu for the kept steps alone (%.3fx,"
