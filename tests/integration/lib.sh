@@ -102,6 +102,7 @@ mount_fg() {
 # crash touches $T/ready once it holds them and waits for $T/go to close them
 # (a python one: PYTHONPATH="$IT_DIR", crash_writer.hold_until_go).
 IT_DIR=$(cd "$(dirname "$0")" && pwd)
+export PYTHONDONTWRITEBYTECODE=1 # no __pycache__ left in the source tree
 # wait_ready W: whether the writer got ready (30 s at most; not if it exited)
 wait_ready() {
 	for _ in $(seq 600); do
