@@ -467,7 +467,7 @@ size_t ulp_chunk_raw_bound(const ulp_fmt *f, size_t n)
 
 uint64_t *ulp_esyms_pack(const ulp_table *t, const ulp_rans_esym *es)
 {
-	if (!USE_AVX512() || t->n_ctx > 256 || t->n_rows > 255)
+	if (!(USE_AVX512() || USE_AVX2()) || t->n_ctx > 256 || t->n_rows > 255)
 		return NULL;
 	size_t m = (size_t)t->n_rows * t->alphabet;
 	uint64_t *p = malloc(m * sizeof(*p));
@@ -507,6 +507,19 @@ int ulp_chunk_encode(const ulp_fmt *f, const ulp_table *t, const ulp_rans_esym *
 		         (void)0);
 		ulp_rans_enc_avx512(f, t->prob_bits, rowb, t->ctx_row[0], t->alphabet, es64, syms, ref, n0,
 		                    x, &p);
+	} else if (es64 && lanes >= 8 && (f->w == 16 || f->w == 32) && n >= lanes && USE_AVX2()) {
+		/* AVX2: as above, the scalar loop codes the last n mod lanes
+		 * elements (from a multiple of lanes: its lane of element i is
+		 * i mod lanes counted from there) */
+		n0 = n & ~(size_t)(lanes - 1);
+		const uint8_t *ts = syms + n0;
+		const uint8_t *tr = ref ? (const uint8_t *)ref + n0 * (f->w / 8) : NULL;
+		DISPATCH(f, (void)0,
+		         put_rans16(f, t, es, lanes, ts, (const uint16_t *)(const void *)tr, n - n0, x, &p),
+		         put_rans32(f, t, es, lanes, ts, (const uint32_t *)(const void *)tr, n - n0, x, &p),
+		         (void)0);
+		ulp_rans_enc_avx2(f, t->prob_bits, t->ctx_row, t->n_ctx, t->alphabet, es64, syms, ref,
+		                  lanes, n0, x, &p);
 	} else {
 		DISPATCH(f, put_rans8(f, t, es, lanes, syms, ref, n, x, &p),
 		         put_rans16(f, t, es, lanes, syms, ref, n, x, &p),
@@ -591,6 +604,14 @@ size_t ulp_anchor_rebuild_avx2(unsigned w, unsigned ash, unsigned ab, const uint
 {
 	(void)w, (void)ash, (void)ab, (void)syms, (void)n, (void)raw, (void)raw_len, (void)pos, (void)out;
 	return 0;
+}
+
+void ulp_rans_enc_avx2(const ulp_fmt *f, unsigned pb, const uint16_t *ctx_row, unsigned n_ctx,
+                       unsigned alphabet, const uint64_t *es64, const uint8_t *syms,
+                       const void *ref, unsigned lanes, size_t n, uint32_t *x, uint16_t **pp)
+{
+	(void)f, (void)pb, (void)ctx_row, (void)n_ctx, (void)alphabet, (void)es64, (void)syms;
+	(void)ref, (void)lanes, (void)n, (void)x, (void)pp; /* never called: ulp_use_avx2() is 0 */
 }
 #endif
 

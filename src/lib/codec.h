@@ -64,7 +64,7 @@ int ulp_chunk_encode(const ulp_fmt *f, const ulp_table *t, const ulp_rans_esym *
 
 /* The table's encoder entries packed for the SIMD encoder, one u64 each:
  * rcp | (freq | bias << 13 | rshift << 26) << 32 (malloc'd; NULL when no
- * SIMD encoder would use it or on no memory: the scalar encoder runs). */
+ * SIMD encoder (AVX2 or AVX-512) would use it or on no memory: the scalar encoder runs). */
 uint64_t *ulp_esyms_pack(const ulp_table *t, const ulp_rans_esym *es);
 
 /*
@@ -92,6 +92,11 @@ size_t ulp_anchor_rebuild_avx2(unsigned w, unsigned ash, unsigned ab, const uint
 void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, unsigned mshift,
                        unsigned emask, unsigned alphabet, uint8_t *syms, uint16_t *cidx,
                        uint64_t *vals, uint8_t *lens);
+/* AVX2 encoder of elements [0, n) (n a multiple of 8) with 8, 16 or 32 lanes,
+ * from states x and front *pp (rans_avx2.c); es64 from ulp_esyms_pack. */
+void ulp_rans_enc_avx2(const ulp_fmt *f, unsigned pb, const uint16_t *ctx_row, unsigned n_ctx,
+                       unsigned alphabet, const uint64_t *es64, const uint8_t *syms,
+                       const void *ref, unsigned lanes, size_t n, uint32_t *x, uint16_t **pp);
 /* 1 if the AVX2 kernels are built, supported and allowed by ulp_set_cpu_mask. */
 int ulp_use_avx2(void);
 

@@ -305,3 +305,99 @@ void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, unsigned 
 		lens[i / 4 + 1] = (uint8_t)_mm256_extract_epi64(l2, 1);
 	}
 }
+
+/*
+ * AVX2 rANS encoder of elements [0, n) (n a multiple of 8) with 8, 16 or 32
+ * lanes, run after the scalar loop has coded elements n and up: it continues
+ * from the states x and the word pointer *pp and produces exactly the scalar
+ * ulp_rans_enc_put() sequence. Eight consecutive elements are eight
+ * consecutive lanes (one vector of states), coded from the last group to the
+ * first. Per group: each element's table entry index row(ctx) * alphabet +
+ * symbol, two gathers of its packed entry (es64: rcp, and freq | bias << 13 |
+ * rshift << 26), renormalization, and the fold x + bias + q (2^n - freq).
+ *
+ * The renormalization words of a group go below *pp in lane order (the
+ * scalar loop pushes the highest element first, so lower lanes land lower):
+ * they are packed into the top cnt u16 of a 16-byte vector stored at
+ * *pp - 8, so the store's other bytes fall below the stream's new front.
+ * Callers guarantee 16 free bytes below any front the kernel can reach
+ * (ulp_chunk_rans_bound leaves 4 * lanes >= 32 bytes for the states).
+ * x_max = freq << (31 - n) <= 2^31 and states stay below 2^31, so the
+ * signed compare x > x_max - 1 is exact.
+ */
+static uint8_t enc_pack[256][16];
+
+__attribute__((constructor)) static void init_enc_pack(void)
+{
+	for (unsigned m = 0; m < 256; m++) {
+		unsigned cnt = (unsigned)__builtin_popcount(m), k = 8 - cnt;
+		memset(enc_pack[m], 0x80, 16);
+		for (unsigned j = 0; j < 8; j++)
+			if (m >> j & 1) {
+				enc_pack[m][2 * k] = (uint8_t)(2 * j);
+				enc_pack[m][2 * k + 1] = (uint8_t)(2 * j + 1);
+				k++;
+			}
+	}
+}
+
+void ulp_rans_enc_avx2(const ulp_fmt *f, unsigned pb, const uint16_t *ctx_row, unsigned n_ctx,
+                       unsigned alphabet, const uint64_t *es64, const uint8_t *syms,
+                       const void *ref, unsigned lanes, size_t n, uint32_t *x, uint16_t **pp)
+{
+	int32_t rowa[256];
+	const unsigned nc = n_ctx < 256 ? n_ctx : 256;
+	for (unsigned c = 0; c < 256; c++)
+		rowa[c] = c < nc && ctx_row[c] != ULP_CTX_UNUSED ? (int32_t)(ctx_row[c] * alphabet) : 0;
+	const unsigned nv = lanes / 8, vm = nv - 1;
+	const __m128i shv = _mm_cvtsi32_si128((int)f->mshift);
+	const __m256i em = _mm256_set1_epi32((int)((1u << f->ebits) - 1) & 255);
+	const __m256i m13 = _mm256_set1_epi32(0x1fff), one_n = _mm256_set1_epi32(1 << pb);
+	const __m256i one = _mm256_set1_epi32(1);
+	const __m128i xmsh = _mm_cvtsi32_si128((int)(31 - pb));
+	const __m256i row0 = _mm256_set1_epi32(rowa[0]);
+	/* low u16 of each u32, per 128-bit half, then both halves together */
+	const __m256i lo16 = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+	                                      0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+	const int *rcp_base = (const int *)(const void *)es64;
+	const int *pk_base = rcp_base + 1;
+	uint16_t *p = *pp;
+	__m256i xv[4];
+	for (unsigned j = 0; j < nv; j++)
+		xv[j] = _mm256_loadu_si256((const __m256i *)(x + 8 * j));
+	for (size_t g = n; g > 0; g -= 8) {
+		const size_t i = g - 8;
+		__m256i row = row0;
+		if (ref) {
+			__m256i r = f->w == 16
+			                ? _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)ref + i)))
+			                : _mm256_loadu_si256((const __m256i *)((const uint32_t *)ref + i));
+			row = _mm256_i32gather_epi32(rowa, _mm256_and_si256(_mm256_srl_epi32(r, shv), em), 4);
+		}
+		__m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(syms + i)));
+		__m256i idx = _mm256_add_epi32(row, s);
+		__m256i rcp = _mm256_i32gather_epi32(rcp_base, idx, 8);
+		__m256i pk = _mm256_i32gather_epi32(pk_base, idx, 8);
+		__m256i freq = _mm256_and_si256(pk, m13);
+		__m256i bias = _mm256_and_si256(_mm256_srli_epi32(pk, 13), m13);
+		__m256i rsh = _mm256_srli_epi32(pk, 26);
+		__m256i X = xv[(i >> 3) & vm];
+		__m256i need = _mm256_cmpgt_epi32(X, _mm256_sub_epi32(_mm256_sll_epi32(freq, xmsh), one));
+		unsigned m = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(need));
+		/* branch-free: most groups renormalize some lane */
+		__m256i w = _mm256_shuffle_epi8(X, lo16);
+		__m128i w8 = _mm256_castsi256_si128(_mm256_permute4x64_epi64(w, 0x08));
+		w8 = _mm_shuffle_epi8(w8, _mm_loadu_si128((const __m128i *)enc_pack[m]));
+		_mm_storeu_si128((__m128i *)(void *)(p - 8), w8);
+		p -= __builtin_popcount(m);
+		X = _mm256_blendv_epi8(X, _mm256_srli_epi32(X, 16), need);
+		__m256i pe = _mm256_srli_epi64(_mm256_mul_epu32(X, rcp), 32);
+		__m256i po = _mm256_mul_epu32(_mm256_srli_epi64(X, 32), _mm256_srli_epi64(rcp, 32));
+		__m256i q = _mm256_srlv_epi32(_mm256_blend_epi32(pe, po, 0xAA), rsh);
+		X = _mm256_add_epi32(_mm256_add_epi32(X, bias), _mm256_mullo_epi32(q, _mm256_sub_epi32(one_n, freq)));
+		xv[(i >> 3) & vm] = X;
+	}
+	for (unsigned j = 0; j < nv; j++)
+		_mm256_storeu_si256((__m256i *)(x + 8 * j), xv[j]);
+	*pp = p;
+}
