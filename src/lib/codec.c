@@ -276,6 +276,7 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 		const uint32_t *row0 = d->row[0];                                       \
 		const uint8_t *wp = *wpp;                                               \
 		uint8_t syms[ULP_DEC_BLOCK];                                            \
+		uint8_t wtail[2 * ULP_DEC_BLOCK + 32]; /* see pass A */                 \
 		uint64_t pos = 0;                                                       \
 		if (!r && !row0)                                                        \
 			return ULP_CORRUPT(err, "anchor table has no row for context 0"); \
@@ -283,10 +284,20 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 			const size_t bn = ULP_MIN((size_t)ULP_DEC_BLOCK, n - b0);       \
 			const T *rb = r ? r + b0 : NULL;                                \
 			T *ob = out + b0;                                               \
-			/* pass A: symbols; word reads unchecked while the stream holds \
-			 * a block's worst case (one word an element) */               \
+			/* pass A: symbols, with word reads unchecked: while the stream \
+			 * holds a block's worst case (one word an element) in place,   \
+			 * else from a zero-padded copy of its last words, consumed at  \
+			 * most as far as they go (checked after the block) */         \
+			const uint8_t *wreal = NULL;                                    \
+			const size_t wavail = (size_t)(wend - wp);                      \
+			if (wavail < 2 * bn) {                                          \
+				memcpy(wtail, wp, wavail);                              \
+				memset(wtail + wavail, 0, sizeof(wtail) - wavail);      \
+				wreal = wp;                                             \
+				wp = wtail;                                             \
+			}                                                               \
 			size_t i0 = 0, m = SIZE_MAX;                                    \
-			if ((W == 16 || W == 32) && (size_t)(wend - wp) >= 2 * bn) {   \
+			if (W == 16 || W == 32) {                                       \
 				if (lanes >= 16 && bn >= 64 && (!rb || d->rowb_ok) &&   \
 				    USE_AVX512())                                   \
 					m = ulp_rans_syms_avx512(f, d, lanes, x, &wp, rb, bn & ~(size_t)63, syms); \
@@ -296,7 +307,7 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 					m = ulp_rans_syms_neon(f, d, lanes, x, &wp, rb, bn & ~(size_t)31, syms); \
 				i0 = m == SIZE_MAX ? 0 : m;                             \
 			}                                                               \
-			if ((size_t)(wend - wp) >= 2 * (bn - i0)) {                     \
+			{                                                               \
 				/* the common precision as a constant: shifts by an \
 				 * immediate, one register less */                     \
 				/* w: a register copy (wp's address goes to the SIMD \
@@ -324,23 +335,13 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 						syms[i] = rans_step(&x[i & lm], row0, mask, pb, &w); \
 				}                                                       \
 				wp = w;                                                 \
-			} else {                                                        \
-				for (size_t i = i0; i < bn; i++) {                      \
-					const uint32_t *row = rb ? d->row[(rb[i] >> sh) & em] : row0; \
-					if (!row)                                       \
-						return ULP_CORRUPT(err, "element %zu: reference exponent %u has no table row", \
-						                   b0 + i, (unsigned)((rb[i] >> sh) & em)); \
-					uint32_t *xs = &x[i & lm];                      \
-					uint32_t e = row[*xs & mask];                   \
-					*xs = ((e >> 12 & 0xfff) + 1) * (*xs >> pb) + (e & 0xfff); \
-					if (*xs < ULP_RANS_L) {                         \
-						if (wend - wp < 2)                      \
-							return ULP_CORRUPT(err, "rANS stream ends early at element %zu", b0 + i); \
-						*xs = *xs << 16 | ulp_ld16(wp);         \
-						wp += 2;                                \
-					}                                               \
-					syms[i] = (uint8_t)(e >> 24);                   \
-				}                                                       \
+			}                                                               \
+			if (wreal) {                                                    \
+				const size_t used = (size_t)(wp - wtail);               \
+				if (used > wavail)                                      \
+					return ULP_CORRUPT(err, "rANS stream ends early in elements %zu..%zu", \
+					                   b0, b0 + bn - 1);            \
+				wp = wreal + used;                                      \
 			}                                                               \
 			/* pass B: raw bits and reconstruction; reads past the tail give \
 			 * zeros and the final bit count reports them */                \

@@ -98,11 +98,15 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, u
 
 /*
  * AVX2 reconstruction pass (pass B of the decoder) for 16-bit DELTA:
- * eight elements at a time, each element's raw bits gathered from its bit
+ * eight elements at a time, each element's raw bits taken from its bit
  * position (a prefix sum of the raw lengths of its symbols), then
- * z -> d -> x = phi_inv(phi(r) + d). Works while every gather stays inside
- * the raw tail; returns the number of elements done (a multiple of 8) and
- * advances *pos by their raw bits. The scalar loop finishes the rest.
+ * z -> d -> x = phi_inv(phi(r) + d). Eight elements span at most
+ * 7 + 8 * 13 = 111 bits from byte p / 8, so one 16-byte window holds them
+ * all: each element's four bytes from byte bitpos / 8 (at most 12) are
+ * picked by a byte shuffle (no gathers: slow on Zen), then shifted right by
+ * bitpos mod 8. Works while the window stays inside the raw tail; returns
+ * the number of elements done (a multiple of 8) and advances *pos by their
+ * raw bits. The scalar loop finishes the rest.
  */
 size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
                           size_t raw_len, uint64_t *pos, uint16_t *out)
@@ -110,12 +114,13 @@ size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, co
 	const __m256i one = _mm256_set1_epi32(1), three = _mm256_set1_epi32(3),
 	              four = _mm256_set1_epi32(4), seven = _mm256_set1_epi32(7),
 	              zero = _mm256_setzero_si256(), h = _mm256_set1_epi32(0x8000),
-	              ffff = _mm256_set1_epi32(0xffff), bcast7 = _mm256_set1_epi32(7);
+	              ffff = _mm256_set1_epi32(0xffff), b0123 = _mm256_set1_epi32(0x03020100),
+	              bcast = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
+	                                       0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
 	const __m256i hi_half = _mm256_setr_epi32(0, 0, 0, 0, -1, -1, -1, -1);
 	uint64_t p = *pos;
 	size_t i = 0;
-	/* a group reads at most 8 * 13 bits from byte p / 8, plus 8 bytes of gather */
-	for (; i + 8 <= n && p / 8 + 13 + 8 <= raw_len; i += 8) {
+	for (; i + 8 <= n && p / 8 + 16 <= raw_len; i += 8) {
 		__m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(syms + i)));
 		__m256i nr = _mm256_max_epi32(_mm256_sub_epi32(_mm256_srli_epi32(s, 2), one), zero);
 		/* exclusive prefix sum of nr across the eight lanes */
@@ -125,17 +130,9 @@ size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, co
 		__m256i exc = _mm256_sub_epi32(inc, nr);
 		uint32_t total = (uint32_t)_mm256_extract_epi32(inc, 7);
 		__m256i bitpos = _mm256_add_epi32(_mm256_set1_epi32((int)(p & 7)), exc);
-		__m256i byte = _mm256_srli_epi32(bitpos, 3);
-		__m256i shift = _mm256_and_si256(bitpos, seven);
-		const long long *base_ptr = (const long long *)(raw + p / 8);
-		__m256i g0 = _mm256_i32gather_epi64(base_ptr, _mm256_castsi256_si128(byte), 1);
-		__m256i g1 = _mm256_i32gather_epi64(base_ptr, _mm256_extracti128_si256(byte, 1), 1);
-		g0 = _mm256_srlv_epi64(g0, _mm256_cvtepu32_epi64(_mm256_castsi256_si128(shift)));
-		g1 = _mm256_srlv_epi64(g1, _mm256_cvtepu32_epi64(_mm256_extracti128_si256(shift, 1)));
-		/* low 32 bits of each 64-bit lane, back in element order */
-		__m256i bits = _mm256_permutevar8x32_epi32(
-			_mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(g0), _mm256_castsi256_ps(g1), 0x88)),
-			_mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+		__m256i win = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(raw + p / 8)));
+		__m256i ctrl = _mm256_add_epi8(_mm256_shuffle_epi8(_mm256_srli_epi32(bitpos, 3), bcast), b0123);
+		__m256i bits = _mm256_srlv_epi32(_mm256_shuffle_epi8(win, ctrl), _mm256_and_si256(bitpos, seven));
 		__m256i rmask = _mm256_sub_epi32(_mm256_sllv_epi32(one, nr), one);
 		__m256i lead = _mm256_or_si256(four, _mm256_and_si256(s, three));
 		__m256i base = _mm256_blendv_epi8(_mm256_sllv_epi32(lead, nr), s, _mm256_cmpgt_epi32(four, s));
@@ -151,7 +148,6 @@ size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, co
 		__m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
 		_mm_storeu_si128((__m128i *)(out + i), packed);
 		p += total;
-		(void)bcast7;
 	}
 	*pos = p;
 	return i;
