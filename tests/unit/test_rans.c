@@ -128,6 +128,9 @@ static void test_tables(void)
 	free(c);
 }
 
+/* the scalar reference and each SIMD path (skipped where the CPU lacks it) */
+static const unsigned masks[] = {0, ULP_CPU_AVX2, ULP_CPU_AVX2 | ULP_CPU_AVX512, ULP_CPU_NEON};
+
 /* ANCHOR chunks of F32 with a chosen distribution of exponent symbols */
 static void test_streams(void)
 {
@@ -162,13 +165,18 @@ static void test_streams(void)
 			REQUIRE(ulp_table_esyms(&t, &es) == 0 && ulp_dtab_build(&t, &d) == 0, "views");
 			size_t rl;
 			REQUIRE(ulp_chunk_encode(&f, &t, es, NULL, lanes, syms, NULL, n, rb, rc, &rl) == 0, "encode");
-			uint64_t *es64 = ulp_esyms_pack(&t, es);
-			if (es64) { /* the AVX-512 encoder writes the same bytes */
+			/* every SIMD encoder writes the scalar encoder's bytes */
+			for (int m = 1; m < 4; m++) {
+				if ((ulp_cpu_features() & masks[m]) != masks[m])
+					continue;
+				unsigned old = ulp_set_cpu_mask(masks[m]);
+				uint64_t *es64 = ulp_esyms_pack(&t, es);
 				uint8_t *rb2 = malloc(rc);
 				size_t rl2 = 0;
 				REQUIRE(ulp_chunk_encode(&f, &t, es, es64, lanes, syms, NULL, n, rb2, rc, &rl2) == 0, "encode");
-				CHECK(rl2 == rl && memcmp(rb, rb2, rl) == 0, "anchor dist %d, %u lanes: AVX-512 encoder bytes identical",
-				      dist, lanes);
+				CHECK(rl2 == rl && memcmp(rb, rb2, rl) == 0, "anchor dist %d, %u lanes: encoder bytes on cpu mask %u identical",
+				      dist, lanes, masks[m]);
+				ulp_set_cpu_mask(old);
 				free(rb2);
 				free(es64);
 			}
@@ -216,7 +224,6 @@ static void make_delta_pair(const ulp_fmt *f, size_t n, void *xv, void *rv)
 static void test_delta_streams(void)
 {
 	const ulp_dtype dts[] = {ULP_DT_BF16, ULP_DT_F16, ULP_DT_F32};
-	const unsigned masks[] = {0, ULP_CPU_AVX2, ULP_CPU_AVX2 | ULP_CPU_AVX512, ULP_CPU_NEON};
 	const size_t n = 70001; /* not a multiple of 64: every kernel leaves a tail; above
 	                           65536: pass 1 counts into its four tables */
 	for (int k = 0; k < 3; k++) {
@@ -256,14 +263,19 @@ static void test_delta_streams(void)
 			size_t rc = ulp_chunk_rans_bound(n, lanes), rl;
 			uint8_t *rb = malloc(rc);
 			REQUIRE(ulp_chunk_encode(&f, &t, es, NULL, lanes, syms, r, n, rb, rc, &rl) == 0, "encode");
-			/* the AVX-512 encoder (32 lanes) writes the same bytes */
-			uint64_t *es64 = ulp_esyms_pack(&t, es);
-			if (es64) {
+			/* every SIMD encoder (AVX2: 8 to 32 lanes, AVX-512: 32) writes
+			 * the scalar encoder's bytes */
+			for (int m = 1; m < 4; m++) {
+				if ((ulp_cpu_features() & masks[m]) != masks[m])
+					continue;
+				unsigned old = ulp_set_cpu_mask(masks[m]);
+				uint64_t *es64 = ulp_esyms_pack(&t, es);
 				uint8_t *rb2 = malloc(rc);
 				size_t rl2 = 0;
 				REQUIRE(ulp_chunk_encode(&f, &t, es, es64, lanes, syms, r, n, rb2, rc, &rl2) == 0, "encode");
-				CHECK(rl2 == rl && memcmp(rb, rb2, rl) == 0, "w%u delta, %u lanes: AVX-512 encoder bytes identical",
-				      f.w, lanes);
+				CHECK(rl2 == rl && memcmp(rb, rb2, rl) == 0, "w%u delta, %u lanes: encoder bytes on cpu mask %u identical",
+				      f.w, lanes, masks[m]);
+				ulp_set_cpu_mask(old);
 				free(rb2);
 				free(es64);
 			}
@@ -278,6 +290,12 @@ static void test_delta_streams(void)
 				                           bits, r, n, y, &err);
 				CHECK(rcd == 0 && memcmp(x, y, n * es_) == 0, "w%u delta, %u lanes, cpu mask %u",
 				      f.w, lanes, masks[m]);
+				/* a stream one word short: its last block decodes from the
+				 * zero-padded copy and the shortage is reported */
+				rcd = ulp_chunk_decode(&f, &d, lanes, rb, rl - 2, wb, (size_t)((bits + 7) / 8),
+				                       bits, r, n, y, &err);
+				CHECK(rcd < 0, "w%u delta, %u lanes, cpu mask %u: short rANS stream detected (%s)",
+				      f.w, lanes, masks[m], msg);
 				/* an element whose reference context has no row, late in the chunk */
 				uint8_t save[4];
 				memcpy(save, r + 3001 * es_, es_);
