@@ -398,6 +398,9 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 				if ((W == 16 || W == 32) && USE_AVX2())                 \
 					i = ulp_anchor_rebuild_avx2(W, ash, ab, syms, bn, raw, raw_len, \
 					                            &pos, ob);          \
+				else if ((W == 16 || W == 32) && USE_NEON())            \
+					i = ulp_anchor_rebuild_neon(W, ash, ab, syms, bn, raw, raw_len, \
+					                            &pos, ob);          \
 				for (; i < bn; i++) {                                   \
 					uint64_t v = raw_bits_at(raw, raw_len, pos, nb); \
 					pos += nb;                                      \
@@ -468,7 +471,7 @@ size_t ulp_chunk_raw_bound(const ulp_fmt *f, size_t n)
 
 uint64_t *ulp_esyms_pack(const ulp_table *t, const ulp_rans_esym *es)
 {
-	if (!(USE_AVX512() || USE_AVX2()) || t->n_ctx > 256 || t->n_rows > 255)
+	if (!(USE_AVX512() || USE_AVX2() || USE_NEON()) || t->n_ctx > 256 || t->n_rows > 255)
 		return NULL;
 	size_t m = (size_t)t->n_rows * t->alphabet;
 	uint64_t *p = malloc(m * sizeof(*p));
@@ -520,6 +523,17 @@ int ulp_chunk_encode(const ulp_fmt *f, const ulp_table *t, const ulp_rans_esym *
 		         put_rans32(f, t, es, lanes, ts, (const uint32_t *)(const void *)tr, n - n0, x, &p),
 		         (void)0);
 		ulp_rans_enc_avx2(f, t->prob_bits, t->ctx_row, t->n_ctx, t->alphabet, es64, syms, ref,
+		                  lanes, n0, x, &p);
+	} else if (es64 && lanes >= 4 && (f->w == 16 || f->w == 32) && n >= lanes && USE_NEON()) {
+		/* NEON: as AVX2 */
+		n0 = n & ~(size_t)(lanes - 1);
+		const uint8_t *ts = syms + n0;
+		const uint8_t *tr = ref ? (const uint8_t *)ref + n0 * (f->w / 8) : NULL;
+		DISPATCH(f, (void)0,
+		         put_rans16(f, t, es, lanes, ts, (const uint16_t *)(const void *)tr, n - n0, x, &p),
+		         put_rans32(f, t, es, lanes, ts, (const uint32_t *)(const void *)tr, n - n0, x, &p),
+		         (void)0);
+		ulp_rans_enc_neon(f, t->prob_bits, t->ctx_row, t->n_ctx, t->alphabet, es64, syms, ref,
 		                  lanes, n0, x, &p);
 	} else {
 		DISPATCH(f, put_rans8(f, t, es, lanes, syms, ref, n, x, &p),
