@@ -202,29 +202,33 @@ size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, co
 	return i;
 }
 
-/* Raw fields of eight elements at bit offsets bitpos (from byte base),
- * each the low 32 bits of an unaligned 64-bit load shifted right by its
- * bit offset mod 8. */
-static inline __m256i gather_bits(const uint8_t *base, __m256i bitpos)
+/* Raw fields of eight elements, up to 32 bits each, without gathers:
+ * elements 0-3 from a 16-byte window at raw + b0, elements 4-7 from one at
+ * raw + b1; rel holds each element's bit offset from its window's start
+ * (at most 95, so that its five bytes lie inside the window). Two byte
+ * shuffles pick each element's bytes from rel / 8 and from rel / 8 + 1; the
+ * field is (first >> rel % 8) | (second << (8 - rel % 8)), 32 bits wide. */
+static inline __m256i window_bits(const uint8_t *raw, uint64_t b0, uint64_t b1, __m256i rel)
 {
-	const __m256i seven = _mm256_set1_epi32(7);
-	__m256i byte = _mm256_srli_epi32(bitpos, 3);
-	__m256i shift = _mm256_and_si256(bitpos, seven);
-	const long long *bp = (const long long *)base;
-	__m256i g0 = _mm256_i32gather_epi64(bp, _mm256_castsi256_si128(byte), 1);
-	__m256i g1 = _mm256_i32gather_epi64(bp, _mm256_extracti128_si256(byte, 1), 1);
-	g0 = _mm256_srlv_epi64(g0, _mm256_cvtepu32_epi64(_mm256_castsi256_si128(shift)));
-	g1 = _mm256_srlv_epi64(g1, _mm256_cvtepu32_epi64(_mm256_extracti128_si256(shift, 1)));
-	return _mm256_permutevar8x32_epi32(
-		_mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(g0), _mm256_castsi256_ps(g1), 0x88)),
-		_mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+	const __m256i seven = _mm256_set1_epi32(7), eight = _mm256_set1_epi32(8),
+	              b0123 = _mm256_set1_epi32(0x03020100), b1234 = _mm256_set1_epi32(0x04030201),
+	              bcast = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
+	                                       0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+	__m256i win = _mm256_loadu2_m128i((const __m128i *)(raw + b1), (const __m128i *)(raw + b0));
+	__m256i byte = _mm256_shuffle_epi8(_mm256_srli_epi32(rel, 3), bcast);
+	__m256i sh = _mm256_and_si256(rel, seven);
+	__m256i lo = _mm256_srlv_epi32(_mm256_shuffle_epi8(win, _mm256_add_epi8(byte, b0123)), sh);
+	__m256i hi = _mm256_sllv_epi32(_mm256_shuffle_epi8(win, _mm256_add_epi8(byte, b1234)),
+	                               _mm256_sub_epi32(eight, sh));
+	return _mm256_or_si256(lo, hi);
 }
 
 /*
  * AVX2 reconstruction pass for 32-bit DELTA (F32): as the 16-bit one; an
- * element's raw field has up to 29 bits, 36 with its bit shift, inside its
- * 64-bit load. Eight elements read at most 7 + 7 * 29 bits past byte p / 8,
- * then 8 bytes.
+ * element's raw field has up to 29 bits. Elements 0-3 read from a window at
+ * byte p / 8, elements 4-7 from one at the byte of their first bit (at
+ * most 7 + 3 * 29 = 94 bits into either window); both windows end before
+ * byte p / 8 + 32.
  */
 size_t ulp_rebuild32_avx2(const uint8_t *syms, const uint32_t *ref, size_t n, const uint8_t *raw,
                           size_t raw_len, uint64_t *pos, uint32_t *out)
@@ -235,15 +239,18 @@ size_t ulp_rebuild32_avx2(const uint8_t *syms, const uint32_t *ref, size_t n, co
 	const __m256i hi_half = _mm256_setr_epi32(0, 0, 0, 0, -1, -1, -1, -1);
 	uint64_t p = *pos;
 	size_t i = 0;
-	for (; i + 8 <= n && p / 8 + 27 + 8 <= raw_len; i += 8) {
+	for (; i + 8 <= n && p / 8 + 32 <= raw_len; i += 8) {
 		__m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(syms + i)));
 		__m256i nr = _mm256_max_epi32(_mm256_sub_epi32(_mm256_srli_epi32(s, 2), one), zero);
+		/* prefix sums within each half (elements 0-3 and 4-7) */
 		__m256i inc = _mm256_add_epi32(nr, _mm256_slli_si256(nr, 4));
 		inc = _mm256_add_epi32(inc, _mm256_slli_si256(inc, 8));
-		inc = _mm256_add_epi32(inc, _mm256_and_si256(hi_half, _mm256_permutevar8x32_epi32(inc, _mm256_set1_epi32(3))));
 		__m256i exc = _mm256_sub_epi32(inc, nr);
-		uint32_t total = (uint32_t)_mm256_extract_epi32(inc, 7);
-		__m256i bits = gather_bits(raw + p / 8, _mm256_add_epi32(_mm256_set1_epi32((int)(p & 7)), exc));
+		uint32_t t0 = (uint32_t)_mm256_extract_epi32(inc, 3), t1 = (uint32_t)_mm256_extract_epi32(inc, 7);
+		uint64_t p1 = p + t0;
+		__m256i rel = _mm256_add_epi32(exc, _mm256_blendv_epi8(_mm256_set1_epi32((int)(p & 7)),
+		                                                       _mm256_set1_epi32((int)(p1 & 7)), hi_half));
+		__m256i bits = window_bits(raw, p / 8, p1 / 8, rel);
 		__m256i rmask = _mm256_sub_epi32(_mm256_sllv_epi32(one, nr), one);
 		__m256i lead = _mm256_or_si256(four, _mm256_and_si256(s, three));
 		__m256i base = _mm256_blendv_epi8(_mm256_sllv_epi32(lead, nr), s, _mm256_cmpgt_epi32(four, s));
@@ -254,7 +261,7 @@ size_t ulp_rebuild32_avx2(const uint8_t *syms, const uint32_t *ref, size_t n, co
 		__m256i key = _mm256_add_epi32(phir, d);
 		__m256i x = _mm256_xor_si256(key, _mm256_or_si256(_mm256_sub_epi32(_mm256_srli_epi32(key, 31), one), h));
 		_mm256_storeu_si256((__m256i *)(out + i), x);
-		p += total;
+		p = p1 + t1;
 	}
 	*pos = p;
 	return i;
@@ -262,25 +269,32 @@ size_t ulp_rebuild32_avx2(const uint8_t *syms, const uint32_t *ref, size_t n, co
 
 /*
  * AVX2 reconstruction of ANCHOR elements of w = 16 or 32 bits: element i's
- * nb = w - a_bits raw bits sit at bit pos + i nb (a fixed stride), and
- * u = (v & lo) | sym << ash | (v >> ash) << (ash + a_bits). Eight elements
- * read at most 7 + 7 nb bits past byte p / 8, then 8 bytes.
+ * nb = w - a_bits raw bits (at most 24) sit at bit pos + i nb (a fixed
+ * stride), and u = (v & lo) | sym << ash | (v >> ash) << (ash + a_bits).
+ * Elements 0-3 read from a window at byte p / 8, elements 4-7 from one at
+ * the byte of bit p + 4 nb (at most 7 + 3 nb bits into either).
  */
 size_t ulp_anchor_rebuild_avx2(unsigned w, unsigned ash, unsigned ab, const uint8_t *syms,
                                size_t n, const uint8_t *raw, size_t raw_len, uint64_t *pos,
                                void *out)
 {
 	const unsigned nb = w - ab;
-	const __m256i stride = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+	if (nb > 29)
+		return 0; /* not a float format of this codec: the scalar loop */
+	const __m256i stride = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3),
 	                                          _mm256_set1_epi32((int)nb));
+	const __m256i hi_half = _mm256_setr_epi32(0, 0, 0, 0, -1, -1, -1, -1);
 	const __m256i lo = _mm256_set1_epi32((int)((1u << ash) - 1));
-	const __m256i vmask = _mm256_set1_epi32((int)(nb >= 32 ? ~0u : (1u << nb) - 1));
+	const __m256i vmask = _mm256_set1_epi32((int)((1u << nb) - 1));
 	const __m128i ashv = _mm_cvtsi32_si128((int)ash), hiv = _mm_cvtsi32_si128((int)(ash + ab));
-	const size_t span = (7 + 7 * (size_t)nb) / 8 + 8;
+	const size_t span = (4 * (size_t)nb + 7) / 8 + 16;
 	uint64_t p = *pos;
 	size_t i = 0;
 	for (; i + 8 <= n && p / 8 + span <= raw_len; i += 8) {
-		__m256i v = _mm256_and_si256(gather_bits(raw + p / 8, _mm256_add_epi32(_mm256_set1_epi32((int)(p & 7)), stride)), vmask);
+		uint64_t p1 = p + 4 * (uint64_t)nb;
+		__m256i rel = _mm256_add_epi32(stride, _mm256_blendv_epi8(_mm256_set1_epi32((int)(p & 7)),
+		                                                          _mm256_set1_epi32((int)(p1 & 7)), hi_half));
+		__m256i v = _mm256_and_si256(window_bits(raw, p / 8, p1 / 8, rel), vmask);
 		__m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(syms + i)));
 		__m256i u = _mm256_or_si256(_mm256_and_si256(v, lo), _mm256_sll_epi32(s, ashv));
 		u = _mm256_or_si256(u, _mm256_sll_epi32(_mm256_srl_epi32(v, ashv), hiv));
