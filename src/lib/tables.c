@@ -34,10 +34,15 @@ static uint64_t log2_q16(uint64_t x) /* x >= 1 */
 static uint64_t log2_table[(1u << ULP_PROB_BITS_MAX) + 1];
 static pthread_once_t log2_once = PTHREAD_ONCE_INIT;
 
+/* floor(log2(v)) of 1..2^13 (row_best_k: a load is faster than BSR on AMD) */
+static uint8_t lg_table[(2u << ULP_PROB_BITS_MAX) + 1];
+
 static void log2_init(void)
 {
 	for (unsigned i = 1; i <= (1u << ULP_PROB_BITS_MAX); i++)
 		log2_table[i] = log2_q16(i);
+	for (unsigned i = 1; i <= (2u << ULP_PROB_BITS_MAX); i++)
+		lg_table[i] = (uint8_t)(31 - __builtin_clz(i));
 }
 
 /* cost in Q16 bits of coding c symbols of frequency f at precision n */
@@ -134,10 +139,25 @@ static unsigned bits_for(unsigned n) /* bits to write a value in [0, n) */
 
 /* ---- normalization ------------------------------------------------------ */
 
+/* floor(num / den) for num < 2^62, den >= 1, from inv ~ 1 / den: a double
+ * estimate (off by at most one here), corrected exactly; a 64-bit division
+ * costs up to 40 cycles on the AMD CPUs, and normalize runs one a symbol
+ * for every candidate row. */
+static inline uint64_t div_exact(uint64_t num, uint64_t den, double inv)
+{
+	uint64_t q = (uint64_t)((double)num * inv);
+	while (q * den > num)
+		q--;
+	while ((q + 1) * den <= num)
+		q++;
+	return q;
+}
+
 /*
  * Frequencies summing to 2^n with f >= 1 wherever c > 0, close to the
  * cost-optimal ones: proportional rounding, then greedy repair of the sum by
- * the steps that cost least.
+ * the steps that cost least. Writes f[0..a); f[a..256) must be zero already
+ * (the rows of table_alloc are; ulp_table_choose clears its scratch row once).
  */
 static void normalize(const uint64_t *c, unsigned a, unsigned n, uint16_t *f)
 {
@@ -145,19 +165,20 @@ static void normalize(const uint64_t *c, unsigned a, unsigned n, uint16_t *f)
 	const uint32_t m = 1u << n;
 	for (unsigned s = 0; s < a; s++)
 		total += c[s];
-	for (unsigned s = 0; s < 256; s++)
+	for (unsigned s = 0; s < a; s++)
 		f[s] = 0;
 	if (total == 0) {
 		f[0] = (uint16_t)m;
 		return;
 	}
 	int64_t sum = 0;
+	const double inv = 1.0 / (double)(total * 2);
 	for (unsigned s = 0; s < a; s++) {
 		if (!c[s])
 			continue;
 		uint64_t v;
 		if (c[s] < ((uint64_t)1 << 40) && total < ((uint64_t)1 << 40)) /* no overflow: 64-bit */
-			v = (c[s] * m * 2 + total) / (total * 2);
+			v = div_exact(c[s] * m * 2 + total, total * 2, inv);
 		else
 			v = (uint64_t)(((unsigned __int128)c[s] * m * 2 + total) / ((unsigned __int128)total * 2));
 		if (v < 1)
@@ -250,10 +271,13 @@ static unsigned row_best_k(const uint16_t *f, unsigned lo, unsigned hi, unsigned
 	while (lg < ULP_PROB_BITS_MAX && (1u << (lg + 1)) <= mean)
 		lg++;
 	unsigned k0 = lg > 2 ? lg - 2 : 0, k1 = ULP_MIN(lg + 1, ULP_PROB_BITS_MAX);
+	/* eg_len(v, k) = 2 floor(log2((v >> k) + 1)) + 1 + k
+	 *              = 2 floor(log2(v + 2^k)) + 1 - k, from a table */
 	for (unsigned k = k0; k <= k1; k++) {
 		unsigned l = 0;
 		for (unsigned s = lo; s < hi; s++)
-			l += eg_len(f[s], k);
+			l += lg_table[f[s] + (1u << k)];
+		l = 2 * l + (hi - lo) - (hi - lo) * k; /* each term is at least k + 1 */
 		if (l < best) {
 			best = l;
 			best_k = k;
@@ -301,6 +325,7 @@ size_t ulp_table_size(const ulp_table *t)
 
 int64_t ulp_table_write(const ulp_table *t, uint8_t *dst, size_t cap)
 {
+	pthread_once(&log2_once, log2_init); /* row_best_k's table */
 	tbw w = {dst, cap, 0};
 	write_table(t, &w); /* writes nothing past cap */
 	size_t need = (size_t)((w.bits + 7) >> 3);
@@ -453,7 +478,7 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 	ctxinfo *ci = calloc(n_ctx, sizeof(*ci));
 	uint64_t *rest = malloc(256 * sizeof(uint64_t));
 	uint64_t *all = calloc(256, sizeof(uint64_t));
-	uint16_t f[256];
+	uint16_t f[256] = {0}; /* normalize writes f[0..a) only */
 	int rc = -ULP_E_NOMEM;
 	if (!ci || !rest || !all)
 		goto out;

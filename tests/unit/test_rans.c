@@ -128,6 +128,55 @@ static void test_tables(void)
 	free(c);
 }
 
+/* Proportional rounding is exact: f[s] = round(c m / total) for every symbol
+ * but the most frequent (which takes the correction) whenever that suffices,
+ * for counts up to 2^39, where normalize's reciprocal estimate (a double) is
+ * furthest from the 64-bit division it replaces. */
+static void test_normalize_exact(void)
+{
+	int bad = 0, tried = 0;
+	for (int round = 0; round < 400; round++) {
+		const unsigned a = 60;
+		uint64_t c[60];
+		unsigned shift = (unsigned)(tap_rand() % 40);
+		for (unsigned s = 0; s < a; s++)
+			c[s] = (tap_rand() % 3) ? (tap_rand() >> 24) >> (63 - 40 + shift % 24) << (shift / 24) : 0;
+		c[tap_rand() % a] |= (uint64_t)1 << shift; /* at least one symbol */
+		ulp_table t;
+		uint64_t cost;
+		if (ulp_table_choose(c, 1, a, &t, &cost) != 0) {
+			bad++;
+			continue;
+		}
+		const unsigned n = t.prob_bits;
+		const uint64_t m = 1u << n;
+		uint64_t total = 0, v[60];
+		int64_t sum = 0;
+		for (unsigned s = 0; s < a; s++)
+			total += c[s];
+		unsigned top = 0;
+		for (unsigned s = 0; s < a; s++) {
+			v[s] = 0;
+			if (c[s]) {
+				v[s] = (uint64_t)(((unsigned __int128)c[s] * m * 2 + total) / ((unsigned __int128)total * 2));
+				v[s] = v[s] < 1 ? 1 : v[s] > m ? m : v[s];
+			}
+			sum += (int64_t)v[s];
+			if (v[s] > v[top])
+				top = s;
+		}
+		int64_t ft = (int64_t)v[top] - (sum - (int64_t)m);
+		if (t.n_rows == 1 && ft >= 1 && ft <= (int64_t)m) {
+			tried++;
+			v[top] = (uint64_t)ft;
+			for (unsigned s = 0; s < a; s++)
+				bad += t.freq[s] != v[s];
+		}
+		ulp_table_free(&t);
+	}
+	CHECK(tried > 100 && bad == 0, "normalize: %d of %d rows rounded differently", bad, tried);
+}
+
 /* the scalar reference and each SIMD path (skipped where the CPU lacks it) */
 static const unsigned masks[] = {0, ULP_CPU_AVX2, ULP_CPU_AVX2 | ULP_CPU_AVX512, ULP_CPU_NEON};
 
@@ -320,6 +369,7 @@ static void test_delta_streams(void)
 int main(void)
 {
 	test_reciprocal();
+	test_normalize_exact();
 	test_tables();
 	test_streams();
 	test_delta_streams();
