@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * rans_avx2.c - AVX2 kernel of the rANS symbol pass (pass A of the decoder in
- * codec.c), compiled alone with -mavx2 -mbmi2 and chosen at run time.
+ * rans_avx2.c - AVX2 kernels, compiled alone with -mavx2 -mbmi2 and chosen at
+ * run time (ULP_CPU_AVX2): the decoder's rANS symbol pass (pass A of codec.c)
+ * and its 16/32-bit DELTA and ANCHOR reconstruction (pass B), the encoder's
+ * 16-bit pass 1 and its rANS pass. Each has the scalar reference of codec.c
+ * beside it and gives exactly its result (bytes and symbols).
  *
- * It decodes exactly what the scalar reference decodes: 8 to 32 lanes as one
- * to four vectors of eight states, each in its own register; for eight
+ * Symbol pass: 8 to 32 lanes as one to four vectors of eight states, each
+ * in its own register; for eight
  * consecutive elements (eight consecutive lanes) it takes each element's
  * row offset (looked up for the whole call beforehand), loads the slot
  * entries, updates the states, and renormalizes the lanes that fell below
