@@ -478,7 +478,7 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 	ctxinfo *ci = calloc(n_ctx, sizeof(*ci));
 	uint64_t *rest = malloc(256 * sizeof(uint64_t));
 	uint64_t *all = calloc(256, sizeof(uint64_t));
-	uint16_t f[256] = {0}; /* normalize writes f[0..a) only */
+	uint16_t f[256] = {0}; /* normalize writes f[lo..lo + aw) only */
 	int rc = -ULP_E_NOMEM;
 	if (!ci || !rest || !all)
 		goto out;
@@ -498,6 +498,17 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 	unsigned present = 0; /* a precision must give every present symbol a slot */
 	for (unsigned s = 0; s < a; s++)
 		present += all[s] != 0;
+	/* symbols [lo, lo + aw) hold every count: the rows are built and costed
+	 * on that window alone (same results: a symbol without counts gets no
+	 * slot, costs nothing and is never picked), which pays on small tensors */
+	unsigned lo = 0, aw = a;
+	if (used) {
+		while (!all[lo])
+			lo++;
+		aw = a - lo;
+		while (!all[lo + aw - 1])
+			aw--;
+	}
 	/* at most 2^16 slots (256 KiB of decoder tables): beyond that the tables
 	 * fall out of L2 and memory grows with the tensor, for no measurable gain */
 	uint64_t budget = ULP_MIN(ULP_MAX((uint64_t)1 << ULP_PROB_BITS_MAX, total / 2), (uint64_t)1 << 16);
@@ -509,8 +520,8 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 		unsigned kmax = (unsigned)ULP_MIN((uint64_t)used, (budget >> n) - 1);
 		/* only the kmax most frequent contexts can own a row */
 		for (unsigned i = 0; i < kmax; i++) {
-			normalize(counts + (size_t)ci[i].c * a, a, n, f);
-			ci[i].cost = row_cost_q16(counts + (size_t)ci[i].c * a, f, a, n);
+			normalize(counts + (size_t)ci[i].c * a + lo, aw, n, f + lo);
+			ci[i].cost = row_cost_q16(counts + (size_t)ci[i].c * a + lo, f + lo, aw, n);
 			ci[i].bits = row_bits(f, a);
 		}
 		uint64_t own_cost = 0, own_bits = 0;
@@ -519,15 +530,15 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 			for (; moved < k; moved++) { /* contexts before k leave the shared row */
 				own_cost += ci[moved].cost;
 				own_bits += ci[moved].bits;
-				for (unsigned s = 0; s < a; s++)
+				for (unsigned s = lo; s < lo + aw; s++)
 					rest[s] -= counts[(size_t)ci[moved].c * a + s];
 			}
 			int shared = k < used || used == 0;
 			unsigned rows = k + (unsigned)shared;
 			uint64_t cost = own_cost + (own_bits << 16);
 			if (shared) {
-				normalize(rest, a, n, f);
-				cost += row_cost_q16(rest, f, a, n) + (row_bits(f, a) << 16);
+				normalize(rest + lo, aw, n, f + lo);
+				cost += row_cost_q16(rest + lo, f + lo, aw, n) + (row_bits(f, a) << 16);
 			}
 			/* row count, context map */
 			uint64_t map = eg_len(rows - 1, 0) + eg_len(ULP_MAX(used, 1u) - 1, 0) +
@@ -548,13 +559,13 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 	out->alphabet = a;
 	memcpy(rest, all, 256 * sizeof(uint64_t));
 	for (unsigned k = 0; k < best_k; k++) {
-		normalize(counts + (size_t)ci[k].c * a, a, best_n, out->freq + (size_t)k * 256);
+		normalize(counts + (size_t)ci[k].c * a + lo, aw, best_n, out->freq + (size_t)k * 256 + lo);
 		out->ctx_row[ci[k].c] = (uint16_t)k;
-		for (unsigned s = 0; s < a; s++)
+		for (unsigned s = lo; s < lo + aw; s++)
 			rest[s] -= counts[(size_t)ci[k].c * a + s];
 	}
 	if (out->n_rows > best_k) {
-		normalize(rest, a, best_n, out->freq + (size_t)best_k * 256);
+		normalize(rest + lo, aw, best_n, out->freq + (size_t)best_k * 256 + lo);
 		for (unsigned i = best_k; i < used; i++)
 			out->ctx_row[ci[i].c] = (uint16_t)best_k;
 		if (used == 0)
