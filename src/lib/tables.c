@@ -483,10 +483,21 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 	if (!ci || !rest || !all)
 		goto out;
 	for (unsigned c = 0; c < n_ctx; c++) {
+		/* most contexts are empty (a tensor uses a few exponents): a row
+		 * is tested with loads only before it is added up */
+		const uint64_t *row = counts + (size_t)c * a;
+		uint64_t any = 0;
+		unsigned s0 = 0;
+		for (; s0 + 4 <= a; s0 += 4)
+			any |= row[s0] | row[s0 + 1] | row[s0 + 2] | row[s0 + 3];
+		for (; s0 < a; s0++)
+			any |= row[s0];
+		if (!any)
+			continue;
 		uint64_t t = 0;
 		for (unsigned s = 0; s < a; s++) {
-			t += counts[(size_t)c * a + s];
-			all[s] += counts[(size_t)c * a + s];
+			t += row[s];
+			all[s] += row[s];
 		}
 		if (t) {
 			ci[used].c = c;
