@@ -4,7 +4,8 @@
  * segments (layout()): verbatim bytes, kept in the index (the file's stored
  * header: the concatenation of its verbatim segments), tensors (each a blob,
  * coded against the tensor of the same name in the archived file of its
- * series with the nearest step) and opaque bytes (segments of ULP_SEGMENT
+ * series that the series' layout names, layout.c: a new newest step is an
+ * anchor) and opaque bytes (segments of ULP_SEGMENT
  * bytes, each a zstd or raw blob). A safetensors file is its header
  * (verbatim), its tensors and any bytes between or after them (opaque); a
  * torch.save zip (torchzip.c) is its storages as tensors, the small records
@@ -613,12 +614,13 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 	if ((rc = layout_file(&P, size, &L)) < 0)
 		goto out;
 
-	/* the reference: the nearest step of the same series */
+	/* the reference: the neighbour the layout of its series names (a new
+	 * newest step is an anchor; layout.c) */
 	int64_t ref_file = -1;
 	char *series = NULL;
 	int64_t step = ulp_parse_step(p, &series);
 	if (L.kind && series)
-		rc = ulp_index_nearest(a, series, step, p, &ref_file, res ? res->ref_path : (char[512]){0}, 512);
+		rc = ulp_layout_target(a, series, step, p, &ref_file, res ? res->ref_path : (char[512]){0}, 512);
 	free(series);
 	if (rc < 0)
 		goto out;

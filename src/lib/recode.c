@@ -41,7 +41,7 @@
 #define N_CANDIDATES 8                     /* references tried for a blob that must move */
 #define PENDING_BATCH 64                   /* queued files handled per run */
 
-enum { RB_IMPROVE = 0, RB_MUST = 1 };
+enum { RB_IMPROVE = 0, RB_MUST = 1, RB_LAYOUT = 2 };
 
 typedef struct item {
 	ulp_rebased rb;
@@ -554,11 +554,56 @@ int ulp_archive_rebase(ulp_archive *a, const char *path, const char *tensor, con
 typedef struct tctx {
 	plan *P;
 	int mode;
+	int64_t file, ref_file; /* RB_LAYOUT: the file planned, its target reference */
 } tctx;
+
+/* RB_LAYOUT: moves tensor t onto the reference the layout of its series
+ * names (layout.c), or makes it an anchor; a move that would break
+ * invariant 3 is left for later. */
+static int plan_layout(plan *P, tctx *c, const ulp_rbtensor *t)
+{
+	ulp_archive *a = P->a;
+	if (c->file != t->file) {
+		c->file = t->file;
+		ULP_TRY(ulp_layout_target(a, t->series, t->step, t->path, &c->ref_file, NULL, 0));
+	}
+	if (planned(P, t->content))
+		return 0;
+	ulp_rbblob old;
+	int rc = ulp_index_blob_ref(a, t->content, &old);
+	if (rc == -ULP_E_NOENT)
+		return 0;
+	ULP_TRY(rc);
+	if (old.raw != t->length || t->dtype < 0 || t->dtype >= ULP_DT__COUNT)
+		return 0;
+	uint8_t ref[ULP_SHA256_LEN];
+	ulp_blobrow row;
+	int has = c->ref_file >= 0 &&
+	          ulp_index_tensor(a, c->ref_file, t->name, t->dtype, t->length, ref, &row) == 0 &&
+	          memcmp(ref, t->content, ULP_SHA256_LEN) != 0;
+	if (!has && !old.has_ref)
+		return 0; /* an anchor already */
+	if (has && old.has_ref && memcmp(old.ref, ref, ULP_SHA256_LEN) == 0)
+		return 0; /* on its target already */
+	if (!has) {
+		if (c->ref_file >= 0)
+			return 0; /* no such tensor there: leave it */
+		return add_item(P, t, &old, NULL, 0, RB_MUST);
+	}
+	unsigned h = 0, d = 0;
+	ULP_TRY(ulp_index_height(a, t->content, 0, &h));
+	rc = walk(P, ref, t->content, &d);
+	ULP_TRY(rc);
+	if (rc == 0 && d + 1 + h <= a->max_chain)
+		return add_item(P, t, &old, ref, d + 1, RB_MUST);
+	return 0;
+}
 
 static int plan_cb(void *arg, const ulp_rbtensor *t)
 {
 	tctx *c = arg;
+	if (c->mode == RB_LAYOUT)
+		return plan_layout(c->P, c, t);
 	return plan_tensor(c->P, t, c->mode);
 }
 
@@ -568,7 +613,7 @@ int ulp_archive_rebase_orphans(ulp_archive *a, ulp_progress_fn progress, void *a
 	double t0 = now_s();
 	ULP_TRY(check_rw(a));
 	plan P = {a, NULL, 0, 0};
-	tctx c = {&P, RB_MUST};
+	tctx c = {&P, RB_MUST, -1, -1};
 	/* in step order, so that each kept step is coded against the nearest
 	 * kept one before it, as an import of the kept steps alone would */
 	int rc = ulp_index_orphan_deps(a, plan_cb, &c);
@@ -591,9 +636,10 @@ int ulp_archive_rebase_pending(ulp_archive *a, ulp_progress_fn progress, void *a
 	ULP_TRY(check_rw(a));
 	while ((rc = ulp_index_pending(a, ids, PENDING_BATCH, &n)) == 0 && n > 0) {
 		plan P = {a, NULL, 0, 0};
-		tctx c = {&P, RB_IMPROVE};
-		/* each queued file, then its neighbours, for which it may now be
-		 * the nearest step */
+		tctx c = {&P, RB_LAYOUT, -1, -1};
+		/* each queued file, then its neighbours, whose place in the layout
+		 * of their series it may have changed (layout.c invariant 3: a new
+		 * newest step moves the previous newest off its anchor) */
 		for (size_t i = 0; rc == 0 && i < n; i++) {
 			int64_t nb[2];
 			rc = ulp_index_file_tensors(a, ids[i], plan_cb, &c);
