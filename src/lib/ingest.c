@@ -229,9 +229,13 @@ static int code_job(void *arg, size_t i)
 	if (rc == 0) {
 		int has_ref = ulp_blob_get_info(b)->has_ref;
 		int64_t d = ulp_blob_decode(b, pool, check, j->len, has_ref ? ref : NULL, has_ref ? j->len : 0);
-		rc = d == (int64_t)j->len && memcmp(check, j->buf, j->len) == 0 &&
-		     memcmp(ulp_blob_get_info(b)->content_sha256, j->sha, ULP_SHA256_LEN) == 0
+		/* a decode that could not run (no memory) is that error, not a mismatch */
+		rc = d < 0 && d != -ULP_E_CHECKSUM && d != -ULP_E_CORRUPT ? (int)d
+		     : d == (int64_t)j->len && memcmp(check, j->buf, j->len) == 0 &&
+		       memcmp(ulp_blob_get_info(b)->content_sha256, j->sha, ULP_SHA256_LEN) == 0
 		         ? 0 : -ULP_E_CHECKSUM;
+		if (rc == -ULP_E_NOMEM)
+			snprintf(why, sizeof(why), "out of memory decoding it");
 		j->used_ref = has_ref;
 		/* the next step is coded against this one: keep it decoded, in
 		 * the memory of the reference it supersedes (no fresh pages) */

@@ -248,8 +248,10 @@ static int code_item(ulp_archive *a, item *x, int use_pool)
 			const ulp_blob_info *in = ulp_blob_get_info(b);
 			int has_ref = in->has_ref;
 			int64_t d = ulp_blob_decode(b, pool, check, len, has_ref ? ref : NULL, has_ref ? len : 0);
-			rc = d == (int64_t)len && memcmp(check, src, len) == 0 && in->chunk_elems == ce &&
-			     memcmp(in->content_sha256, x->rb.content, ULP_SHA256_LEN) == 0 ? 0 : -ULP_E_CHECKSUM;
+			/* a decode that could not run (no memory) is that error */
+			rc = d < 0 && d != -ULP_E_CHECKSUM && d != -ULP_E_CORRUPT ? (int)d
+			     : d == (int64_t)len && memcmp(check, src, len) == 0 && in->chunk_elems == ce &&
+			       memcmp(in->content_sha256, x->rb.content, ULP_SHA256_LEN) == 0 ? 0 : -ULP_E_CHECKSUM;
 			if (!has_ref) { /* the encoder found a standalone coding smaller */
 				x->rb.has_ref = 0;
 				x->depth = 0;
@@ -555,6 +557,7 @@ typedef struct tctx {
 	plan *P;
 	int mode;
 	int64_t file, ref_file; /* RB_LAYOUT: the file planned, its target reference */
+	uint64_t moves;         /* RB_LAYOUT: tensors planned or blocked off their target */
 } tctx;
 
 /* RB_LAYOUT: moves tensor t onto the reference the layout of its series
@@ -588,15 +591,82 @@ static int plan_layout(plan *P, tctx *c, const ulp_rbtensor *t)
 	if (!has) {
 		if (c->ref_file >= 0)
 			return 0; /* no such tensor there: leave it */
+		c->moves++;
 		return add_item(P, t, &old, NULL, 0, RB_MUST);
 	}
 	unsigned h = 0, d = 0;
 	ULP_TRY(ulp_index_height(a, t->content, 0, &h));
 	rc = walk(P, ref, t->content, &d);
 	ULP_TRY(rc);
+	c->moves++; /* planned, or blocked until its reference moves */
 	if (rc == 0 && d + 1 + h <= a->max_chain)
 		return add_item(P, t, &old, ref, d + 1, RB_MUST);
 	return 0;
+}
+
+static int plan_cb(void *arg, const ulp_rbtensor *t);
+
+typedef struct idv {
+	int64_t *id;
+	size_t n, cap;
+	char *series;
+} idv;
+
+static int collect_id(void *arg, int64_t id, int64_t step, const char *path)
+{
+	(void)step;
+	(void)path;
+	idv *v = arg;
+	ULP_TRY(ulp_grow(&v->id, &v->cap, v->n, sizeof(*v->id)));
+	v->id[v->n++] = id;
+	return 0;
+}
+
+static int series_of(void *arg, const ulp_rbtensor *t)
+{
+	idv *v = arg;
+	if (!v->series && t->series && !(v->series = strdup(t->series)))
+		return -ULP_E_NOMEM;
+	return 0;
+}
+
+/* RB_LAYOUT around one queued file: it, then outward on each side while the
+ * files there move (a step that arrived out of order shifts the place of
+ * those after it, layout.c), then the same files again, for moves that were
+ * blocked until the reference they need had moved (walk: no cycle). */
+static int plan_around(ulp_archive *a, tctx *c, int64_t file)
+{
+	idv v = {0};
+	int rc = ulp_index_file_tensors(a, file, series_of, &v);
+	if (rc == 0 && v.series)
+		rc = ulp_index_series_steps(a, v.series, collect_id, &v);
+	size_t q = 0;
+	while (q < v.n && v.id[q] != file)
+		q++;
+	if (rc < 0 || q == v.n) { /* not in a series (any more): itself only */
+		free(v.id);
+		free(v.series);
+		return rc < 0 ? rc : ulp_index_file_tensors(a, file, plan_cb, c);
+	}
+	size_t lo = q, hi = q;
+	rc = ulp_index_file_tensors(a, file, plan_cb, c);
+	while (rc == 0 && lo > 0) {
+		uint64_t m = c->moves;
+		rc = ulp_index_file_tensors(a, v.id[--lo], plan_cb, c);
+		if (c->moves == m)
+			break;
+	}
+	while (rc == 0 && hi + 1 < v.n) {
+		uint64_t m = c->moves;
+		rc = ulp_index_file_tensors(a, v.id[++hi], plan_cb, c);
+		if (c->moves == m)
+			break;
+	}
+	for (size_t i = lo; rc == 0 && i <= hi; i++)
+		rc = ulp_index_file_tensors(a, v.id[i], plan_cb, c);
+	free(v.id);
+	free(v.series);
+	return rc;
 }
 
 static int plan_cb(void *arg, const ulp_rbtensor *t)
@@ -613,7 +683,7 @@ int ulp_archive_rebase_orphans(ulp_archive *a, ulp_progress_fn progress, void *a
 	double t0 = now_s();
 	ULP_TRY(check_rw(a));
 	plan P = {a, NULL, 0, 0};
-	tctx c = {&P, RB_MUST, -1, -1};
+	tctx c = {&P, RB_MUST, -1, -1, 0};
 	/* in step order, so that each kept step is coded against the nearest
 	 * kept one before it, as an import of the kept steps alone would */
 	int rc = ulp_index_orphan_deps(a, plan_cb, &c);
@@ -636,19 +706,12 @@ int ulp_archive_rebase_pending(ulp_archive *a, ulp_progress_fn progress, void *a
 	ULP_TRY(check_rw(a));
 	while ((rc = ulp_index_pending(a, ids, PENDING_BATCH, &n)) == 0 && n > 0) {
 		plan P = {a, NULL, 0, 0};
-		tctx c = {&P, RB_LAYOUT, -1, -1};
+		tctx c = {&P, RB_LAYOUT, -1, -1, 0};
 		/* each queued file, then its neighbours, whose place in the layout
 		 * of their series it may have changed (layout.c invariant 3: a new
 		 * newest step moves the previous newest off its anchor) */
-		for (size_t i = 0; rc == 0 && i < n; i++) {
-			int64_t nb[2];
-			rc = ulp_index_file_tensors(a, ids[i], plan_cb, &c);
-			if (rc == 0)
-				rc = ulp_index_neighbours(a, ids[i], nb);
-			for (int k = 0; rc == 0 && k < 2; k++)
-				if (nb[k] >= 0)
-					rc = ulp_index_file_tensors(a, nb[k], plan_cb, &c);
-		}
+		for (size_t i = 0; rc == 0 && i < n; i++)
+			rc = plan_around(a, &c, ids[i]);
 		if (rc == 0)
 			rc = finish(a, &P, progress, arg, &r);
 		free(P.it);
