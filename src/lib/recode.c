@@ -3,9 +3,11 @@
  * recode.c - re-coding stored blobs against another reference: the one
  * primitive under retention (a removed step's blobs that kept steps still
  * need are re-based so gc can drop them), renames (a file whose series
- * changed is coded against its new neighbours) and out-of-order arrival (a
- * step that lands between two archived ones becomes the reference of the
- * later one). A content never changes, only how it is stored: the blob row
+ * changed is coded against its new neighbours), out-of-order arrival (a
+ * step that lands between two archived ones shifts the layout of its
+ * series) and the newest step as an anchor (a new newest step is archived
+ * standalone; the previous newest is then re-coded as a delta, to the place
+ * the layout of its series names: layout.c, ulp_archive_rebase_pending). A content never changes, only how it is stored: the blob row
  * keyed by the content's sha256 moves to a new coding, so extents and the
  * dependents that name it by content are untouched.
  *
