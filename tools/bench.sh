@@ -13,6 +13,7 @@
 #      started mount with the page cache dropped (when this user may), next to
 #      squashfuse on a zstd -19 squashfs image and borg mount (zstd,3) of the same
 #      run when those are installed, and a plain directory;
+#   E. `ulpack export` of one step at chain depth 7 against cp -r of it;
 #   R. re-basing (issue 15): `ulpack forget --keep-every` on a 12-step synthetic
 #      run and on tiny-lm, pack bytes before and after against an import of the
 #      kept steps alone, and re-basing MB/s against the import's MB/s.
@@ -94,6 +95,23 @@ else
 	echo "tiny-lm: skipped (no data; set TINY_LM=DIR)"
 fi
 
+echo "== E. ulpack export of one step (a delta at chain depth 7, cold) vs cp -r of it from a plain directory"
+"$ULPACK" synth "$T/exp" --steps 8 > /dev/null
+"$ULPACK" init "$T/exp-a" > /dev/null
+"$ULPACK" import "$T/exp-a" "$T/exp" --prefix run > /dev/null
+: > "$T/exp-t"
+for i in 1 2 3 4 5; do # back to back, medians: the machine may be busy
+	rm -rf "$T/exp-x" "$T/exp-c"
+	t0=$(now); "$ULPACK" export "$T/exp-a" run/checkpoint-800 "$T/exp-x"; t1=$(now)
+	cp -r "$T/exp/checkpoint-800" "$T/exp-c"; t2=$(now)
+	echo "$((t1 - t0)) $((t2 - t1))" >> "$T/exp-t"
+done
+cmp -s "$T/exp-x/model.safetensors" "$T/exp/checkpoint-800/model.safetensors" || { echo "bench: export differs" >&2; exit 1; }
+t_exp=$(cut -d' ' -f1 "$T/exp-t" | sort -n | sed -n 3p) t_cp=$(cut -d' ' -f2 "$T/exp-t" | sort -n | sed -n 3p)
+size=$(du -sb "$T/exp/checkpoint-800" | cut -f1)
+echo "ulpack export: $(mbps "$size" "$t_exp") MB/s, cp -r: $(mbps "$size" "$t_cp") MB/s" \
+	"= $(echo "$t_cp $t_exp" | awk '{ printf "%.3f", $1 / $2 }') x cp -r (8 decodes a chunk: its chain)"
+
 if [ ! -c /dev/fuse ] || ! command -v rsync > /dev/null; then
 	echo "== 2. mount: skipped (no /dev/fuse or no rsync)"
 	exit 0
@@ -107,8 +125,8 @@ mkdir -p "$M"
 "$ULPACKFS" "$T/arch" "$M"
 pid=$(pgrep -n -f "ulpackfs $T/arch")
 t0=$(now); rsync -a "$T/run/" "$M/run/"; t_mount=$(( $(now) - t0 ))
-# the last renamed file is archived in the background: the figure that
-# counts runs until the daemon has archived everything and exited
+# closed files are archived in the background: `ulpack sync` is the barrier
+"$ULPACK" sync "$M" > /dev/null; t_sync=$(( $(now) - t0 ))
 rss=$(sed -n 's/VmHWM: *//p' "/proc/$pid/status")
 fusermount3 -u "$M"
 # (exited: gone, or a zombie until init reaps it)
@@ -126,6 +144,13 @@ echo "  = $(echo "$t_plain $t_all" | awk '{ printf "%.3f", $1 / $2 }') x the pla
 enc1=$(get "$T/b.synth-bf16.json" encode_mbps)
 echo "  = $(echo "$raw $t_all $enc1" | awk '{ printf "%.3f", $1 / ($2 / 1e9) / 1e6 / $3 }') x the one-thread" \
 	"encode speed of ulpack bench on the synthetic pair above ($enc1 MB/s)"
+echo "  until rsync returned: $(echo "$t_plain $t_mount" | awk '{ printf "%.3f", $1 / $2 }') x the plain directory" \
+	"(target >= 0.6)"
+"$ULPACK" init "$T/arch-imp" > /dev/null
+t0=$(now); "$ULPACK" import "$T/arch-imp" "$T/run" --prefix run > /dev/null; t_import=$(( $(now) - t0 ))
+echo "  until archived (ulpack sync): $(mbps "$raw" "$t_sync") MB/s = $(echo "$t_import $t_sync" |
+	awk '{ printf "%.3f", $1 / $2 }') x ulpack import of the same run ($(mbps "$raw" "$t_import") MB/s; target >= 0.9)"
+rm -rf "$T/arch-imp"
 echo "peak memory of ulpackfs during the rsync: $rss"
 "$ULPACKFS" "$T/arch" "$M"
 f=checkpoint-800/model.safetensors
@@ -195,3 +220,56 @@ for c in "$@"; do
 done
 echo "(MB/s, medians of 3; page cache dropped: $can_drop; targets: newest >= 0.8 x squashfuse, middle of 16 >= 0.4 x)"
 exit 0
+
+# ---- 3. a trainer-like save: model.safetensors in a few large writes and an
+# optimizer.pt-like zip in many 64-byte-aligned records (ULP_BENCH_SAVE_MB,
+# default 500), into a plain directory and into the mount, alternately, 3
+# times each; the time until close() returned for both files
+PYB=$(command -v python3 || true)
+if [ -n "$PYB" ]; then
+	mb=${ULP_BENCH_SAVE_MB:-500}
+	echo "== 3. trainer-like save of $mb MB (model.safetensors + optimizer.pt records) vs a plain directory"
+	save() { # DIR INDEX: prints the seconds until both closes returned
+		"$PYB" - "$1" "$2" "$mb" <<'PYEOF'
+import json, os, struct, sys, time
+d, idx, mb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+model = mb * (1 << 20) // 3
+n = 8
+per = model // n // 4 * 4
+hdr = {"t%d" % i: {"dtype": "F32", "shape": [per // 4], "data_offsets": [i * per, (i + 1) * per]} for i in range(n)}
+h = json.dumps(hdr).encode()
+h += b" " * (-len(h) % 8)
+rng = bytearray(os.urandom(1 << 20))
+blob = bytes(rng) * (per // len(rng) + 1)
+rec = memoryview(bytes(rng) * 2)
+t0 = time.time()
+os.makedirs(os.path.join(d, "checkpoint-%d" % idx), exist_ok=True)
+with open(os.path.join(d, "checkpoint-%d/model.safetensors" % idx), "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h)
+    for i in range(n):                       # a few large writes
+        f.write(memoryview(blob)[:per])
+with open(os.path.join(d, "checkpoint-%d/optimizer.pt" % idx), "wb") as f:
+    left = mb * (1 << 20) - model
+    while left > 0:                          # zip records, 64-byte aligned
+        k = min(left, 64 * (1000 + (left // 64) % 7000))
+        f.write(rec[:64])
+        f.write(rec[64:k])
+        left -= k
+print("%.3f" % (time.time() - t0))
+PYEOF
+	}
+	"$ULPACKFS" "$T/arch" "$M"
+	mkdir -p "$T/saveplain" "$M/save"
+	tp="" tm=""
+	for i in 1 2 3; do
+		tp="$tp $(save "$T/saveplain" "$i")"
+		tm="$tm $(save "$M/save" "$i")"
+		rm -rf "$T/saveplain"/*
+	done
+	med() { echo "$@" | tr ' ' '\n' | grep . | sort -g | sed -n 2p; }
+	t0=$(now); "$ULPACK" sync "$M" > /dev/null; t_s=$(( $(now) - t0 ))
+	echo "save into a plain directory: $(med $tp) s (runs:$tp)"
+	echo "save into ulpackfs:          $(med $tm) s (runs:$tm); archived $(echo "$t_s" | awk '{ printf "%.2f", $1 / 1e9 }') s later"
+	echo "  = $(echo "$(med $tm) $(med $tp)" | awk '{ printf "%.3f", $1 / $2 }') x the plain save (target <= 1.5)"
+	fusermount3 -u "$M"
+fi

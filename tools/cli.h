@@ -18,6 +18,7 @@ int cmd_stat(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
 int cmd_rm(int argc, char **argv);
 int cmd_gc(int argc, char **argv);
+int cmd_sync(int argc, char **argv);
 int cmd_forget(int argc, char **argv);
 int cmd_steps(int argc, char **argv);
 

@@ -744,6 +744,32 @@ static int copy_out(ulp_archive *a, const char *path, int fd, const char *what, 
 	return status;
 }
 
+/* 1 if fd is a regular file at offset 0, not in append mode (pwrite would
+ * append): ulp_file_write_to can write it. */
+static int regular_at_start(int fd)
+{
+	struct stat sb;
+	int fl = fcntl(fd, F_GETFL);
+	return fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && fl >= 0 && !(fl & O_APPEND) && lseek(fd, 0, SEEK_CUR) == 0;
+}
+
+/* Writes an archived file into the file open on fd, whose offset must be 0
+ * (ulp_file_write_to: the whole pool decodes; fd's offset then moves to the
+ * end, as a copy's would); 0 or 1 (message printed). */
+static int write_out(ulp_archive *a, const char *path, int fd, const char *what)
+{
+	ulp_file *f;
+	if (ulp_file_open(a, path, &f) < 0)
+		return cli_fail("%s", ulp_archive_errmsg(a));
+	int status = 0;
+	if (ulp_file_write_to(f, fd) < 0)
+		status = cli_fail("%s: %s", what, ulp_archive_errmsg(a));
+	else if (lseek(fd, (off_t)ulp_file_get_stat(f)->size, SEEK_SET) < 0)
+		status = cli_fail("%s: %s", what, strerror(errno));
+	ulp_file_close(f);
+	return status;
+}
+
 int cmd_cat(int argc, char **argv)
 {
 	aopts ao;
@@ -762,6 +788,8 @@ int cmd_cat(int argc, char **argv)
 		status = cli_fail("%s", ulp_archive_errmsg(a));
 	else if (st.is_dir || st.is_symlink)
 		status = cli_fail("%s: is a %s, not a file", shown(ao.pos[1]), st.is_dir ? "directory" : "symbolic link");
+	else if (regular_at_start(1)) /* a file: decoded on all threads, written as decoded */
+		status = write_out(a, ao.pos[1], 1, "standard output");
 	else
 		status = buf ? copy_out(a, ao.pos[1], 1, "standard output", buf) : cli_fail("out of memory");
 	free(buf);
@@ -823,6 +851,11 @@ static int collect_name(void *arg, const char *name, const ulp_stat *st)
 		return -ULP_E_NOMEM;
 	d->n++;
 	return 0;
+}
+
+static int name_order(const void *x, const void *y)
+{
+	return ulp_name_cmp(*(char *const *)x, *(char *const *)y);
 }
 
 static void dirlist_free(dirlist *d)
@@ -926,6 +959,10 @@ static int export_dir(ectx *e, int dirfd, const char *name, const char *apath, c
 	if (r < 0) /* its entries listed so far are still written */
 		rc = report(dpath, "cannot list all of it: %s",
 		            r == -ULP_E_NOMEM ? "out of memory" : ulp_archive_errmsg(e->a));
+	/* steps in step order: each one's chains then start from the step
+	 * before, still in the decode cache */
+	if (d.n > 1)
+		qsort(d.names, d.n, sizeof(*d.names), name_order);
 	for (size_t i = 0; i < d.n; i++) {
 		char *ap = join(apath, d.names[i]), *dp = join(dpath, d.names[i]);
 		ulp_stat cs;
@@ -977,7 +1014,7 @@ static int export_file(ectx *e, int dirfd, const char *name, const char *apath, 
 	int fd = make_temp(dirfd, NULL, tmp);
 	if (fd < 0)
 		return report(dpath, "cannot create a file in its directory: %s", strerror(errno));
-	int written = copy_out(e->a, apath, fd, dpath, e->buf) == 0; /* copy_out reports */
+	int written = write_out(e->a, apath, fd, dpath) == 0; /* write_out reports */
 	int rc = written ? finish_meta(e, fd, dpath, st) : -1;
 	if (close(fd) < 0 && written) {
 		written = 0;

@@ -228,7 +228,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 	        "usage: ulpack bench REF TARGET [--json] [--threads N]\n"
-	        "                    [--reps R] [--min-time SECONDS] [--cpu scalar|avx2|avx512]\n"
+	        "                    [--reps R] [--min-time SECONDS] [--cpu scalar|avx2|avx512|neon]\n"
 	        "REF and TARGET: two safetensors files, or two torch.save files (their storages).\n"
 	        "Codes each tensor of TARGET against the same-named tensor of REF, decodes it,\n"
 	        "checks byte identity, and reports per dtype and in total: raw and ULPack bytes,\n"
@@ -325,9 +325,10 @@ int cmd_bench(int argc, char **argv)
 			const char *c = argv[++i];
 			unsigned want = !strcmp(c, "scalar") ? 0
 			                : !strcmp(c, "avx2") ? ULP_CPU_AVX2
-			                : !strcmp(c, "avx512") ? ULP_CPU_AVX2 | ULP_CPU_AVX512 : ~0u;
+			                : !strcmp(c, "avx512") ? ULP_CPU_AVX2 | ULP_CPU_AVX512
+			                : !strcmp(c, "neon") ? ULP_CPU_NEON : ~0u;
 			if (want == ~0u)
-				return cli_fail("--cpu '%s': not a kernel set (scalar, avx2 or avx512)", c) + 1;
+				return cli_fail("--cpu '%s': not a kernel set (scalar, avx2, avx512 or neon)", c) + 1;
 			if ((ulp_cpu_features() & want) != want)
 				return cli_fail("this CPU or build has no %s kernels", c) + 1;
 			cpu = want;
@@ -355,7 +356,8 @@ int cmd_bench(int argc, char **argv)
 		return 1;
 	}
 	ulp_set_cpu_mask(cpu);
-	const char *path = (cpu & ULP_CPU_AVX512) ? "avx512" : (cpu & ULP_CPU_AVX2) ? "avx2" : "scalar";
+	const char *path = (cpu & ULP_CPU_AVX512) ? "avx512" : (cpu & ULP_CPU_AVX2) ? "avx2"
+	                   : (cpu & ULP_CPU_NEON) ? "neon" : "scalar";
 	ulp_pool *pool = NULL;
 	int rc = ulp_pool_new(threads, &pool);
 	if (rc < 0)

@@ -1,11 +1,24 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
 # install-deps.sh - the Debian 12 packages that build and test ulpackfs.
-# Usage: install-deps.sh [--test]   (--test adds what the test suite needs)
+# Usage: install-deps.sh [--test] [--cross-arm64]
+#   --test         adds what the test suite needs
+#   --cross-arm64  adds the aarch64 cross toolchain, qemu-user and the arm64
+#                  libraries (multiarch: dpkg --add-architecture arm64)
 set -eu
+test=0 cross=0
+for a in "$@"; do
+	case "$a" in
+	--test) test=1 ;;
+	--cross-arm64) cross=1 ;;
+	*) echo "install-deps: unknown option '$a'" >&2; exit 2 ;;
+	esac
+done
 pkgs="build-essential autoconf automake pkg-config libzstd-dev libsqlite3-dev libssl-dev
       libxxhash-dev libfuse3-dev fuse3 rsync"
-[ "${1:-}" = --test ] && pkgs="$pkgs clang libclang-rt-14-dev python3 python3-numpy zstd"
+[ "$test" = 1 ] && pkgs="$pkgs clang libclang-rt-14-dev python3 python3-numpy zstd"
+[ "$cross" = 1 ] && pkgs="$pkgs gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+      libzstd-dev:arm64 libsqlite3-dev:arm64 libssl-dev:arm64 libxxhash-dev:arm64 libfuse3-dev:arm64"
 missing=""
 for p in $pkgs; do
 	dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
@@ -16,6 +29,10 @@ if [ "$(id -u)" != 0 ]; then
 	exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
+if [ "$cross" = 1 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+	dpkg --add-architecture arm64
+	apt-get update -q >/dev/null 2>&1 || true
+fi
 apt-get install -y -q $missing >/dev/null 2>&1 || {
 	apt-get update -q >/dev/null 2>&1 || true
 	apt-get install -y -q $missing

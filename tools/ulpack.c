@@ -26,6 +26,7 @@ static const struct {
 	{"verify", cmd_verify, "ARCHIVE [PATH] [--json]: decode everything and check every sha256"},
 	{"rm", cmd_rm, "ARCHIVE PATH [-r] | ARCHIVE --all: remove a file, a tree or everything (space returns with gc)"},
 	{"gc", cmd_gc, "ARCHIVE: drop what nothing reaches, rewrite sparse packs"},
+	{"sync", cmd_sync, "MOUNTPOINT: wait until everything closed in a mount is archived; name failures"},
 	{"forget", cmd_forget, "ARCHIVE RUN --keep-last N --keep-every K [--keep STEP]: thin a run, free space"},
 	{"bench", cmd_bench, "REF TARGET [--json] [--threads N]: codec benchmark (safetensors or torch.save pairs)"},
 	{"synth", cmd_synth, "OUTDIR [--steps N] [--dtype D]: write a synthetic training trajectory"},

@@ -2,48 +2,26 @@
 /*
  * ulpackfs.c - the FUSE3 front end: mounts an archive so that every archived
  * file reads as a plain file, and files written into the mount (rsync, cp,
- * dd, tar, shell redirection) are staged and archived when closed under
- * their final name. Thin: each operation maps to libulpack calls; errors are
- * mapped to errno, never invented.
+ * dd, tar, shell redirection, a trainer's save) are staged and archived in
+ * the background once closed under their final name.
  *
- * It uses libfuse's path-based API: the archive's index is keyed by path,
- * so renames of whole directories need no inode bookkeeping here.
+ * Plumbing only: each operation is one libulpack call (the write-back
+ * session, src/lib/session.c, holds every open-file rule and invariant) and
+ * one errno mapping; errors are mapped, never invented.
  *
- * Open-file invariants:
- *  1. A path has at most one staged node; while it exists, the node (not
- *     the archive) answers getattr/read/write for that path.
- *  2. A node is archived when its last handle is closed (flush of the last
- *     handle, so close(2) reports errors such as ENOSPC), unless its name is
- *     an rsync temporary (".name.XXXXXX"): those wait for the rename that
- *     gives them their final name, and are archived under it (or under the
- *     name they have when the file system is unmounted first). The close of
- *     such a file records its name in staging (ulp_stage_record), so that a
- *     crash (kill -9) before that rename recovers it under that name.
- *  5. What staging records for a node (ulp_stage_sync, _record) always names
- *     its current path: a rename relabels it (also of the files below a
- *     renamed directory), and an unlink or a rename over it forgets it
- *     before returning, so that no recovery brings back a superseded file.
- *  3. Archived files are immutable: opened read-only they keep the kernel
+ * It uses libfuse's path-based API: the archive's index is keyed by path.
+ *  1. hard_remove is off: libfuse renames a file unlinked (or replaced)
+ *     while open to ".fuse_hiddenXXXXXXXXXXXXXXXX" and unlinks that name at
+ *     its last close; the session knows those names (session.c invariant 6).
+ *  2. Archived files are immutable: opened read-only they keep the kernel
  *     page cache (keep_cache) and no direct_io, so mmap works.
- *  4. A closed file renamed to its final name (rsync's way) is archived in
- *     the background by one committer thread, in rename order, so that the
- *     writer goes on with the next file meanwhile; until then the staged node
- *     answers for it. Before rename returns, the staged file is made durable
- *     (ulp_stage_sync): a crash before the commit is recovered at the next
- *     mount. The queue holds at most QUEUE_MAX files (rename waits for
- *     room). A background commit that fails leaves the file staged, is logged, and
- *     makes the next create or open for writing fail with its errno; the
- *     file is tried again at unmount.
- *  5. A file unlinked (or replaced by a rename) while open lives on under a
- *     hidden name that libfuse gives it (".fuse_hiddenXXXXXXXXXXXXXXXX",
- *     hard_remove off) until its last close, then libfuse unlinks that name.
- *     Hidden files are never archived and never listed: a staged one stays a
- *     node, an archived one leaves the archive at once and lives on as a
- *     ghost (its stat, in memory; open handles read its blobs). So every
- *     operation on an open fd has a path, and nothing of an unlinked file is
- *     in the archive after its last close, nor after a crash.
- *  6. Paths may be NULL in operations that take a file handle (libfuse gives
+ *  3. Paths may be NULL in operations that take a file handle (libfuse gives
  *     NULL when a node has no name); those use the handle.
+ *  4. The mount root's xattrs: user.ulpack.counters (decode and archiving
+ *     counters), user.ulpack.sync (reading it is the barrier of `ulpack
+ *     sync`: it returns when everything closed before is archived, with
+ *     "ok" or one line per failed file). Every file's user.ulpack.state says
+ *     staged, archived or failed with the errno and cause.
  */
 #define FUSE_USE_VERSION 312
 #include "config.h"
@@ -67,71 +45,52 @@
 #include <unistd.h>
 
 #define ULPFS_MAX_READ (4 << 20) /* large reads: whole chunks per request */
-#define QUEUE_MAX 2              /* files being or waiting to be archived (invariant 4) */
-
-typedef struct node {
-	char *path;            /* NULL once unlinked while open */
-	ulp_stage *stage;
-	int handles;           /* open handles */
-	int dirty;             /* written since staged */
-	ulp_meta meta;
-	int mtime_set;         /* utimens set meta.mtime explicitly */
-	uint64_t writes;       /* bumped by every write: a commit knows if it missed one */
-	uint64_t attrs;        /* bumped by every chmod/chown/utimens, likewise */
-	int synced;            /* durable in staging under path (ulp_stage_sync) */
-	struct node *qnext;
-	struct node *next;
-} node;
-
-typedef struct handle {
-	ulp_file *file;        /* archived, read-only */
-	node *n;               /* staged */
-	char *path;            /* for writes after an early archive (dup'd fds) */
-	int wr;                /* opened for writing: its close archives the file */
-} handle;
-
-/* an archived file unlinked while open (invariant 5) */
-typedef struct ghost {
-	char *path;            /* its hidden name */
-	ulp_stat st;           /* what getattr shows; setattr changes it */
-	struct ghost *next;
-} ghost;
 
 static struct {
 	ulp_archive *a;
+	ulp_session *s;        /* NULL when read-only */
 	char *archive;
 	int read_only, foreground;
 	int no_latest;         /* -o nolatest: no `latest` symlinks */
 	int lock_fd;           /* the mount lock (read-write mounts), or -1 */
 	unsigned kept;         /* files left staged at unmount (exit status 1) */
-	uint64_t cache_size;
+	uint64_t cache_size, staging_max;
 	unsigned max_chain;
 	int threads;
 	char *mountpoint;
 	uint64_t readahead;    /* bytes; 0: the kernel's window */
-	pthread_mutex_t mu;    /* guards nodes and the commit queue */
-	node *nodes;
-	ghost *ghosts;         /* guarded by mu (invariant 5) */
-	/* the committer (invariant 4) */
-	pthread_cond_t qcv;    /* the queue changed */
-	node *qhead, *qtail;
-	unsigned qlen;         /* queued plus the one being archived */
-	int qstop, committer_on;
-	int rebase_wanted;     /* the index may have queued re-basing work (recode.c) */
-	int qerr;              /* errno of a failed background commit, not reported yet */
-	pthread_t committer;
-} fs = {.mu = PTHREAD_MUTEX_INITIALIZER, .qcv = PTHREAD_COND_INITIALIZER};
+	FILE *logf;            /* ARCHIVE/ulpackfs.log when there is no syslog */
+	pthread_mutex_t logmu;
+} fs = {.logmu = PTHREAD_MUTEX_INITIALIZER};
 
 static int err_of(int rc)
 {
 	return -ulp_to_errno(rc);
 }
 
+/* errors: syslog, stderr with -f, ARCHIVE/ulpackfs.log without syslog */
+static void log_msg(void *arg, const char *msg)
+{
+	(void)arg;
+	syslog(LOG_ERR, "ulpackfs: %s", msg);
+	pthread_mutex_lock(&fs.logmu);
+	if (fs.foreground)
+		fprintf(stderr, "ulpackfs: %s\n", msg);
+	if (fs.logf) {
+		time_t t = time(NULL);
+		char ts[32];
+		strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", localtime(&t));
+		fprintf(fs.logf, "%s ulpackfs[%ld]: %s\n", ts, (long)getpid(), msg);
+		fflush(fs.logf);
+	}
+	pthread_mutex_unlock(&fs.logmu);
+}
+
 static void log_err(const char *what, const char *path)
 {
-	syslog(LOG_ERR, "ulpackfs: %s %s: %s", what, path, ulp_archive_errmsg(fs.a));
-	if (fs.foreground)
-		fprintf(stderr, "ulpackfs: %s %s: %s\n", what, path, ulp_archive_errmsg(fs.a));
+	char m[4400];
+	snprintf(m, sizeof(m), "%s %s: %s", what, path, ulp_archive_errmsg(fs.a));
+	log_msg(NULL, m);
 }
 
 static const char *rel(const char *path)
@@ -145,250 +104,6 @@ static void set_time(struct timespec *t, ulp_time u)
 {
 	t->tv_sec = (time_t)u.sec; /* a 64-bit time_t holds every second of a ulp_time */
 	t->tv_nsec = (long)u.nsec;
-}
-
-/* libfuse's name for a file unlinked while open (invariant 5):
- * ".fuse_hidden" and 16 hex digits; a name reserved in the mount */
-static int is_hidden_name(const char *path)
-{
-	const char *b = strrchr(path, '/');
-	b = b ? b + 1 : path;
-	if (strncmp(b, ".fuse_hidden", 12) != 0 || strlen(b) != 28)
-		return 0;
-	for (const char *c = b + 12; *c; c++)
-		if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f')))
-			return 0;
-	return 1;
-}
-
-/* rsync's temporary names: ".<name>.XXXXXX" */
-static int is_temp_name(const char *path)
-{
-	const char *b = strrchr(path, '/');
-	b = b ? b + 1 : path;
-	const char *dot = strrchr(b, '.');
-	if (b[0] != '.' || !dot || dot == b || strlen(dot + 1) != 6)
-		return 0;
-	for (const char *c = dot + 1; *c; c++)
-		if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9')))
-			return 0;
-	return 1;
-}
-
-/* a name a closed file is archived under (invariants 2 and 5) */
-static int final_name(const char *path)
-{
-	return !is_temp_name(path) && !is_hidden_name(path);
-}
-
-/* caller holds fs.mu */
-static ghost *find_ghost(const char *p)
-{
-	for (ghost *g = fs.ghosts; g; g = g->next)
-		if (!strcmp(g->path, p))
-			return g;
-	return NULL;
-}
-
-/* caller holds fs.mu */
-static node *find_node(const char *p)
-{
-	for (node *n = fs.nodes; n; n = n->next)
-		if (n->path && !strcmp(n->path, p))
-			return n;
-	return NULL;
-}
-
-static void unlink_node(node *n)
-{
-	for (node **pp = &fs.nodes; *pp; pp = &(*pp)->next)
-		if (*pp == n) {
-			*pp = n->next;
-			break;
-		}
-	free(n->path);
-	free(n);
-}
-
-static node *new_node(const char *p, ulp_stage *s, const ulp_meta *m)
-{
-	node *n = calloc(1, sizeof(*n));
-	if (!n)
-		return NULL;
-	n->path = strdup(p);
-	n->stage = s;
-	n->meta = *m;
-	n->next = fs.nodes;
-	fs.nodes = n;
-	return n;
-}
-
-/*
- * Archives a staged node under path. Called with mu held; mu is released
- * while the archive does its work, so that other files keep being served
- * (the node is pinned meanwhile and its staging file stays until mu is held
- * again). On success the caller gives up `drop` handle counts; the node goes
- * when no handle is left, else it stays staged and clean (unless a write
- * came in during the commit).
- */
-static int commit_node(node *n, const char *path, int drop)
-{
-	ulp_meta m = n->meta;
-	struct stat sb;
-	if (!n->mtime_set && fstat(ulp_stage_fd(n->stage), &sb) == 0)
-		m.mtime = ulp_time_make(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
-	char *dst = strdup(path);
-	if (!dst)
-		return -ENOMEM;
-	uint64_t writes = n->writes, attrs = n->attrs;
-	n->handles++; /* pinned while mu is released */
-	pthread_mutex_unlock(&fs.mu);
-	int rc = ulp_archive_put(fs.a, dst, ulp_stage_fd(n->stage), &m, NULL);
-	pthread_mutex_lock(&fs.mu);
-	n->handles--;
-	if (rc < 0) {
-		log_err("archiving", dst);
-		free(dst);
-		return err_of(rc);
-	}
-	fs.rebase_wanted = 1; /* the committer re-bases when idle */
-	pthread_cond_broadcast(&fs.qcv);
-	if (!n->path) { /* unlinked while it was being archived */
-		ulp_archive_remove(fs.a, dst);
-	} else {
-		if (strcmp(n->path, dst) != 0 && ulp_archive_rename(fs.a, dst, n->path) == 0) {
-			free(dst); /* renamed meanwhile: follow */
-			dst = strdup(n->path);
-		}
-		if (n->attrs != attrs && dst) /* chmod/chown/utimens meanwhile */
-			ulp_archive_setattr(fs.a, dst, ULP_SET_MODE | ULP_SET_OWNER | (n->mtime_set ? ULP_SET_MTIME : 0),
-			                    &n->meta);
-	}
-	free(dst);
-	n->handles -= drop;
-	if (n->writes != writes)
-		return 0; /* written to meanwhile: stays staged and dirty */
-	n->dirty = 0;
-	if (n->handles > 0)
-		return 0; /* opened again meanwhile: stays staged, identical to the archive */
-	ulp_stage_discard(n->stage);
-	n->stage = NULL;
-	unlink_node(n);
-	return 0;
-}
-
-/* n's metadata as it would be archived now (mu held) */
-static ulp_meta node_meta(node *n)
-{
-	ulp_meta m = n->meta;
-	struct stat sb;
-	if (!n->mtime_set && fstat(ulp_stage_fd(n->stage), &sb) == 0)
-		m.mtime = ulp_time_make(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
-	return m;
-}
-
-/* A staged node that leaves its path (unlinked, or replaced by a rename)
- * while open: no recovery may bring it back (invariant 5). mu held. */
-static int forget_node(node *n)
-{
-	int rc = ulp_stage_forget(n->stage);
-	if (rc < 0)
-		log_err("forgetting the staged file of", n->path);
-	return rc < 0 ? err_of(rc) : 0;
-}
-
-/* Drops one handle count of n (mu held); a node nobody holds that has
- * nothing to archive goes. */
-static void unpin(node *n)
-{
-	if (--n->handles > 0)
-		return;
-	if (!n->path || !n->dirty) {
-		ulp_stage_discard(n->stage);
-		n->stage = NULL;
-		unlink_node(n);
-	}
-}
-
-/* Queues a closed, renamed node for the committer (mu held). */
-static void enqueue(node *n)
-{
-	n->handles++; /* the queue's count */
-	n->qnext = NULL;
-	if (fs.qtail)
-		fs.qtail->qnext = n;
-	else
-		fs.qhead = n;
-	fs.qtail = n;
-	fs.qlen++;
-	pthread_cond_broadcast(&fs.qcv);
-}
-
-/* After a rename (fs.mu not held): wakes the committer to re-base. */
-static void want_rebase(void)
-{
-	pthread_mutex_lock(&fs.mu);
-	fs.rebase_wanted = 1;
-	pthread_cond_broadcast(&fs.qcv);
-	pthread_mutex_unlock(&fs.mu);
-}
-
-/* Re-bases in the background (fs.mu held; released meanwhile): a failure
- * leaves the work queued in the index for the next time. */
-static void rebase_pending(void)
-{
-	fs.rebase_wanted = 0;
-	pthread_mutex_unlock(&fs.mu);
-	if (ulp_archive_rebase_pending(fs.a, NULL, NULL, NULL) < 0)
-		fprintf(stderr, "ulpackfs: re-basing: %s\n", ulp_archive_errmsg(fs.a));
-	pthread_mutex_lock(&fs.mu);
-}
-
-/* The committer thread: archives queued nodes in order (invariant 4). */
-static void *committer(void *arg)
-{
-	(void)arg;
-	pthread_mutex_lock(&fs.mu);
-	for (;;) {
-		while (!fs.qhead && !fs.qstop && !fs.rebase_wanted)
-			pthread_cond_wait(&fs.qcv, &fs.mu);
-		if (!fs.qhead && !fs.qstop) { /* idle, and renames or commits queued work */
-			rebase_pending();
-			continue;
-		}
-		node *n = fs.qhead;
-		if (!n)
-			break; /* stopping, and nothing left */
-		fs.qhead = n->qnext;
-		if (!fs.qhead)
-			fs.qtail = NULL;
-		/* still under a final name, and nobody opened it again meanwhile
-		 * (else the last close archives it) */
-		int rc = -1;
-		if (n->path && n->dirty && n->handles == 1 && final_name(n->path)) {
-			rc = commit_node(n, n->path, 1); /* drops our count on success */
-			if (rc < 0) {
-				if (!fs.qerr)
-					fs.qerr = rc;
-				if (n->path && !n->synced && ulp_stage_sync(n->stage, n->path, &n->meta) < 0)
-					log_err("keeping the staged file of", n->path);
-			}
-		}
-		if (rc < 0)
-			unpin(n);
-		fs.qlen--;
-		pthread_cond_broadcast(&fs.qcv);
-	}
-	rebase_pending(); /* at unmount: the last renames */
-	pthread_mutex_unlock(&fs.mu);
-	return NULL;
-}
-
-/* Waits until the queue has room (mu held). */
-static void wait_queue_room(void)
-{
-	while (fs.committer_on && fs.qlen >= QUEUE_MAX)
-		pthread_cond_wait(&fs.qcv, &fs.mu);
 }
 
 static void fill_stat(const ulp_stat *s, struct stat *st)
@@ -406,27 +121,13 @@ static void fill_stat(const ulp_stat *s, struct stat *st)
 	st->st_atim = st->st_ctim = st->st_mtim;
 }
 
-static int node_stat(node *n, struct stat *st)
-{
-	struct stat sb;
-	if (fstat(ulp_stage_fd(n->stage), &sb) < 0)
-		return -errno;
-	memset(st, 0, sizeof(*st));
-	st->st_mode = S_IFREG | (n->meta.mode & 07777);
-	st->st_nlink = 1;
-	st->st_uid = n->meta.uid;
-	st->st_gid = n->meta.gid;
-	st->st_size = sb.st_size;
-	st->st_blocks = sb.st_blocks;
-	st->st_blksize = 1 << 20;
-	if (n->mtime_set) {
-		set_time(&st->st_mtim, n->meta.mtime);
-	} else {
-		st->st_mtim = sb.st_mtim;
-	}
-	st->st_atim = st->st_ctim = st->st_mtim;
-	return 0;
-}
+/* a read-only mount has no session: its handles are plain ulp_files */
+typedef struct handle {
+	ulp_sfile *sf;
+	ulp_file *file;
+} handle;
+
+#define H(fi) ((handle *)(uintptr_t)(fi)->fh)
 
 /* ---- operations ------------------------------------------------------------ */
 
@@ -440,66 +141,28 @@ static void *ulpfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 		conn->want |= FUSE_CAP_PARALLEL_DIROPS;
 	conn->max_read = ULPFS_MAX_READ; /* must match -o max_read (main) */
 	conn->max_write = 1 << 20;       /* the kernel caps it to what it supports */
-	cfg->hard_remove = 0;   /* unlinked open files keep a (hidden) name: invariant 5 */
+	cfg->hard_remove = 0;   /* unlinked open files keep a (hidden) name: invariant 1 */
 	cfg->use_ino = 0;
 	cfg->kernel_cache = 0;  /* per open: keep_cache for archived files only */
 	cfg->entry_timeout = cfg->attr_timeout = fs.read_only ? 3600.0 : 1.0;
 	cfg->negative_timeout = fs.read_only ? 10.0 : 0.0;
 	/* started here, in the process that serves (after daemonizing) */
-	if (!fs.read_only && pthread_create(&fs.committer, NULL, committer, NULL) == 0)
-		fs.committer_on = 1;
+	if (!fs.read_only) {
+		ulp_session_opts so = {fs.staging_max, log_msg, NULL};
+		if (ulp_session_open(fs.a, &so, &fs.s) < 0)
+			log_err("starting the write-back session of", fs.archive);
+	}
 	return NULL;
 }
 
 static void ulpfs_destroy(void *p)
 {
 	(void)p;
-	pthread_mutex_lock(&fs.mu);
-	if (fs.committer_on) { /* the queue drains first, in order */
-		fs.qstop = 1;
-		pthread_cond_broadcast(&fs.qcv);
-		pthread_mutex_unlock(&fs.mu);
-		pthread_join(fs.committer, NULL);
-		pthread_mutex_lock(&fs.mu);
-		fs.committer_on = 0;
-	}
-	while (fs.nodes) {
-		node *n = fs.nodes;
-		/* closed files still waiting for a rename (names that look like
-		 * rsync's temporaries) were closed by someone: archive them under
-		 * the name they have rather than lose them */
-		if (n->path && is_hidden_name(n->path)) {
-			free(n->path); /* unlinked: never archived (invariant 5) */
-			n->path = NULL;
-		}
-		if (n->path && n->dirty && n->handles == 0 && commit_node(n, n->path, 0) == 0)
-			continue; /* commit_node removed it */
-		if (n->path && n->dirty) {
-			/* could not be archived (a full disk): keep it for the next
-			 * mount's recovery rather than lose it */
-			fs.kept++;
-			if (ulp_stage_sync(n->stage, n->path, &n->meta) == 0) {
-				syslog(LOG_ERR, "ulpackfs: %s: kept in %s/staging, archived at the next mount",
-				       n->path, fs.archive);
-				ulp_stage_close(n->stage);
-			} else {
-				log_err("keeping the staged file of", n->path);
-				ulp_stage_discard(n->stage);
-			}
-		} else {
-			ulp_stage_discard(n->stage);
-		}
-		n->stage = NULL;
-		unlink_node(n);
-	}
-	while (fs.ghosts) {
-		ghost *g = fs.ghosts;
-		fs.ghosts = g->next;
-		free(g->path);
-		free(g);
-	}
-	pthread_mutex_unlock(&fs.mu);
+	fs.kept = ulp_session_close(fs.s); /* drains the queue, re-bases, keeps what fails in staging */
+	fs.s = NULL;
 }
+
+#define RW_OR_EROFS() do { if (!fs.s) return -EROFS; } while (0)
 
 /*
  * `latest`: in each run directory (ulp_archive_latest), a read-only symlink
@@ -511,12 +174,11 @@ static int virtual_latest(const char *p, char *target, size_t cap)
 	const char *slash = strrchr(p, '/');
 	const char *name = slash ? slash + 1 : p;
 	char dir[ULP_PATH_MAX + 1];
+	ulp_stat s;
 	if (fs.no_latest || strcmp(name, "latest") || (size_t)(name - p) > sizeof(dir))
 		return 0;
 	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - p) : 0, p);
-	pthread_mutex_lock(&fs.mu);
-	int real = find_node(p) != NULL;
-	pthread_mutex_unlock(&fs.mu);
+	int real = (fs.s ? ulp_session_stat(fs.s, p, &s) : ulp_archive_stat(fs.a, p, &s)) != -ULP_E_NOENT;
 	return !real && ulp_archive_latest(fs.a, dir, target, cap) == 0;
 }
 
@@ -541,36 +203,19 @@ static void latest_stat(const char *p, const char *target, struct stat *st)
 static int ulpfs_getattr(const char *path, struct stat *st, struct fuse_file_info *fi)
 {
 	readahead_once();
-	handle *h = fi ? (handle *)(uintptr_t)fi->fh : NULL;
-	if (h && h->n) {
-		pthread_mutex_lock(&fs.mu);
-		int rc = node_stat(h->n, st);
-		pthread_mutex_unlock(&fs.mu);
-		return rc;
-	}
-	if (!path) { /* invariant 6 */
-		if (!h || !h->file)
-			return -ESTALE;
-		fill_stat(ulp_file_get_stat(h->file), st);
-		return 0;
-	}
-	const char *p = rel(path);
-	pthread_mutex_lock(&fs.mu);
-	node *n = find_node(p);
-	ghost *g = n ? NULL : find_ghost(p);
-	int rc = n ? node_stat(n, st) : 1;
-	if (g) {
-		fill_stat(&g->st, st);
-		rc = 0;
-	}
-	pthread_mutex_unlock(&fs.mu);
-	if (rc <= 0)
-		return rc;
 	ulp_stat s;
-	rc = ulp_archive_stat(fs.a, p, &s);
+	int rc;
+	if (fi && fi->fh && H(fi)->sf)
+		rc = ulp_session_fstat(H(fi)->sf, &s);
+	else if (fi && fi->fh && H(fi)->file)
+		s = *ulp_file_get_stat(H(fi)->file), rc = 0;
+	else if (!path)
+		return -ESTALE; /* invariant 3 */
+	else
+		rc = fs.s ? ulp_session_stat(fs.s, rel(path), &s) : ulp_archive_stat(fs.a, rel(path), &s);
 	char target[ULP_NAME_MAX + 1];
-	if (rc == -ULP_E_NOENT && virtual_latest(p, target, sizeof(target))) {
-		latest_stat(p, target, st);
+	if (rc == -ULP_E_NOENT && path && virtual_latest(rel(path), target, sizeof(target))) {
+		latest_stat(rel(path), target, st);
 		return 0;
 	}
 	if (rc < 0)
@@ -582,21 +227,13 @@ static int ulpfs_getattr(const char *path, struct stat *st, struct fuse_file_inf
 typedef struct rd {
 	void *buf;
 	fuse_fill_dir_t filler;
-	const char *dir;
 } rd;
 
 static int readdir_cb(void *arg, const char *name, const ulp_stat *s)
 {
 	rd *r = arg;
-	char p[8192];
-	if (is_hidden_name(name))
-		return 0; /* invariant 5 (an archive from before it) */
-	snprintf(p, sizeof(p), "%s%s%s", r->dir, r->dir[0] ? "/" : "", name);
-	pthread_mutex_lock(&fs.mu);
-	int staged = find_node(p) != NULL;
-	pthread_mutex_unlock(&fs.mu);
-	if (staged)
-		return 0; /* listed from the node below */
+	if (ulp_session_hidden_name(name))
+		return 0;
 	struct stat st;
 	fill_stat(s, &st);
 	return r->filler(r->buf, name, &st, 0, FUSE_FILL_DIR_PLUS) ? 1 : 0;
@@ -608,28 +245,14 @@ static int ulpfs_readdir(const char *path, void *buf, fuse_fill_dir_t filler, of
 	(void)off, (void)fi, (void)flags;
 	readahead_once();
 	if (!path)
-		return -ESTALE; /* invariant 6: a directory removed while open */
-	const char *p = rel(path);
+		return -ESTALE; /* invariant 3: a directory removed while open */
 	filler(buf, ".", NULL, 0, 0);
 	filler(buf, "..", NULL, 0, 0);
-	rd r = {buf, filler, p};
-	int rc = ulp_archive_readdir(fs.a, p, readdir_cb, &r);
+	rd r = {buf, filler};
+	const char *p = rel(path);
+	int rc = fs.s ? ulp_session_readdir(fs.s, p, readdir_cb, &r) : ulp_archive_readdir(fs.a, p, readdir_cb, &r);
 	if (rc < 0)
 		return err_of(rc);
-	size_t pl = strlen(p);
-	pthread_mutex_lock(&fs.mu);
-	for (node *n = fs.nodes; n; n = n->next) {
-		if (!n->path || is_hidden_name(n->path))
-			continue;
-		const char *slash = strrchr(n->path, '/');
-		size_t dl = slash ? (size_t)(slash - n->path) : 0;
-		if (dl == pl && !strncmp(n->path, p, pl)) {
-			struct stat st;
-			if (node_stat(n, &st) == 0)
-				filler(buf, slash ? slash + 1 : n->path, &st, 0, FUSE_FILL_DIR_PLUS);
-		}
-	}
-	pthread_mutex_unlock(&fs.mu);
 	char lp[ULP_PATH_MAX + 8], target[ULP_NAME_MAX + 1];
 	snprintf(lp, sizeof(lp), "%s%slatest", p, p[0] ? "/" : "");
 	if (virtual_latest(lp, target, sizeof(target))) {
@@ -640,150 +263,50 @@ static int ulpfs_readdir(const char *path, void *buf, fuse_fill_dir_t filler, of
 	return 0;
 }
 
-static int open_handle(const char *p, struct fuse_file_info *fi, int create, mode_t mode)
+static int open_handle(const char *p, struct fuse_file_info *fi, const ulp_meta *create)
 {
 	handle *h = calloc(1, sizeof(*h));
 	if (!h)
 		return -ENOMEM;
-	int acc = fi->flags & O_ACCMODE;
-	int rc = 0;
-	pthread_mutex_lock(&fs.mu);
-	if (fs.qerr && (create || acc != O_RDONLY)) { /* invariant 4 */
-		rc = fs.qerr;
-		fs.qerr = 0;
-		goto out;
-	}
-	node *n = find_node(p);
-	if (!n && (create || acc != O_RDONLY || (fi->flags & O_TRUNC))) {
-		if (fs.read_only) {
-			rc = -EROFS;
-			goto out;
-		}
-		ulp_stat s;
-		int exists = ulp_archive_stat(fs.a, p, &s) == 0;
-		if (exists && s.is_dir) {
-			rc = -EISDIR;
-			goto out;
-		}
-		if (!exists && !create) {
-			rc = -ENOENT;
-			goto out;
-		}
-		ulp_stage *st;
-		/* copy-up unless the file is new or truncated */
-		int r = ulp_stage_new(fs.a, exists && !(fi->flags & O_TRUNC) && !create ? p : NULL, &st);
-		if (r < 0) {
-			rc = err_of(r);
-			goto out;
-		}
-		struct fuse_context *cx = fuse_get_context();
-		ulp_meta m = {exists ? s.mode & 07777 : (mode & 07777), cx ? cx->uid : 0, cx ? cx->gid : 0, ulp_time_now()};
-		if (exists) {
-			m.uid = s.uid;
-			m.gid = s.gid;
-		}
-		n = new_node(p, st, &m);
-		if (!n) {
-			ulp_stage_discard(st);
-			rc = -ENOMEM;
-			goto out;
-		}
-		n->dirty = create || (fi->flags & O_TRUNC) || !exists;
-	} else if (n && (fi->flags & O_TRUNC)) {
-		if (ftruncate(ulp_stage_fd(n->stage), 0) < 0) {
-			rc = -errno;
-			goto out;
-		}
-		n->dirty = 1;
-	}
-	if (n) {
-		n->handles++;
-		h->n = n;
-		fi->keep_cache = 0;
-	} else {
-		int r = ulp_file_open(fs.a, p, &h->file);
-		if (r < 0) {
-			rc = err_of(r);
-			goto out;
-		}
-		fi->keep_cache = 1; /* archived files never change (invariant 3) */
-	}
-	h->path = strdup(p);
-	h->wr = create || acc != O_RDONLY;
-	fi->fh = (uint64_t)(uintptr_t)h;
-out:
-	pthread_mutex_unlock(&fs.mu);
-	if (rc < 0)
+	int rc;
+	if (fs.s) {
+		rc = ulp_session_open_file(fs.s, p, fi->flags, create, &h->sf);
+		fi->keep_cache = rc == 0 && ulp_session_file_archived(h->sf); /* invariant 2 */
+	} else if (create || (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
 		free(h);
-	return rc;
+		return -EROFS;
+	} else {
+		rc = ulp_file_open(fs.a, p, &h->file);
+		fi->keep_cache = 1;
+	}
+	if (rc < 0) {
+		free(h);
+		return err_of(rc);
+	}
+	fi->fh = (uint64_t)(uintptr_t)h;
+	return 0;
 }
 
 static int ulpfs_open(const char *path, struct fuse_file_info *fi)
 {
 	readahead_once();
-	return open_handle(rel(path), fi, 0, 0);
+	return open_handle(rel(path), fi, NULL);
 }
 
 static int ulpfs_create(const char *path, mode_t mode, struct fuse_file_info *fi)
 {
-	const char *p = rel(path);
-	int rc = ulp_path_check(p); /* NAME_MAX, PATH_MAX: it could not be archived */
-	if (rc < 0)
-		return err_of(rc);
-	if (is_hidden_name(p))
-		return -EINVAL; /* reserved (invariant 5) */
-	return open_handle(p, fi, 1, mode);
-}
-
-/*
- * A handle whose file was archived by the flush of a close(2) while a dup'd
- * descriptor stays open (dd does this) goes on: reads come from the archive,
- * a write stages the file again (copy-up) and the last flush archives it.
- */
-static int reattach(handle *h)
-{
-	int rc = 0;
-	pthread_mutex_lock(&fs.mu);
-	node *n = find_node(h->path);
-	if (!n) {
-		ulp_stage *st;
-		ulp_stat s;
-		int exists = ulp_archive_stat(fs.a, h->path, &s) == 0;
-		int r = ulp_stage_new(fs.a, exists ? h->path : NULL, &st);
-		if (r < 0) {
-			rc = err_of(r);
-		} else {
-			ulp_meta m = {exists ? s.mode & 07777 : 0644, exists ? s.uid : 0, exists ? s.gid : 0, ulp_time_now()};
-			n = new_node(h->path, st, &m);
-			if (!n) {
-				ulp_stage_discard(st);
-				rc = -ENOMEM;
-			}
-		}
-	}
-	if (n) {
-		n->handles++;
-		h->n = n;
-	}
-	pthread_mutex_unlock(&fs.mu);
-	return rc;
+	struct fuse_context *cx = fuse_get_context();
+	ulp_meta m = {mode & 07777, cx ? cx->uid : 0, cx ? cx->gid : 0, {0, 0}};
+	return open_handle(rel(path), fi, &m);
 }
 
 static int ulpfs_read(const char *path, char *buf, size_t size, off_t off, struct fuse_file_info *fi)
 {
-	handle *h = (handle *)(uintptr_t)fi->fh;
-	if (!h->n && !h->file) {
-		int r = ulp_file_open(fs.a, h->path, &h->file);
-		if (r < 0)
-			return err_of(r);
-	}
-	if (h->n) {
-		ssize_t r = pread(ulp_stage_fd(h->n->stage), buf, size, off);
-		return r < 0 ? -errno : (int)r;
-	}
-	int64_t n = ulp_file_pread(h->file, buf, size, (uint64_t)off);
+	handle *h = H(fi);
+	int64_t n = h->sf ? ulp_session_read(h->sf, buf, size, (uint64_t)off)
+	                  : ulp_file_pread(h->file, buf, size, (uint64_t)off);
 	if (n < 0) {
-		log_err("read", path ? path : h->path);
+		log_err("read", path ? path : "(unlinked file)");
 		return err_of((int)n); /* a damaged blob: EIO, never wrong bytes */
 	}
 	return (int)n;
@@ -792,52 +315,19 @@ static int ulpfs_read(const char *path, char *buf, size_t size, off_t off, struc
 static int ulpfs_write(const char *path, const char *buf, size_t size, off_t off, struct fuse_file_info *fi)
 {
 	(void)path;
-	handle *h = (handle *)(uintptr_t)fi->fh;
-	if (!h->n) {
-		if (h->file) { /* archived before: read from it no more */
-			ulp_file_close(h->file);
-			h->file = NULL;
-		}
-		int r = reattach(h);
-		if (r < 0)
-			return r;
-	}
-	int64_t w = ulp_stage_write(h->n->stage, buf, size, (uint64_t)off);
-	if (w < 0)
-		return err_of((int)w);
-	pthread_mutex_lock(&fs.mu);
-	h->n->dirty = 1;
-	h->n->writes++;
-	pthread_mutex_unlock(&fs.mu);
-	return (int)w;
+	if (!H(fi)->sf)
+		return -EBADF;
+	int64_t w = ulp_session_write(H(fi)->sf, buf, size, (uint64_t)off);
+	return w < 0 ? err_of((int)w) : (int)w;
 }
 
-/* flush of the last handle archives the file, so close(2) reports errors */
+/* close(2): the session records the file in staging and queues it */
 static int ulpfs_flush(const char *path, struct fuse_file_info *fi)
 {
-	(void)path;
-	handle *h = (handle *)(uintptr_t)fi->fh;
-	if (!h->n)
-		return 0;
-	int rc = 0;
-	pthread_mutex_lock(&fs.mu);
-	node *n = h->n;
-	if (h->wr && n->path && n->handles == 1 && n->dirty && final_name(n->path)) {
-		rc = commit_node(n, n->path, 1);
-		if (rc == 0) {
-			h->n = NULL; /* committed: the handle has nothing left to do */
-			h->file = NULL;
-		}
-	} else if (h->wr && n->path && n->handles == 1 && n->dirty) { /* waits for a rename (invariant 2) */
-		ulp_meta m = node_meta(n);
-		int r = ulp_stage_record(n->stage, n->path, &m);
-		if (r < 0) {
-			log_err("recording the staged file of", n->path);
-			rc = err_of(r);
-		}
-	}
-	pthread_mutex_unlock(&fs.mu);
-	return rc;
+	int rc = H(fi)->sf ? ulp_session_flush(H(fi)->sf) : 0;
+	if (rc < 0)
+		log_err("recording the staged file of", path ? path : "(unlinked file)");
+	return rc < 0 ? err_of(rc) : 0;
 }
 
 /*
@@ -864,303 +354,61 @@ static void trim_packs(int always)
 static int ulpfs_release(const char *path, struct fuse_file_info *fi)
 {
 	(void)path;
-	handle *h = (handle *)(uintptr_t)fi->fh;
-	if (h->file) {
+	handle *h = H(fi);
+	int archived = h->file || (h->sf && ulp_session_file_archived(h->sf));
+	ulp_session_release(h->sf);
+	if (h->file)
 		ulp_file_close(h->file);
-		trim_packs(0);
-	}
-	if (h->n) {
-		pthread_mutex_lock(&fs.mu);
-		node *n = h->n;
-		if (n->handles == 1 && n->path && n->dirty && h->wr && final_name(n->path)) {
-			n->handles--; /* the last handle: its flush failed, try once more */
-			commit_node(n, n->path, 0);
-		} else { /* unlinked while open, or nothing written: the node goes */
-			unpin(n);
-		}
-		pthread_mutex_unlock(&fs.mu);
-	}
-	free(h->path);
 	free(h);
+	if (archived)
+		trim_packs(0);
 	return 0;
 }
 
 static int ulpfs_fsync(const char *path, int datasync, struct fuse_file_info *fi)
 {
 	(void)datasync;
-	handle *h = (handle *)(uintptr_t)fi->fh;
-	if (!h || !h->n)
-		return 0;
-	pthread_mutex_lock(&fs.mu);
-	/* an unlinked file is not to come back after a crash (invariant 5) */
-	int rc = h->n->path && !is_hidden_name(h->n->path) ? ulp_stage_sync(h->n->stage, h->n->path, &h->n->meta) : 0;
-	pthread_mutex_unlock(&fs.mu);
+	int rc = H(fi)->sf ? ulp_session_fsync(H(fi)->sf) : 0;
 	if (rc < 0)
-		log_err("fsync", path ? path : h->path);
+		log_err("fsync", path ? path : "(unlinked file)");
 	return rc < 0 ? err_of(rc) : 0;
 }
 
 static int ulpfs_truncate(const char *path, off_t size, struct fuse_file_info *fi)
 {
-	if (fi && fi->fh && ((handle *)(uintptr_t)fi->fh)->n) {
-		handle *h = (handle *)(uintptr_t)fi->fh;
-		if (ftruncate(ulp_stage_fd(h->n->stage), size) < 0)
-			return -errno;
-		pthread_mutex_lock(&fs.mu);
-		h->n->dirty = 1;
-		h->n->writes++;
-		pthread_mutex_unlock(&fs.mu);
-		return 0;
-	}
-	if (!path)
-		return -ESTALE; /* invariant 6 */
-	const char *p = rel(path);
-	pthread_mutex_lock(&fs.mu);
-	node *n = find_node(p);
-	int rc = 0;
-	if (n) {
-		rc = ftruncate(ulp_stage_fd(n->stage), size) < 0 ? -errno : 0;
-		n->dirty = 1;
-	}
-	pthread_mutex_unlock(&fs.mu);
-	if (n)
-		return rc;
-	/* an archived file: stage a copy, truncate, archive again */
-	struct fuse_file_info tfi = {.flags = O_RDWR | (size == 0 ? O_TRUNC : 0)};
-	if ((rc = open_handle(p, &tfi, 0, 0)) < 0)
-		return rc;
-	handle *h = (handle *)(uintptr_t)tfi.fh;
-	rc = ftruncate(ulp_stage_fd(h->n->stage), size) < 0 ? -errno : 0;
-	h->n->dirty = 1;
-	int r2 = ulpfs_flush(path, &tfi);
-	ulpfs_release(path, &tfi);
-	return rc ? rc : r2;
-}
-
-/*
- * libfuse hides a file unlinked while open, or replaced by a rename, under
- * the name t (invariant 5): a staged file stays a node under that name, an
- * archived one leaves the archive now and lives on as a ghost.
- */
-static int hide(const char *f, const char *t)
-{
-	int rc = 0;
-	char *tp = strdup(t);
-	ghost *g = calloc(1, sizeof(*g));
-	pthread_mutex_lock(&fs.mu);
-	node *n = find_node(f);
-	ulp_stat s;
-	int archived = ulp_archive_stat(fs.a, f, &s) == 0;
-	if (!tp || !g) {
-		rc = -ENOMEM;
-	} else if (!n && !archived) {
-		rc = -ENOENT;
-	} else if (archived && (rc = ulp_archive_remove(fs.a, f)) < 0) {
-		log_err("removing", f);
-		rc = err_of(rc);
-	} else if (n && (rc = forget_node(n)) < 0) {
-		/* its staging record stays: it could come back after a crash */
-	} else if (n) { /* unlinked: a crash must not bring it back (invariant 5) */
-		free(n->path);
-		n->path = tp;
-		tp = NULL;
-	} else {
-		g->path = tp;
-		g->st = s;
-		g->next = fs.ghosts;
-		fs.ghosts = g;
-		tp = NULL;
-		g = NULL;
-	}
-	pthread_mutex_unlock(&fs.mu);
-	free(tp);
-	free(g);
-	return rc;
-}
-
-static int has_child(void *arg, const char *name, const ulp_stat *s)
-{
-	(void)arg, (void)name, (void)s;
-	return 1; /* stops the listing: one is enough */
-}
-
-/* rename(2) of a directory over an existing directory t (fs.mu held):
- * -ENOTEMPTY if t has entries, counting files staged below it that the
- * index does not hold yet (the library only sees the index); checked before
- * any staged file moves. 0 otherwise: the library answers the rest. */
-static int rename_over_dir_check(const char *f, const char *t)
-{
-	ulp_stat sf, st;
-	if (ulp_archive_stat(fs.a, f, &sf) < 0 || !sf.is_dir || ulp_archive_stat(fs.a, t, &st) < 0 || !st.is_dir)
-		return 0;
-	size_t tl = strlen(t);
-	for (node *x = fs.nodes; x; x = x->next)
-		if (x->path && !strncmp(x->path, t, tl) && x->path[tl] == '/')
-			return -ENOTEMPTY;
-	return ulp_archive_readdir(fs.a, t, has_child, NULL) == 1 ? -ENOTEMPTY : 0;
+	RW_OR_EROFS();
+	int rc;
+	if (fi && fi->fh && H(fi)->sf)
+		rc = ulp_session_ftruncate(H(fi)->sf, (uint64_t)size);
+	else if (!path)
+		return -ESTALE; /* invariant 3 */
+	else
+		rc = ulp_session_truncate(fs.s, rel(path), (uint64_t)size);
+	return rc < 0 ? err_of(rc) : 0;
 }
 
 static int ulpfs_rename(const char *from, const char *to, unsigned int flags)
 {
-	const char *f = rel(from), *t = rel(to);
 	if (flags & RENAME_EXCHANGE)
 		return -EINVAL;
-	if (fs.read_only)
-		return -EROFS;
-	if (is_hidden_name(t))
-		return hide(f, t);
-	int pc = ulp_path_check(t);
-	if (pc < 0)
-		return err_of(pc);
-	if (!strcmp(f, t))
-		return 0;
-	ulp_stat s;
-	if ((flags & RENAME_NOREPLACE) && ulp_archive_stat(fs.a, t, &s) == 0)
-		return -EEXIST;
-	pthread_mutex_lock(&fs.mu);
-	wait_queue_room();
-	node *n = find_node(f), *old = find_node(t);
-	int rc = n ? 0 : rename_over_dir_check(f, t);
-	if (rc < 0) {
-		pthread_mutex_unlock(&fs.mu);
-		return rc;
-	}
-	if (old && old != n) { /* replacing a staged file */
-		if (old->handles && (rc = forget_node(old)) < 0) {
-			pthread_mutex_unlock(&fs.mu);
-			return rc;
-		}
-		if (old->handles) {
-			free(old->path);
-			old->path = NULL;
-		} else {
-			ulp_stage_discard(old->stage);
-			old->stage = NULL;
-			unlink_node(old);
-		}
-	}
-	if (n) {
-		ulp_stat fst;
-		int archived = ulp_archive_stat(fs.a, f, &fst) == 0 && !fst.is_dir;
-		if (n->handles || !n->dirty) { /* still open: rename the staged file */
-			/* and its archived version: the name t has it until the node
-			 * is archived over it; nothing stays under f */
-			if (archived && (rc = ulp_archive_rename(fs.a, f, t)) < 0) {
-				log_err("renaming", f);
-				pthread_mutex_unlock(&fs.mu);
-				return err_of(rc);
-			}
-			free(n->path);
-			n->path = strdup(t);
-			if (n->path) /* recovered under its new name after a crash (invariant 5) */
-				ulp_stage_relabel(n->stage, n->path, &n->meta);
-		} else { /* closed: archive it under its final name */
-			char *old_path = n->path, *new_path = strdup(t);
-			if (!new_path) {
-				pthread_mutex_unlock(&fs.mu);
-				return -ENOMEM;
-			}
-			n->path = new_path; /* the node answers for its new name meanwhile */
-			if (fs.committer_on && !is_temp_name(new_path) &&
-			    (rc = ulp_stage_sync(n->stage, new_path, &n->meta)) == 0) { /* invariant 4 */
-				free(old_path);
-				n->synced = 1;
-				enqueue(n);
-			} else if (rc < 0) { /* cannot make it durable: back under its old name */
-				rc = err_of(rc);
-				n->path = old_path;
-				free(new_path);
-			} else {
-				rc = commit_node(n, t, 0);
-				if (rc < 0 && n->path == new_path) { /* failed: back under its old name */
-					n->path = old_path;
-					free(new_path);
-				} else {
-					free(old_path);
-				}
-			}
-			/* archived (or queued) under t: an older version under f goes */
-			if (rc == 0 && archived && ulp_archive_remove(fs.a, f) < 0)
-				log_err("removing", f);
-		}
-		pthread_mutex_unlock(&fs.mu);
-		return rc;
-	}
-	/* staged files below a renamed directory move with it */
-	size_t fl = strlen(f);
-	for (node *x = fs.nodes; x; x = x->next)
-		if (x->path && !strncmp(x->path, f, fl) && x->path[fl] == '/') {
-			char *np = malloc(strlen(t) + strlen(x->path + fl) + 1);
-			if (np) {
-				sprintf(np, "%s%s", t, x->path + fl);
-				free(x->path);
-				x->path = np;
-				ulp_meta m = node_meta(x);
-				if (ulp_stage_relabel(x->stage, np, &m) < 0) /* invariant 5 */
-					log_err("relabelling the staged file of", np);
-			}
-		}
-	for (ghost *g = fs.ghosts; g; g = g->next) /* and so do ghosts (invariant 5) */
-		if (!strncmp(g->path, f, fl) && g->path[fl] == '/') {
-			char *np = malloc(strlen(t) + strlen(g->path + fl) + 1);
-			if (np) {
-				sprintf(np, "%s%s", t, g->path + fl);
-				free(g->path);
-				g->path = np;
-			}
-		}
-	pthread_mutex_unlock(&fs.mu);
-	rc = ulp_archive_rename(fs.a, f, t);
-	if (rc == 0)
-		want_rebase();
+	RW_OR_EROFS();
+	int rc = ulp_session_rename(fs.s, rel(from), rel(to), flags & RENAME_NOREPLACE ? ULP_RENAME_NOREPLACE : 0);
 	return rc < 0 ? err_of(rc) : 0;
 }
 
 static int ulpfs_unlink(const char *path)
 {
-	const char *p = rel(path);
-	if (fs.read_only)
-		return -EROFS;
-	pthread_mutex_lock(&fs.mu);
-	for (ghost **gp = &fs.ghosts; *gp; gp = &(*gp)->next)
-		if (!strcmp((*gp)->path, p)) { /* its last close (invariant 5) */
-			ghost *g = *gp;
-			*gp = g->next;
-			free(g->path);
-			free(g);
-			pthread_mutex_unlock(&fs.mu);
-			return 0;
-		}
-	node *n = find_node(p);
-	if (n) {
-		int rc = n->handles ? forget_node(n) : 0;
-		if (rc < 0) {
-			pthread_mutex_unlock(&fs.mu);
-			return rc;
-		}
-		if (n->handles) {
-			free(n->path);
-			n->path = NULL; /* discarded at its last release */
-		} else {
-			ulp_stage_discard(n->stage);
-			n->stage = NULL;
-			unlink_node(n);
-		}
-	}
-	pthread_mutex_unlock(&fs.mu);
-	int rc = ulp_archive_remove(fs.a, p);
-	if (rc == -ULP_E_NOENT && n)
-		return 0;
+	RW_OR_EROFS();
+	int rc = ulp_session_unlink(fs.s, rel(path));
 	char target[ULP_NAME_MAX + 1];
-	if (rc == -ULP_E_NOENT && virtual_latest(p, target, sizeof(target)))
+	if (rc == -ULP_E_NOENT && virtual_latest(rel(path), target, sizeof(target)))
 		return 0; /* computed, nothing to remove: rsync --delete carries on */
 	return rc < 0 ? err_of(rc) : 0;
 }
 
 static int ulpfs_mkdir(const char *path, mode_t mode)
 {
-	if (fs.read_only)
-		return -EROFS;
+	RW_OR_EROFS();
 	struct fuse_context *cx = fuse_get_context();
 	ulp_meta m = {mode & 07777, cx->uid, cx->gid, ulp_time_now()};
 	int rc = ulp_archive_mkdir(fs.a, rel(path), &m);
@@ -1169,31 +417,14 @@ static int ulpfs_mkdir(const char *path, mode_t mode)
 
 static int ulpfs_rmdir(const char *path)
 {
-	const char *p = rel(path);
-	if (fs.read_only)
-		return -EROFS;
-	ulp_stat s;
-	int rc = ulp_archive_stat(fs.a, p, &s);
-	if (rc < 0)
-		return err_of(rc);
-	if (!s.is_dir)
-		return -ENOTDIR;
-	size_t pl = strlen(p);
-	pthread_mutex_lock(&fs.mu);
-	for (node *n = fs.nodes; n; n = n->next)
-		if (n->path && !strncmp(n->path, p, pl) && n->path[pl] == '/' && !is_hidden_name(n->path)) {
-			pthread_mutex_unlock(&fs.mu);
-			return -ENOTEMPTY;
-		}
-	pthread_mutex_unlock(&fs.mu);
-	rc = ulp_archive_remove(fs.a, p);
+	RW_OR_EROFS();
+	int rc = ulp_session_rmdir(fs.s, rel(path));
 	return rc < 0 ? err_of(rc) : 0; /* NOTEMPTY -> ENOTEMPTY */
 }
 
 static int ulpfs_symlink(const char *target, const char *path)
 {
-	if (fs.read_only)
-		return -EROFS;
+	RW_OR_EROFS();
 	struct fuse_context *cx = fuse_get_context();
 	ulp_meta m = {0777, cx->uid, cx->gid, ulp_time_now()};
 	int rc = ulp_archive_symlink(fs.a, rel(path), target, &m);
@@ -1222,67 +453,13 @@ static int ulpfs_link(const char *from, const char *to)
 
 static int setattr(const char *path, unsigned which, const ulp_meta *m, struct fuse_file_info *fi)
 {
-	if (fs.read_only)
-		return -EROFS;
-	handle *h = fi ? (handle *)(uintptr_t)fi->fh : NULL;
-	if (!path && !(h && h->n))
-		return -ESTALE; /* invariant 6 */
-	const char *p = path ? rel(path) : NULL;
-	pthread_mutex_lock(&fs.mu);
-	node *n = h && h->n ? h->n : find_node(p);
-	if (n) {
-		if (which & ULP_SET_MODE)
-			n->meta.mode = m->mode & 07777;
-		if (which & ULP_SET_OWNER) {
-			if (m->uid != (uint32_t)-1)
-				n->meta.uid = m->uid;
-			if (m->gid != (uint32_t)-1)
-				n->meta.gid = m->gid;
-		}
-		if (which & ULP_SET_MTIME) {
-			n->meta.mtime = m->mtime;
-			n->mtime_set = 1;
-		}
-		n->attrs++;
-		/* a node identical to its archived version (opened for writing,
-		 * nothing written: touch, futimens, fchmod) is not archived again
-		 * at its close: the archive takes the change now */
-		int rc = 0;
-		if (!n->dirty && n->path && final_name(n->path)) {
-			int r = ulp_archive_setattr(fs.a, n->path, which, &n->meta);
-			if (r < 0 && r != -ULP_E_NOENT) {
-				log_err("changing attributes of", n->path);
-				rc = err_of(r);
-			}
-		}
-		pthread_mutex_unlock(&fs.mu);
-		return rc;
-	}
-	ghost *g = find_ghost(p);
-	if (g) { /* unlinked while open: only its stat changes (invariant 5) */
-		if (which & ULP_SET_MODE)
-			g->st.mode = (g->st.mode & ~07777u) | (m->mode & 07777);
-		if ((which & ULP_SET_OWNER) && m->uid != (uint32_t)-1)
-			g->st.uid = m->uid;
-		if ((which & ULP_SET_OWNER) && m->gid != (uint32_t)-1)
-			g->st.gid = m->gid;
-		if (which & ULP_SET_MTIME)
-			g->st.mtime = m->mtime;
-		pthread_mutex_unlock(&fs.mu);
-		return 0;
-	}
-	pthread_mutex_unlock(&fs.mu);
-	ulp_meta mm = *m;
-	if (which & ULP_SET_OWNER) {
-		ulp_stat s;
-		if (ulp_archive_stat(fs.a, p, &s) == 0) {
-			if (mm.uid == (uint32_t)-1)
-				mm.uid = s.uid;
-			if (mm.gid == (uint32_t)-1)
-				mm.gid = s.gid;
-		}
-	}
-	int rc = ulp_archive_setattr(fs.a, p, which, &mm);
+	RW_OR_EROFS();
+	ulp_sfile *sf = fi && fi->fh ? H(fi)->sf : NULL;
+	if (!path && !sf)
+		return -ESTALE; /* invariant 3 */
+	int rc = ulp_session_setattr(fs.s, path ? rel(path) : NULL, sf, which, m);
+	if (rc < 0 && rc != -ULP_E_NOENT)
+		log_err("changing attributes of", path ? path : "(unlinked file)");
 	return rc < 0 ? err_of(rc) : 0;
 }
 
@@ -1314,15 +491,6 @@ static int ulpfs_statfs(const char *path, struct statvfs *st)
 	return statvfs(fs.archive, st) < 0 ? -errno : 0;
 }
 
-/* 1 if path is a staged file (written, not archived yet) */
-static int staged(const char *p)
-{
-	pthread_mutex_lock(&fs.mu);
-	int r = find_node(p) != NULL;
-	pthread_mutex_unlock(&fs.mu);
-	return r;
-}
-
 /* getxattr's reply: the length when size is 0, else the value */
 static int xattr_reply(char *value, size_t size, const char *v)
 {
@@ -1335,28 +503,93 @@ static int xattr_reply(char *value, size_t size, const char *v)
 	return (int)l;
 }
 
-/* user.ulpack.* : step, sha256, stored_bytes, ratio, chain_depth, anchor */
+/* user.ulpack.* : step, sha256, stored_bytes, ratio, chain_depth, anchor, state */
 static const char *const xattrs[] = {"user.ulpack.step", "user.ulpack.sha256", "user.ulpack.stored_bytes",
-                                     "user.ulpack.ratio", "user.ulpack.chain_depth", "user.ulpack.anchor"};
+                                     "user.ulpack.ratio", "user.ulpack.chain_depth", "user.ulpack.anchor",
+                                     "user.ulpack.state"};
+
+typedef struct failed_list {
+	char *buf;
+	size_t len, cap;
+} failed_list;
+
+static void sync_failed(void *arg, const char *path, const char *why)
+{
+	failed_list *l = arg;
+	size_t need = strlen(path) + strlen(why) + 4;
+	if (l->len + need + 1 > l->cap) {
+		size_t cap = (l->cap + need) * 2;
+		char *nb = realloc(l->buf, cap);
+		if (!nb)
+			return;
+		l->buf = nb;
+		l->cap = cap;
+	}
+	l->len += (size_t)sprintf(l->buf + l->len, "%s: %s\n", path, why);
+}
+
+/* the barrier of `ulpack sync` (invariant 4): each call waits (a second one,
+ * after a size query, finds nothing new to wait for) */
+static int root_sync(char *value, size_t size)
+{
+	failed_list l = {0};
+	int bad = fs.s ? ulp_session_sync(fs.s, sync_failed, &l) : 0;
+	if (!bad || !l.buf) {
+		free(l.buf);
+		l.buf = strdup(bad ? "failed (out of memory listing them)\n" : "ok\n");
+	}
+	if (!l.buf)
+		return -ENOMEM;
+	int r = xattr_reply(value, size, l.buf);
+	free(l.buf);
+	return r;
+}
 
 static int ulpfs_getxattr(const char *path, const char *name, char *value, size_t size)
 {
 	ulp_stat s;
-	char v[256];
-	if (!rel(path)[0] && !strcmp(name, "user.ulpack.counters")) { /* decode counters, for tests */
+	char v[4400];
+	const char *p = rel(path);
+	if (!p[0] && !strcmp(name, "user.ulpack.counters")) { /* decode and archiving counters */
 		ulp_counters c;
+		ulp_session_stats sc = {0};
 		ulp_archive_counters(fs.a, &c);
+		if (fs.s)
+			ulp_session_counters(fs.s, &sc);
 		snprintf(v, sizeof(v), "chunks_decoded %llu deltas_decoded %llu cache_hits %llu cache_misses %llu"
-		         " cache_bytes %llu max_walk %llu cache_recycled %llu", (unsigned long long)c.chunks_decoded,
+		         " cache_bytes %llu max_walk %llu cache_recycled %llu queued %llu queued_bytes %llu"
+		         " staged %llu staged_bytes %llu archived %llu archived_bytes %llu failed %llu"
+		         " archive_bytes_per_s %llu staging_max %llu", (unsigned long long)c.chunks_decoded,
 		         (unsigned long long)c.deltas_decoded, (unsigned long long)c.cache_hits,
 		         (unsigned long long)c.cache_misses, (unsigned long long)c.cache_bytes,
-		         (unsigned long long)c.max_walk, (unsigned long long)c.cache_recycled);
+		         (unsigned long long)c.max_walk, (unsigned long long)c.cache_recycled,
+		         (unsigned long long)sc.queued, (unsigned long long)sc.queued_bytes,
+		         (unsigned long long)sc.staged, (unsigned long long)sc.staged_bytes,
+		         (unsigned long long)sc.archived, (unsigned long long)sc.archived_bytes,
+		         (unsigned long long)sc.failed, (unsigned long long)sc.bytes_per_s,
+		         (unsigned long long)sc.staging_max);
 		return xattr_reply(value, size, v);
 	}
-	int rc = ulp_archive_stat(fs.a, rel(path), &s);
+	if (!p[0] && !strcmp(name, "user.ulpack.sync"))
+		return root_sync(value, size);
+	if (!strcmp(name, "user.ulpack.state")) {
+		int rc = fs.s ? ulp_session_state(fs.s, p, v, sizeof(v)) : ulp_archive_stat(fs.a, p, &s);
+		char target[ULP_NAME_MAX + 1];
+		if (rc == -ULP_E_NOENT && virtual_latest(p, target, sizeof(target)))
+			return -ENODATA; /* `latest`: no attributes */
+		if (rc < 0)
+			return err_of(rc);
+		if (!fs.s)
+			snprintf(v, sizeof(v), "%s", s.is_dir || s.is_symlink ? "" : "archived");
+		return v[0] ? xattr_reply(value, size, v) : -ENODATA;
+	}
+	/* the archive's facts of a file being archived: once it is */
+	int rc = fs.s ? ulp_session_stat_archived(fs.s, p, &s) : ulp_archive_stat(fs.a, p, &s);
 	char target[ULP_NAME_MAX + 1];
-	if (rc < 0) /* not archived yet, or `latest`: no attributes */
-		return staged(rel(path)) || virtual_latest(rel(path), target, sizeof(target)) ? -ENODATA : err_of(rc);
+	if (rc == 1 || (rc == -ULP_E_NOENT && virtual_latest(p, target, sizeof(target))))
+		return -ENODATA; /* staged only (open, or its archiving failed), or `latest` */
+	if (rc < 0)
+		return err_of(rc);
 	if (s.is_dir || s.is_symlink)
 		return -ENODATA;
 	if (!strcmp(name, xattrs[0]))
@@ -1379,7 +612,8 @@ static int ulpfs_getxattr(const char *path, const char *name, char *value, size_
 static int ulpfs_listxattr(const char *path, char *list, size_t size)
 {
 	ulp_stat s;
-	if (!rel(path)[0]) { /* the root: the decode counters (getxattr) */
+	if (!rel(path)[0]) { /* the root: the counters (getxattr; user.ulpack.sync is an
+	                      * action, not listed: getfattr -d must not wait) */
 		static const char root_attr[] = "user.ulpack.counters";
 		if (size == 0)
 			return (int)sizeof(root_attr);
@@ -1388,20 +622,25 @@ static int ulpfs_listxattr(const char *path, char *list, size_t size)
 		memcpy(list, root_attr, sizeof(root_attr));
 		return (int)sizeof(root_attr);
 	}
-	int rc = ulp_archive_stat(fs.a, rel(path), &s);
+	int rc = fs.s ? ulp_session_stat_archived(fs.s, rel(path), &s) : ulp_archive_stat(fs.a, rel(path), &s);
+	size_t n = sizeof(xattrs) / sizeof(xattrs[0]), first = n - 1; /* staged only: the state */
 	char target[ULP_NAME_MAX + 1];
-	if (rc < 0) /* not archived yet, or `latest`: no attributes */
-		return staged(rel(path)) || virtual_latest(rel(path), target, sizeof(target)) ? 0 : err_of(rc);
-	if (s.is_dir || s.is_symlink)
+	if (rc == -ULP_E_NOENT && virtual_latest(rel(path), target, sizeof(target)))
+		return 0; /* `latest`: no attributes */
+	if (rc < 0)
+		return err_of(rc);
+	if (rc == 0 && (s.is_dir || s.is_symlink))
 		return 0;
+	if (rc == 0)
+		first = 0;
 	size_t need = 0;
-	for (size_t i = 0; i < sizeof(xattrs) / sizeof(xattrs[0]); i++)
+	for (size_t i = first; i < n; i++)
 		need += strlen(xattrs[i]) + 1;
 	if (size == 0)
 		return (int)need;
 	if (size < need)
 		return -ERANGE;
-	for (size_t i = 0, o = 0; i < sizeof(xattrs) / sizeof(xattrs[0]); i++) {
+	for (size_t i = first, o = 0; i < n; i++) {
 		memcpy(list + o, xattrs[i], strlen(xattrs[i]) + 1);
 		o += strlen(xattrs[i]) + 1;
 	}
@@ -1448,7 +687,7 @@ static const struct fuse_operations ulpfs_ops = {
 enum { KEY_HELP, KEY_VERSION, KEY_RO, KEY_ALLOW_OTHER, KEY_DEFAULT_PERMISSIONS, KEY_FSNAME };
 
 static struct opts {
-	char *cache_size, *max_chain, *threads, *readahead;
+	char *cache_size, *max_chain, *threads, *readahead, *staging_max;
 	int allow_other, default_permissions, no_permission_checks, nolatest;
 	int fsname;            /* the user gave -o fsname= */
 } o;
@@ -1458,6 +697,7 @@ static const struct fuse_opt ulpfs_opts[] = {
 	{"max_chain=%s", offsetof(struct opts, max_chain), 0},
 	{"threads=%s", offsetof(struct opts, threads), 0},
 	{"readahead=%s", offsetof(struct opts, readahead), 0},
+	{"staging_max=%s", offsetof(struct opts, staging_max), 0},
 	FUSE_OPT_KEY("ro", KEY_RO),
 	FUSE_OPT_KEY("allow_other", KEY_ALLOW_OTHER),
 	FUSE_OPT_KEY("default_permissions", KEY_DEFAULT_PERMISSIONS),
@@ -1482,6 +722,8 @@ static void usage(FILE *f)
 	        "  -o max_chain=N       deltas a chain may hold before an anchor (default: the archive's, 16)\n"
 	        "  -o threads=N         decode threads and FUSE worker threads (default: one per CPU)\n"
 	        "  -o readahead=SIZE    kernel read-ahead of this mount (default 4M; 0: the kernel's)\n"
+	        "  -o staging_max=SIZE  closed files waiting to be archived before writes wait\n"
+	        "                       (default: half the archive disk's free space, at least 64M)\n"
 	        "  -o ro                read-only\n"
 	        "  -o nolatest          no `latest` symlink in run directories (see ulpackfs(1))\n"
 	        "  -o fsname=NAME       source shown by findmnt and df (default: the archive's path)\n"
@@ -1700,6 +942,10 @@ int main(int argc, char **argv)
 		        o.readahead);
 		return 2;
 	}
+	if (o.staging_max && (ulp_parse_size(o.staging_max, &fs.staging_max) < 0 || fs.staging_max == 0)) {
+		fprintf(stderr, "ulpackfs: bad staging_max '%s' (examples: 512M, 8G)\n", o.staging_max);
+		return 2;
+	}
 	if (o.cache_size && ulp_parse_size(o.cache_size, &fs.cache_size) < 0) {
 		fprintf(stderr, "ulpackfs: bad cache_size '%s' (examples: 512M, 4G)\n", o.cache_size);
 		return 2;
@@ -1777,8 +1023,16 @@ int main(int argc, char **argv)
 	}
 	if (fuse_daemonize(fs.foreground) != 0)
 		goto out_unmount;
+	if (!fs.read_only && access("/dev/log", F_OK) != 0) { /* no syslog: a log in the archive */
+		char lp[4200];
+		snprintf(lp, sizeof(lp), "%s/ulpackfs.log", fs.archive);
+		int lfd = open(lp, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600); /* private, as the archive */
+		fs.logf = lfd >= 0 ? fdopen(lfd, "a") : NULL;
+		if (lfd >= 0 && !fs.logf)
+			close(lfd);
+	}
 	if (ulp_archive_open(fs.archive, &ao, &fs.a, err, sizeof(err)) < 0) {
-		syslog(LOG_ERR, "ulpackfs: %s", err);
+		log_msg(NULL, err);
 		goto out_unmount;
 	}
 	if (fs.lock_fd >= 0 && ulp_mount_lock_note(fs.lock_fd, (long)getpid(), fs.mountpoint) < 0)
@@ -1807,6 +1061,8 @@ out_destroy:
 	fuse_destroy(f);
 out:
 	ulp_archive_close(fs.a);
+	if (fs.logf)
+		fclose(fs.logf);
 	free(co.mountpoint);
 	free(fs.mountpoint);
 	fuse_opt_free_args(&args);

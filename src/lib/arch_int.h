@@ -50,6 +50,9 @@ void *ulp_cache_alloc(ulp_cache *c, size_t size);
 /* Drops key's entry if it is loaded and unpinned; its buffer is kept for
  * ulp_cache_alloc (a value that is no longer wanted, not a failure). */
 void ulp_cache_retire(ulp_cache *c, const ulp_ckey *key);
+/* 1 and the entry pinned (*e, *data, *size) if key is loaded; else 0, and
+ * nothing is created or waited for (a walk that only wants what is there). */
+int ulp_cache_peek(ulp_cache *c, const ulp_ckey *key, ulp_centry **e, void **data, size_t *size);
 /* Drops the loaded, unpinned entries for which drop() returns 1 (under the
  * cache's lock: drop must not call the cache). */
 void ulp_cache_purge(ulp_cache *c, int (*drop)(void *arg, const ulp_ckey *key, void *data), void *arg);
@@ -322,6 +325,9 @@ uint64_t ulp_pack_size(const ulp_pack_writer *w);
 /* Makes the pack durable under its content name: write, fsync, rename,
  * fsync of the directory. name receives its file name. */
 int ulp_pack_commit(ulp_pack_writer *w, char name[80]);
+/* 1 if the commit's rename replaced a file of the same name (a pack of the
+ * same bytes, which the index may name): not this writer's alone to remove. */
+int ulp_pack_replaced(const ulp_pack_writer *w);
 /* Removes the pack's file (temporary, or final once ulp_pack_commit renamed
  * it, even if the commit then failed) and frees w. */
 void ulp_pack_discard(ulp_pack_writer *w);

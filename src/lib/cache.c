@@ -327,6 +327,25 @@ void ulp_cache_retire(ulp_cache *c, const ulp_ckey *key)
 	pthread_mutex_unlock(&c->mu);
 }
 
+int ulp_cache_peek(ulp_cache *c, const ulp_ckey *key, ulp_centry **out, void **data, size_t *size)
+{
+	uint64_t h = key_hash(key);
+	pthread_mutex_lock(&c->mu);
+	ulp_centry *e = c->tab[h & (c->tab_size - 1)];
+	while (e && (e->hash != h || memcmp(&e->key, key, sizeof(*key)) != 0))
+		e = e->next;
+	int found = e && e->state == ST_LOADED;
+	if (found) {
+		if (e->refs++ == 0)
+			lru_unlink(e); /* invariant 2: pinned, off the LRU */
+		*out = e;
+		*data = e->data;
+		*size = e->size;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return found;
+}
+
 /* How far from the oldest end ulp_cache_alloc looks for a cold buffer. */
 #define RECYCLE_SCAN 8
 

@@ -29,6 +29,24 @@
 
 #define ULP_DEC_BLOCK 2048 /* elements a decode block; a multiple of 32 lanes */
 
+/* Kernels not built for this target are compiled out here (no dead calls to
+ * stubs, no arrays the compiler believes a stub leaves unset). */
+#ifdef ULP_HAVE_AVX2
+#define USE_AVX2() ulp_use_avx2()
+#else
+#define USE_AVX2() 0
+#endif
+#ifdef ULP_HAVE_AVX512
+#define USE_AVX512() ulp_use_avx512()
+#else
+#define USE_AVX512() 0
+#endif
+#ifdef ULP_HAVE_NEON
+#define USE_NEON() ulp_use_neon()
+#else
+#define USE_NEON() 0
+#endif
+
 int ulp_fmt_get(ulp_dtype dt, ulp_fmt *f)
 {
 	switch (dt) {
@@ -131,9 +149,10 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 		/* G elements (at most 56 raw bits together) per bit-writer call */    \
 		const unsigned G = W <= 8 ? 8 : W <= 16 ? 4 : 1;                        \
 		size_t i = 0;                                                           \
-		if (W == 16 && n >= 16 && ulp_use_avx512()) {                           \
-			/* symbols, count indices and merged raw tails in AVX-512;     \
-			 * counting and bit writing here */                            \
+		const int v512 = W == 16 && n >= 16 && USE_AVX512();                   \
+		if (v512 || (W == 16 && n >= 16 && USE_AVX2())) {                      \
+			/* symbols, count indices and merged raw tails in AVX-512 or  \
+			 * AVX2; counting and bit writing here */                      \
 			uint16_t cix[1024];                                             \
 			uint64_t vals[256];                                             \
 			uint8_t lens[256];                                              \
@@ -146,9 +165,14 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 				memset(sub, 0, 4 * cells * sizeof(uint32_t));          \
 			while (n - i >= 16) {                                           \
 				size_t m = ULP_MIN((size_t)1024, (n - i) & ~(size_t)15); \
-				ulp_pass1_16_avx512((const uint16_t *)(const void *)(x + i), \
-				                    (const uint16_t *)(const void *)(r + i), m, sh, \
-				                    (unsigned)em, a, syms + i, cix, vals, lens); \
+				if (v512)                                               \
+					ulp_pass1_16_avx512((const uint16_t *)(const void *)(x + i), \
+					                    (const uint16_t *)(const void *)(r + i), m, sh, \
+					                    (unsigned)em, a, syms + i, cix, vals, lens); \
+				else                                                    \
+					ulp_pass1_16_avx2((const uint16_t *)(const void *)(x + i), \
+					                  (const uint16_t *)(const void *)(r + i), m, sh, \
+					                  (unsigned)em, a, syms + i, cix, vals, lens); \
 				if (sub) {                                              \
 					for (size_t j = 0; j < m; j += 4) {             \
 						sub[cix[j]]++;                          \
@@ -169,28 +193,6 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 			}                                                               \
 			for (size_t c = 0; sub && c < cells; c++)                       \
 				counts[c] += (uint64_t)sub[c] + sub[cells + c] + sub[2 * cells + c] + sub[3 * cells + c]; \
-		}                                                                       \
-		if (W == 16 && n - i >= 16 && ulp_use_avx2()) {                         \
-			/* symbols and raw tails in AVX2, counting and packing here */  \
-			uint16_t rawv[1024];                                            \
-			uint8_t kv[1024];                                               \
-			while (n - i >= 16) {                                           \
-				size_t m = ULP_MIN((size_t)1024, (n - i) & ~(size_t)15); \
-				ulp_pass1_16_avx2((const uint16_t *)(const void *)(x + i), \
-				                  (const uint16_t *)(const void *)(r + i), m, \
-				                  syms + i, rawv, kv);                  \
-				for (size_t j = 0; j < m; j += 4) {                     \
-					uint64_t acc = 0;                               \
-					unsigned tot = 0;                               \
-					for (unsigned g = 0; g < 4; g++) {              \
-						counts[(size_t)((r[i + j + g] >> sh) & em) * a + syms[i + j + g]]++; \
-						acc |= (uint64_t)rawv[j + g] << tot;    \
-						tot += kv[j + g];                       \
-					}                                               \
-					ulp_bitw_put(bw, acc, tot);                     \
-				}                                                       \
-				i += m;                                                 \
-			}                                                               \
 		}                                                                       \
 		for (; W <= 32 && i + G <= n; i += G) {                                 \
 			uint64_t acc = 0;                                               \
@@ -286,10 +288,12 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 			size_t i0 = 0, m = SIZE_MAX;                                    \
 			if ((W == 16 || W == 32) && (size_t)(wend - wp) >= 2 * bn) {   \
 				if (lanes >= 16 && bn >= 64 && (!rb || d->rowb_ok) &&   \
-				    ulp_use_avx512())                                   \
+				    USE_AVX512())                                   \
 					m = ulp_rans_syms_avx512(f, d, lanes, x, &wp, rb, bn & ~(size_t)63, syms); \
-				else if (lanes >= 8 && bn >= 32 && ulp_use_avx2())      \
+				else if (lanes >= 8 && bn >= 32 && USE_AVX2())      \
 					m = ulp_rans_syms_avx2(f, d, lanes, x, &wp, rb, bn & ~(size_t)31, syms); \
+				else if (lanes >= 4 && bn >= 32 && USE_NEON())          \
+					m = ulp_rans_syms_neon(f, d, lanes, x, &wp, rb, bn & ~(size_t)31, syms); \
 				i0 = m == SIZE_MAX ? 0 : m;                             \
 			}                                                               \
 			if ((size_t)(wend - wp) >= 2 * (bn - i0)) {                     \
@@ -345,16 +349,26 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 				                   (unsigned long long)raw_bits, b0);   \
 			if (rb) {                                                       \
 				size_t j0 = 0;                                          \
-				if (W == 16 && ulp_use_avx512())                        \
+				if (W == 16 && USE_AVX512())                        \
 					j0 = ulp_rebuild16_avx512(syms, (const uint16_t *)(const void *)rb, bn, \
 					                          raw, raw_len, &pos, (uint16_t *)(void *)ob); \
-				if (W == 32 && ulp_use_avx512())                        \
+				if (W == 32 && USE_AVX512())                        \
 					j0 = ulp_rebuild32_avx512(syms, (const uint32_t *)(const void *)rb, bn, \
 					                          raw, raw_len, &pos, (uint32_t *)(void *)ob); \
-				if (W == 16 && ulp_use_avx2())                          \
+				if (W == 16 && USE_AVX2())                          \
 					j0 += ulp_rebuild16_avx2(syms + j0, (const uint16_t *)(const void *)rb + j0, \
 					                         bn - j0, raw, raw_len, &pos, \
 					                         (uint16_t *)(void *)ob + j0); \
+				if (W == 32 && USE_AVX2())                          \
+					j0 += ulp_rebuild32_avx2(syms + j0, (const uint32_t *)(const void *)rb + j0, \
+					                         bn - j0, raw, raw_len, &pos, \
+					                         (uint32_t *)(void *)ob + j0); \
+				if (W == 16 && USE_NEON())                              \
+					j0 = ulp_rebuild16_neon(syms, (const uint16_t *)(const void *)rb, bn, \
+					                        raw, raw_len, &pos, (uint16_t *)(void *)ob); \
+				if (W == 32 && USE_NEON())                              \
+					j0 = ulp_rebuild32_neon(syms, (const uint32_t *)(const void *)rb, bn, \
+					                        raw, raw_len, &pos, (uint32_t *)(void *)ob); \
 				size_t i = j0;                                          \
 				uint64_t q = pos; /* a register copy, as w above */     \
 				/* while the rest of the block cannot reach the tail's \
@@ -379,7 +393,11 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 			} else {                                                        \
 				const unsigned nb = W - ab;                             \
 				const uint64_t lo = ((uint64_t)1 << ash) - 1;           \
-				for (size_t i = 0; i < bn; i++) {                       \
+				size_t i = 0;                                           \
+				if ((W == 16 || W == 32) && USE_AVX2())                 \
+					i = ulp_anchor_rebuild_avx2(W, ash, ab, syms, bn, raw, raw_len, \
+					                            &pos, ob);          \
+				for (; i < bn; i++) {                                   \
 					uint64_t v = raw_bits_at(raw, raw_len, pos, nb); \
 					pos += nb;                                      \
 					ob[i] = (T)((v & lo) | ((uint64_t)syms[i] << ash) | \
@@ -449,7 +467,7 @@ size_t ulp_chunk_raw_bound(const ulp_fmt *f, size_t n)
 
 uint64_t *ulp_esyms_pack(const ulp_table *t, const ulp_rans_esym *es)
 {
-	if (!ulp_use_avx512() || t->n_ctx > 256 || t->n_rows > 255)
+	if (!USE_AVX512() || t->n_ctx > 256 || t->n_rows > 255)
 		return NULL;
 	size_t m = (size_t)t->n_rows * t->alphabet;
 	uint64_t *p = malloc(m * sizeof(*p));
@@ -474,7 +492,7 @@ int ulp_chunk_encode(const ulp_fmt *f, const ulp_table *t, const ulp_rans_esym *
 	/* AVX-512: the scalar loop codes the last n mod 32 elements (they come
 	 * first), the kernel the rest (same states, same words) */
 	size_t n0 = 0;
-	if (es64 && lanes == 32 && (f->w == 16 || f->w == 32) && n >= 32 && ulp_use_avx512()) {
+	if (es64 && lanes == 32 && (f->w == 16 || f->w == 32) && n >= 32 && USE_AVX512()) {
 		uint8_t rowb[256];
 		memset(rowb, 0xff, sizeof(rowb));
 		for (unsigned c = 0; c < t->n_ctx && c < 256; c++)
@@ -538,10 +556,12 @@ int ulp_chunk_decode(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, const 
 }
 
 #ifndef ULP_HAVE_AVX2
-void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, uint8_t *syms,
-                       uint16_t *raw, uint8_t *nraw)
+void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, unsigned mshift,
+                       unsigned emask, unsigned alphabet, uint8_t *syms, uint16_t *cidx,
+                       uint64_t *vals, uint8_t *lens)
 {
-	(void)x, (void)r, (void)n, (void)syms, (void)raw, (void)nraw;
+	(void)x, (void)r, (void)n, (void)mshift, (void)emask, (void)alphabet, (void)syms;
+	(void)cidx, (void)vals, (void)lens; /* never called: ulp_use_avx2() is 0 */
 }
 
 size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
@@ -556,6 +576,21 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, u
 {
 	(void)f, (void)d, (void)lanes, (void)x, (void)wpp, (void)ref, (void)n, (void)syms;
 	return SIZE_MAX; /* never called: ulp_use_avx2() is 0 */
+}
+
+size_t ulp_rebuild32_avx2(const uint8_t *syms, const uint32_t *ref, size_t n, const uint8_t *raw,
+                          size_t raw_len, uint64_t *pos, uint32_t *out)
+{
+	(void)syms, (void)ref, (void)n, (void)raw, (void)raw_len, (void)pos, (void)out;
+	return 0;
+}
+
+size_t ulp_anchor_rebuild_avx2(unsigned w, unsigned ash, unsigned ab, const uint8_t *syms,
+                               size_t n, const uint8_t *raw, size_t raw_len, uint64_t *pos,
+                               void *out)
+{
+	(void)w, (void)ash, (void)ab, (void)syms, (void)n, (void)raw, (void)raw_len, (void)pos, (void)out;
+	return 0;
 }
 #endif
 
@@ -619,6 +654,11 @@ int ulp_use_avx2(void)
 int ulp_use_avx512(void)
 {
 	return use_kernels(ULP_CPU_AVX512);
+}
+
+int ulp_use_neon(void)
+{
+	return use_kernels(ULP_CPU_NEON);
 }
 
 int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)

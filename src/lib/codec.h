@@ -79,10 +79,19 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, u
  * tail at bit *pos; returns how many it did (the caller does the rest). */
 size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
                           size_t raw_len, uint64_t *pos, uint16_t *out);
-/* AVX2 pass 1 of 16-bit DELTA: symbols, raw tails and their bit lengths of n
- * elements (a multiple of 16). */
-void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, uint8_t *syms,
-                       uint16_t *raw, uint8_t *nraw);
+/* AVX2 reconstruction of 32-bit DELTA elements, as ulp_rebuild16_avx2. */
+size_t ulp_rebuild32_avx2(const uint8_t *syms, const uint32_t *ref, size_t n, const uint8_t *raw,
+                          size_t raw_len, uint64_t *pos, uint32_t *out);
+/* AVX2 reconstruction of ANCHOR elements of w = 16 or 32 bits (a_shift ash,
+ * a_bits ab) from their symbols and the raw tail at bit *pos; returns how
+ * many it did (a multiple of 8; the caller does the rest). */
+size_t ulp_anchor_rebuild_avx2(unsigned w, unsigned ash, unsigned ab, const uint8_t *syms,
+                               size_t n, const uint8_t *raw, size_t raw_len, uint64_t *pos,
+                               void *out);
+/* AVX2 pass 1 of 16-bit DELTA, the contract of ulp_pass1_16_avx512 below. */
+void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, unsigned mshift,
+                       unsigned emask, unsigned alphabet, uint8_t *syms, uint16_t *cidx,
+                       uint64_t *vals, uint8_t *lens);
 /* 1 if the AVX2 kernels are built, supported and allowed by ulp_set_cpu_mask. */
 int ulp_use_avx2(void);
 
@@ -107,6 +116,19 @@ void ulp_pass1_16_avx512(const uint16_t *x, const uint16_t *r, size_t n, unsigne
 void ulp_rans_enc_avx512(const ulp_fmt *f, unsigned pb, const uint8_t *rowb, unsigned row0,
                          unsigned alphabet, const uint64_t *es64, const uint8_t *syms,
                          const void *ref, size_t n, uint32_t *x, uint16_t **pp);
+
+/*
+ * NEON kernels (rans_neon.c, aarch64), same contracts as their AVX2 twins:
+ * the symbol pass for 4 to 32 lanes (n a multiple of 32) and the 16- and
+ * 32-bit DELTA reconstruction.
+ */
+size_t ulp_rans_syms_neon(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, uint32_t *x,
+                          const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms);
+size_t ulp_rebuild16_neon(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
+                          size_t raw_len, uint64_t *pos, uint16_t *out);
+size_t ulp_rebuild32_neon(const uint8_t *syms, const uint32_t *ref, size_t n, const uint8_t *raw,
+                          size_t raw_len, uint64_t *pos, uint32_t *out);
+int ulp_use_neon(void);
 
 /* Decodes one chunk into dst (n elements); every stream is bounds-checked. */
 int ulp_chunk_decode(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, const uint8_t *rans,

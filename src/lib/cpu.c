@@ -2,6 +2,30 @@
 /* cpu.c - CPU feature probe and the process-wide kernel mask (ulp_set_cpu_mask). */
 #include "config.h"
 #include "ulp_int.h"
+#include <stdlib.h>
+#include <string.h>
+#if defined(ULP_HAVE_NEON) && defined(__aarch64__)
+#include <sys/auxv.h>
+#include <asm/hwcap.h>
+#endif
+
+/* What the environment variable ULP_CPU allows: unset, empty or "auto" all
+ * kernels; "scalar", "avx2", "avx512" or "neon" that path only (and what it
+ * builds on); any other value the scalar reference. Lets a test run pin a
+ * path for the whole process (CI under qemu runs every unit test twice). */
+static unsigned env_cpu_mask(void)
+{
+	const char *e = getenv("ULP_CPU");
+	if (!e || !*e || !strcmp(e, "auto"))
+		return ~0u;
+	if (!strcmp(e, "avx2"))
+		return ULP_CPU_AVX2;
+	if (!strcmp(e, "avx512"))
+		return ULP_CPU_AVX2 | ULP_CPU_AVX512;
+	if (!strcmp(e, "neon"))
+		return ULP_CPU_NEON;
+	return 0;
+}
 
 unsigned ulp_cpu_features(void)
 {
@@ -18,7 +42,11 @@ unsigned ulp_cpu_features(void)
 	    __builtin_cpu_supports("avx512vbmi"))
 		f |= ULP_CPU_AVX512;
 #endif
-	return f;
+#if defined(ULP_HAVE_NEON) && defined(__aarch64__)
+	if (getauxval(AT_HWCAP) & HWCAP_ASIMD)
+		f |= ULP_CPU_NEON;
+#endif
+	return f & env_cpu_mask();
 }
 
 unsigned ulp_cpu_mask_active = ~0u;

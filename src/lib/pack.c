@@ -39,6 +39,7 @@ struct ulp_pack_writer {
 	char final[4200];
 	uint64_t size;
 	int renamed;        /* the file is final, no longer tmp */
+	int replaced;       /* a file of that final name was there before the rename */
 	EVP_MD_CTX *sha;
 };
 
@@ -117,6 +118,11 @@ int ulp_pack_append(ulp_pack_writer *w, const void *blob, size_t len, uint64_t *
 	return write_all(w, blob, len);
 }
 
+int ulp_pack_replaced(const ulp_pack_writer *w)
+{
+	return w->replaced;
+}
+
 uint64_t ulp_pack_size(const ulp_pack_writer *w)
 {
 	return w->size;
@@ -148,6 +154,7 @@ int ulp_pack_commit(ulp_pack_writer *w, char name[80])
 		return io_err(w->a, w->tmp, "close");
 	}
 	w->fd = -1;
+	w->replaced = access(w->final, F_OK) == 0;
 	if (rename(w->tmp, w->final) < 0)
 		return io_err(w->a, w->final, "rename");
 	w->renamed = 1;

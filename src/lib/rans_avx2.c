@@ -157,46 +157,151 @@ size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, co
 	return i;
 }
 
-/*
- * AVX2 pass 1 of 16-bit DELTA (the encoder): for n elements (a multiple of
- * 16) the symbols, the raw tails and their lengths, exactly as the scalar
- * z_symbol(): z = zigzag(phi(x) - phi(r)), k = bitlen(z | 4) - 3, symbol
- * 4k + (z >> k), raw = the low k bits. bitlen comes from the exponent of z
- * converted to float, exact below 2^24.
- */
-void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, uint8_t *syms,
-                       uint16_t *raw, uint8_t *nraw)
+/* Raw fields of eight elements at bit offsets bitpos (from byte base),
+ * each the low 32 bits of an unaligned 64-bit load shifted right by its
+ * bit offset mod 8. */
+static inline __m256i gather_bits(const uint8_t *base, __m256i bitpos)
 {
-	const __m256i h = _mm256_set1_epi16((short)0x8000), four = _mm256_set1_epi16(4);
-	const __m256i one32 = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(127 + 3);
-	for (size_t i = 0; i < n; i += 16) {
-		__m256i X = _mm256_loadu_si256((const __m256i *)(x + i));
-		__m256i R = _mm256_loadu_si256((const __m256i *)(r + i));
-		__m256i px = _mm256_xor_si256(X, _mm256_or_si256(_mm256_srai_epi16(X, 15), h));
-		__m256i pr = _mm256_xor_si256(R, _mm256_or_si256(_mm256_srai_epi16(R, 15), h));
-		__m256i d = _mm256_sub_epi16(px, pr);
-		__m256i z = _mm256_xor_si256(_mm256_slli_epi16(d, 1), _mm256_srai_epi16(d, 15));
-		__m256i zf = _mm256_or_si256(z, four);
-		__m256i sym2[2], raw2[2], k2[2];
-		for (int half = 0; half < 2; half++) {
-			__m128i zh = half ? _mm256_extracti128_si256(z, 1) : _mm256_castsi256_si128(z);
-			__m128i fh = half ? _mm256_extracti128_si256(zf, 1) : _mm256_castsi256_si128(zf);
-			__m256i z32 = _mm256_cvtepu16_epi32(zh);
-			__m256i e = _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(fh))), 23);
-			__m256i k = _mm256_sub_epi32(e, bias); /* exponent - 2 = bitlen - 3 */
-			k = _mm256_add_epi32(k, one32);
-			k2[half] = k;
-			sym2[half] = _mm256_add_epi32(_mm256_slli_epi32(k, 2), _mm256_srlv_epi32(z32, k));
-			raw2[half] = _mm256_and_si256(z32, _mm256_sub_epi32(_mm256_sllv_epi32(one32, k), one32));
+	const __m256i seven = _mm256_set1_epi32(7);
+	__m256i byte = _mm256_srli_epi32(bitpos, 3);
+	__m256i shift = _mm256_and_si256(bitpos, seven);
+	const long long *bp = (const long long *)base;
+	__m256i g0 = _mm256_i32gather_epi64(bp, _mm256_castsi256_si128(byte), 1);
+	__m256i g1 = _mm256_i32gather_epi64(bp, _mm256_extracti128_si256(byte, 1), 1);
+	g0 = _mm256_srlv_epi64(g0, _mm256_cvtepu32_epi64(_mm256_castsi256_si128(shift)));
+	g1 = _mm256_srlv_epi64(g1, _mm256_cvtepu32_epi64(_mm256_extracti128_si256(shift, 1)));
+	return _mm256_permutevar8x32_epi32(
+		_mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(g0), _mm256_castsi256_ps(g1), 0x88)),
+		_mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+}
+
+/*
+ * AVX2 reconstruction pass for 32-bit DELTA (F32): as the 16-bit one; an
+ * element's raw field has up to 29 bits, 36 with its bit shift, inside its
+ * 64-bit load. Eight elements read at most 7 + 7 * 29 bits past byte p / 8,
+ * then 8 bytes.
+ */
+size_t ulp_rebuild32_avx2(const uint8_t *syms, const uint32_t *ref, size_t n, const uint8_t *raw,
+                          size_t raw_len, uint64_t *pos, uint32_t *out)
+{
+	const __m256i one = _mm256_set1_epi32(1), three = _mm256_set1_epi32(3),
+	              four = _mm256_set1_epi32(4), zero = _mm256_setzero_si256(),
+	              h = _mm256_set1_epi32((int)0x80000000u);
+	const __m256i hi_half = _mm256_setr_epi32(0, 0, 0, 0, -1, -1, -1, -1);
+	uint64_t p = *pos;
+	size_t i = 0;
+	for (; i + 8 <= n && p / 8 + 27 + 8 <= raw_len; i += 8) {
+		__m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(syms + i)));
+		__m256i nr = _mm256_max_epi32(_mm256_sub_epi32(_mm256_srli_epi32(s, 2), one), zero);
+		__m256i inc = _mm256_add_epi32(nr, _mm256_slli_si256(nr, 4));
+		inc = _mm256_add_epi32(inc, _mm256_slli_si256(inc, 8));
+		inc = _mm256_add_epi32(inc, _mm256_and_si256(hi_half, _mm256_permutevar8x32_epi32(inc, _mm256_set1_epi32(3))));
+		__m256i exc = _mm256_sub_epi32(inc, nr);
+		uint32_t total = (uint32_t)_mm256_extract_epi32(inc, 7);
+		__m256i bits = gather_bits(raw + p / 8, _mm256_add_epi32(_mm256_set1_epi32((int)(p & 7)), exc));
+		__m256i rmask = _mm256_sub_epi32(_mm256_sllv_epi32(one, nr), one);
+		__m256i lead = _mm256_or_si256(four, _mm256_and_si256(s, three));
+		__m256i base = _mm256_blendv_epi8(_mm256_sllv_epi32(lead, nr), s, _mm256_cmpgt_epi32(four, s));
+		__m256i z = _mm256_or_si256(base, _mm256_and_si256(bits, rmask));
+		__m256i d = _mm256_xor_si256(_mm256_srli_epi32(z, 1), _mm256_sub_epi32(zero, _mm256_and_si256(z, one)));
+		__m256i r = _mm256_loadu_si256((const __m256i *)(ref + i));
+		__m256i phir = _mm256_xor_si256(r, _mm256_or_si256(_mm256_srai_epi32(r, 31), h));
+		__m256i key = _mm256_add_epi32(phir, d);
+		__m256i x = _mm256_xor_si256(key, _mm256_or_si256(_mm256_sub_epi32(_mm256_srli_epi32(key, 31), one), h));
+		_mm256_storeu_si256((__m256i *)(out + i), x);
+		p += total;
+	}
+	*pos = p;
+	return i;
+}
+
+/*
+ * AVX2 reconstruction of ANCHOR elements of w = 16 or 32 bits: element i's
+ * nb = w - a_bits raw bits sit at bit pos + i nb (a fixed stride), and
+ * u = (v & lo) | sym << ash | (v >> ash) << (ash + a_bits). Eight elements
+ * read at most 7 + 7 nb bits past byte p / 8, then 8 bytes.
+ */
+size_t ulp_anchor_rebuild_avx2(unsigned w, unsigned ash, unsigned ab, const uint8_t *syms,
+                               size_t n, const uint8_t *raw, size_t raw_len, uint64_t *pos,
+                               void *out)
+{
+	const unsigned nb = w - ab;
+	const __m256i stride = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+	                                          _mm256_set1_epi32((int)nb));
+	const __m256i lo = _mm256_set1_epi32((int)((1u << ash) - 1));
+	const __m256i vmask = _mm256_set1_epi32((int)(nb >= 32 ? ~0u : (1u << nb) - 1));
+	const __m128i ashv = _mm_cvtsi32_si128((int)ash), hiv = _mm_cvtsi32_si128((int)(ash + ab));
+	const size_t span = (7 + 7 * (size_t)nb) / 8 + 8;
+	uint64_t p = *pos;
+	size_t i = 0;
+	for (; i + 8 <= n && p / 8 + span <= raw_len; i += 8) {
+		__m256i v = _mm256_and_si256(gather_bits(raw + p / 8, _mm256_add_epi32(_mm256_set1_epi32((int)(p & 7)), stride)), vmask);
+		__m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(syms + i)));
+		__m256i u = _mm256_or_si256(_mm256_and_si256(v, lo), _mm256_sll_epi32(s, ashv));
+		u = _mm256_or_si256(u, _mm256_sll_epi32(_mm256_srl_epi32(v, ashv), hiv));
+		if (w == 16) {
+			__m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+			_mm_storeu_si128((__m128i *)((uint16_t *)out + i), packed);
+		} else {
+			_mm256_storeu_si256((__m256i *)((uint32_t *)out + i), u);
 		}
-		/* 32-bit lanes back to 16 and 8 bits, in element order */
-		__m256i s16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(sym2[0], sym2[1]), 0xD8);
-		__m256i r16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(raw2[0], raw2[1]), 0xD8);
-		__m256i k16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(k2[0], k2[1]), 0xD8);
-		_mm_storeu_si128((__m128i *)(syms + i),
-		                 _mm_packus_epi16(_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1)));
-		_mm_storeu_si128((__m128i *)(nraw + i),
-		                 _mm_packus_epi16(_mm256_castsi256_si128(k16), _mm256_extracti128_si256(k16, 1)));
-		_mm256_storeu_si256((__m256i *)(raw + i), r16);
+		p += 8 * (uint64_t)nb;
+	}
+	*pos = p;
+	return i;
+}
+
+/*
+ * AVX2 pass 1 of 16-bit DELTA (the encoder), the contract of its AVX-512
+ * twin: for n elements (a multiple of 16) the symbols, the count indices
+ * ctx * alphabet + symbol, and the raw tails merged four elements at a time
+ * (vals[j]: elements 4j..4j+3, LSB-first, lens[j] bits), exactly as the
+ * scalar z_symbol(): z = zigzag(phi(x) - phi(r)), k = bitlen(z | 4) - 3,
+ * symbol 4k + (z >> k), raw = the low k bits. bitlen comes from the exponent
+ * of z converted to float, exact below 2^24.
+ */
+void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, unsigned mshift,
+                       unsigned emask, unsigned alphabet, uint8_t *syms, uint16_t *cidx,
+                       uint64_t *vals, uint8_t *lens)
+{
+	const __m256i h = _mm256_set1_epi32(0x8000), ffff = _mm256_set1_epi32(0xffff),
+	              zero = _mm256_setzero_si256(), four = _mm256_set1_epi32(4),
+	              one = _mm256_set1_epi32(1), e129 = _mm256_set1_epi32(129),
+	              em = _mm256_set1_epi32((int)emask), av = _mm256_set1_epi32((int)alphabet),
+	              lo32 = _mm256_set1_epi64x(0xffffffffll);
+	const __m256i byte0 = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+	                                       0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+	const __m128i shv = _mm_cvtsi32_si128((int)mshift);
+	for (size_t i = 0; i < n; i += 8) {
+		__m256i X = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i)));
+		__m256i R = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(r + i)));
+		__m256i px = _mm256_xor_si256(X, _mm256_or_si256(_mm256_and_si256(_mm256_sub_epi32(zero, _mm256_srli_epi32(X, 15)), ffff), h));
+		__m256i pr = _mm256_xor_si256(R, _mm256_or_si256(_mm256_and_si256(_mm256_sub_epi32(zero, _mm256_srli_epi32(R, 15)), ffff), h));
+		__m256i d = _mm256_and_si256(_mm256_sub_epi32(px, pr), ffff);
+		__m256i z = _mm256_and_si256(_mm256_xor_si256(_mm256_slli_epi32(d, 1),
+		                                              _mm256_sub_epi32(zero, _mm256_srli_epi32(d, 15))), ffff);
+		__m256i k = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(_mm256_or_si256(z, four))), 23), e129);
+		__m256i sym = _mm256_add_epi32(_mm256_slli_epi32(k, 2), _mm256_srlv_epi32(z, k));
+		__m256i raw = _mm256_and_si256(z, _mm256_sub_epi32(_mm256_sllv_epi32(one, k), one));
+		__m256i ctx = _mm256_and_si256(_mm256_srl_epi32(R, shv), em);
+		__m256i sb = _mm256_shuffle_epi8(sym, byte0);
+		uint32_t lo = (uint32_t)_mm256_extract_epi32(sb, 0), hi = (uint32_t)_mm256_extract_epi32(sb, 4);
+		memcpy(syms + i, &lo, 4);
+		memcpy(syms + i + 4, &hi, 4);
+		__m256i ci = _mm256_add_epi32(_mm256_mullo_epi32(ctx, av), sym);
+		ci = _mm256_permute4x64_epi64(_mm256_packus_epi32(ci, ci), 0xD8);
+		_mm_storeu_si128((__m128i *)(cidx + i), _mm256_castsi256_si128(ci));
+		/* pairs: qword j holds elements 2j (low) and 2j + 1 (high) */
+		__m256i k0 = _mm256_and_si256(k, lo32), k1 = _mm256_srli_epi64(k, 32);
+		__m256i m1 = _mm256_or_si256(_mm256_and_si256(raw, lo32), _mm256_sllv_epi64(_mm256_srli_epi64(raw, 32), k0));
+		__m256i l1 = _mm256_add_epi64(k0, k1);
+		/* fours: pairs 0 | 1 and 2 | 3 */
+		__m256i a = _mm256_permute4x64_epi64(m1, 0x08), b = _mm256_permute4x64_epi64(m1, 0x0D);
+		__m256i la = _mm256_permute4x64_epi64(l1, 0x08), lb = _mm256_permute4x64_epi64(l1, 0x0D);
+		__m256i m2 = _mm256_or_si256(a, _mm256_sllv_epi64(b, la));
+		_mm_storeu_si128((__m128i *)(vals + i / 4), _mm256_castsi256_si128(m2));
+		__m256i l2 = _mm256_add_epi64(la, lb);
+		lens[i / 4] = (uint8_t)_mm256_extract_epi64(l2, 0);
+		lens[i / 4 + 1] = (uint8_t)_mm256_extract_epi64(l2, 1);
 	}
 }

@@ -21,11 +21,25 @@
  *     bytes in order: hoff[i] header bytes come before extent i, hoff[n_ext]
  *     = header_len; checked when the file is opened, so a read never indexes
  *     the header or the extents out of range.
+ *  6. A cached parsed blob may be stale: another process re-based its
+ *     content (recode.c) and gc dropped the reference it names. A chunk
+ *     read that ends in NOENT lets the unpinned parsed blobs go and tries
+ *     once more, so the chain is looked up again in the index (decoded
+ *     chunks are keyed by content and stay valid).
+ *  7. ulp_file_write_to puts only the file's own chunks into the cache; the
+ *     links of a chain below them are decoded into two per-thread buffers in
+ *     turn (each link's reference is the one decoded just before it), so a
+ *     cold chain costs one decode a link and no fresh memory per link. Its
+ *     writes cover [0, size) exactly: the header's bytes around the
+ *     extents (invariant 5) and each chunk at its extent's offset.
  */
 #include "arch_int.h"
 #include <zstd.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #define ULP_WALK_MAX 4096
 
@@ -261,11 +275,22 @@ fail:
 	return rc;
 }
 
+static int any_blob(void *arg, const ulp_ckey *key, void *data)
+{
+	(void)arg;
+	(void)data;
+	return key->kind == ULP_CK_BLOB;
+}
+
 static int file_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
                       ulp_centry **e, const uint8_t **data, size_t *len, unsigned *walk)
 {
 	unsigned w = 0;
 	int rc = read_chunk(a, f, sha, k, e, data, len, &w, 0);
+	if (rc == -ULP_E_NOENT) { /* invariant 6: a chain re-based by another process */
+		ulp_cache_purge(a->cache, any_blob, NULL);
+		rc = read_chunk(a, f, sha, k, e, data, len, &w, 0);
+	}
 	if (rc == 0)
 		ulp_cache_mark_served(*e);
 	uint64_t m = __atomic_load_n(&a->max_walk, __ATOMIC_RELAXED);
@@ -735,6 +760,253 @@ int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
 		return ulp_arch_err(a, rc, "%s: %s", f->path, why);
 	}
 	return (int64_t)done;
+}
+
+/* ---- the whole file to a descriptor (ulpack export) ------------------------ */
+
+/* Chunk k of sha pinned in the cache, its chain walked once (invariant 7):
+ * from sha down to the first link whose chunk k is cached (or an anchor),
+ * then decoded back up. */
+static int walk_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
+                      ulp_centry **eout, const uint8_t **data, size_t *len)
+{
+	ulp_ckey key = {.chunk = k, .kind = ULP_CK_CHUNK};
+	memcpy(key.sha, sha, ULP_SHA256_LEN);
+	ulp_centry *ce, *base_e = NULL;
+	void *d;
+	int must;
+	ULP_TRY(ulp_cache_get(a->cache, &key, &ce, &d, &must));
+	if (!must) { /* cached: the ordinary read (it knows the chunk's length) */
+		ulp_cache_put(a->cache, ce);
+		return file_chunk(a, f, sha, k, eout, data, len, NULL);
+	}
+	__atomic_fetch_add(&a->misses, 1, __ATOMIC_RELAXED);
+	const ulp_blob **bl = NULL;
+	ulp_centry **be = NULL;
+	size_t n = 0, cap = 0, cap2 = 0, base_len = 0;
+	const uint8_t *base = NULL, *cur = sha;
+	uint8_t *buf = NULL, *w[2] = {NULL, NULL};
+	int owned[2] = {0, 0}, rc = 0;
+	uint64_t off = 0, l = 0;
+	for (;;) { /* down the chain */
+		if (n > ULP_WALK_MAX) {
+			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: a delta chain is longer than %d links", a->dir, ULP_WALK_MAX);
+			break;
+		}
+		size_t c1 = cap, c2 = cap2;
+		if ((rc = ulp_grow(&bl, &c1, n, sizeof(*bl))) < 0 || (rc = ulp_grow(&be, &c2, n, sizeof(*be))) < 0)
+			break;
+		cap = c1;
+		cap2 = c2;
+		if ((rc = read_blob(a, f, cur, &be[n], &bl[n])) < 0)
+			break;
+		const ulp_blob_info *in = ulp_blob_get_info(bl[n++]);
+		if (!in->has_ref)
+			break;
+		ulp_ckey rk = {.chunk = k, .kind = ULP_CK_CHUNK};
+		memcpy(rk.sha, in->ref_sha256, ULP_SHA256_LEN);
+		void *bd;
+		if (ulp_cache_peek(a->cache, &rk, &base_e, &bd, &base_len)) {
+			base = bd;
+			break;
+		}
+		cur = in->ref_sha256;
+	}
+	if (rc == 0) {
+		ulp_blob_chunk_range(bl[0], k, &off, &l);
+		const ulp_blob_info *in = ulp_blob_get_info(bl[0]);
+		if (off >= in->raw_bytes && !(off == 0 && in->raw_bytes == 0))
+			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: chunk %u past the end of a blob", a->dir, k);
+	}
+	for (int i = 0; rc == 0 && i < 2 && n > 1; i++)
+		if (!(w[i] = ulp_scratch_or_malloc(i ? ULP_SCRATCH_WALK1 : ULP_SCRATCH_WALK0, l ? (size_t)l : 1, &owned[i])))
+			rc = -ULP_E_NOMEM;
+	if (rc == 0 && !(buf = ulp_cache_alloc(a->cache, (size_t)l)))
+		rc = -ULP_E_NOMEM;
+	const uint8_t *ref = base;
+	size_t ref_len = base_len;
+	for (size_t j = n; rc == 0 && j-- > 0;) { /* back up: deepest first */
+		const ulp_blob_info *in = ulp_blob_get_info(bl[j]);
+		uint64_t o2, l2;
+		ulp_blob_chunk_range(bl[j], k, &o2, &l2);
+		if (l2 != l || (in->has_ref && ref_len != l)) {
+			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: a delta and its reference differ in chunk %u size", a->dir, k);
+			break;
+		}
+		uint8_t *dst = j ? w[j & 1] : buf;
+		if (in->codec == ULP_CODEC_IDENT) {
+			memcpy(dst, ref, (size_t)l);
+		} else if (l > 0) {
+			int64_t r = ulp_blob_decode_chunk(bl[j], k, dst, (size_t)l, in->has_ref ? ref : NULL,
+			                                  in->has_ref ? ref_len : 0);
+			if (r < 0) {
+				char hex[65];
+				ulp_sha256_hex(in->content_sha256, hex);
+				rc = ulp_arch_err(a, (int)r, "%s: chunk %u of blob %.16s: %s", a->dir, k, hex,
+				                  r == -ULP_E_CHECKSUM ? "checksum mismatch (damaged pack)" : ulp_strerror((int)r));
+				break;
+			}
+		}
+		const uint8_t *payload;
+		size_t plen;
+		ulp_blob_chunk_payload(bl[j], k, &payload, &plen);
+		ulp_pack_release(a, payload, plen);
+		__atomic_fetch_add(&a->chunks_decoded, 1, __ATOMIC_RELAXED);
+		if (in->has_ref)
+			__atomic_fetch_add(&a->deltas_decoded, 1, __ATOMIC_RELAXED);
+		ref = dst;
+		ref_len = (size_t)l;
+	}
+	uint64_t m = __atomic_load_n(&a->max_walk, __ATOMIC_RELAXED);
+	while (rc == 0 && n > m && !__atomic_compare_exchange_n(&a->max_walk, &m, n, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+	for (int i = 0; i < 2; i++)
+		if (owned[i])
+			free(w[i]);
+	ulp_cache_put_cold(a->cache, base_e);
+	for (size_t j = 0; j < n; j++)
+		ulp_cache_put(a->cache, be[j]);
+	free(bl);
+	free(be);
+	if (rc < 0) {
+		ulp_cache_free_buf(buf);
+		ulp_cache_fail(a->cache, ce, rc);
+		return rc;
+	}
+	ulp_cache_fill(a->cache, ce, buf, (size_t)l, ulp_cache_free_buf);
+	ulp_cache_mark_served(ce);
+	*eout = ce;
+	*data = buf;
+	*len = (size_t)l;
+	return 0;
+}
+
+typedef struct xjob {
+	size_t ext;
+	uint32_t k;
+} xjob;
+
+typedef struct xctx {
+	ulp_file *f;
+	int fd;
+	xjob *jobs;
+	uint64_t *cb;  /* bytes per chunk, per extent */
+	size_t failed; /* first failed job + 1, 0 if none (atomic) */
+	int werr;      /* errno of the first failed write (atomic) */
+} xctx;
+
+static int pwrite_all(int fd, const uint8_t *p, size_t n, uint64_t off)
+{
+	while (n) {
+		ssize_t w = pwrite(fd, p, n, (off_t)off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w < 0 ? errno : EIO;
+		p += w;
+		n -= (size_t)w;
+		off += (uint64_t)w;
+	}
+	return 0;
+}
+
+static void x_failed(xctx *x, size_t i, int werr)
+{
+	size_t zero = 0;
+	if (__atomic_compare_exchange_n(&x->failed, &zero, i + 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		__atomic_store_n(&x->werr, werr, __ATOMIC_RELAXED);
+}
+
+static int job_export(void *arg, size_t i)
+{
+	xctx *x = arg;
+	const ulp_extent *e = &x->f->ext[x->jobs[i].ext];
+	uint32_t k = x->jobs[i].k;
+	ulp_centry *ce;
+	const uint8_t *d;
+	size_t l;
+	int rc = walk_chunk(x->f->a, x->f, e->content, k, &ce, &d, &l);
+	if (rc == -ULP_E_NOENT) { /* invariant 6 */
+		ulp_cache_purge(x->f->a->cache, any_blob, NULL);
+		rc = walk_chunk(x->f->a, x->f, e->content, k, &ce, &d, &l);
+	}
+	if (rc < 0) {
+		x_failed(x, i, 0);
+		return rc;
+	}
+	uint64_t at = (uint64_t)k * x->cb[x->jobs[i].ext];
+	int werr = at + l <= e->length ? pwrite_all(x->fd, d, l, e->offset + at) : EINVAL;
+	ulp_cache_put(x->f->a->cache, ce);
+	if (werr) {
+		x_failed(x, i, werr);
+		return werr == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO;
+	}
+	return 0;
+}
+
+int ulp_file_write_to(ulp_file *f, int fd)
+{
+	ulp_archive *a = f->a;
+	int rc = 0, werr = 0;
+	/* the header's bytes around the extents (invariant 5) */
+	uint64_t at = 0;
+	for (size_t i = 0; i <= f->n_ext && !werr; i++) {
+		uint64_t end = i < f->n_ext ? f->ext[i].offset : f->st.size;
+		if (end > at)
+			werr = pwrite_all(fd, f->header + (f->hoff[i] - (end - at)), (size_t)(end - at), at);
+		if (i < f->n_ext)
+			at = f->ext[i].offset + f->ext[i].length;
+	}
+	if (werr)
+		return ulp_arch_err(a, werr == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: write: %s", f->path, strerror(werr));
+	/* every chunk of every extent, in file order, on the pool */
+	xctx x = {f, fd, NULL, NULL, 0, 0};
+	size_t nj = 0, cap = 0;
+	if (f->n_ext && !(x.cb = malloc(f->n_ext * sizeof(*x.cb))))
+		rc = -ULP_E_NOMEM;
+	for (size_t i = 0; rc == 0 && i < f->n_ext; i++) {
+		const ulp_extent *e = &f->ext[i];
+		x.cb[i] = 1;
+		if (e->length == 0)
+			continue;
+		if ((rc = chunk_bytes(a, f, e, &x.cb[i])) < 0 && rc == -ULP_E_NOENT) {
+			ulp_cache_purge(a->cache, any_blob, NULL);
+			rc = chunk_bytes(a, f, e, &x.cb[i]);
+		}
+		if (rc == 0 && x.cb[i] == 0)
+			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: a blob of empty chunks", f->path);
+		for (uint64_t k = 0; rc == 0 && k * x.cb[i] < e->length; k++) {
+			if ((rc = ulp_grow(&x.jobs, &cap, nj, sizeof(*x.jobs))) < 0)
+				break;
+			x.jobs[nj++] = (xjob){i, (uint32_t)k};
+		}
+	}
+	if (rc == 0 && nj)
+		rc = ulp_pool_run(a->pool, nj, job_export, &x);
+	if (rc < 0 && x.failed) { /* say why on this thread (messages are per thread) */
+		const xjob *j = &x.jobs[x.failed - 1];
+		werr = __atomic_load_n(&x.werr, __ATOMIC_RELAXED);
+		if (werr) {
+			rc = ulp_arch_err(a, rc, "%s: write: %s", f->path, strerror(werr));
+		} else {
+			ulp_centry *e;
+			const uint8_t *d;
+			size_t l;
+			int r = file_chunk(a, f, f->ext[j->ext].content, j->k, &e, &d, &l, NULL);
+			char why[1024];
+			if (r == 0)
+				ulp_cache_put(a->cache, e);
+			snprintf(why, sizeof(why), "%s", r < 0 ? ulp_archive_errmsg(a) : ulp_strerror(rc));
+			rc = ulp_arch_err(a, r < 0 ? r : rc, "%s: %s", f->path, why);
+		}
+	} else if (rc < 0) {
+		char why[1024];
+		snprintf(why, sizeof(why), "%s", rc == -ULP_E_NOMEM ? ulp_strerror(rc) : ulp_archive_errmsg(a));
+		rc = ulp_arch_err(a, rc, "%s: %s", f->path, why);
+	}
+	free(x.jobs);
+	free(x.cb);
+	return rc;
 }
 
 /* cached parsed blobs whose pack file is gone go, so that the pack can */

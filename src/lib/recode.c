@@ -408,7 +408,11 @@ static int run_items(ulp_archive *a, item *it, size_t n, ulp_progress_fn progres
 		rc = ulp_db_commit(a);
 	if (rc < 0 || !applied) {
 		ulp_db_rollback(a);
-		if (same)
+		/* a pack the index names (same > 0) stays; so does one whose name
+		 * the index could not be asked about (same < 0) if a file of that
+		 * name was there before: it may be a live pack. A file the commit
+		 * created is this run's alone (invariant 2). */
+		if (same > 0 || (same < 0 && ulp_pack_replaced(w)))
 			ulp_pack_free(w);
 		else
 			ulp_pack_discard(w);

@@ -18,8 +18,8 @@
  *
  * Invariants:
  *  1. ulp_name_cmp is a total order, and 0 only for equal strings: digit
- *     runs compare by value, then (equal values, "007" vs "7") by length,
- *     and whatever else is equal falls back to strcmp.
+ *     runs compare by value, and names equal that way ("007" vs "7") fall
+ *     back to strcmp.
  *  2. ulp_archive_latest never answers for a directory that has a real
  *     entry called "latest": a real entry always wins.
  */
@@ -103,7 +103,7 @@ int64_t ulp_name_step(const char *name)
 		return -1;
 	int64_t v = 0;
 	for (; digit(*digits); digits++) {
-		if (v > (INT64_MAX - 9) / 10)
+		if (v > (INT64_MAX - (*digits - '0')) / 10) /* INT64_MAX itself is a step */
 			return -1;
 		v = v * 10 + (*digits - '0');
 	}
@@ -246,7 +246,8 @@ int ulp_archive_steps(ulp_archive *a, const char *prefix, int (*cb)(void *arg, c
 	if (rc >= 0 && s.rc < 0)
 		rc = ulp_arch_err(a, s.rc, "steps: out of memory");
 	if (rc >= 0) {
-		qsort(s.rows, s.n, sizeof(*s.rows), row_cmp);
+		if (s.n) /* qsort(NULL, 0) is undefined: a prefix with no step directory */
+			qsort(s.rows, s.n, sizeof(*s.rows), row_cmp);
 		for (size_t i = 0; i < s.n && rc == 0; i++) {
 			srow *r = &s.rows[i];
 			char run[ULP_PATH_MAX + 1];

@@ -277,6 +277,16 @@ int ulp_file_open(ulp_archive *a, const char *path, ulp_file **out);
 /** Reads up to len bytes at off; thread-safe. @return bytes read (0 at EOF). */
 int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off);
 const ulp_stat *ulp_file_get_stat(const ulp_file *f);
+/** Writes the whole file into fd at offsets [0, size) with pwrite (fd must
+ *  be seekable; its offset is left alone): the chunks are decoded on the
+ *  archive's pool, each chunk's chain walked once from its nearest cached
+ *  link, the links below the file's own chunk decoded into per-thread
+ *  buffers without entering the cache, and each chunk written as soon as it
+ *  is decoded. For `ulpack export` and `ulpack cat` into a file: a cold
+ *  file costs one decode per link of its chains, and all threads work.
+ *  Errors: IO, NOSPC (writing to fd: the message says so), and those of
+ *  ulp_file_pread. */
+int ulp_file_write_to(ulp_file *f, int fd);
 void ulp_file_close(ulp_file *f);
 
 /* Writing. */
@@ -471,6 +481,88 @@ void ulp_stage_close(ulp_stage *s);
  *  removes the others (never acknowledged to a writer). */
 int ulp_stage_recover(ulp_archive *a, unsigned *recovered, unsigned *removed);
 
+/*
+ * The write-back session: POSIX file semantics over an archive, for the
+ * mount (ulpackfs) and for tests. Files are staged (ARCHIVE/staging) while
+ * written; close records them there (a crash of the process then recovers
+ * them, ulp_stage_recover) and queues them; one background thread archives
+ * them in close/rename order, coding each on the archive's pool. fsync makes
+ * a staged file durable against power loss. Thread-safe. Paths as in the
+ * archive; every call returns 0 or a negative ULP_E_* (message:
+ * ulp_archive_errmsg).
+ */
+typedef struct ulp_session ulp_session;
+/** An open file description: refers to the staged file or archived file it
+ *  opened, whatever names that file gets later. */
+typedef struct ulp_sfile ulp_sfile;
+typedef struct ulp_session_opts {
+	uint64_t staging_max;  /* queued staged bytes before writes wait; 0: half the free space (>= 64M) */
+	void (*log)(void *arg, const char *msg); /* errors of background work; may be NULL */
+	void *log_arg;
+} ulp_session_opts;
+typedef struct ulp_session_counters {
+	uint64_t queued, queued_bytes;      /* waiting for or being archived */
+	uint64_t staged, staged_bytes;      /* files that differ from the archive (open, queued, failed) */
+	uint64_t archived, archived_bytes;  /* archived in the background since open */
+	uint64_t failed;                    /* background archivings that failed */
+	uint64_t bytes_per_s;               /* archived bytes per second of archiving */
+	uint64_t staging_max;
+} ulp_session_stats;
+enum { ULP_RENAME_NOREPLACE = 1 };
+/** Starts a session (and its archiver thread) on an archive open for writing. */
+int ulp_session_open(ulp_archive *a, const ulp_session_opts *opts, ulp_session **out);
+/** Archives what is queued, in order, re-bases, then archives what is still
+ *  staged (kept in staging for the next recovery when that fails), and frees
+ *  s. Returns the number of files kept in staging. */
+unsigned ulp_session_close(ulp_session *s);
+/** Opens path: flags O_RDONLY/O_WRONLY/O_RDWR, O_TRUNC; create (not NULL:
+ *  O_CREAT) gives the mode, uid and gid of a new file. Opening for writing
+ *  stages the file (a copy of the archived one unless truncated). */
+int ulp_session_open_file(ulp_session *s, const char *path, int flags, const ulp_meta *create, ulp_sfile **out);
+/** 1 if h reads an archived file (immutable: may be cached), 0 if staged. */
+int ulp_session_file_archived(const ulp_sfile *h);
+int64_t ulp_session_read(ulp_sfile *h, void *dst, size_t dst_cap, uint64_t off);
+/** Writes into the staged file; waits while the queue holds more than
+ *  staging_max bytes. Errors: NOSPC, IO. */
+int64_t ulp_session_write(ulp_sfile *h, const void *src, size_t len, uint64_t off);
+int ulp_session_ftruncate(ulp_sfile *h, uint64_t size);
+int ulp_session_truncate(ulp_session *s, const char *path, uint64_t size);
+/** close(2) of a descriptor of h: the last handle's records the file in
+ *  staging and queues it for archiving; never codes. */
+int ulp_session_flush(ulp_sfile *h);
+/** Makes h's staged bytes and name durable (power loss). */
+int ulp_session_fsync(ulp_sfile *h);
+/** The last close of h (frees it). */
+void ulp_session_release(ulp_sfile *h);
+int ulp_session_fstat(ulp_sfile *h, ulp_stat *st);
+/** stat of a staged file, a file unlinked while open, or the archive's. */
+int ulp_session_stat(ulp_session *s, const char *path, ulp_stat *st);
+/** The archive's stat of path once its queued archiving is done; 1 if path
+ *  is staged only (not archived: open, or failed). */
+int ulp_session_stat_archived(ulp_session *s, const char *path, ulp_stat *st);
+/** Lists a directory: archived entries and staged files, not hidden names. */
+int ulp_session_readdir(ulp_session *s, const char *path, int (*cb)(void *arg, const char *name, const ulp_stat *st),
+                        void *arg);
+/** rename(2); a target that is a hidden name (ulp_session_hidden_name) hides
+ *  a file unlinked while open. flags: ULP_RENAME_NOREPLACE. */
+int ulp_session_rename(ulp_session *s, const char *from, const char *to, unsigned flags);
+int ulp_session_unlink(ulp_session *s, const char *path);
+int ulp_session_rmdir(ulp_session *s, const char *path);
+/** chmod/chown/utimens by path or by handle (h may be NULL). */
+int ulp_session_setattr(ulp_session *s, const char *path, ulp_sfile *h, unsigned which, const ulp_meta *meta);
+/** Barrier: returns when every file queued before the call is archived
+ *  (failed ones are tried again first). Calls failed(arg, path, why) for
+ *  every staged file whose archiving failed; returns their number. */
+int ulp_session_sync(ulp_session *s, void (*failed)(void *arg, const char *path, const char *why), void *arg);
+/** path's archiving state into dst: "staged", "staged queued", "archived",
+ *  "failed ERRNO MESSAGE" ("" for a directory). Errors: NOENT. */
+int ulp_session_state(ulp_session *s, const char *path, char *dst, size_t dst_cap);
+void ulp_session_counters(ulp_session *s, ulp_session_stats *c);
+/** libfuse's names for files unlinked while open (".fuse_hidden" + 16 hex). */
+int ulp_session_hidden_name(const char *path);
+/** rsync's temporary names (".name.XXXXXX"): archived once renamed. */
+int ulp_session_temp_name(const char *path);
+
 /** Parses a size such as "512M", "4G", "1.5T" or "65536" (K, M, G, T are
  *  powers of 1024; a trailing B is allowed). Errors: INVAL. */
 int ulp_parse_size(const char *s, uint64_t *out);
@@ -571,12 +663,14 @@ int ulp_mount_active(const char *mountpoint);
 
 /* ---- CPU dispatch -------------------------------------------------------- */
 
-/* ULP_CPU_AVX512: AVX-512 F, BW, VL and VBMI (Ice Lake, Zen 4 and later). */
-enum { ULP_CPU_AVX2 = 1u << 0, ULP_CPU_AVX512 = 1u << 1 };
+/* ULP_CPU_AVX512: AVX-512 F, BW, VL and VBMI (Ice Lake, Zen 4 and later).
+ * ULP_CPU_NEON: aarch64 Advanced SIMD. */
+enum { ULP_CPU_AVX2 = 1u << 0, ULP_CPU_AVX512 = 1u << 1, ULP_CPU_NEON = 1u << 2 };
 /** Restricts the kernels used to those in mask (0: scalar only); returns the
  *  previous mask. Affects speed only, never output bytes. Process-wide. */
 unsigned ulp_set_cpu_mask(unsigned mask);
-/** Kernels this CPU and build support. */
+/** Kernels this CPU and build support, less those the environment variable
+ *  ULP_CPU rules out (scalar, avx2, avx512, neon or auto). */
 unsigned ulp_cpu_features(void);
 
 /* ---- safetensors ---------------------------------------------------------- */

@@ -6,7 +6,9 @@
  * rename, renameat, sqlite3_step, sqlite3_exec and sqlite3_prepare_v2/v3, so
  * every call libulpack makes to them goes through a counter here. For each
  * operation (an import; a mount's archiving of a staged file followed by its
- * renames and removes; gc after removes; verify) and each kind of call, the
+ * renames and removes; gc after removes; verify; gc that must first re-base
+ * a step whose reference was removed; ulp_archive_forget then gc) and each
+ * kind of call, the
  * test runs the operation with the N-th call of that kind failing (ENOMEM,
  * ENOSPC/EIO, SQLITE_IOERR/SQLITE_FULL), for N = 1, 2, ... until a run hits
  * no fault; then again with every call from the N-th on failing. At every N:
@@ -449,7 +451,13 @@ static void m_free(model *m)
 
 /* ---- operations ---------------------------------------------------------------- */
 
-enum { S_PUT, S_MOUNT_PUT, S_RENAME, S_REMOVE, S_RMDIR_BUSY, S_GC, S_VERIFY };
+enum { S_PUT, S_MOUNT_PUT, S_RENAME, S_REMOVE, S_RMDIR_BUSY, S_GC, S_VERIFY, S_FORGET };
+
+/* S_FORGET p1: ulp_archive_forget(p1, keep the last step and step 100),
+ * which in these runs forgets checkpoint-200 alone */
+static const int64_t forget_keep[] = {100};
+static const ulp_forget_opts forget_opts = {.keep_last = 1, .keep = forget_keep, .n_keep = 1};
+#define FORGOTTEN "run/checkpoint-200/model.safetensors"
 
 typedef struct step {
 	int op;
@@ -546,6 +554,11 @@ static void *run_op(void *arg)
 		case S_GC:
 			rc = ulp_archive_gc(r->a, &r->gc);
 			break;
+		case S_FORGET: {
+			int64_t n = ulp_archive_forget(r->a, s->p1, &forget_opts, NULL, NULL);
+			rc = n < 0 ? (int)n : n == 1 ? 0 : -1001;
+			break;
+		}
 		case S_VERIFY: {
 			int64_t n = ulp_archive_verify(r->a, "", bad_count, &r->damaged);
 			rc = n < 0 ? (int)n : 0;
@@ -743,8 +756,8 @@ static int archive_is(const char *dir, const model *m, int gc_done, const char *
 
 /* ---- the loop ---------------------------------------------------------------- */
 
-static char tmpl_dir[2][512];
-static model tmpl_model[2];
+static char tmpl_dir[4][512];
+static model tmpl_model[4];
 
 /* The state after the first `done` steps of op, from its template. */
 static void expected(const opdef *op, size_t done, const uint64_t *old_sizes, model *m)
@@ -768,6 +781,8 @@ static void expected(const opdef *op, size_t done, const uint64_t *old_sizes, mo
 			m_rename(m, s->p1, s->p2);
 		} else if (s->op == S_REMOVE) {
 			m_del(m, s->p1);
+		} else if (s->op == S_FORGET) {
+			m_del(m, FORGOTTEN);
 		}
 	}
 }
@@ -940,6 +955,17 @@ int main(void)
 		{S_REMOVE, "big/x.safetensors", NULL, NULL},
 	};
 	make_template(1, 0, removed, 2);
+	/* template 2: step 300 (a delta of 200, a delta of 100) */
+	static const step third[] = {
+		{S_PUT, "run/checkpoint-300/model.safetensors", NULL, "s300"},
+	};
+	make_template(2, 0, third, 1);
+	/* template 3: that, and step 200 removed: 300 needs re-basing before
+	 * gc can drop 200's blobs */
+	static const step rm200[] = {
+		{S_REMOVE, "run/checkpoint-200/model.safetensors", NULL, NULL},
+	};
+	make_template(3, 2, rm200, 1);
 
 	static const opdef ops[] = {
 		{"import", 0, {
@@ -956,13 +982,17 @@ int main(void)
 		}, 5},
 		{"gc", 1, {{S_GC, NULL, NULL, NULL}}, 1},
 		{"verify", 0, {{S_VERIFY, NULL, NULL, NULL}}, 1},
+		/* re-basing (recode.c) under faults: gc re-codes step 300 against
+		 * step 100, then drops step 200's blobs */
+		{"rebase-gc", 3, {{S_GC, NULL, NULL, NULL}}, 1},
+		{"forget", 2, {{S_FORGET, "run", NULL, NULL}, {S_GC, NULL, NULL, NULL}}, 2},
 	};
 	const char *only = getenv("ULP_FAULT_OP");
 	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
 		if (!only || !strcmp(only, ops[i].name))
 			fault_loop(&ops[i]);
 
-	for (int k = 0; k < 2; k++)
+	for (int k = 0; k < 4; k++)
 		m_free(&tmpl_model[k]);
 	for (size_t i = 0; i < n_inputs; i++)
 		free(inputs[i].data);

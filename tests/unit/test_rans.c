@@ -216,7 +216,7 @@ static void make_delta_pair(const ulp_fmt *f, size_t n, void *xv, void *rv)
 static void test_delta_streams(void)
 {
 	const ulp_dtype dts[] = {ULP_DT_BF16, ULP_DT_F16, ULP_DT_F32};
-	const unsigned masks[] = {0, ULP_CPU_AVX2, ULP_CPU_AVX2 | ULP_CPU_AVX512};
+	const unsigned masks[] = {0, ULP_CPU_AVX2, ULP_CPU_AVX2 | ULP_CPU_AVX512, ULP_CPU_NEON};
 	const size_t n = 70001; /* not a multiple of 64: every kernel leaves a tail; above
 	                           65536: pass 1 counts into its four tables */
 	for (int k = 0; k < 3; k++) {
@@ -232,8 +232,10 @@ static void test_delta_streams(void)
 		uint64_t bits, cost;
 		ulp_pass1(&f, 0, x, r, n, syms, counts, wb, wc, &bits);
 		/* pass 1 on every CPU path: the same symbols, counts and raw tail */
-		for (int m = 0; m < 2; m++) {
-			const unsigned pm = m ? ULP_CPU_AVX2 : 0;
+		for (int m = 0; m < 4; m++) {
+			const unsigned pm = masks[m];
+			if (pm && (ulp_cpu_features() & pm) != pm)
+				continue;
 			uint8_t *s2 = malloc(n), *w2 = malloc(wc);
 			uint64_t *c2 = calloc((size_t)f.n_ctx * f.alphabet, sizeof(uint64_t)), bits2;
 			unsigned old = ulp_set_cpu_mask(pm);
@@ -265,7 +267,7 @@ static void test_delta_streams(void)
 				free(rb2);
 				free(es64);
 			}
-			for (int m = 0; m < 3; m++) {
+			for (int m = 0; m < 4; m++) {
 				if (masks[m] && (ulp_cpu_features() & masks[m]) != masks[m])
 					continue;
 				unsigned old = ulp_set_cpu_mask(masks[m]);

@@ -488,6 +488,139 @@ static void test_newest_crash(void)
 	}
 }
 
+typedef struct keep_set {
+	const ulp_extent *ext;
+	size_t n;
+} keep_set;
+
+/* every decoded chunk, and every parsed blob but the file's own (ext) */
+static int not_top_blob(void *arg, const ulp_ckey *key, void *data)
+{
+	(void)data;
+	const keep_set *k = arg;
+	if (key->kind == ULP_CK_CHUNK)
+		return 1;
+	for (size_t i = 0; i < k->n; i++)
+		if (!memcmp(k->ext[i].content, key->sha, ULP_SHA256_LEN))
+			return 0;
+	return 1;
+}
+
+/* A mount (handle A) that parsed a blob before another process (handle B)
+ * re-based it and gc dropped its old reference: A's cached parsed blob names
+ * a reference the index no longer has. A read through A (its chunks no
+ * longer cached) must look the chain up again and return the same bytes,
+ * not fail with NOENT (issue 15 follow-up, item 4). */
+static void test_stale_blob(void)
+{
+	ulp_archive *a = fresh("stale", 0), *b = reopen("stale", 0);
+	for (int s = 1; s <= 4; s++) {
+		char p[128];
+		path_of(p, sizeof(p), "checkpoint-%d", s);
+		REQUIRE(put(a, p, s) == 0, "put: %s", ulp_archive_errmsg(a));
+	}
+	/* the layout (layout.c): 1 and 4 anchors, 3 a delta against 2 */
+	REQUIRE(ulp_archive_rebase_pending(a, NULL, NULL, NULL) == 0, "pending: %s", ulp_archive_errmsg(a));
+	char p3[128], p2[128];
+	path_of(p3, sizeof(p3), "checkpoint-%d", 3);
+	path_of(p2, sizeof(p2), "checkpoint-%d", 2);
+	CHECK(same_bytes(a, p3, 3), "step 3 reads through A");
+	/* A keeps the parsed blobs of step 3's tensors (each names step 2's as
+	 * its reference); the rest goes, as in a busy mount's cache */
+	ulp_stat st;
+	uint8_t *hdr;
+	size_t hl;
+	keep_set k = {0};
+	REQUIRE(ulp_index_file(a, p3, &st, &hdr, &hl, (ulp_extent **)&k.ext, &k.n) == 0, "extents of step 3");
+	ulp_cache_purge(a->cache, not_top_blob, &k);
+	free(hdr);
+	free((void *)k.ext);
+	REQUIRE(ulp_archive_remove(b, p2) == 0, "rm step 2 through B: %s", ulp_archive_errmsg(b));
+	ulp_gc_result g;
+	REQUIRE(ulp_archive_gc(b, &g) == 0, "gc through B: %s", ulp_archive_errmsg(b));
+	CHECK(g.blobs_rebased > 0, "gc re-based step 3 off step 2 (%llu blobs)", (unsigned long long)g.blobs_rebased);
+	CHECK(same_bytes(a, p3, 3), "step 3 reads through A after B re-based it: %s", ulp_archive_errmsg(a));
+	int again[] = {1, 3, 4};
+	check_all(a, "stale: A", again, 3, ULP_DEFAULT_MAX_CHAIN);
+	ulp_archive_close(b);
+	ulp_archive_close(a);
+}
+
+/* ulp_file_write_to (ulpack export): a cold read of the last of 12 steps
+ * (a chain of 11 deltas) writes the same bytes, decodes each link of each
+ * chunk once, and caches only the file's own chunks; a second file of the
+ * run then starts from them; a descriptor it cannot write to fails with IO
+ * and a message naming the file. */
+static void test_write_to(void)
+{
+	ulp_archive *a = fresh("writeto", 0);
+	for (int s = 1; s <= N_STEPS; s++) {
+		char p[128];
+		path_of(p, sizeof(p), "checkpoint-%d", s);
+		REQUIRE(put(a, p, s) == 0, "put: %s", ulp_archive_errmsg(a));
+	}
+	/* the layout (layout.c): step 9 at the end of the forward part, the
+	 * deepest chain (8 deltas for max_chain 16) */
+	REQUIRE(ulp_archive_rebase_pending(a, NULL, NULL, NULL) == 0, "pending: %s", ulp_archive_errmsg(a));
+	const int deep = 9;
+	ulp_archive_close(a);
+	a = reopen("writeto", 0); /* a cold cache */
+	char p[128], out[600];
+	path_of(p, sizeof(p), "checkpoint-%d", deep);
+	snprintf(out, sizeof(out), "%s/writeto.out", root);
+	ulp_file *f;
+	REQUIRE(ulp_file_open(a, p, &f) == 0, "open: %s", ulp_archive_errmsg(a));
+	int fd = open(out, O_RDWR | O_CREAT | O_TRUNC, 0600);
+	REQUIRE(fd >= 0, "create %s", out);
+	CHECK(ulp_file_write_to(f, fd) == 0, "write_to: %s", ulp_archive_errmsg(a));
+	uint64_t size = ulp_file_get_stat(f)->size;
+	ulp_file_close(f);
+	uint8_t *got = malloc(size + 1), *want = malloc(size + 1);
+	FILE *w = fopen(src[deep], "rb");
+	CHECK(pread(fd, got, size + 1, 0) == (ssize_t)size && w && fread(want, 1, size + 1, w) == size &&
+	      !memcmp(got, want, size), "the same bytes, and no more");
+	if (w)
+		fclose(w);
+	close(fd);
+	ulp_counters c;
+	ulp_archive_counters(a, &c);
+	ulp_stat st;
+	REQUIRE(ulp_archive_stat(a, p, &st) == 0, "stat");
+	fprintf(stderr, "# write_to of a step at chain depth %u: %llu chunk decodes, %llu cached bytes, walk %llu\n",
+	        st.chain_depth, (unsigned long long)c.chunks_decoded, (unsigned long long)c.cache_bytes,
+	        (unsigned long long)c.max_walk);
+	/* 3 tensors: w (its chain), b (its chain), frozen (identical: ident links) */
+	CHECK(c.max_walk == st.chain_depth + 1, "a walk of %llu links for depth %u", (unsigned long long)c.max_walk,
+	      st.chain_depth);
+	CHECK(c.chunks_decoded <= 3 * (uint64_t)(st.chain_depth + 1) * ((N_ELEMS * 2 + 1048575) / 1048576 + 1),
+	      "one decode a link (%llu)", (unsigned long long)c.chunks_decoded);
+	/* the same cold read through ulp_file_pread caches every link's chunks */
+	ulp_archive *b = reopen("writeto", 0);
+	CHECK(same_bytes(b, p, deep), "pread reads the same bytes");
+	ulp_counters cb;
+	ulp_archive_counters(b, &cb);
+	ulp_archive_close(b);
+	CHECK(c.cache_bytes + (uint64_t)(st.chain_depth - 1) * N_ELEMS * 2 <= cb.cache_bytes,
+	      "the links below the file's chunks are not cached (%llu cached bytes, %llu through pread)",
+	      (unsigned long long)c.cache_bytes, (unsigned long long)cb.cache_bytes);
+	path_of(p, sizeof(p), "checkpoint-%d", N_STEPS - 1);
+	REQUIRE(ulp_file_open(a, p, &f) == 0, "open");
+	fd = open(out, O_RDONLY);
+	CHECK(ulp_file_write_to(f, fd) == -ULP_E_IO && strstr(ulp_archive_errmsg(a), p),
+	      "a read-only descriptor: IO naming the file (%s)", ulp_archive_errmsg(a));
+	close(fd);
+	int pp[2];
+	REQUIRE(pipe(pp) == 0, "pipe");
+	CHECK(ulp_file_write_to(f, pp[1]) == -ULP_E_IO, "a pipe (not seekable): IO");
+	close(pp[0]);
+	close(pp[1]);
+	ulp_file_close(f);
+	check_all(a, "write_to", all, N_STEPS, ULP_DEFAULT_MAX_CHAIN);
+	free(got);
+	free(want);
+	ulp_archive_close(a);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "%s/ulp-recode-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -505,6 +638,8 @@ int main(void)
 	test_name_order();
 	test_rename();
 	test_crash();
+	test_stale_blob();
+	test_write_to();
 	char cmd[400];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	if (system(cmd) != 0)

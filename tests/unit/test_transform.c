@@ -27,8 +27,8 @@ static int roundtrip(ulp_dtype dt, const void *x, const void *r, size_t bytes, i
 		if (ulp_blob_open(blob, (size_t)n, &b, err, sizeof(err)) == 0) {
 			ok = ulp_blob_get_info(b)->codec == codec;
 			/* every CPU path: the scalar reference and each SIMD kernel */
-			const unsigned masks[] = {0, ULP_CPU_AVX2, ULP_CPU_AVX2 | ULP_CPU_AVX512};
-			for (int m = 0; m < 3; m++) {
+			const unsigned masks[] = {0, ULP_CPU_AVX2, ULP_CPU_AVX2 | ULP_CPU_AVX512, ULP_CPU_NEON};
+			for (int m = 0; m < 4; m++) {
 				if (masks[m] && !(ulp_cpu_features() & masks[m]))
 					continue;
 				unsigned old = ulp_set_cpu_mask(masks[m]);

@@ -1,0 +1,1318 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * session.c - the write-back session: files written through a mount (or any
+ * caller that wants POSIX file semantics over an archive) are staged, then
+ * archived in the background. The FUSE front end maps one operation to one
+ * call here; tests drive it directly, without a mount.
+ *
+ * Objects:
+ *  - a node is a staged file (ulp_stage) with its current path, metadata and
+ *    archiving state; handles and the archive queue hold it (handles, pins);
+ *  - a handle (ulp_sfile) is an open file description: it refers to its node
+ *    (or, read-only, to an archived ulp_file), never to a path, so a dup'd
+ *    descriptor whose file was archived by an earlier close writes on to the
+ *    same object;
+ *  - a ghost is an archived file unlinked while open (see invariant 6).
+ *
+ * Invariants:
+ *  1. A path has at most one node; while it exists the node (not the
+ *     archive) answers stat/read/write for that path.
+ *  2. close(2) (ulp_session_flush of the last handle) of a file written
+ *     under a final name records it in staging (ulp_stage_record: no fsync)
+ *     and queues it; it returns without coding. A file under an rsync
+ *     temporary name (".name.XXXXXX") is recorded and waits for the rename
+ *     that gives it its final name; the rename queues it. So after close
+ *     returns, a crash of the process (kill -9) recovers the file from
+ *     staging at the next mount (ulp_stage_recover); after ulp_session_fsync,
+ *     power loss too.
+ *  3. One archiver thread takes queued nodes in the order they were queued
+ *     (closed or renamed) and archives each with ulp_archive_put, which
+ *     verifies and commits atomically: a file is in the archive whole or not
+ *     at all, never torn. The archive's pool codes a file's tensors on every
+ *     core meanwhile, while the writer goes on with the next file. A node
+ *     written again while it is being archived stays dirty and is archived
+ *     again at its next close.
+ *  4. What staging records for a node names its current path: a rename
+ *     relabels it, an unlink or a rename over it forgets it before the call
+ *     returns, so no recovery brings back a superseded file. A node's record
+ *     is written under the node's own rec_mu (taken before mu, never the
+ *     other way), reading the path under mu, so the last writer writes the
+ *     newest path.
+ *  5. mu guards the namespace (nodes, ghosts), the queue and the counters;
+ *     it is never held across a copy, an fsync, a put or an index
+ *     transaction: those run with the node pinned (pins) and mu released.
+ *  6. A file unlinked (or replaced by a rename) while open lives on under a
+ *     hidden name (libfuse's ".fuse_hiddenXXXXXXXXXXXXXXXX") until its last
+ *     close. Hidden files are never archived and never listed: a staged one
+ *     stays a node, an archived one leaves the archive at once and lives on
+ *     as a ghost (its stat, in memory; open handles read its blobs).
+ *  7. Staged bytes waiting in the queue are bounded: a write waits while
+ *     they exceed staging_max (and something is queued), so a fast writer
+ *     cannot fill the disk; a full disk still gives NOSPC at write or close.
+ *  8. A background archiving that fails leaves the file staged (recorded,
+ *     so kept across a crash), marks it failed with the cause, is logged,
+ *     and makes the next create or open for writing fail with its code;
+ *     ulp_session_sync tries it again and names it if it fails again.
+ *  9. Re-basing (recode.c) runs on the archiver thread only, when the queue
+ *     is empty after an archiving or a rename queued work in the index, and
+ *     once more at close; a queued file waits at most one re-basing pass.
+ * 10. A directory rename and the archiver never work below the same
+ *     directory at once: the rename waits until the archiver's current path
+ *     (cur_path) is outside both names, and the archiver starts no node below
+ *     them until the rename has moved the index and the nodes. Otherwise a
+ *     put under the old name could commit after the index moved (the file
+ *     would come back under the old directory and be missing from the new
+ *     one). One directory rename at a time.
+ */
+#include "arch_int.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { ST_STAGED, ST_ARCHIVED, ST_FAILED };
+
+typedef struct snode {
+	char *path;            /* NULL once unlinked (not hidden) */
+	ulp_stage *stage;      /* constant for the node's life */
+	int handles;           /* open handles */
+	int pins;              /* queue entries and calls working without mu */
+	int dirty;             /* differs from the archive */
+	int queued;            /* in the queue */
+	int state;             /* ST_* of the last archiving */
+	int err;               /* ST_FAILED: its ULP_E_* code */
+	char *why;             /* ST_FAILED: the message */
+	ulp_meta meta;
+	int mtime_set;         /* an explicit mtime (utimens) */
+	uint64_t writes;       /* bumped by every write/truncate: an archiving knows if it missed one */
+	uint64_t attrs;        /* bumped by every setattr, likewise */
+	uint64_t qbytes;       /* bytes counted in queued_bytes while queued */
+	pthread_mutex_t rec_mu; /* orders its staging records (invariant 4) */
+	struct snode *qnext, *next;
+} snode;
+
+struct ulp_sfile {
+	ulp_session *s;
+	snode *n;              /* staged: held by handles */
+	ulp_file *file;        /* archived, read-only */
+	int wr;                /* opened for writing */
+};
+
+typedef struct ghost {
+	char *path;
+	ulp_stat st;
+	struct ghost *next;
+} ghost;
+
+struct ulp_session {
+	ulp_archive *a;
+	ulp_session_opts o;
+	pthread_mutex_t mu;    /* invariant 5 */
+	pthread_cond_t cv;     /* the queue or a node's state changed */
+	snode *nodes;
+	ghost *ghosts;
+	snode *qhead, *qtail;
+	uint64_t queued_bytes;
+	unsigned qlen;
+	int archiving;         /* the archiver works on a node now */
+	snode *cur;            /* that node */
+	const char *cur_path;  /* the archive path the archiver writes for it (invariant 10) */
+	const char *dir_from, *dir_to; /* a directory rename in flight, or NULL (invariant 10) */
+	uint64_t enq_seq, done_seq; /* queue entries made, and finished */
+	int stop;
+	int rebase_wanted;     /* the index may have queued re-basing work (recode.c) */
+	int err;               /* code of a failed archiving not reported yet (invariant 8) */
+	pthread_t thread;
+	int thread_on;
+	/* counters */
+	uint64_t archived, archived_bytes, failed;
+	uint64_t busy_ns;      /* time the archiver spent archiving */
+};
+
+/* ---- helpers --------------------------------------------------------------- */
+
+static int64_t mono_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+
+static void slog(ulp_session *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void slog(ulp_session *s, const char *fmt, ...)
+{
+	char msg[4600];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (s->o.log)
+		s->o.log(s->o.log_arg, msg);
+}
+
+int ulp_session_hidden_name(const char *path)
+{
+	const char *b = strrchr(path, '/');
+	b = b ? b + 1 : path;
+	if (strncmp(b, ".fuse_hidden", 12) != 0 || strlen(b) != 28)
+		return 0;
+	for (const char *c = b + 12; *c; c++)
+		if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f')))
+			return 0;
+	return 1;
+}
+
+int ulp_session_temp_name(const char *path)
+{
+	const char *b = strrchr(path, '/');
+	b = b ? b + 1 : path;
+	const char *dot = strrchr(b, '.');
+	if (b[0] != '.' || !dot || dot == b || strlen(dot + 1) != 6)
+		return 0;
+	for (const char *c = dot + 1; *c; c++)
+		if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9')))
+			return 0;
+	return 1;
+}
+
+static int final_name(const char *path)
+{
+	return path && !ulp_session_temp_name(path) && !ulp_session_hidden_name(path);
+}
+
+/* mu held */
+static snode *find_node(ulp_session *s, const char *p)
+{
+	for (snode *n = s->nodes; n; n = n->next)
+		if (n->path && !strcmp(n->path, p))
+			return n;
+	return NULL;
+}
+
+/* mu held */
+static ghost *find_ghost(ulp_session *s, const char *p)
+{
+	for (ghost *g = s->ghosts; g; g = g->next)
+		if (!strcmp(g->path, p))
+			return g;
+	return NULL;
+}
+
+static snode *new_node(ulp_session *s, const char *p, ulp_stage *st, const ulp_meta *m)
+{
+	snode *n = calloc(1, sizeof(*n));
+	if (!n)
+		return NULL;
+	n->path = strdup(p);
+	if (!n->path) {
+		free(n);
+		return NULL;
+	}
+	pthread_mutex_init(&n->rec_mu, NULL);
+	n->stage = st;
+	n->meta = *m;
+	n->next = s->nodes;
+	s->nodes = n;
+	return n;
+}
+
+/* mu held: frees a node nobody holds (its staging files go too) */
+static void drop_node(ulp_session *s, snode *n)
+{
+	for (snode **pp = &s->nodes; *pp; pp = &(*pp)->next)
+		if (*pp == n) {
+			*pp = n->next;
+			break;
+		}
+	ulp_stage_discard(n->stage);
+	pthread_mutex_destroy(&n->rec_mu);
+	free(n->path);
+	free(n->why);
+	free(n);
+}
+
+/* mu held: a node nobody holds that has nothing to archive goes */
+static void maybe_drop(ulp_session *s, snode *n)
+{
+	if (n->handles == 0 && n->pins == 0 && (!n->path || !n->dirty || ulp_session_hidden_name(n->path)))
+		drop_node(s, n);
+}
+
+/* n's metadata as it would be archived now (mu held) */
+static ulp_meta node_meta(snode *n)
+{
+	ulp_meta m = n->meta;
+	struct stat sb;
+	if (!n->mtime_set && fstat(ulp_stage_fd(n->stage), &sb) == 0)
+		m.mtime = ulp_time_make(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
+	return m;
+}
+
+static uint64_t node_size(snode *n)
+{
+	struct stat sb;
+	return fstat(ulp_stage_fd(n->stage), &sb) == 0 ? (uint64_t)sb.st_size : 0;
+}
+
+enum { REC_RECORD, REC_RELABEL, REC_SYNC, REC_FORGET };
+
+/*
+ * Writes what staging records for n (invariant 4), mu not held, n pinned:
+ * its current path, or, if it has none (unlinked, hidden), forgets it.
+ */
+static int node_record(ulp_session *s, snode *n, int how)
+{
+	pthread_mutex_lock(&n->rec_mu);
+	pthread_mutex_lock(&s->mu);
+	char *p = n->path && !ulp_session_hidden_name(n->path) ? strdup(n->path) : NULL;
+	int nomem = n->path && !ulp_session_hidden_name(n->path) && !p;
+	ulp_meta m = node_meta(n);
+	pthread_mutex_unlock(&s->mu);
+	int rc;
+	if (nomem)
+		rc = -ULP_E_NOMEM;
+	else if (!p || how == REC_FORGET)
+		rc = ulp_stage_forget(n->stage);
+	else if (how == REC_SYNC)
+		rc = ulp_stage_sync(n->stage, p, &m);
+	else if (how == REC_RECORD)
+		rc = ulp_stage_record(n->stage, p, &m);
+	else
+		rc = ulp_stage_relabel(n->stage, p, &m);
+	pthread_mutex_unlock(&n->rec_mu);
+	if (rc < 0)
+		slog(s, "%s: staging record: %s", p ? p : "(unlinked file)", ulp_archive_errmsg(s->a));
+	free(p);
+	return rc;
+}
+
+/* Queues n for the archiver (mu held; invariant 3). */
+static void enqueue(ulp_session *s, snode *n)
+{
+	if (n->queued)
+		return; /* the archiver reads it when its turn comes: the newest bytes */
+	n->queued = 1;
+	n->pins++;
+	n->qnext = NULL;
+	n->qbytes = node_size(n);
+	s->queued_bytes += n->qbytes;
+	if (s->qtail)
+		s->qtail->qnext = n;
+	else
+		s->qhead = n;
+	s->qtail = n;
+	s->qlen++;
+	s->enq_seq++;
+	pthread_cond_broadcast(&s->cv);
+}
+
+static void set_failed(snode *n, int rc, const char *why)
+{
+	n->state = ST_FAILED;
+	n->err = rc;
+	free(n->why);
+	n->why = strdup(why);
+}
+
+/*
+ * Archives n under its path (mu held on entry and exit, released meanwhile;
+ * n pinned by the caller). 0 or the put's error.
+ */
+static int below(const char *p, const char *dir)
+{
+	size_t l = strlen(dir);
+	return p && dir && !strncmp(p, dir, l) && p[l] == '/';
+}
+
+static int archive_node(ulp_session *s, snode *n)
+{
+	while (s->dir_from && (below(n->path, s->dir_from) || below(n->path, s->dir_to)))
+		pthread_cond_wait(&s->cv, &s->mu); /* invariant 10; n may be unlinked meanwhile */
+	if (!n->path || !n->dirty || !final_name(n->path))
+		return 0;
+	char *dst = strdup(n->path);
+	if (!dst)
+		return -ULP_E_NOMEM;
+	ulp_meta m = node_meta(n);
+	uint64_t writes = n->writes, attrs = n->attrs;
+	s->archiving = 1;
+	s->cur = n;
+	s->cur_path = dst;
+	pthread_mutex_unlock(&s->mu);
+	int64_t t0 = mono_ns();
+	int rc = ulp_archive_put(s->a, dst, ulp_stage_fd(n->stage), &m, NULL);
+	char why[1024] = "";
+	if (rc < 0)
+		snprintf(why, sizeof(why), "%s", ulp_archive_errmsg(s->a));
+	int64_t t1 = mono_ns();
+	pthread_mutex_lock(&s->mu);
+	s->busy_ns += (uint64_t)(t1 - t0);
+	if (rc < 0) {
+		set_failed(n, rc, why);
+		s->failed++;
+		if (!s->err)
+			s->err = rc;
+		slog(s, "archiving %s: %s (kept in staging)", dst, why);
+		s->cur_path = NULL;
+		free(dst);
+		s->archiving = 0;
+		s->cur = NULL; /* renames and unlinks of n wait until here */
+		return rc;
+	}
+	s->archived++;
+	s->archived_bytes += n->qbytes ? n->qbytes : node_size(n);
+	s->rebase_wanted = 1; /* the archiver re-bases when idle (invariant 9) */
+	/* what happened to the node meanwhile: the archive follows it */
+	for (;;) {
+		int gone = !n->path || ulp_session_hidden_name(n->path);
+		int moved = !gone && strcmp(n->path, dst) != 0;
+		int reattr = !gone && !moved && n->attrs != attrs;
+		if (!gone && !moved && !reattr)
+			break;
+		char *to = moved ? strdup(n->path) : NULL;
+		ulp_meta nm = n->meta;
+		unsigned which = ULP_SET_MODE | ULP_SET_OWNER | (n->mtime_set ? ULP_SET_MTIME : 0);
+		if (reattr)
+			attrs = n->attrs;
+		pthread_mutex_unlock(&s->mu);
+		int r = 0;
+		if (gone)
+			r = ulp_archive_remove(s->a, dst);
+		else if (moved && to)
+			r = ulp_archive_rename(s->a, dst, to);
+		else if (reattr)
+			r = ulp_archive_setattr(s->a, dst, which, &nm);
+		if (r < 0 && r != -ULP_E_NOENT)
+			slog(s, "after archiving %s: %s", dst, ulp_archive_errmsg(s->a));
+		pthread_mutex_lock(&s->mu);
+		if (gone || (moved && !to))
+			break;
+		if (!moved)
+			continue; /* attributes again, if they changed once more */
+		free(dst);
+		dst = to;
+		s->cur_path = dst;
+	}
+	s->cur_path = NULL;
+	free(dst);
+	if (n->writes == writes) {
+		n->dirty = 0;
+		n->state = ST_ARCHIVED;
+	}
+	s->archiving = 0;
+	s->cur = NULL; /* renames and unlinks of n wait until the archive follows them */
+	return 0;
+}
+
+/* Re-bases what the index queued (mu held; released meanwhile): a failure
+ * leaves the work queued in the index for the next time (invariant 9). */
+static void rebase_pending(ulp_session *s)
+{
+	s->rebase_wanted = 0;
+	pthread_mutex_unlock(&s->mu);
+	if (ulp_archive_rebase_pending(s->a, NULL, NULL, NULL) < 0)
+		slog(s, "re-basing: %s", ulp_archive_errmsg(s->a));
+	pthread_mutex_lock(&s->mu);
+}
+
+static void *archiver(void *arg)
+{
+	ulp_session *s = arg;
+	pthread_mutex_lock(&s->mu);
+	for (;;) {
+		while (!s->qhead && !s->stop && !s->rebase_wanted)
+			pthread_cond_wait(&s->cv, &s->mu);
+		if (!s->qhead && !s->stop) { /* idle, and archivings or renames queued work */
+			rebase_pending(s);
+			continue;
+		}
+		snode *n = s->qhead;
+		if (!n)
+			break; /* stopping, and nothing left */
+		s->qhead = n->qnext;
+		if (!s->qhead)
+			s->qtail = NULL;
+		n->queued = 0;
+		/* (written to meanwhile: archive_node leaves it dirty, and its
+		 * next close queues it again) */
+		archive_node(s, n);
+		s->queued_bytes -= n->qbytes;
+		n->qbytes = 0;
+		s->qlen--;
+		s->done_seq++;
+		n->pins--;
+		maybe_drop(s, n);
+		pthread_cond_broadcast(&s->cv);
+	}
+	rebase_pending(s); /* at close: the last archivings and renames */
+	pthread_mutex_unlock(&s->mu);
+	return NULL;
+}
+
+/* ---- session --------------------------------------------------------------- */
+
+int ulp_session_open(ulp_archive *a, const ulp_session_opts *o, ulp_session **out)
+{
+	if (a->read_only)
+		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is open read-only", a->dir);
+	ulp_session *s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ULP_E_NOMEM;
+	s->a = a;
+	if (o)
+		s->o = *o;
+	if (!s->o.staging_max) { /* half of the free space, at least 64 MiB */
+		struct statvfs v;
+		uint64_t freeb = statvfs(a->dir, &v) == 0 ? (uint64_t)v.f_bavail * v.f_frsize : 0;
+		s->o.staging_max = ULP_MAX(freeb / 2, (uint64_t)64 << 20);
+	}
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->cv, NULL);
+	if (pthread_create(&s->thread, NULL, archiver, s) != 0) {
+		pthread_cond_destroy(&s->cv);
+		pthread_mutex_destroy(&s->mu);
+		free(s);
+		return -ULP_E_NOMEM;
+	}
+	s->thread_on = 1;
+	*out = s;
+	return 0;
+}
+
+unsigned ulp_session_close(ulp_session *s)
+{
+	unsigned kept = 0;
+	if (!s)
+		return 0;
+	pthread_mutex_lock(&s->mu);
+	s->stop = 1; /* the queue drains first, in order */
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+	if (s->thread_on)
+		pthread_join(s->thread, NULL);
+	pthread_mutex_lock(&s->mu);
+	while (s->nodes) {
+		snode *n = s->nodes;
+		if (n->path && ulp_session_hidden_name(n->path)) {
+			free(n->path); /* unlinked: never archived (invariant 6) */
+			n->path = NULL;
+		}
+		/* files waiting for a rename (temporary names) were closed by
+		 * someone: archive them under the name they have rather than lose
+		 * them; open ones too, as they are now */
+		int ok = 0;
+		if (n->path && n->dirty) {
+			char *p = strdup(n->path);
+			ulp_meta m = node_meta(n);
+			pthread_mutex_unlock(&s->mu);
+			ok = p && ulp_archive_put(s->a, p, ulp_stage_fd(n->stage), &m, NULL) == 0;
+			if (!ok && p && ulp_stage_sync(n->stage, p, &m) == 0) {
+				slog(s, "%s: kept in %s/staging, archived at the next mount", p, s->a->dir);
+				kept++;
+				ulp_stage_close(n->stage); /* leaves its files */
+				n->stage = NULL;
+			} else if (!ok) {
+				slog(s, "%s: could not be kept: %s", p ? p : "?", ulp_archive_errmsg(s->a));
+			}
+			free(p);
+			pthread_mutex_lock(&s->mu);
+		}
+		drop_node(s, n); /* NULL stage: discard does nothing */
+	}
+	while (s->ghosts) {
+		ghost *g = s->ghosts;
+		s->ghosts = g->next;
+		free(g->path);
+		free(g);
+	}
+	pthread_mutex_unlock(&s->mu);
+	pthread_cond_destroy(&s->cv);
+	pthread_mutex_destroy(&s->mu);
+	free(s);
+	return kept;
+}
+
+int ulp_session_sync(ulp_session *s, void (*failed)(void *arg, const char *path, const char *why), void *arg)
+{
+	pthread_mutex_lock(&s->mu);
+	/* failed ones are tried again (the disk may have room now) */
+	for (snode *n = s->nodes; n; n = n->next)
+		if (n->state == ST_FAILED && n->path && n->dirty && final_name(n->path) && n->handles == 0)
+			enqueue(s, n);
+	uint64_t target = s->enq_seq;
+	while (s->done_seq < target)
+		pthread_cond_wait(&s->cv, &s->mu);
+	int bad = 0;
+	for (snode *n = s->nodes; n; n = n->next)
+		if (n->state == ST_FAILED && n->path && n->dirty) {
+			bad++;
+			if (failed)
+				failed(arg, n->path, n->why ? n->why : ulp_strerror(n->err));
+		}
+	if (bad)
+		s->err = 0; /* reported */
+	pthread_mutex_unlock(&s->mu);
+	return bad;
+}
+
+void ulp_session_counters(ulp_session *s, ulp_session_stats *c)
+{
+	pthread_mutex_lock(&s->mu);
+	memset(c, 0, sizeof(*c));
+	c->queued = s->qlen;
+	c->queued_bytes = s->queued_bytes;
+	c->archived = s->archived;
+	c->archived_bytes = s->archived_bytes;
+	c->failed = s->failed;
+	for (snode *n = s->nodes; n; n = n->next)
+		if (n->path && n->dirty) {
+			c->staged++;
+			c->staged_bytes += node_size(n);
+		}
+	c->bytes_per_s = s->busy_ns ? (uint64_t)((double)s->archived_bytes * 1e9 / (double)s->busy_ns) : 0;
+	c->staging_max = s->o.staging_max;
+	pthread_mutex_unlock(&s->mu);
+}
+
+int ulp_session_state(ulp_session *s, const char *path, char *dst, size_t dst_cap)
+{
+	pthread_mutex_lock(&s->mu);
+	snode *n = find_node(s, path);
+	int rc = 0;
+	if (n && n->state == ST_FAILED && n->dirty)
+		snprintf(dst, dst_cap, "failed %d %s", ulp_to_errno(n->err), n->why ? n->why : ulp_strerror(n->err));
+	else if (n && n->dirty)
+		snprintf(dst, dst_cap, "staged%s", n->queued || s->archiving ? " queued" : "");
+	else if (n || find_ghost(s, path))
+		snprintf(dst, dst_cap, "archived");
+	else
+		rc = 1;
+	pthread_mutex_unlock(&s->mu);
+	if (rc == 1) {
+		ulp_stat st;
+		rc = ulp_archive_stat(s->a, path, &st);
+		if (rc == 0)
+			snprintf(dst, dst_cap, "%s", st.is_dir || st.is_symlink ? "" : "archived");
+	}
+	return rc;
+}
+
+int ulp_session_stat_archived(ulp_session *s, const char *path, ulp_stat *st)
+{
+	pthread_mutex_lock(&s->mu);
+	snode *n;
+	while ((n = find_node(s, path)) && n->dirty && n->state != ST_FAILED && (n->queued || s->archiving))
+		pthread_cond_wait(&s->cv, &s->mu);
+	int staged = n && n->dirty;
+	pthread_mutex_unlock(&s->mu);
+	int rc = ulp_archive_stat(s->a, path, st);
+	return rc < 0 && staged ? 1 : rc;
+}
+
+/* ---- the namespace --------------------------------------------------------- */
+
+static void node_to_stat(snode *n, ulp_stat *st)
+{
+	struct stat sb;
+	memset(st, 0, sizeof(*st));
+	if (fstat(ulp_stage_fd(n->stage), &sb) == 0) {
+		st->size = (uint64_t)sb.st_size;
+		st->stored_bytes = (uint64_t)sb.st_blocks * 512;
+		st->mtime = ulp_time_make(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
+	}
+	if (n->mtime_set)
+		st->mtime = n->meta.mtime;
+	st->mode = S_IFREG | (n->meta.mode & 07777);
+	st->uid = n->meta.uid;
+	st->gid = n->meta.gid;
+	st->step = -1;
+}
+
+int ulp_session_stat(ulp_session *s, const char *path, ulp_stat *st)
+{
+	pthread_mutex_lock(&s->mu);
+	snode *n = find_node(s, path);
+	ghost *g = n ? NULL : find_ghost(s, path);
+	if (n)
+		node_to_stat(n, st);
+	else if (g)
+		*st = g->st;
+	pthread_mutex_unlock(&s->mu);
+	if (n || g)
+		return 0;
+	return ulp_archive_stat(s->a, path, st);
+}
+
+typedef struct rd {
+	ulp_session *s;
+	const char *dir;
+	int (*cb)(void *, const char *, const ulp_stat *);
+	void *arg;
+} rd;
+
+static int readdir_cb(void *arg, const char *name, const ulp_stat *st)
+{
+	rd *r = arg;
+	if (ulp_session_hidden_name(name))
+		return 0; /* invariant 6 (an archive from before it) */
+	char p[8192];
+	snprintf(p, sizeof(p), "%s%s%s", r->dir, r->dir[0] ? "/" : "", name);
+	pthread_mutex_lock(&r->s->mu);
+	int staged = find_node(r->s, p) != NULL;
+	pthread_mutex_unlock(&r->s->mu);
+	return staged ? 0 : r->cb(r->arg, name, st); /* staged: listed from the node below */
+}
+
+int ulp_session_readdir(ulp_session *s, const char *path, int (*cb)(void *arg, const char *name, const ulp_stat *st),
+                        void *arg)
+{
+	rd r = {s, path, cb, arg};
+	int rc = ulp_archive_readdir(s->a, path, readdir_cb, &r);
+	if (rc != 0)
+		return rc;
+	size_t pl = strlen(path);
+	/* the nodes' names and stats first, then the callback without mu */
+	size_t cnt = 0, cap = 0;
+	struct ent { char *name; ulp_stat st; } *v = NULL;
+	pthread_mutex_lock(&s->mu);
+	for (snode *n = s->nodes; n; n = n->next) {
+		if (!n->path || ulp_session_hidden_name(n->path))
+			continue;
+		const char *slash = strrchr(n->path, '/');
+		size_t dl = slash ? (size_t)(slash - n->path) : 0;
+		if (dl != pl || strncmp(n->path, path, pl) != 0)
+			continue;
+		if (cnt == cap) {
+			cap = cap ? cap * 2 : 16;
+			void *nv = realloc(v, cap * sizeof(*v));
+			if (!nv) {
+				rc = -ULP_E_NOMEM;
+				break;
+			}
+			v = nv;
+		}
+		v[cnt].name = strdup(slash ? slash + 1 : n->path);
+		if (!v[cnt].name) {
+			rc = -ULP_E_NOMEM;
+			break;
+		}
+		node_to_stat(n, &v[cnt].st);
+		cnt++;
+	}
+	pthread_mutex_unlock(&s->mu);
+	for (size_t i = 0; i < cnt; i++) {
+		if (rc == 0)
+			rc = cb(arg, v[i].name, &v[i].st);
+		free(v[i].name);
+	}
+	free(v);
+	return rc;
+}
+
+/* ---- handles --------------------------------------------------------------- */
+
+int ulp_session_open_file(ulp_session *s, const char *path, int flags, const ulp_meta *create, ulp_sfile **out)
+{
+	int acc = flags & O_ACCMODE, trunc = !!(flags & O_TRUNC);
+	int wr = create || acc != O_RDONLY;
+	if (create) {
+		ULP_TRY(ulp_path_check(path));
+		if (ulp_session_hidden_name(path))
+			return ulp_arch_err(s->a, -ULP_E_INVAL, "%s: a name reserved for files unlinked while open", path);
+	}
+	ulp_sfile *h = calloc(1, sizeof(*h));
+	if (!h)
+		return -ULP_E_NOMEM;
+	h->s = s;
+	h->wr = wr;
+	pthread_mutex_lock(&s->mu);
+	if (s->err && wr) { /* invariant 8 */
+		int rc = s->err;
+		s->err = 0;
+		pthread_mutex_unlock(&s->mu);
+		free(h);
+		return ulp_arch_err(s->a, rc, "an earlier file could not be archived in the background: %s",
+		                    ulp_strerror(rc));
+	}
+	snode *n = find_node(s, path);
+	if (!n && (wr || trunc)) {
+		/* a new node: the copy-up runs without mu (invariant 5) */
+		pthread_mutex_unlock(&s->mu);
+		ulp_stat st;
+		int exists = ulp_archive_stat(s->a, path, &st) == 0;
+		int rc = 0;
+		if (exists && st.is_dir)
+			rc = ulp_arch_err(s->a, -ULP_E_ISDIR, "%s: is a directory", path);
+		else if (!exists && !create)
+			rc = ulp_arch_err(s->a, -ULP_E_NOENT, "%s: no such file", path);
+		ulp_stage *sg = NULL;
+		if (rc == 0)
+			rc = ulp_stage_new(s->a, exists && !trunc && !create ? path : NULL, &sg);
+		if (rc < 0) {
+			free(h);
+			return rc;
+		}
+		ulp_meta m = create ? *create : (ulp_meta){0644, 0, 0, {0, 0}};
+		m.mode &= 07777;
+		m.mtime = ulp_time_now();
+		if (exists) {
+			m.mode = st.mode & 07777;
+			m.uid = st.uid;
+			m.gid = st.gid;
+		}
+		pthread_mutex_lock(&s->mu);
+		n = find_node(s, path); /* staged by another caller meanwhile */
+		if (n) {
+			ulp_stage_discard(sg);
+		} else {
+			n = new_node(s, path, sg, &m);
+			if (!n) {
+				pthread_mutex_unlock(&s->mu);
+				ulp_stage_discard(sg);
+				free(h);
+				return -ULP_E_NOMEM;
+			}
+			n->dirty = create || trunc || !exists;
+			trunc = 0;
+		}
+	}
+	if (n && wr && n->handles == 0 && n->dirty && (n->queued || s->cur == n)) {
+		/* a closed file reopened for writing before it was archived: its
+		 * staging record promises the closed bytes to a recovery, so the
+		 * new writes wait for the archive to hold them, and the record
+		 * goes (a crash then recovers the archived version, never a mix) */
+		n->pins++;
+		while (n->queued || s->cur == n)
+			pthread_cond_wait(&s->cv, &s->mu);
+		int clean = !n->dirty && n->handles == 0;
+		pthread_mutex_unlock(&s->mu);
+		if (clean)
+			node_record(s, n, REC_FORGET);
+		pthread_mutex_lock(&s->mu);
+		n->pins--;
+	}
+	if (n && trunc) {
+		if (ftruncate(ulp_stage_fd(n->stage), 0) < 0) {
+			int e = errno;
+			pthread_mutex_unlock(&s->mu);
+			free(h);
+			return ulp_arch_err(s->a, e == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: truncate: %s", path,
+			                    strerror(e));
+		}
+		n->dirty = 1;
+		n->writes++;
+	}
+	if (n) {
+		n->handles++;
+		h->n = n;
+		pthread_mutex_unlock(&s->mu);
+		*out = h;
+		return 0;
+	}
+	pthread_mutex_unlock(&s->mu);
+	int rc = ulp_file_open(s->a, path, &h->file);
+	if (rc < 0) {
+		free(h);
+		return rc;
+	}
+	*out = h;
+	return 0;
+}
+
+int ulp_session_file_archived(const ulp_sfile *h)
+{
+	return h->file != NULL;
+}
+
+int64_t ulp_session_read(ulp_sfile *h, void *dst, size_t dst_cap, uint64_t off)
+{
+	if (h->file)
+		return ulp_file_pread(h->file, dst, dst_cap, off);
+	ssize_t r = pread(ulp_stage_fd(h->n->stage), dst, dst_cap, (off_t)off);
+	if (r < 0)
+		return ulp_arch_err(h->s->a, -ULP_E_IO, "staged file: read: %s", strerror(errno));
+	return r;
+}
+
+/* Waits while the queue holds more than staging_max bytes (invariant 7). */
+static void backpressure(ulp_session *s)
+{
+	while (s->queued_bytes > s->o.staging_max && s->qhead && !s->stop)
+		pthread_cond_wait(&s->cv, &s->mu);
+}
+
+int64_t ulp_session_write(ulp_sfile *h, const void *src, size_t len, uint64_t off)
+{
+	ulp_session *s = h->s;
+	if (!h->n)
+		return ulp_arch_err(s->a, -ULP_E_INVAL, "%s", "file not open for writing");
+	pthread_mutex_lock(&s->mu);
+	backpressure(s);
+	pthread_mutex_unlock(&s->mu);
+	int64_t w = ulp_stage_write(h->n->stage, src, len, off);
+	if (w < 0)
+		return w;
+	pthread_mutex_lock(&s->mu);
+	h->n->dirty = 1;
+	h->n->writes++;
+	pthread_mutex_unlock(&s->mu);
+	return w;
+}
+
+int ulp_session_ftruncate(ulp_sfile *h, uint64_t size)
+{
+	ulp_session *s = h->s;
+	if (!h->n)
+		return ulp_arch_err(s->a, -ULP_E_INVAL, "%s", "file not open for writing");
+	pthread_mutex_lock(&s->mu);
+	int rc = 0;
+	if (ftruncate(ulp_stage_fd(h->n->stage), (off_t)size) < 0)
+		rc = ulp_arch_err(s->a, errno == ENOSPC ? -ULP_E_NOSPC : errno == EFBIG ? -ULP_E_INVAL : -ULP_E_IO,
+		                  "staged file: truncate: %s", strerror(errno));
+	h->n->dirty = 1;
+	h->n->writes++;
+	pthread_mutex_unlock(&s->mu);
+	return rc;
+}
+
+int ulp_session_truncate(ulp_session *s, const char *path, uint64_t size)
+{
+	ulp_sfile *h;
+	ULP_TRY(ulp_session_open_file(s, path, O_RDWR | (size == 0 ? O_TRUNC : 0), NULL, &h));
+	int rc = ulp_session_ftruncate(h, size);
+	int r2 = ulp_session_flush(h);
+	ulp_session_release(h);
+	return rc ? rc : r2;
+}
+
+int ulp_session_flush(ulp_sfile *h)
+{
+	ulp_session *s = h->s;
+	snode *n = h->n;
+	if (!n || !h->wr)
+		return 0;
+	pthread_mutex_lock(&s->mu);
+	int go = n->path && n->handles == 1 && n->dirty && !ulp_session_hidden_name(n->path);
+	if (go)
+		n->pins++;
+	pthread_mutex_unlock(&s->mu);
+	if (!go)
+		return 0;
+	/* recorded before close returns: kill -9 safe (invariant 2) */
+	int rc = node_record(s, n, REC_RECORD);
+	pthread_mutex_lock(&s->mu);
+	n->pins--;
+	if (rc == 0 && final_name(n->path) && n->dirty)
+		enqueue(s, n);
+	pthread_mutex_unlock(&s->mu);
+	return rc;
+}
+
+int ulp_session_fsync(ulp_sfile *h)
+{
+	ulp_session *s = h->s;
+	snode *n = h->n;
+	if (!n)
+		return 0;
+	pthread_mutex_lock(&s->mu);
+	n->pins++;
+	pthread_mutex_unlock(&s->mu);
+	/* an unlinked file is forgotten instead: never to come back (invariant 6) */
+	int rc = node_record(s, n, REC_SYNC);
+	pthread_mutex_lock(&s->mu);
+	n->pins--;
+	pthread_mutex_unlock(&s->mu);
+	return rc;
+}
+
+void ulp_session_release(ulp_sfile *h)
+{
+	if (!h)
+		return;
+	ulp_session *s = h->s;
+	if (h->file)
+		ulp_file_close(h->file);
+	snode *n = h->n;
+	if (n) {
+		pthread_mutex_lock(&s->mu);
+		n->handles--;
+		if (n->handles == 0 && h->wr && n->dirty && final_name(n->path) && !n->queued) {
+			/* its flush failed (or there was none): queue it anyway, its
+			 * bytes are staged (recorded if the flush got that far) */
+			enqueue(s, n);
+		}
+		maybe_drop(s, n);
+		pthread_mutex_unlock(&s->mu);
+	}
+	free(h);
+}
+
+int ulp_session_fstat(ulp_sfile *h, ulp_stat *st)
+{
+	if (h->file) {
+		*st = *ulp_file_get_stat(h->file);
+		return 0;
+	}
+	pthread_mutex_lock(&h->s->mu);
+	node_to_stat(h->n, st);
+	pthread_mutex_unlock(&h->s->mu);
+	return 0;
+}
+
+/* ---- names ----------------------------------------------------------------- */
+
+static void wait_archiving(ulp_session *s, snode *n);
+
+/*
+ * A file unlinked while open, or replaced by a rename, is hidden under the
+ * name t (invariant 6): a staged file stays a node under that name, an
+ * archived one leaves the archive now and lives on as a ghost.
+ */
+static int hide(ulp_session *s, const char *f, const char *t)
+{
+	ulp_stat st;
+	int archived = ulp_archive_stat(s->a, f, &st) == 0;
+	char *tp = strdup(t);
+	ghost *g = calloc(1, sizeof(*g));
+	if (!tp || !g) {
+		free(tp);
+		free(g);
+		return -ULP_E_NOMEM;
+	}
+	pthread_mutex_lock(&s->mu);
+	snode *n = find_node(s, f);
+	int rc = 0;
+	if (!n && !archived) {
+		rc = ulp_arch_err(s->a, -ULP_E_NOENT, "%s: no such file", f);
+	} else if (n) {
+		wait_archiving(s, n);
+		free(n->path);
+		n->path = tp;
+		tp = NULL;
+		n->pins++;
+	} else {
+		g->path = tp;
+		g->st = st;
+		g->next = s->ghosts;
+		s->ghosts = g;
+		tp = NULL;
+		g = NULL;
+	}
+	pthread_mutex_unlock(&s->mu);
+	free(tp);
+	free(g);
+	if (rc < 0)
+		return rc;
+	if (n) { /* a crash must not bring it back */
+		rc = node_record(s, n, REC_RELABEL);
+		pthread_mutex_lock(&s->mu);
+		n->pins--;
+		maybe_drop(s, n);
+		pthread_mutex_unlock(&s->mu);
+	}
+	if (archived || n) { /* (n: archived while we waited, maybe) */
+		int r = ulp_archive_remove(s->a, f);
+		if (r < 0 && r != -ULP_E_NOENT && rc == 0)
+			rc = r;
+	}
+	return rc;
+}
+
+static int has_child(void *arg, const char *name, const ulp_stat *st)
+{
+	(void)arg, (void)name, (void)st;
+	return 1;
+}
+
+/* An archiving of n in flight ends before n's name changes, so that the
+ * archive never commits a name the caller was told is gone (mu held). */
+static void wait_archiving(ulp_session *s, snode *n)
+{
+	n->pins++;
+	while (s->cur == n)
+		pthread_cond_wait(&s->cv, &s->mu);
+	n->pins--;
+}
+
+/* A node leaves its path (replaced or unlinked): forgets its record, and
+ * goes if nobody holds it. mu held on entry and exit. */
+static int unname(ulp_session *s, snode *n)
+{
+	wait_archiving(s, n);
+	free(n->path);
+	n->path = NULL;
+	n->pins++;
+	pthread_mutex_unlock(&s->mu);
+	int rc = node_record(s, n, REC_RELABEL); /* no path: forgets */
+	pthread_mutex_lock(&s->mu);
+	n->pins--;
+	maybe_drop(s, n);
+	return rc;
+}
+
+/*
+ * Renames directory f to t (mu held on entry, released on return; the
+ * caller holds the directory rename slot, invariant 10). t must be empty,
+ * counting staged files below it that the index does not hold yet.
+ */
+static int rename_dir(ulp_session *s, const char *f, const char *t, int t_arch, const ulp_stat *stt)
+{
+	size_t tl = strlen(t);
+	for (snode *x = s->nodes; x; x = x->next)
+		if (x->path && !strncmp(x->path, t, tl) && x->path[tl] == '/') {
+			pthread_mutex_unlock(&s->mu);
+			return ulp_arch_err(s->a, -ULP_E_NOTEMPTY, "%s: directory not empty", t);
+		}
+	pthread_mutex_unlock(&s->mu);
+	if (t_arch && stt->is_dir && ulp_archive_readdir(s->a, t, has_child, NULL) == 1)
+		return ulp_arch_err(s->a, -ULP_E_NOTEMPTY, "%s: directory not empty", t);
+	ULP_TRY(ulp_archive_rename(s->a, f, t));
+	/* staged files and ghosts below it move with it (invariant 4) */
+	size_t fl = strlen(f);
+	snode **moved = NULL;
+	size_t nm = 0;
+	pthread_mutex_lock(&s->mu);
+	for (snode *x = s->nodes; x; x = x->next)
+		if (x->path && !strncmp(x->path, f, fl) && x->path[fl] == '/') {
+			char *np = malloc(strlen(t) + strlen(x->path + fl) + 1);
+			snode **mv = realloc(moved, (nm + 1) * sizeof(*moved));
+			if (mv)
+				moved = mv;
+			if (!np || !mv) {
+				free(np);
+				continue;
+			}
+			sprintf(np, "%s%s", t, x->path + fl);
+			free(x->path);
+			x->path = np;
+			x->pins++;
+			moved[nm++] = x;
+		}
+	for (ghost *g = s->ghosts; g; g = g->next)
+		if (!strncmp(g->path, f, fl) && g->path[fl] == '/') {
+			char *np = malloc(strlen(t) + strlen(g->path + fl) + 1);
+			if (np) {
+				sprintf(np, "%s%s", t, g->path + fl);
+				free(g->path);
+				g->path = np;
+			}
+		}
+	pthread_mutex_unlock(&s->mu);
+	for (size_t i = 0; i < nm; i++)
+		node_record(s, moved[i], REC_RELABEL);
+	pthread_mutex_lock(&s->mu);
+	for (size_t i = 0; i < nm; i++) {
+		moved[i]->pins--;
+		maybe_drop(s, moved[i]);
+	}
+	pthread_mutex_unlock(&s->mu);
+	free(moved);
+	return 0;
+}
+
+static int rename_impl(ulp_session *s, const char *f, const char *t, unsigned flags)
+{
+	if (ulp_session_hidden_name(t))
+		return hide(s, f, t);
+	ULP_TRY(ulp_path_check(t));
+	if (!strcmp(f, t))
+		return 0;
+	ulp_stat sf, stt;
+	int f_arch = ulp_archive_stat(s->a, f, &sf) == 0;
+	int t_arch = ulp_archive_stat(s->a, t, &stt) == 0;
+	pthread_mutex_lock(&s->mu);
+	snode *n = find_node(s, f), *old = find_node(s, t);
+	if ((flags & ULP_RENAME_NOREPLACE) && (old || t_arch)) {
+		pthread_mutex_unlock(&s->mu);
+		return ulp_arch_err(s->a, -ULP_E_EXIST, "%s: exists", t);
+	}
+	if (!n && !f_arch) {
+		pthread_mutex_unlock(&s->mu);
+		return ulp_arch_err(s->a, -ULP_E_NOENT, "%s: no such file or directory", f);
+	}
+	if (n && t_arch && stt.is_dir) {
+		pthread_mutex_unlock(&s->mu);
+		return ulp_arch_err(s->a, -ULP_E_ISDIR, "%s: is a directory", t);
+	}
+	if (!n && sf.is_dir) {
+		while (s->dir_from) /* invariant 10 */
+			pthread_cond_wait(&s->cv, &s->mu);
+		s->dir_from = f;
+		s->dir_to = t;
+		while (below(s->cur_path, f) || below(s->cur_path, t))
+			pthread_cond_wait(&s->cv, &s->mu);
+		int rc = rename_dir(s, f, t, t_arch, &stt); /* returns with mu released */
+		pthread_mutex_lock(&s->mu);
+		s->dir_from = s->dir_to = NULL;
+		pthread_cond_broadcast(&s->cv);
+		pthread_mutex_unlock(&s->mu);
+		return rc;
+	}
+	char *np = strdup(t);
+	if (!np) {
+		pthread_mutex_unlock(&s->mu);
+		return -ULP_E_NOMEM;
+	}
+	int rc = 0;
+	if (n)
+		n->pins++; /* held across unname, which releases mu */
+	if (old && old != n)
+		rc = unname(s, old); /* replaced: forgotten before we return */
+	if (n)
+		n->pins--;
+	if (!n) { /* an archived file, nothing staged */
+		free(np);
+		pthread_mutex_unlock(&s->mu);
+		return rc < 0 ? rc : ulp_archive_rename(s->a, f, t);
+	}
+	wait_archiving(s, n);
+	free(n->path);
+	n->path = np;
+	n->pins++;
+	pthread_mutex_unlock(&s->mu);
+	/* its archived version moves too: nothing stays under f, and t has
+	 * it until the node is archived over it (stat again: it may have been
+	 * archived while we waited) */
+	f_arch = ulp_archive_stat(s->a, f, &sf) == 0;
+	if (f_arch && !sf.is_dir) {
+		int r = ulp_archive_rename(s->a, f, t);
+		if (r < 0 && r != -ULP_E_NOENT)
+			slog(s, "renaming %s: %s", f, ulp_archive_errmsg(s->a));
+	}
+	int r = node_record(s, n, REC_RELABEL);
+	pthread_mutex_lock(&s->mu);
+	n->pins--;
+	/* a closed file given its final name is archived (invariant 2) */
+	if (r == 0 && n->handles == 0 && n->dirty && final_name(n->path)) {
+		backpressure(s);
+		enqueue(s, n);
+	}
+	pthread_mutex_unlock(&s->mu);
+	return rc < 0 ? rc : r;
+}
+
+int ulp_session_rename(ulp_session *s, const char *f, const char *t, unsigned flags)
+{
+	int rc = rename_impl(s, f, t, flags);
+	if (rc == 0 && !ulp_session_hidden_name(t)) {
+		pthread_mutex_lock(&s->mu);
+		s->rebase_wanted = 1; /* the archiver re-bases when idle (invariant 9) */
+		pthread_cond_broadcast(&s->cv);
+		pthread_mutex_unlock(&s->mu);
+	}
+	return rc;
+}
+
+int ulp_session_unlink(ulp_session *s, const char *path)
+{
+	pthread_mutex_lock(&s->mu);
+	for (ghost **gp = &s->ghosts; *gp; gp = &(*gp)->next)
+		if (!strcmp((*gp)->path, path)) { /* its last close (invariant 6) */
+			ghost *g = *gp;
+			*gp = g->next;
+			free(g->path);
+			free(g);
+			pthread_mutex_unlock(&s->mu);
+			return 0;
+		}
+	snode *n = find_node(s, path);
+	int rc = n ? unname(s, n) : 0;
+	pthread_mutex_unlock(&s->mu);
+	if (rc < 0)
+		return rc;
+	/* a hidden name lives only while its file is open (invariant 6); its
+	 * node goes at the last release unless something else (a queue entry
+	 * of the archiver) still pins it: an unlink after that release finds
+	 * nothing, whatever the archiver's timing, and that is success */
+	if (!n && ulp_session_hidden_name(path))
+		return 0;
+	rc = ulp_archive_remove(s->a, path);
+	return rc == -ULP_E_NOENT && n ? 0 : rc;
+}
+
+int ulp_session_rmdir(ulp_session *s, const char *path)
+{
+	ulp_stat st;
+	ULP_TRY(ulp_archive_stat(s->a, path, &st));
+	if (!st.is_dir)
+		return ulp_arch_err(s->a, -ULP_E_NOTDIR, "%s: not a directory", path);
+	size_t pl = strlen(path);
+	pthread_mutex_lock(&s->mu);
+	for (snode *n = s->nodes; n; n = n->next)
+		if (n->path && !strncmp(n->path, path, pl) && n->path[pl] == '/' && !ulp_session_hidden_name(n->path)) {
+			pthread_mutex_unlock(&s->mu);
+			return ulp_arch_err(s->a, -ULP_E_NOTEMPTY, "%s: directory not empty", path);
+		}
+	pthread_mutex_unlock(&s->mu);
+	return ulp_archive_remove(s->a, path);
+}
+
+int ulp_session_setattr(ulp_session *s, const char *path, ulp_sfile *h, unsigned which, const ulp_meta *m)
+{
+	pthread_mutex_lock(&s->mu);
+	snode *n = h && h->n ? h->n : path ? find_node(s, path) : NULL;
+	if (n) {
+		if (which & ULP_SET_MODE)
+			n->meta.mode = m->mode & 07777;
+		if (which & ULP_SET_OWNER) {
+			if (m->uid != (uint32_t)-1)
+				n->meta.uid = m->uid;
+			if (m->gid != (uint32_t)-1)
+				n->meta.gid = m->gid;
+		}
+		if (which & ULP_SET_MTIME) {
+			n->meta.mtime = m->mtime;
+			n->mtime_set = 1;
+		}
+		n->attrs++;
+		/* a node identical to its archived version (opened for writing,
+		 * nothing written: touch, futimens, fchmod) is not archived again:
+		 * the archive takes the change now */
+		char *p = !n->dirty && final_name(n->path) ? strdup(n->path) : NULL;
+		ulp_meta nm = n->meta;
+		pthread_mutex_unlock(&s->mu);
+		int rc = 0;
+		if (p) {
+			rc = ulp_archive_setattr(s->a, p, which, &nm);
+			if (rc == -ULP_E_NOENT)
+				rc = 0;
+		}
+		free(p);
+		return rc;
+	}
+	ghost *g = path ? find_ghost(s, path) : NULL;
+	if (g) { /* unlinked while open: only its stat changes (invariant 6) */
+		if (which & ULP_SET_MODE)
+			g->st.mode = (g->st.mode & ~07777u) | (m->mode & 07777);
+		if ((which & ULP_SET_OWNER) && m->uid != (uint32_t)-1)
+			g->st.uid = m->uid;
+		if ((which & ULP_SET_OWNER) && m->gid != (uint32_t)-1)
+			g->st.gid = m->gid;
+		if (which & ULP_SET_MTIME)
+			g->st.mtime = m->mtime;
+		pthread_mutex_unlock(&s->mu);
+		return 0;
+	}
+	pthread_mutex_unlock(&s->mu);
+	if (!path)
+		return ulp_arch_err(s->a, -ULP_E_NOENT, "%s", "no such file");
+	ulp_meta mm = *m;
+	if (which & ULP_SET_OWNER) {
+		ulp_stat st;
+		if (ulp_archive_stat(s->a, path, &st) == 0) {
+			if (mm.uid == (uint32_t)-1)
+				mm.uid = st.uid;
+			if (mm.gid == (uint32_t)-1)
+				mm.gid = st.gid;
+		}
+	}
+	return ulp_archive_setattr(s->a, path, which, &mm);
+}

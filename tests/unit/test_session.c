@@ -1,0 +1,516 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_session.c - the write-back session (session.c) driven directly, no
+ * mount, no root: close queues and returns, the barrier archives, state and
+ * counters, rsync's temporary names, a dup'd descriptor that writes on after
+ * an earlier close (and a rename), unlinked-while-open files (hidden nodes
+ * and ghosts), backpressure with a tiny staging_max, writers on several
+ * threads (ULP_TEST_ONLY=concurrency: for ThreadSanitizer), and a crash-point
+ * test: a child runs a scripted workload and _exit()s after step k, for
+ * every k; the parent recovers the archive and checks every name and content.
+ */
+#include "tap.h"
+#include "ulpack.h"
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char root[256];
+static int n_archives;
+
+static ulp_archive *fresh(char *dir, size_t cap)
+{
+	snprintf(dir, cap, "%s/a%d", root, n_archives++);
+	char err[512];
+	ulp_archive *a = NULL;
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init: %s", err);
+	ulp_archive_opts o = {64 << 20, 0, 2, 0};
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "open: %s", err);
+	return a;
+}
+
+static void fill(uint8_t *b, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++)
+		b[i] = (uint8_t)((i * 2654435761u + seed * 40503u) >> 13);
+}
+
+/* 1 if path holds exactly want[0..n) in the archive */
+static int archived_is(ulp_archive *a, const char *path, const uint8_t *want, size_t n)
+{
+	ulp_file *f;
+	if (ulp_file_open(a, path, &f) < 0)
+		return 0;
+	int ok = ulp_file_get_stat(f)->size == n;
+	uint8_t *got = malloc(n + 1);
+	ok = ok && got && ulp_file_pread(f, got, n + 1, 0) == (int64_t)n && !memcmp(got, want, n);
+	free(got);
+	ulp_file_close(f);
+	return ok;
+}
+
+static int exists(ulp_archive *a, const char *path)
+{
+	ulp_stat st;
+	return ulp_archive_stat(a, path, &st) == 0;
+}
+
+static const ulp_meta M644 = {0644, 0, 0, {0, 0}};
+
+static int put_file(ulp_session *s, const char *path, const uint8_t *b, size_t n)
+{
+	ulp_sfile *h;
+	int rc = ulp_session_open_file(s, path, O_WRONLY | O_TRUNC, &M644, &h);
+	if (rc < 0)
+		return rc;
+	for (size_t o = 0; o < n && rc >= 0; o += 4096)
+		rc = (int)ulp_session_write(h, b + o, n - o < 4096 ? n - o : 4096, o);
+	int r2 = ulp_session_flush(h);
+	ulp_session_release(h);
+	return rc < 0 ? rc : r2;
+}
+
+static void test_basics(void)
+{
+	char dir[512];
+	ulp_archive *a = fresh(dir, sizeof(dir));
+	ulp_session *s;
+	REQUIRE(ulp_session_open(a, NULL, &s) == 0, "session");
+	uint8_t buf[50000], buf2[30000];
+	fill(buf, sizeof(buf), 1);
+	fill(buf2, sizeof(buf2), 2);
+	ulp_archive_mkdir(a, "d", &M644);
+	CHECK(put_file(s, "d/x.bin", buf, sizeof(buf)) == 0, "close");
+	char st[256];
+	ulp_stat sb;
+	CHECK(ulp_session_stat(s, "d/x.bin", &sb) == 0 && sb.size == sizeof(buf), "staged stat");
+	CHECK(ulp_session_sync(s, NULL, NULL) == 0, "barrier");
+	CHECK(archived_is(a, "d/x.bin", buf, sizeof(buf)), "archived after the barrier");
+	CHECK(ulp_session_state(s, "d/x.bin", st, sizeof(st)) == 0 && !strcmp(st, "archived"), "state %s", st);
+	ulp_session_stats c;
+	ulp_session_counters(s, &c);
+	CHECK(c.archived == 1 && c.archived_bytes == sizeof(buf) && c.queued == 0, "counters %llu",
+	      (unsigned long long)c.archived);
+
+	/* rsync: a temporary name waits for its rename */
+	CHECK(put_file(s, "d/.y.bin.Ab12Cd", buf2, sizeof(buf2)) == 0, "temp close");
+	ulp_session_sync(s, NULL, NULL);
+	CHECK(!exists(a, "d/.y.bin.Ab12Cd"), "temporary not archived");
+	CHECK(ulp_session_state(s, "d/.y.bin.Ab12Cd", st, sizeof(st)) == 0 && !strncmp(st, "staged", 6), "%s", st);
+	CHECK(ulp_session_rename(s, "d/.y.bin.Ab12Cd", "d/y.bin", 0) == 0, "rename");
+	ulp_session_sync(s, NULL, NULL);
+	CHECK(archived_is(a, "d/y.bin", buf2, sizeof(buf2)) && !exists(a, "d/.y.bin.Ab12Cd"), "renamed, archived");
+
+	/* a dup'd descriptor: the first close archives, the handle writes on,
+	 * follows a rename, and its last close archives the new bytes there */
+	ulp_sfile *h;
+	REQUIRE(ulp_session_open_file(s, "d/z.bin", O_WRONLY, &M644, &h) == 0, "create z");
+	CHECK(ulp_session_write(h, buf, 1000, 0) == 1000, "write");
+	CHECK(ulp_session_flush(h) == 0, "first close");
+	ulp_session_sync(s, NULL, NULL);
+	CHECK(archived_is(a, "d/z.bin", buf, 1000), "archived by the first close");
+	CHECK(ulp_session_rename(s, "d/z.bin", "d/z2.bin", 0) == 0, "rename while open");
+	CHECK(ulp_session_write(h, buf2, 500, 1000) == 500, "write on");
+	CHECK(ulp_session_flush(h) == 0, "second close");
+	ulp_session_release(h);
+	ulp_session_sync(s, NULL, NULL);
+	uint8_t both[1500];
+	memcpy(both, buf, 1000);
+	memcpy(both + 1000, buf2, 500);
+	CHECK(archived_is(a, "d/z2.bin", both, 1500) && !exists(a, "d/z.bin"), "dup'd fd wrote to the renamed file");
+
+	/* unlinked while open (libfuse's hidden name): never archived */
+	REQUIRE(ulp_session_open_file(s, "d/u.bin", O_WRONLY, &M644, &h) == 0, "create u");
+	ulp_session_write(h, buf, 2000, 0);
+	CHECK(ulp_session_rename(s, "d/u.bin", "d/.fuse_hidden0123456789abcdef", 0) == 0, "hide");
+	ulp_session_flush(h);
+	ulp_session_release(h);
+	ulp_session_unlink(s, "d/.fuse_hidden0123456789abcdef");
+	ulp_session_sync(s, NULL, NULL);
+	CHECK(!exists(a, "d/u.bin") && !exists(a, "d/.fuse_hidden0123456789abcdef"), "hidden never archived");
+	/* an archived file unlinked while open: a ghost that still reads */
+	REQUIRE(ulp_session_open_file(s, "d/x.bin", O_RDONLY, NULL, &h) == 0, "open x");
+	CHECK(ulp_session_rename(s, "d/x.bin", "d/.fuse_hiddenfedcba9876543210", 0) == 0, "hide archived");
+	CHECK(!exists(a, "d/x.bin"), "left the archive");
+	CHECK(ulp_session_stat(s, "d/.fuse_hiddenfedcba9876543210", &sb) == 0 && sb.size == sizeof(buf), "ghost stat");
+	uint8_t got[100];
+	CHECK(ulp_session_read(h, got, 100, 0) == 100 && !memcmp(got, buf, 100), "ghost reads");
+	ulp_session_release(h);
+	CHECK(ulp_session_unlink(s, "d/.fuse_hiddenfedcba9876543210") == 0, "ghost goes");
+
+	/* reopened for writing while queued: waits, then writes a new version */
+	CHECK(put_file(s, "d/w.bin", buf, sizeof(buf)) == 0, "w");
+	CHECK(put_file(s, "d/w.bin", buf2, sizeof(buf2)) == 0, "w again");
+	ulp_session_sync(s, NULL, NULL);
+	CHECK(archived_is(a, "d/w.bin", buf2, sizeof(buf2)), "second version");
+	ulp_session_close(s);
+	ulp_archive_close(a);
+}
+
+/* 1 if path reads as want[0..n) through the session */
+static int session_is(ulp_session *s, const char *path, const uint8_t *want, size_t n)
+{
+	ulp_sfile *h;
+	if (ulp_session_open_file(s, path, O_RDONLY, NULL, &h) < 0)
+		return 0;
+	uint8_t *got = malloc(n + 1);
+	int ok = got && ulp_session_read(h, got, n + 1, 0) == (int64_t)n && !memcmp(got, want, n);
+	free(got);
+	ulp_session_release(h);
+	return ok;
+}
+
+/*
+ * Directory renames while the archiver works below them (fuse_write.sh's
+ * POSIX battery read the old bytes of sub2/x, and fuse_open_files.sh's rmdir
+ * of gdir2 found it non-empty, under load: a put under the old name
+ * committed after the index had moved). Every round writes files into a
+ * directory, renames it at once (while they are queued or being archived),
+ * reads them under the new name, unlinks them and removes the directory
+ * (ENOTEMPTY only while it has entries); and a file hidden while open in a
+ * renamed directory (libfuse's order: unlink, then release) leaves it empty.
+ */
+static void test_dir_rename_race(void)
+{
+	char dir[512];
+	ulp_archive *a = fresh(dir, sizeof(dir));
+	ulp_session *s;
+	REQUIRE(ulp_session_open(a, NULL, &s) == 0, "session");
+	enum { ROUNDS = 12, FILES = 4, SZ = 300000 };
+	uint8_t *b = malloc(SZ);
+	REQUIRE(b, "malloc");
+	ulp_meta dm = {0755, 0, 0, {0, 0}};
+	int bad_read = 0, bad_arch = 0, bad_rmdir = 0, bad_left = 0;
+	for (int r = 0; r < ROUNDS; r++) {
+		char d1[64], d2[64], p[128];
+		snprintf(d1, sizeof(d1), "r%d", r);
+		snprintf(d2, sizeof(d2), "s%d", r);
+		REQUIRE(ulp_archive_mkdir(a, d1, &dm) == 0, "mkdir %s", d1);
+		for (int i = 0; i < FILES; i++) {
+			snprintf(p, sizeof(p), "%s/f%d", d1, i);
+			fill(b, SZ, (unsigned)(r * FILES + i));
+			REQUIRE(put_file(s, p, b, SZ - (size_t)i) == 0, "write %s", p);
+		}
+		REQUIRE(ulp_session_rename(s, d1, d2, 0) == 0, "rename %s", d1);
+		for (int i = 0; i < FILES; i++) {
+			snprintf(p, sizeof(p), "%s/f%d", d2, i);
+			fill(b, SZ, (unsigned)(r * FILES + i));
+			bad_read += !session_is(s, p, b, SZ - (size_t)i);
+		}
+		if (r % 2 == 0) { /* every other round: archived before the unlinks */
+			ulp_session_sync(s, NULL, NULL);
+			for (int i = 0; i < FILES; i++) {
+				snprintf(p, sizeof(p), "%s/f%d", d2, i);
+				fill(b, SZ, (unsigned)(r * FILES + i));
+				bad_arch += !archived_is(a, p, b, SZ - (size_t)i);
+			}
+			bad_arch += exists(a, d1);
+		}
+		bad_rmdir += ulp_session_rmdir(s, d2) != -ULP_E_NOTEMPTY;
+		for (int i = 0; i < FILES; i++) {
+			snprintf(p, sizeof(p), "%s/f%d", d2, i);
+			CHECK(ulp_session_unlink(s, p) == 0, "unlink %s", p);
+		}
+		bad_rmdir += ulp_session_rmdir(s, d2) != 0;
+	}
+	CHECK(bad_read == 0, "files read under the directory's new name: %d wrong", bad_read);
+	CHECK(bad_arch == 0, "archived under the new name only: %d wrong", bad_arch);
+	CHECK(bad_rmdir == 0, "rmdir: ENOTEMPTY with entries, 0 without: %d wrong", bad_rmdir);
+	ulp_session_sync(s, NULL, NULL);
+	for (int r = 0; r < ROUNDS; r++) {
+		char d[64];
+		snprintf(d, sizeof(d), "r%d", r);
+		bad_left += exists(a, d);
+		snprintf(d, sizeof(d), "s%d", r);
+		bad_left += exists(a, d);
+	}
+	CHECK(bad_left == 0, "no directory left behind: %d", bad_left);
+
+	/* fuse_open_files.sh's gdir: written, opened, hidden, directory renamed */
+	for (int r = 0; r < ROUNDS; r++) {
+		ulp_sfile *h;
+		REQUIRE(ulp_archive_mkdir(a, "gdir", &dm) == 0, "mkdir gdir");
+		fill(b, SZ, (unsigned)r);
+		REQUIRE(put_file(s, "gdir/g.txt", b, SZ) == 0, "write g");
+		REQUIRE(ulp_session_open_file(s, "gdir/g.txt", O_RDONLY, NULL, &h) == 0, "open g");
+		CHECK(ulp_session_rename(s, "gdir/g.txt", "gdir/.fuse_hidden00000000000000ab", 0) == 0, "hide g");
+		CHECK(ulp_session_rename(s, "gdir", "gdir2", 0) == 0, "rename gdir");
+		CHECK(session_is(s, "gdir2/.fuse_hidden00000000000000ab", b, SZ), "hidden g reads in gdir2");
+		if (r % 2) { /* the kernel's release is asynchronous: rmdir may come first */
+			CHECK(ulp_session_rmdir(s, "gdir2") == 0, "rmdir gdir2 before the release: %s", ulp_archive_errmsg(a));
+			CHECK(ulp_session_unlink(s, "gdir2/.fuse_hidden00000000000000ab") == 0, "unlink hidden");
+			ulp_session_release(h);
+		} else {
+			CHECK(ulp_session_unlink(s, "gdir2/.fuse_hidden00000000000000ab") == 0, "unlink hidden");
+			ulp_session_release(h);
+			CHECK(ulp_session_rmdir(s, "gdir2") == 0, "rmdir gdir2: %s", ulp_archive_errmsg(a));
+		}
+		ulp_session_sync(s, NULL, NULL);
+		CHECK(!exists(a, "gdir") && !exists(a, "gdir2"), "round %d: gdir and gdir2 gone", r);
+	}
+	free(b);
+	ulp_session_close(s);
+	ulp_archive_close(a);
+}
+
+static void test_backpressure(void)
+{
+	char dir[512];
+	ulp_archive *a = fresh(dir, sizeof(dir));
+	ulp_session *s;
+	ulp_session_opts o = {1, NULL, NULL}; /* one byte: writes wait until nothing waits in the queue */
+	REQUIRE(ulp_session_open(a, &o, &s) == 0, "session");
+	uint8_t buf[20000];
+	char p[64];
+	for (int i = 0; i < 8; i++) {
+		fill(buf, sizeof(buf), (unsigned)i);
+		snprintf(p, sizeof(p), "f%d", i);
+		CHECK(put_file(s, p, buf, sizeof(buf)) == 0, "put %d", i);
+		ulp_session_stats c;
+		ulp_session_counters(s, &c);
+		/* staging_max, plus the file being archived and the one just closed */
+		CHECK(c.queued <= 2, "queue bounded: %llu", (unsigned long long)c.queued);
+	}
+	CHECK(ulp_session_sync(s, NULL, NULL) == 0, "sync");
+	for (int i = 0; i < 8; i++) {
+		fill(buf, sizeof(buf), (unsigned)i);
+		snprintf(p, sizeof(p), "f%d", i);
+		CHECK(archived_is(a, p, buf, sizeof(buf)), "%s", p);
+	}
+	ulp_session_close(s);
+	ulp_archive_close(a);
+}
+
+typedef struct worker {
+	ulp_session *s;
+	int id;
+	int bad;
+} worker;
+
+static void *writer(void *arg)
+{
+	worker *w = arg;
+	uint8_t buf[12000];
+	char tmp[64], fin[64];
+	for (int i = 0; i < 6; i++) {
+		fill(buf, sizeof(buf), (unsigned)(w->id * 100 + i));
+		snprintf(tmp, sizeof(tmp), "t%d/.f%d.bin.Q%05d", w->id, i, i);
+		snprintf(fin, sizeof(fin), "t%d/f%d.bin", w->id, i);
+		if (put_file(w->s, i % 2 ? tmp : fin, buf, sizeof(buf)) < 0)
+			w->bad++;
+		if (i % 2 && ulp_session_rename(w->s, tmp, fin, 0) < 0)
+			w->bad++;
+		ulp_stat st;
+		if (ulp_session_stat(w->s, fin, &st) < 0 || st.size != sizeof(buf))
+			w->bad++;
+		if (i == 3)
+			ulp_session_sync(w->s, NULL, NULL);
+	}
+	return NULL;
+}
+
+static void test_concurrency(void)
+{
+	char dir[512];
+	ulp_archive *a = fresh(dir, sizeof(dir));
+	ulp_session *s;
+	REQUIRE(ulp_session_open(a, NULL, &s) == 0, "session");
+	pthread_t t[4];
+	worker w[4];
+	char p[64];
+	for (int i = 0; i < 4; i++) {
+		snprintf(p, sizeof(p), "t%d", i);
+		ulp_archive_mkdir(a, p, &M644);
+		w[i] = (worker){s, i, 0};
+		pthread_create(&t[i], NULL, writer, &w[i]);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(t[i], NULL);
+		CHECK(w[i].bad == 0, "writer %d: %d failures", i, w[i].bad);
+	}
+	CHECK(ulp_session_sync(s, NULL, NULL) == 0, "sync");
+	uint8_t buf[12000];
+	for (int i = 0; i < 4; i++)
+		for (int j = 0; j < 6; j++) {
+			fill(buf, sizeof(buf), (unsigned)(i * 100 + j));
+			snprintf(p, sizeof(p), "t%d/f%d.bin", i, j);
+			CHECK(archived_is(a, p, buf, sizeof(buf)), "%s", p);
+		}
+	ulp_session_close(s);
+	ulp_archive_close(a);
+}
+
+/* ---- crash points ------------------------------------------------------------ */
+
+#define STEPS 16
+enum { A1, A2, B1, C1, D1, F1, NV };
+static uint8_t vers[NV][9000];
+static size_t vlen[NV] = {9000, 7000, 8000, 6000, 5000, 4000};
+
+static void step(int *k, int stop)
+{
+	if (++*k == stop)
+		_exit(0); /* as kill -9: no close, the archiver stops wherever it is */
+}
+
+static int wr(ulp_sfile *h, int v)
+{
+	return ulp_session_write(h, vers[v], vlen[v], 0) == (int64_t)vlen[v] ? 0 : -1;
+}
+
+/* a failed operation of the workload: named on stderr, exit status 4 */
+static void op(int *bad, int line, ulp_archive *a, int rc)
+{
+	if (rc) {
+		fprintf(stderr, "workload line %d: %d: %s\n", line, rc, ulp_archive_errmsg(a));
+		*bad = 1;
+	}
+}
+
+static void workload(const char *dir, int stop)
+{
+	char err[512];
+	ulp_archive *a;
+	ulp_archive_opts o = {16 << 20, 0, 2, 0};
+	if (ulp_archive_open(dir, &o, &a, err, sizeof(err)) < 0)
+		_exit(3);
+	ulp_session *s;
+	if (ulp_session_open(a, NULL, &s) < 0)
+		_exit(3);
+	ulp_sfile *h, *hc, *hf;
+	int k = 0, bad = 0;
+	op(&bad, __LINE__, a, ulp_session_open_file(s, "a.bin", O_WRONLY, &M644, &h) || wr(h, A1)); /* 1 */
+	step(&k, stop);
+	op(&bad, __LINE__, a, ulp_session_flush(h));                                              /* 2: a = A1 */
+	ulp_session_release(h);
+	step(&k, stop);
+	op(&bad, __LINE__, a, ulp_session_open_file(s, ".b.bin.Xy12Zz", O_WRONLY, &M644, &h) || wr(h, B1)); /* 3 */
+	step(&k, stop);
+	op(&bad, __LINE__, a, ulp_session_flush(h));                                              /* 4: temp = B1 */
+	ulp_session_release(h);
+	step(&k, stop);
+	op(&bad, __LINE__, a, ulp_session_rename(s, ".b.bin.Xy12Zz", "b.bin", 0));                /* 5: b = B1 */
+	step(&k, stop);
+	op(&bad, __LINE__, a, ulp_session_open_file(s, "a.bin", O_RDWR | O_TRUNC, NULL, &h) || wr(h, A2)); /* 6: a = A1 */
+	step(&k, stop);
+	op(&bad, __LINE__, a, ulp_session_flush(h));                                              /* 7: a = A2 */
+	ulp_session_release(h);
+	step(&k, stop);
+	op(&bad, __LINE__, a, ulp_session_open_file(s, "c.bin", O_WRONLY, &M644, &hc) || wr(hc, C1) || ulp_session_fsync(hc)); /* 8 */
+	step(&k, stop);
+	op(&bad, __LINE__, a, ulp_session_unlink(s, "b.bin"));                                    /* 9: b gone */
+	step(&k, stop);
+	op(&bad, __LINE__, a, put_file(s, "d.bin", vers[D1], vlen[D1]));                          /* 10: d = D1 */
+	step(&k, stop);
+	op(&bad, __LINE__, a, ulp_session_rename(s, "d.bin", "e.bin", 0));                        /* 11: e = D1 */
+	step(&k, stop);
+	op(&bad, __LINE__, a, ulp_session_open_file(s, "f.bin", O_WRONLY, &M644, &hf) || wr(hf, F1) || ulp_session_flush(hf)); /* 12 */
+	step(&k, stop);
+	op(&bad, __LINE__, a, ulp_session_rename(s, "f.bin", ".fuse_hidden00000000000000aa", 0)); /* 13: f gone */
+	step(&k, stop);
+	/* libfuse's order at the last close of a hidden file: unlink, then release */
+	op(&bad, __LINE__, a, ulp_session_unlink(s, ".fuse_hidden00000000000000aa"));             /* 14 */
+	ulp_session_release(hf);
+	step(&k, stop);
+	op(&bad, __LINE__, a, ulp_session_flush(hc));                                             /* 15 */
+	ulp_session_release(hc);
+	step(&k, stop);
+	op(&bad, __LINE__, a, ulp_session_sync(s, NULL, NULL));                                   /* 16 */
+	step(&k, stop);
+	ulp_session_close(s);
+	ulp_archive_close(a);
+	_exit(bad ? 4 : 0);
+}
+
+/* what each name must hold after a crash after step k: -1 absent, else a version */
+static int expect(const char *name, int k)
+{
+	if (!strcmp(name, "a.bin"))
+		return k < 2 ? -1 : k < 7 ? A1 : A2;
+	if (!strcmp(name, ".b.bin.Xy12Zz"))
+		return k == 4 ? B1 : -1;
+	if (!strcmp(name, "b.bin"))
+		return k >= 5 && k < 9 ? B1 : -1;
+	if (!strcmp(name, "c.bin"))
+		return k >= 8 ? C1 : -1;
+	if (!strcmp(name, "d.bin"))
+		return k == 10 ? D1 : -1;
+	if (!strcmp(name, "e.bin"))
+		return k >= 11 ? D1 : -1;
+	if (!strcmp(name, "f.bin"))
+		return k == 12 ? F1 : -1;
+	return -1;
+}
+
+static const char *const names[] = {"a.bin", ".b.bin.Xy12Zz", "b.bin", "c.bin", "d.bin", "e.bin", "f.bin",
+                                    ".fuse_hidden00000000000000aa"};
+
+static int count_entry(void *arg, const char *name, const ulp_stat *st)
+{
+	(void)name, (void)st;
+	++*(int *)arg;
+	return 0;
+}
+
+static void test_crash_points(void)
+{
+	for (int v = 0; v < NV; v++)
+		fill(vers[v], vlen[v], (unsigned)(v + 7));
+	for (int k = 1; k <= STEPS + 1; k++) {
+		char dir[512];
+		ulp_archive *a = fresh(dir, sizeof(dir));
+		ulp_archive_close(a);
+		fflush(NULL);
+		pid_t pid = fork();
+		REQUIRE(pid >= 0, "fork");
+		if (pid == 0)
+			workload(dir, k);
+		int ws;
+		waitpid(pid, &ws, 0);
+		CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "k=%d: workload exit %d", k, ws);
+		char err[512];
+		ulp_archive_opts o = {16 << 20, 0, 2, 0};
+		REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "reopen: %s", err);
+		unsigned rec, rem;
+		CHECK(ulp_stage_recover(a, &rec, &rem) == 0, "k=%d: recover: %s", k, ulp_archive_errmsg(a));
+		int want_n = 0, n = 0;
+		for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+			int e = expect(names[i], k > STEPS ? STEPS : k);
+			if (e < 0) {
+				CHECK(!exists(a, names[i]), "k=%d: %s should be absent", k, names[i]);
+			} else {
+				want_n++;
+				CHECK(archived_is(a, names[i], vers[e], vlen[e]), "k=%d: %s should hold version %d", k,
+				      names[i], e);
+			}
+		}
+		ulp_archive_readdir(a, "", count_entry, &n);
+		CHECK(n == want_n, "k=%d: %d names, want %d", k, n, want_n);
+		CHECK(ulp_archive_verify(a, "", NULL, NULL) == 0, "k=%d: verify", k);
+		ulp_archive_close(a);
+	}
+}
+
+int main(void)
+{
+	snprintf(root, sizeof(root), "/tmp/ulp-session-XXXXXX");
+	REQUIRE(mkdtemp(root), "mkdtemp");
+	const char *only = getenv("ULP_TEST_ONLY");
+	if (!only || strcmp(only, "concurrency") != 0) {
+		test_basics();
+		test_backpressure();
+		test_dir_rename_race();
+		test_crash_points();
+	}
+	test_concurrency();
+	char cmd[300];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+	if (system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", root);
+	return tap_done();
+}
