@@ -8,6 +8,11 @@
 #      mount vs into a plain directory, peak memory of ulpackfs, sequential
 #      cold read of a delta-coded checkpoint whose reference is cached, the
 #      same read warm (page cache), a plain file, and `ulpack cat`;
+#   C. cold reads (issue 17): the newest checkpoint of a run, and the step in the
+#      middle of a 16-step run, read once (dd, 1 MiB blocks) through a freshly
+#      started mount with the page cache dropped (when this user may), next to
+#      squashfuse on a zstd -19 squashfs image and borg mount (zstd,3) of the same
+#      run when those are installed, and a plain directory;
 #   E. `ulpack export` of one step at chain depth 7 against cp -r of it;
 #   R. re-basing (issue 15): `ulpack forget --keep-every` on a 12-step synthetic
 #      run and on tiny-lm, pack bytes before and after against an import of the
@@ -210,6 +215,47 @@ echo "  plain file (page cache):                    $(mbps "$size" "$t_file") MB
 echo "  ulpack cat (a fresh process, chain decoded): $(mbps "$size" "$t_cat") MB/s"
 echo "rsync -a of the whole run out of a fresh mount: $(mbps "$raw" "$t_restore") MB/s" \
 	"($(echo "$t_plain $t_restore" | awk '{ printf "%.3f", $1 / $2 }') x rsync between plain directories)"
+
+echo "== C. cold reads: one file through a freshly started mount, page cache dropped, dd 1 MiB blocks"
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2> /dev/null || true; }
+can_drop=no; [ -w /proc/sys/vm/drop_caches ] && can_drop=yes
+cold_dd() { # MOUNT_CMD UMOUNT_CMD FILE: MB/s of a cold read, median of 3
+	for i in 1 2 3; do
+		drop
+		eval "$1" > /dev/null 2>&1 || { echo "-"; return; }
+		t=$(dd_ns "$3")
+		eval "$2" > /dev/null 2>&1
+		echo "$t"
+	done | sort -n | sed -n 2p | { read -r t; [ -n "$t" ] && mbps "$(stat -c %s "$4")" "$t" || echo "-"; }
+}
+"$ULPACK" synth "$T/c16" --steps 16 > /dev/null
+set -- "synthetic-8 $T/run checkpoint-800/model.safetensors" "synthetic-16-middle $T/c16 checkpoint-800/model.safetensors"
+[ -d "$DATA/tiny-lm/bf16" ] && set -- "$@" "tiny-lm-bf16 $DATA/tiny-lm/bf16 checkpoint-400/model.safetensors" \
+	"tiny-lm-bf16-middle $DATA/tiny-lm/bf16 checkpoint-200/model.safetensors"
+printf '%-20s %9s | %9s %9s %9s %9s | %6s %6s\n' case bytes ulpackfs squashfuse borg plain "x sq" "x borg"
+for c in "$@"; do
+	set -- $c
+	name=$1 src=$2 f=$3
+	A="$T/c-$name"; rm -rf "$A" "$T/sq.img" "$T/borg"
+	"$ULPACK" init "$A" > /dev/null && "$ULPACK" import "$A" "$src" > /dev/null
+	u=$(cold_dd "'$ULPACKFS' '$A' '$M'" "fusermount3 -u '$M'" "$M/$f" "$src/$f")
+	sq=- bo=-
+	if command -v mksquashfs > /dev/null && command -v squashfuse > /dev/null; then
+		mksquashfs "$src" "$T/sq.img" -comp zstd -Xcompression-level 19 -noappend -quiet > /dev/null 2>&1 &&
+			sq=$(cold_dd "squashfuse '$T/sq.img' '$M'" "fusermount3 -u '$M' || fusermount -u '$M'" "$M/$f" "$src/$f")
+	fi
+	if command -v borg > /dev/null; then
+		export BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK=yes BORG_RELOCATED_REPO_ACCESS_IS_OK=yes
+		borg init --encryption=none "$T/borg" > /dev/null 2>&1 && (cd "$src" && borg create --compression zstd,3 "$T/borg::a" . > /dev/null 2>&1) &&
+			bo=$(cold_dd "borg mount '$T/borg::a' '$M' && sleep 0.3" "borg umount '$M'" "$M/$f" "$src/$f")
+	fi
+	drop
+	pl=$(dd_ns "$src/$f"); pl=$(mbps "$(stat -c %s "$src/$f")" "$pl")
+	printf '%-20s %9s | %9s %9s %9s %9s | %6s %6s\n' "$name" "$(stat -c %s "$src/$f")" "$u" "$sq" "$bo" "$pl" \
+		"$(echo "$u $sq" | awk '$2 != "-" && $1 != "-" { printf "%.2f", $1 / $2 }')" \
+		"$(echo "$u $bo" | awk '$2 != "-" && $1 != "-" { printf "%.2f", $1 / $2 }')"
+done
+echo "(MB/s, medians of 3; page cache dropped: $can_drop; targets: newest >= 0.8 x squashfuse, middle of 16 >= 0.4 x)"
 exit 0
 
 # ---- 3. a trainer-like save: model.safetensors in a few large writes and an

@@ -148,6 +148,7 @@ void ulp_archive_close(ulp_archive *a)
 	ulp_cache_free(a->cache);
 	ulp_pool_free(a->pool);
 	ulp_ingest_free_spare(a);
+	ulp_layout_forget_expected(a);
 	ulp_pack_unmap_all(a);
 	pthread_key_delete(a->tls); /* no destructor runs after this */
 	ulp_tstate_free_all(a);

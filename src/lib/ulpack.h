@@ -344,6 +344,16 @@ typedef struct ulp_put_result {
  */
 int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *meta,
                     ulp_put_result *res);
+/**
+ * Tells the archive which files an import is about to put (paths inside the
+ * archive), so that each is coded where the final layout of its series puts
+ * it (ulpack-format(5): the newest step an anchor, deltas at most about
+ * max_chain/2 deep), with no re-coding afterwards. rank[i] receives the
+ * order to put paths[i] in (lowest first; equal ranks in any order): every
+ * file's reference is archived before it. The list holds until the next call
+ * (n = 0 clears it) or the close. Errors: NOMEM, IO.
+ */
+int ulp_archive_expect(ulp_archive *a, const char *const *paths, size_t n, uint32_t *rank);
 int ulp_archive_symlink(ulp_archive *a, const char *path, const char *target, const ulp_meta *meta);
 int ulp_archive_mkdir(ulp_archive *a, const char *path, const ulp_meta *meta);
 /** Removes a file or symlink (rm) or an empty directory (rmdir). Blobs stay

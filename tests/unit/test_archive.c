@@ -174,12 +174,24 @@ static void test_trajectory(void)
 		snprintf(ap, sizeof(ap), "run/checkpoint-%d/model.safetensors", steps[i]);
 		ulp_put_result res;
 		REQUIRE(put_path(a, ap, file, &res) == 0, "put %s: %s", ap, ulp_archive_errmsg(a));
-		/* nearest step among those already archived, either side */
-		int best = -1;
-		for (int j = 0; j < i; j++)
-			if (best < 0 || abs(steps[j] - steps[i]) < abs(best - steps[i]) ||
-			    (abs(steps[j] - steps[i]) == abs(best - steps[i]) && steps[j] < best))
-				best = steps[j];
+		/* the step the layout of the series names among those archived
+		 * and this one (layout.c): the newest an anchor */
+		int sorted[10], me = 0, best = -1;
+		for (int j = 0; j <= i; j++) {
+			int k = j;
+			while (k > 0 && sorted[k - 1] > steps[j]) {
+				sorted[k] = sorted[k - 1];
+				k--;
+			}
+			sorted[k] = steps[j];
+		}
+		while (sorted[me] != steps[i])
+			me++;
+		ptrdiff_t r = ulp_layout_ref((size_t)me, (size_t)i + 1, 3);
+		if (r >= 0)
+			best = sorted[r];
+		if (i == 0 || steps[i] > sorted[i - 1 >= 0 ? i - 1 : 0])
+			CHECK(r < 0, "%s: the newest step is an anchor", ap);
 		char want[128] = "";
 		if (best >= 0)
 			snprintf(want, sizeof(want), "run/checkpoint-%d/model.safetensors", best);
@@ -768,6 +780,8 @@ static void test_step_order(void)
 		snprintf(ap, sizeof(ap), "o/checkpoint-%d/model.safetensors", s * 100);
 		REQUIRE(put_path(a, ap, file, NULL) == 0, "put %s: %s", ap, ulp_archive_errmsg(a));
 	}
+	/* each newest step came as an anchor: the queue re-codes the earlier ones */
+	REQUIRE(ulp_archive_rebase_pending(a, NULL, NULL, NULL) == 0, "rebase: %s", ulp_archive_errmsg(a));
 	ulp_archive_close(a);
 	o.cache_size = (uint64_t)(n * 2) * 3 / 2; /* 1.5 checkpoints */
 	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "reopen"); /* cold cache */
