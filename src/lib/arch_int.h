@@ -41,6 +41,10 @@ void ulp_cache_put(ulp_cache *c, ulp_centry *e);
 /* ulp_cache_put, but an entry it leaves unpinned goes first when space is
  * needed (a value whose user is done with it, likely not wanted soon). */
 void ulp_cache_put_cold(ulp_cache *c, ulp_centry *e);
+/* A reference's chunk after its delta was decoded: cold if its own file's
+ * reader has had it (a forward delta read in step order), else kept warm (a
+ * backward delta: the step after, read next, layout.c invariant 4). */
+void ulp_cache_put_ref(ulp_cache *c, ulp_centry *e);
 /* Notes that a pinned chunk was returned to a reader of its own file (not
  * only used as a reference): once released cold it may be recycled. */
 void ulp_cache_mark_served(ulp_centry *e);

@@ -4,82 +4,90 @@
  * ingest writes, ulp_archive_rebase_pending restores after a newer step
  * arrives, and import writes directly (ulp_archive_expect).
  *
- * The steps of a series, in step order, are positions 0..n-1. With
- * max_chain M, period P = M + 1, F = ceil(M / 2) forward deltas and
- * B = M - F backward deltas a period:
+ * The steps of a series, in step order, are positions 0..n-1, cut into
+ * segments of P = M + 1 positions (max_chain M): segment s holds positions
+ * sP .. sP + M. With F = ceil(M / 2):
  *
- *   position i          role
- *   i == n - 1          anchor (the newest step: a cold read decodes nothing)
- *   i % P == 0          anchor
- *   1 <= i % P <= F     delta against i - 1 (forward: depth i % P)
- *   i % P > F           delta against i + 1 (backward: depth e - i, where e
- *                       is the next anchor, min(the next multiple of P, n - 1))
+ *   position i of segment s, e = min(sP + M, n - 1)   role
+ *   i == e (the segment's last step, or the newest)   anchor
+ *   s == 0, i < e                                      delta against i + 1 (backward, depth e - i)
+ *   s >= 1, i < sP + F, i < e                          delta against i - 1 (forward from the
+ *                                                      previous segment's anchor, depth i - sP + 1)
+ *   s >= 1, sP + F <= i < e                            delta against i + 1 (backward, depth e - i)
  *
- *   A . . . . . . . . A . . . . . . . . A . . . N     (M = 16: P = 17, F = B = 8)
- *     -> -> ->  <- <- <-  -> ...
+ *   . . . . . . . . . . . . . . . . A . . . . . . . . . . . . . . . . A . . N
+ *   <- <- <- <- <- <- <- <- <- <- <-  -> -> -> ->  <- <- <- <-  -> ...
+ *   (M = 16: P = 17, F = 8; segment 0 backward only, then 8 forward, 8 backward)
  *
  * Invariants:
- *  1. A chain holds at most max(F, B) = ceil(M / 2) deltas, so a cold read of
- *     any step decodes at most that many deltas plus one anchor.
- *  2. There is one anchor every P steps, as many as when every step is a
- *     forward delta and a chain of M deltas ends in an anchor: the stored
- *     size stays that of forward coding.
- *  3. A new newest step (position n) changes the role of one other step only,
- *     the previous newest (n - 1): from anchor to a delta against n - 2
- *     (forward part of a period) or against n (backward part); every other
- *     reference stays. So an append costs one re-coding, done in the
- *     background (the rebase queue).
+ *  1. A chain holds at most M deltas; outside segment 0 at most F =
+ *     ceil(M / 2), so a cold read there decodes at most that many deltas plus
+ *     one anchor. In segment 0 (the first M + 1 steps) a step i is e - i deep:
+ *     the newest steps are shallow, the oldest up to M deep.
+ *  2. There are ceil(n / P) anchors, exactly as many as when every step is a
+ *     forward delta and every (M + 1)-th step starts a new chain: the stored
+ *     size is that of forward coding (each delta is against an adjacent step,
+ *     as there).
+ *  3. A new newest step (position n) changes the role of one other step at
+ *     most, the previous newest (n - 1): while its segment is incomplete it
+ *     was the anchor and becomes a delta, against n - 2 (forward part) or
+ *     against n (backward part); when n starts a new segment it stays the
+ *     anchor. Every other reference stays. So an append costs at most one
+ *     re-coding, done in the background (the rebase queue).
  *  4. Reading the steps in order decodes each delta once: forward deltas
  *     need the step before, backward ones the step after, whose chain the
- *     first read of the backward part decodes and caches.
+ *     first read of the backward part decodes and leaves in the cache (a
+ *     reference nobody has read yet is kept warm, read.c).
+ *  5. ulp_layout_order lists every reference before the steps coded
+ *     against it, so an import in that order writes the final layout with
+ *     no re-coding.
  */
 #include "arch_int.h"
 #include <stdio.h>
 #include <stdlib.h>
 
-static void period(unsigned max_chain, size_t *P, size_t *F)
+typedef struct seg {
+	size_t s0, e, f; /* first position, anchor, end of the forward part (exclusive) */
+} seg;
+
+static seg seg_of(size_t i, size_t n, unsigned max_chain)
 {
-	*P = (size_t)max_chain + 1;
-	*F = ((size_t)max_chain + 1) / 2;
+	size_t P = (size_t)max_chain + 1, F = ((size_t)max_chain + 1) / 2;
+	seg g;
+	g.s0 = i - i % P;
+	g.e = ULP_MIN(g.s0 + P - 1, n - 1);
+	g.f = g.s0 == 0 ? 0 : ULP_MIN(g.s0 + F, g.e);
+	return g;
 }
 
 ptrdiff_t ulp_layout_ref(size_t i, size_t n, unsigned max_chain)
 {
-	size_t P, F;
-	period(max_chain, &P, &F);
-	if (i + 1 >= n || i % P == 0)
+	if (i + 1 >= n)
 		return -1;
-	return i % P <= F ? (ptrdiff_t)i - 1 : (ptrdiff_t)i + 1;
+	seg g = seg_of(i, n, max_chain);
+	if (i == g.e)
+		return -1;
+	return i < g.f ? (ptrdiff_t)i - 1 : (ptrdiff_t)i + 1;
 }
 
 unsigned ulp_layout_depth(size_t i, size_t n, unsigned max_chain)
 {
-	size_t P, F;
-	period(max_chain, &P, &F);
-	if (i + 1 >= n || i % P == 0)
+	if (i + 1 >= n)
 		return 0;
-	if (i % P <= F)
-		return (unsigned)(i % P);
-	size_t e = ULP_MIN(i - i % P + P, n - 1);
-	return (unsigned)(e - i);
+	seg g = seg_of(i, n, max_chain);
+	return (unsigned)(i < g.f ? i - g.s0 + 1 : g.e - i);
 }
 
 size_t ulp_layout_order(size_t n, unsigned max_chain, size_t *order)
 {
-	size_t P, F, k = 0;
-	period(max_chain, &P, &F);
-	if (n == 0)
-		return 0;
-	order[k++] = 0;
-	for (size_t s = 0; s + 1 < n; s += P) {
-		for (size_t i = s + 1; i <= ULP_MIN(s + F, n - 1); i++)
+	size_t P = (size_t)max_chain + 1, k = 0;
+	for (size_t s0 = 0; s0 < n; s0 += P) {
+		seg g = seg_of(s0, n, max_chain);
+		for (size_t i = s0; i < g.f; i++)
 			order[k++] = i;
-		size_t e = ULP_MIN(s + P, n - 1);
-		if (e > s + F) {
-			order[k++] = e;
-			for (size_t i = e - 1; i > s + F; i--)
-				order[k++] = i;
-		}
+		order[k++] = g.e;
+		for (size_t i = g.e; i-- > g.f;)
+			order[k++] = i;
 	}
 	return k;
 }

@@ -259,8 +259,10 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 	(*walk)++;
 	/* the reference's chunk goes first when space is needed: steps read in
 	 * order need this chunk next, not that one, so a cache the size of one
-	 * checkpoint (not two) keeps each read to one delta a chunk */
-	ulp_cache_put_cold(a->cache, re);
+	 * checkpoint (not two) keeps each read to one delta a chunk. A reference
+	 * its reader has not had yet (a backward delta, layout.c) is the step
+	 * read next: it stays warm. */
+	ulp_cache_put_ref(a->cache, re);
 	ulp_cache_put(a->cache, be);
 	ulp_cache_fill(a->cache, *e, buf, (size_t)l, ulp_cache_free_buf);
 	*eout = ce;

@@ -153,9 +153,25 @@ static int plan_tensor(plan *P, const ulp_rbtensor *t, int mode)
 		return 0;
 	uint8_t cand[N_CANDIDATES][ULP_SHA256_LEN];
 	size_t nc = 0;
-	ULP_TRY(ulp_index_candidates(a, t, cand, mode == RB_MUST ? N_CANDIDATES : 1, &nc));
 	unsigned h = 0;
 	ULP_TRY(ulp_index_height(a, t->content, mode == RB_MUST, &h));
+	/* a tensor that must move (its reference is forgotten): first onto the
+	 * step the layout of its series names among those kept (layout.c), so
+	 * that the kept steps end as an import of them alone would code them */
+	if (mode == RB_MUST && t->series) {
+		int64_t rf = -1;
+		ulp_blobrow row;
+		ULP_TRY(ulp_layout_target(a, t->series, t->step, t->path, &rf, NULL, 0));
+		if (rf >= 0 && ulp_index_tensor(a, rf, t->name, t->dtype, t->length, cand[0], &row) == 0 &&
+		    memcmp(cand[0], t->content, ULP_SHA256_LEN) != 0) {
+			unsigned d = 0;
+			rc = walk(P, cand[0], t->content, &d);
+			ULP_TRY(rc);
+			if (rc == 0 && d + 1 + h <= a->max_chain)
+				return add_item(P, t, &old, cand[0], d + 1, mode);
+		}
+	}
+	ULP_TRY(ulp_index_candidates(a, t, cand, mode == RB_MUST ? N_CANDIDATES : 1, &nc));
 	for (size_t i = 0; i < nc; i++) {
 		if (mode == RB_IMPROVE && old.has_ref && memcmp(old.ref, cand[i], ULP_SHA256_LEN) == 0)
 			return 0; /* on its nearest step already */

@@ -45,14 +45,16 @@ assert int(os.getxattr(p, "user.ulpack.chain_depth")) == 0, os.getxattr(p, "user
 	&& ok "newest step saved through the mount: an anchor" || fail "newest step not an anchor"
 umount_fs "$T/m2"
 "$U" gc "$T/tmp" > /dev/null || fail "gc (tmp)"
-# once re-coded: the layout of ulpack-format(5), chains at most max_chain / 2
+# once re-coded: the layout of ulpack-format(5): twelve steps, one segment
+# (max_chain 16), the newest its anchor, each other step a backward delta
+# against the step after it
 "$U" stat "$T/tmp" --json | "$PY" -c '
 import json, sys
 d = json.load(sys.stdin)
 f = {x["step"]: x for x in d["files"] if x["path"].endswith("model.safetensors")}
-assert f[1200]["anchor"] and f[100]["anchor"], (f[1200], f[100])
-assert all(0 < f[s]["chain_depth"] <= 8 for s in range(200, 1200, 100)), [(s, f[s]["chain_depth"]) for s in f]' \
-	&& ok "after re-coding: first and newest anchors, every other step a delta at most 8 deep" \
+assert f[1200]["anchor"], f[1200]
+assert all(f[s]["chain_depth"] == (1200 - s) // 100 for s in range(100, 1200, 100)), [(s, f[s]["chain_depth"]) for s in f]' \
+	&& ok "after re-coding: the newest the anchor, every other step a backward delta" \
 	|| fail "layout after re-coding"
 B=$(pack_bytes "$T/tmp")
 "$U" verify "$T/tmp" > /dev/null || fail "verify (tmp)"
