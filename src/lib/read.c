@@ -61,7 +61,8 @@ struct ulp_file {
 	size_t n_ext;
 	uint64_t *hoff;       /* n_ext + 1: header bytes before extent i (invariant 3) */
 	uint64_t next_off;    /* where the last read ended (atomic: a hint) */
-	uint64_t ra_mark;     /* last chunk posted for read-ahead: ext << 32 | k, plus 1 */
+	uint64_t ra_mark;     /* furthest chunk posted for read-ahead: ext << 32 | k, plus 1 */
+	uint64_t ra_from;     /* the first chunk of the last read-ahead window, the same way */
 	char path[];
 };
 
@@ -421,20 +422,27 @@ int ulp_read_content(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint8_t 
 /* ---- sequential read-ahead ------------------------------------------------ */
 
 /*
- * A file read in order has the chunk after the one being read decoded in the
- * background, by one thread per archive, so that decoding overlaps the copy
- * of the current chunk to the reader (the kernel asks for 128-256 KiB at a
- * time, a chunk is up to a few MiB).
+ * A file read in order has the chunks after the one being read decoded in the
+ * background, so that decoding overlaps the copy of the current chunk to the
+ * reader (the kernel asks for 128-256 KiB at a time, a chunk is up to a few
+ * MiB), and so that a cold read keeps every core decoding: the links of one
+ * chunk's chain are decoded in turn (each needs the one before), the chunks
+ * are independent. One read-ahead thread a thread of the archive's pool, and
+ * a window of as many chunks ahead of the reader.
  *
  * Invariants:
  *  1. The queue holds at most RA_QUEUE chunks; a post to a full queue is
  *     dropped (read-ahead is a hint, never a wait).
- *  2. The thread only loads chunks into the cache and lets go of them; a
+ *  2. The threads only load chunks into the cache and let go of them; a
  *     failure is left for the reader that needs the chunk to report.
- *  3. ulp_readahead_stop joins the thread before the archive frees the cache
- *     and the index connections it uses.
+ *  3. ulp_readahead_stop joins the threads before the archive frees the cache
+ *     and the index connections they use.
+ *  4. A chunk already loading is waited for, not decoded twice (the cache's
+ *     single-flight loading): a thread that takes a chunk another thread or
+ *     the reader is decoding only waits for it.
  */
-#define RA_QUEUE 8
+#define RA_QUEUE 16
+#define RA_THREADS 8
 
 typedef struct ra_item {
 	uint8_t sha[ULP_SHA256_LEN];
@@ -443,7 +451,8 @@ typedef struct ra_item {
 
 struct readahead {
 	ulp_archive *a;
-	pthread_t th;
+	pthread_t th[RA_THREADS];
+	int n_th;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	ra_item q[RA_QUEUE];
@@ -475,6 +484,13 @@ static void *ra_main(void *arg)
 	return NULL;
 }
 
+/* How many chunks ahead of the reader: one a read-ahead thread. */
+static unsigned ra_window(ulp_archive *a)
+{
+	int t = ulp_pool_threads(a->pool);
+	return t < 1 ? 1 : t > RA_THREADS ? RA_THREADS : (unsigned)t;
+}
+
 static void ra_post(ulp_archive *a, const uint8_t *sha, uint32_t k)
 {
 	pthread_mutex_lock(&a->mu);
@@ -483,7 +499,10 @@ static void ra_post(ulp_archive *a, const uint8_t *sha, uint32_t k)
 		r->a = a;
 		pthread_mutex_init(&r->mu, NULL);
 		pthread_cond_init(&r->cv, NULL);
-		if (pthread_create(&r->th, NULL, ra_main, r) != 0) {
+		unsigned nt = ra_window(a);
+		while (r->n_th < (int)nt && pthread_create(&r->th[r->n_th], NULL, ra_main, r) == 0)
+			r->n_th++;
+		if (r->n_th == 0) {
 			pthread_mutex_destroy(&r->mu);
 			pthread_cond_destroy(&r->cv);
 			free(r);
@@ -512,9 +531,10 @@ void ulp_readahead_stop(ulp_archive *a)
 		return;
 	pthread_mutex_lock(&r->mu);
 	r->stop = 1;
-	pthread_cond_signal(&r->cv);
+	pthread_cond_broadcast(&r->cv);
 	pthread_mutex_unlock(&r->mu);
-	pthread_join(r->th, NULL);
+	for (int i = 0; i < r->n_th; i++)
+		pthread_join(r->th[i], NULL);
 	pthread_mutex_destroy(&r->mu);
 	pthread_cond_destroy(&r->cv);
 	free(r);
@@ -665,8 +685,27 @@ static int chunk_bytes(ulp_archive *a, const ulp_file *f, const ulp_extent *x, u
 	return 0;
 }
 
-/* Posts, for read-ahead, the chunk after the one holding byte last (past
- * the header), unless it was the last one posted for f. */
+/* The chunk after chunk k of extent *i (bytes cb a chunk): *i, *k, *cb
+ * moved on, past extents of no bytes; 0 when there is none. */
+static int next_chunk(ulp_file *f, size_t *i, uint64_t *k, uint64_t *cb)
+{
+	if ((*k + 1) * *cb < f->ext[*i].length) {
+		(*k)++;
+		return 1;
+	}
+	do
+		(*i)++;
+	while (*i < f->n_ext && f->ext[*i].length == 0);
+	if (*i >= f->n_ext || chunk_bytes(f->a, f, &f->ext[*i], cb) < 0)
+		return 0;
+	*k = 0;
+	return 1;
+}
+
+/* Posts, for read-ahead, the window of chunks after the one holding byte
+ * last (past the header), those not posted for f yet: ra_mark is the
+ * furthest one posted (ext << 32 | k, plus 1), ra_from where the window
+ * began; a reader that went back starts afresh. */
 static void read_ahead(ulp_file *f, uint64_t last)
 {
 	size_t i = find_extent(f, last);
@@ -675,22 +714,27 @@ static void read_ahead(ulp_file *f, uint64_t last)
 		return;
 	if (last < f->ext[i].offset) { /* in the header's bytes: the next extent's first chunk */
 		k = 0;
+		if (chunk_bytes(f->a, f, &f->ext[i], &cb) < 0)
+			return;
 	} else {
 		if (chunk_bytes(f->a, f, &f->ext[i], &cb) < 0)
 			return;
-		k = (last - f->ext[i].offset) / cb + 1;
-	}
-	if (k > 0 && k * cb >= f->ext[i].length) { /* the next extent's first chunk */
-		do
-			i++;
-		while (i < f->n_ext && f->ext[i].length == 0);
-		if (i >= f->n_ext)
+		k = (last - f->ext[i].offset) / cb;
+		if (!next_chunk(f, &i, &k, &cb))
 			return;
-		k = 0;
 	}
-	uint64_t mark = ((uint64_t)i << 32 | k) + 1;
-	if (__atomic_exchange_n(&f->ra_mark, mark, __ATOMIC_RELAXED) != mark)
-		ra_post(f->a, f->ext[i].content, (uint32_t)k);
+	uint64_t first = ((uint64_t)i << 32 | k) + 1;
+	if (__atomic_exchange_n(&f->ra_from, first, __ATOMIC_RELAXED) > first)
+		__atomic_store_n(&f->ra_mark, 0, __ATOMIC_RELAXED); /* went back */
+	unsigned w = ra_window(f->a);
+	for (unsigned j = 0; j < w; j++) {
+		uint64_t mark = ((uint64_t)i << 32 | k) + 1;
+		uint64_t m = __atomic_load_n(&f->ra_mark, __ATOMIC_RELAXED);
+		if (mark > m && __atomic_compare_exchange_n(&f->ra_mark, &m, mark, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+			ra_post(f->a, f->ext[i].content, (uint32_t)k);
+		if (j + 1 < w && !next_chunk(f, &i, &k, &cb))
+			break;
+	}
 }
 
 int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)

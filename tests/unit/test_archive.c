@@ -760,6 +760,28 @@ static void test_readahead(void)
 	      (unsigned long long)(c.chunks_decoded - c0.chunks_decoded));
 	ulp_file_close(h);
 	ulp_archive_close(a); /* joins the read-ahead thread */
+	/* issue 17 item 3: two threads, a window of two chunks ahead decoded by
+	 * two read-ahead threads side by side (a cold read keeps both cores on) */
+	o.threads = 2;
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "reopen (2 threads)");
+	REQUIRE(ulp_file_open(a, "ra/m.safetensors", &h) == 0, "open file");
+	ulp_archive_counters(a, &c0);
+	CHECK(ulp_file_pread(h, buf, sizeof(buf), 0) == 4096, "a read at the start");
+	for (int i = 0; i < 1000; i++) {
+		ulp_archive_counters(a, &c);
+		if (c.chunks_decoded >= c0.chunks_decoded + 3)
+			break;
+		usleep(10000);
+	}
+	CHECK(c.chunks_decoded == c0.chunks_decoded + 3, "2 threads: read-ahead decoded the two next chunks (%llu decoded)",
+	      (unsigned long long)(c.chunks_decoded - c0.chunks_decoded));
+	CHECK(ulp_file_pread(h, buf, sizeof(buf), 4096) == 4096 && ulp_file_pread(h, buf, sizeof(buf), (size_t)4 << 20) == 4096,
+	      "reads in order and past the window");
+	ulp_archive_counters(a, &c);
+	CHECK(c.chunks_decoded == c0.chunks_decoded + 3, "no chunk decoded twice (%llu decoded)",
+	      (unsigned long long)(c.chunks_decoded - c0.chunks_decoded));
+	ulp_file_close(h);
+	ulp_archive_close(a); /* joins the read-ahead threads */
 }
 
 /* Steps read in order with a cache that holds one checkpoint but not two:
