@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/mman.h>
 
 #define ULP_WALK_MAX 4096
 
@@ -172,6 +173,44 @@ int ulp_read_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_centry 
 	return read_blob(a, NULL, sha, e, out);
 }
 
+/* Before a cold walk of chunk k of sha: asks the kernel for that chunk's
+ * payload in every link of the chain down to the first one already decoded,
+ * all at once, so that the pages of the deeper links come in from disk while
+ * the first ones decode (a walk alone faults them in one link after the
+ * other). Only a hint: any failure is left for the walk to report. */
+static void willneed_chain(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k)
+{
+	uint8_t cur[ULP_SHA256_LEN];
+	memcpy(cur, sha, ULP_SHA256_LEN);
+	for (unsigned d = 0; d < ULP_WALK_MAX; d++) {
+		const ulp_blob *b;
+		ulp_centry *be;
+		if (read_blob(a, f, cur, &be, &b) < 0)
+			return;
+		const uint8_t *payload;
+		size_t plen;
+		ulp_blob_chunk_payload(b, k, &payload, &plen);
+		uintptr_t page = 4096, lo = (uintptr_t)payload & ~(page - 1);
+		if (plen)
+			madvise((void *)lo, (uintptr_t)payload + plen - lo, MADV_WILLNEED);
+		int more = ulp_blob_get_info(b)->has_ref;
+		if (more)
+			memcpy(cur, ulp_blob_get_info(b)->ref_sha256, ULP_SHA256_LEN);
+		ulp_cache_put(a->cache, be);
+		if (!more)
+			return;
+		ulp_ckey key = {.chunk = k, .kind = ULP_CK_CHUNK};
+		memcpy(key.sha, cur, ULP_SHA256_LEN);
+		ulp_centry *ce;
+		void *data;
+		size_t size;
+		if (ulp_cache_peek(a->cache, &key, &ce, &data, &size)) { /* decoded: the walk stops there */
+			ulp_cache_put(a->cache, ce);
+			return;
+		}
+	}
+}
+
 /* Pins chunk k of sha; *eout is written only on success (a caller that put
  * an entry a failed call had already let go, and freed, read freed memory). */
 static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
@@ -206,6 +245,8 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 		return 0;
 	}
 	__atomic_fetch_add(&a->misses, 1, __ATOMIC_RELAXED);
+	if (depth == 0)
+		willneed_chain(a, f, sha, k);
 	const ulp_blob *b;
 	ulp_centry *be = NULL, *re = NULL;
 	uint8_t *buf = NULL;
