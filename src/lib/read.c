@@ -64,6 +64,8 @@ struct ulp_file {
 	uint64_t next_off;    /* where the last read ended (atomic: a hint) */
 	uint64_t ra_mark;     /* furthest chunk posted for read-ahead: ext << 32 | k, plus 1 */
 	uint64_t ra_from;     /* the first chunk of the last read-ahead window, the same way */
+	uint64_t chain_stored; /* stored bytes of every blob of its chains (locs) */
+	int warmed;           /* the first read asked for the chains' pages (atomic) */
 	char path[];
 };
 
@@ -599,6 +601,7 @@ static int add_loc(void *arg, const uint8_t *content, int64_t pack, uint64_t off
 		f->locs = nl;
 	}
 	loc *l = &f->locs[f->n_locs++];
+	f->chain_stored += stored;
 	memcpy(l->content, content, ULP_SHA256_LEN);
 	l->slot = slot;
 	l->offset = offset;
@@ -778,6 +781,26 @@ static void read_ahead(ulp_file *f, uint64_t last)
 	}
 }
 
+/* A small file's first read of its contents asks the kernel for the pages
+ * of every blob of its chains at once (a cold read of many small tensors
+ * otherwise faults each link's pages in, one after the other); a larger
+ * file's chains are asked for chunk by chunk (willneed_chain). Only a hint. */
+#define WARM_MAX ((uint64_t)16 << 20)
+
+static void warm_chains(ulp_file *f)
+{
+	if (f->chain_stored > WARM_MAX || __atomic_exchange_n(&f->warmed, 1, __ATOMIC_RELAXED))
+		return;
+	for (size_t i = 0; i < f->n_locs; i++) {
+		const uint8_t *p;
+		if (ulp_pack_slot_blob(f->a, f->locs[i].slot, f->locs[i].offset, f->locs[i].stored, &p) < 0 ||
+		    !f->locs[i].stored)
+			continue;
+		uintptr_t lo = (uintptr_t)p & ~(uintptr_t)4095;
+		madvise((void *)lo, (uintptr_t)p + f->locs[i].stored - lo, MADV_WILLNEED);
+	}
+}
+
 int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
 {
 	ulp_archive *a = f->a;
@@ -788,6 +811,8 @@ int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
 		len = (size_t)(f->st.size - off);
 	/* reading in order: the chunk after this read's end is decoded meanwhile */
 	uint64_t prev = __atomic_exchange_n(&f->next_off, off + len, __ATOMIC_RELAXED);
+	if (f->n_ext)
+		warm_chains(f);
 	if (prev == off && off + len < f->st.size && f->n_ext)
 		read_ahead(f, off + len - 1);
 	size_t done = 0;
