@@ -62,7 +62,6 @@
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
-#include <sys/stat.h>
 
 #define N_STMTS 64
 
@@ -166,15 +165,6 @@ static int open_conn(const char *dir, int read_only, sqlite3 **out, ulp_err *err
 	char path[4096];
 	snprintf(path, sizeof(path), "%s/ulpack.db", dir);
 	sqlite3 *db = NULL;
-	/* a cold start (a fresh mount, the page cache dropped) reads the index in
-	 * one go ahead of the queries, not page by page as they ask: a hint, for
-	 * an index of up to 256 MiB */
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	struct stat sb;
-	if (fd >= 0 && fstat(fd, &sb) == 0 && sb.st_size <= ((off_t)256 << 20))
-		posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
-	if (fd >= 0)
-		close(fd);
 	int flags = (read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) | SQLITE_OPEN_NOMUTEX;
 	int rc = sqlite3_open_v2(path, &db, flags, NULL);
 	if (rc != SQLITE_OK) {
