@@ -136,6 +136,10 @@ int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive 
 		snprintf(path, sizeof(path), "%s/staging", dir);
 		mkdir(path, 0700);
 	}
+	/* SHA-256 set up now (OpenSSL reads its configuration on first use, a few
+	 * ms), not on the first cold open of a file, which checks its header */
+	uint8_t sha[ULP_SHA256_LEN];
+	ulp_sha256("", 0, sha);
 	*out = a;
 	return 0;
 }
