@@ -506,6 +506,9 @@ struct readahead {
 static void *ra_main(void *arg)
 {
 	struct readahead *r = arg;
+	/* its index connection now, beside the reader's first decode, not when
+	 * its first chunk needs a blob located (a hint: a failure shows there) */
+	ulp_db(r->a);
 	pthread_mutex_lock(&r->mu);
 	for (;;) {
 		while (!r->n && !r->stop)
