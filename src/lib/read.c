@@ -26,11 +26,10 @@
  *     read that ends in NOENT lets the unpinned parsed blobs go and tries
  *     once more, so the chain is looked up again in the index (decoded
  *     chunks are keyed by content and stay valid).
- *  7. ulp_file_write_to puts only the file's own chunks into the cache; the
- *     links of a chain below them are decoded into two per-thread buffers in
- *     turn (each link's reference is the one decoded just before it), so a
- *     cold chain costs one decode a link and no fresh memory per link. Its
- *     writes cover [0, size) exactly: the header's bytes around the
+ *  7. ulp_file_write_to decodes each chunk as a read does: the links of its
+ *     chain below enter the cache (a backward part of the layout exported in
+ *     step order decodes each link once, on its deepest step). Its writes
+ *     cover [0, size) exactly: the header's bytes around the
  *     extents (invariant 5) and each chunk at its extent's offset.
  */
 #include "arch_int.h"
@@ -885,120 +884,13 @@ int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
 /* ---- the whole file to a descriptor (ulpack export) ------------------------ */
 
 /* Chunk k of sha pinned in the cache, its chain walked once (invariant 7):
- * from sha down to the first link whose chunk k is cached (or an anchor),
- * then decoded back up. */
+ * as a read does, the links below it entering the cache, so that the steps
+ * of a backward part of the layout (layout.c), exported in step order after
+ * the deepest one, find their chunks decoded. */
 static int walk_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
                       ulp_centry **eout, const uint8_t **data, size_t *len)
 {
-	ulp_ckey key = {.chunk = k, .kind = ULP_CK_CHUNK};
-	memcpy(key.sha, sha, ULP_SHA256_LEN);
-	ulp_centry *ce, *base_e = NULL;
-	void *d;
-	int must;
-	ULP_TRY(ulp_cache_get(a->cache, &key, &ce, &d, &must));
-	if (!must) { /* cached: the ordinary read (it knows the chunk's length) */
-		ulp_cache_put(a->cache, ce);
-		return file_chunk(a, f, sha, k, eout, data, len, NULL);
-	}
-	__atomic_fetch_add(&a->misses, 1, __ATOMIC_RELAXED);
-	const ulp_blob **bl = NULL;
-	ulp_centry **be = NULL;
-	size_t n = 0, cap = 0, cap2 = 0, base_len = 0;
-	const uint8_t *base = NULL, *cur = sha;
-	uint8_t *buf = NULL, *w[2] = {NULL, NULL};
-	int owned[2] = {0, 0}, rc = 0;
-	uint64_t off = 0, l = 0;
-	for (;;) { /* down the chain */
-		if (n > ULP_WALK_MAX) {
-			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: a delta chain is longer than %d links", a->dir, ULP_WALK_MAX);
-			break;
-		}
-		size_t c1 = cap, c2 = cap2;
-		if ((rc = ulp_grow(&bl, &c1, n, sizeof(*bl))) < 0 || (rc = ulp_grow(&be, &c2, n, sizeof(*be))) < 0)
-			break;
-		cap = c1;
-		cap2 = c2;
-		if ((rc = read_blob(a, f, cur, &be[n], &bl[n])) < 0)
-			break;
-		const ulp_blob_info *in = ulp_blob_get_info(bl[n++]);
-		if (!in->has_ref)
-			break;
-		ulp_ckey rk = {.chunk = k, .kind = ULP_CK_CHUNK};
-		memcpy(rk.sha, in->ref_sha256, ULP_SHA256_LEN);
-		void *bd;
-		if (ulp_cache_peek(a->cache, &rk, &base_e, &bd, &base_len)) {
-			base = bd;
-			break;
-		}
-		cur = in->ref_sha256;
-	}
-	if (rc == 0) {
-		ulp_blob_chunk_range(bl[0], k, &off, &l);
-		const ulp_blob_info *in = ulp_blob_get_info(bl[0]);
-		if (off >= in->raw_bytes && !(off == 0 && in->raw_bytes == 0))
-			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: chunk %u past the end of a blob", a->dir, k);
-	}
-	for (int i = 0; rc == 0 && i < 2 && n > 1; i++)
-		if (!(w[i] = ulp_scratch_or_malloc(i ? ULP_SCRATCH_WALK1 : ULP_SCRATCH_WALK0, l ? (size_t)l : 1, &owned[i])))
-			rc = -ULP_E_NOMEM;
-	if (rc == 0 && !(buf = ulp_cache_alloc(a->cache, (size_t)l)))
-		rc = -ULP_E_NOMEM;
-	const uint8_t *ref = base;
-	size_t ref_len = base_len;
-	for (size_t j = n; rc == 0 && j-- > 0;) { /* back up: deepest first */
-		const ulp_blob_info *in = ulp_blob_get_info(bl[j]);
-		uint64_t o2, l2;
-		ulp_blob_chunk_range(bl[j], k, &o2, &l2);
-		if (l2 != l || (in->has_ref && ref_len != l)) {
-			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: a delta and its reference differ in chunk %u size", a->dir, k);
-			break;
-		}
-		uint8_t *dst = j ? w[j & 1] : buf;
-		if (in->codec == ULP_CODEC_IDENT) {
-			memcpy(dst, ref, (size_t)l);
-		} else if (l > 0) {
-			int64_t r = ulp_blob_decode_chunk(bl[j], k, dst, (size_t)l, in->has_ref ? ref : NULL,
-			                                  in->has_ref ? ref_len : 0);
-			if (r < 0) {
-				char hex[65];
-				ulp_sha256_hex(in->content_sha256, hex);
-				rc = ulp_arch_err(a, (int)r, "%s: chunk %u of blob %.16s: %s", a->dir, k, hex,
-				                  r == -ULP_E_CHECKSUM ? "checksum mismatch (damaged pack)" : ulp_strerror((int)r));
-				break;
-			}
-		}
-		const uint8_t *payload;
-		size_t plen;
-		ulp_blob_chunk_payload(bl[j], k, &payload, &plen);
-		ulp_pack_release(a, payload, plen);
-		__atomic_fetch_add(&a->chunks_decoded, 1, __ATOMIC_RELAXED);
-		if (in->has_ref)
-			__atomic_fetch_add(&a->deltas_decoded, 1, __ATOMIC_RELAXED);
-		ref = dst;
-		ref_len = (size_t)l;
-	}
-	uint64_t m = __atomic_load_n(&a->max_walk, __ATOMIC_RELAXED);
-	while (rc == 0 && n > m && !__atomic_compare_exchange_n(&a->max_walk, &m, n, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-		;
-	for (int i = 0; i < 2; i++)
-		if (owned[i])
-			free(w[i]);
-	ulp_cache_put_cold(a->cache, base_e);
-	for (size_t j = 0; j < n; j++)
-		ulp_cache_put(a->cache, be[j]);
-	free(bl);
-	free(be);
-	if (rc < 0) {
-		ulp_cache_free_buf(buf);
-		ulp_cache_fail(a->cache, ce, rc);
-		return rc;
-	}
-	ulp_cache_fill(a->cache, ce, buf, (size_t)l, ulp_cache_free_buf);
-	ulp_cache_mark_served(ce);
-	*eout = ce;
-	*data = buf;
-	*len = (size_t)l;
-	return 0;
+	return file_chunk(a, f, sha, k, eout, data, len, NULL);
 }
 
 typedef struct xjob {

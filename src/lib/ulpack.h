@@ -310,9 +310,10 @@ const ulp_stat *ulp_file_get_stat(const ulp_file *f);
 /** Writes the whole file into fd at offsets [0, size) with pwrite (fd must
  *  be seekable; its offset is left alone): the chunks are decoded on the
  *  archive's pool, each chunk's chain walked once from its nearest cached
- *  link, the links below the file's own chunk decoded into per-thread
- *  buffers without entering the cache, and each chunk written as soon as it
- *  is decoded. For `ulpack export` and `ulpack cat` into a file: a cold
+ *  link, the links below the file's own chunk entering the cache as a read's
+ *  do (so that exporting the steps of a run in step order decodes each link
+ *  once, backward parts of the layout included: ulpack-format(5)), and each
+ *  chunk written as soon as it is decoded. For `ulpack export` and `ulpack cat` into a file: a cold
  *  file costs one decode per link of its chains, and all threads work.
  *  Errors: IO, NOSPC (writing to fd: the message says so), and those of
  *  ulp_file_pread. */
