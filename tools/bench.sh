@@ -8,6 +8,11 @@
 #      mount vs into a plain directory, peak memory of ulpackfs, sequential
 #      cold read of a delta-coded checkpoint whose reference is cached, the
 #      same read warm (page cache), a plain file, and `ulpack cat`;
+#   C. cold reads (issue 17): the newest checkpoint of a run, and the step in the
+#      middle of a 16-step run, read once (dd, 1 MiB blocks) through a freshly
+#      started mount with the page cache dropped (when this user may), next to
+#      squashfuse on a zstd -19 squashfs image and borg mount (zstd,3) of the same
+#      run when those are installed, and a plain directory;
 #   E. `ulpack export` of one step at chain depth 7 against cp -r of it;
 #   R. re-basing (issue 15): `ulpack forget --keep-every` on a 12-step synthetic
 #      run and on tiny-lm, pack bytes before and after against an import of the
@@ -127,20 +132,20 @@ else
 	echo "tiny-lm: skipped (no data; set TINY_LM=DIR)"
 fi
 
-echo "== E. ulpack export of one step (a delta at chain depth 7, cold) vs cp -r of it from a plain directory"
+echo "== E. ulpack export of one step (a delta at chain depth 7, cold: the oldest of 8) vs cp -r of it from a plain directory"
 "$ULPACK" synth "$T/exp" --steps 8 > /dev/null
 "$ULPACK" init "$T/exp-a" > /dev/null
 "$ULPACK" import "$T/exp-a" "$T/exp" --prefix run > /dev/null
 : > "$T/exp-t"
 for i in 1 2 3 4 5; do # back to back, medians: the machine may be busy
 	rm -rf "$T/exp-x" "$T/exp-c"
-	t0=$(now); "$ULPACK" export "$T/exp-a" run/checkpoint-800 "$T/exp-x"; t1=$(now)
-	cp -r "$T/exp/checkpoint-800" "$T/exp-c"; t2=$(now)
+	t0=$(now); "$ULPACK" export "$T/exp-a" run/checkpoint-100 "$T/exp-x"; t1=$(now)
+	cp -r "$T/exp/checkpoint-100" "$T/exp-c"; t2=$(now)
 	echo "$((t1 - t0)) $((t2 - t1))" >> "$T/exp-t"
 done
-cmp -s "$T/exp-x/model.safetensors" "$T/exp/checkpoint-800/model.safetensors" || { echo "bench: export differs" >&2; exit 1; }
+cmp -s "$T/exp-x/model.safetensors" "$T/exp/checkpoint-100/model.safetensors" || { echo "bench: export differs" >&2; exit 1; }
 t_exp=$(cut -d' ' -f1 "$T/exp-t" | sort -n | sed -n 3p) t_cp=$(cut -d' ' -f2 "$T/exp-t" | sort -n | sed -n 3p)
-size=$(du -sb "$T/exp/checkpoint-800" | cut -f1)
+size=$(du -sb "$T/exp/checkpoint-100" | cut -f1)
 echo "ulpack export: $(mbps "$size" "$t_exp") MB/s, cp -r: $(mbps "$size" "$t_cp") MB/s" \
 	"= $(echo "$t_cp $t_exp" | awk '{ printf "%.3f", $1 / $2 }') x cp -r (8 decodes a chunk: its chain)"
 
@@ -185,12 +190,12 @@ echo "  until archived (ulpack sync): $(mbps "$raw" "$t_sync") MB/s = $(echo "$t
 rm -rf "$T/arch-imp"
 echo "peak memory of ulpackfs during the rsync: $rss"
 "$ULPACKFS" "$T/arch" "$M"
-f=checkpoint-800/model.safetensors
+f=checkpoint-700/model.safetensors
 size=$(stat -c %s "$T/run/$f")
 # reads timed by dd itself (1 MiB reads), not counting process start-up
 dd_ns() { LC_ALL=C dd if="$1" of=/dev/null bs=1M 2>&1 | sed -n 's/.* copied, \([0-9.e-]*\) s,.*/\1/p' |
 	awk '{ printf "%.0f", $1 * 1e9 }'; }
-cat "$M/run/checkpoint-700/model.safetensors" > /dev/null   # the reference, now in the decode cache
+cat "$M/run/checkpoint-800/model.safetensors" > /dev/null   # the reference (the newest, an anchor), now in the decode cache
 t_cold=$(dd_ns "$M/run/$f")
 t_warm=$(dd_ns "$M/run/$f")
 cat "$T/run/$f" > /dev/null
@@ -203,13 +208,73 @@ t0=$(now); "$ULPACK" cat "$T/arch" "run/$f" > /dev/null; t_cat=$(( $(now) - t0 )
 t0=$(now); rsync -a "$M/run/" "$T/restore/"; t_restore=$(( $(now) - t0 ))
 fusermount3 -u "$M"
 cmp -s "$T/run/$f" "$T/restore/$f" || { echo "bench: restored $f differs" >&2; exit 1; }
-echo "read of $f ($size bytes, a delta against checkpoint-700; dd with 1 MiB reads):"
+echo "read of $f ($size bytes, a delta against checkpoint-800; dd with 1 MiB reads):"
 echo "  through the mount, cold (reference cached): $(mbps "$size" "$t_cold") MB/s"
 echo "  through the mount, warm (page cache):       $(mbps "$size" "$t_warm") MB/s"
 echo "  plain file (page cache):                    $(mbps "$size" "$t_file") MB/s"
 echo "  ulpack cat (a fresh process, chain decoded): $(mbps "$size" "$t_cat") MB/s"
 echo "rsync -a of the whole run out of a fresh mount: $(mbps "$raw" "$t_restore") MB/s" \
 	"($(echo "$t_plain $t_restore" | awk '{ printf "%.3f", $1 / $2 }') x rsync between plain directories)"
+
+echo "== C. cold reads: one file through a freshly started mount, page cache dropped, dd 1 MiB blocks"
+mkdir -p "$M"
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2> /dev/null || true; }
+can_drop=no; [ -w /proc/sys/vm/drop_caches ] && can_drop=yes
+cold_dd() { # MOUNT_CMD UMOUNT_CMD FILE: MB/s of a cold read, median of 3
+	for i in 1 2 3; do
+		drop
+		eval "$1" > /dev/null 2>&1 || { echo "-"; return; }
+		t=$(dd_ns "$3")
+		eval "$2" > /dev/null 2>&1
+		echo "$t"
+	done | sort -n | sed -n 2p | { read -r t; [ -n "$t" ] && mbps "$(stat -c %s "$4")" "$t" || echo "-"; }
+}
+"$ULPACK" synth "$T/c16" --steps 16 > /dev/null
+set -- "synthetic-8 $T/run checkpoint-800/model.safetensors" "synthetic-16-middle $T/c16 checkpoint-800/model.safetensors"
+[ -d "$DATA/tiny-lm/bf16" ] && set -- "$@" "tiny-lm-bf16 $DATA/tiny-lm/bf16 checkpoint-400/model.safetensors" \
+	"tiny-lm-bf16-middle $DATA/tiny-lm/bf16 checkpoint-200/model.safetensors"
+printf '%-20s %9s | %9s %9s %9s %9s | %6s %6s\n' case bytes ulpackfs squashfuse borg plain "x sq" "x borg"
+for c in "$@"; do
+	set -- $c
+	name=$1 src=$2 f=$3
+	A="$T/c-$name"; rm -rf "$A" "$T/sq.img" "$T/borg"
+	"$ULPACK" init "$A" > /dev/null && "$ULPACK" import "$A" "$src" > /dev/null
+	u=$(cold_dd "'$ULPACKFS' '$A' '$M'" "fusermount3 -u '$M'" "$M/$f" "$src/$f")
+	sq=- bo=-
+	if command -v mksquashfs > /dev/null && command -v squashfuse > /dev/null; then
+		mksquashfs "$src" "$T/sq.img" -comp zstd -Xcompression-level 19 -noappend -quiet > /dev/null 2>&1 &&
+			sq=$(cold_dd "squashfuse '$T/sq.img' '$M'" "fusermount3 -u '$M' || fusermount -u '$M'" "$M/$f" "$src/$f")
+	fi
+	if command -v borg > /dev/null; then
+		export BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK=yes BORG_RELOCATED_REPO_ACCESS_IS_OK=yes
+		borg init --encryption=none "$T/borg" > /dev/null 2>&1 && (cd "$src" && borg create --compression zstd,3 "$T/borg::a" . > /dev/null 2>&1) &&
+			bo=$(cold_dd "borg mount '$T/borg::a' '$M' && sleep 0.3" "borg umount '$M'" "$M/$f" "$src/$f")
+	fi
+	drop
+	pl=$(dd_ns "$src/$f"); pl=$(mbps "$(stat -c %s "$src/$f")" "$pl")
+	printf '%-20s %9s | %9s %9s %9s %9s | %6s %6s\n' "$name" "$(stat -c %s "$src/$f")" "$u" "$sq" "$bo" "$pl" \
+		"$(echo "$u $sq" | awk '$2 != "-" && $1 != "-" { printf "%.2f", $1 / $2 }')" \
+		"$(echo "$u $bo" | awk '$2 != "-" && $1 != "-" { printf "%.2f", $1 / $2 }')"
+done
+echo "(MB/s, medians of 3; page cache dropped: $can_drop; targets: newest >= 0.8 x squashfuse, middle of 16 >= 0.4 x)"
+# every step in order: rsync -a of the 16-step run out of a fresh mount, cold
+A="$T/c-synthetic-16-middle" raw16=$(du -sb "$T/c16" | cut -f1)
+cold_rsync() { # MOUNT_CMD UMOUNT_CMD: MB/s, median of 3
+	for i in 1 2 3; do
+		rm -rf "$T/c-out"; drop
+		eval "$1" > /dev/null 2>&1 || { echo "-"; return; }
+		t0=$(now); rsync -a "$M/" "$T/c-out/"; t=$(( $(now) - t0 ))
+		eval "$2" > /dev/null 2>&1
+		echo "$t"
+	done | sort -n | sed -n 2p | { read -r t; [ -n "$t" ] && mbps "$raw16" "$t" || echo "-"; }
+}
+u=$(cold_rsync "'$ULPACKFS' '$A' '$M'" "fusermount3 -u '$M'") sq=-
+if command -v mksquashfs > /dev/null && command -v squashfuse > /dev/null; then
+	mksquashfs "$T/c16" "$T/sq.img" -comp zstd -Xcompression-level 19 -noappend -quiet > /dev/null 2>&1 &&
+		sq=$(cold_rsync "squashfuse '$T/sq.img' '$M'" "fusermount3 -u '$M' || fusermount -u '$M'")
+fi
+echo "rsync -a of the 16-step run out of a fresh mount, page cache dropped: ulpackfs $u MB/s, squashfuse $sq MB/s" \
+	"($(echo "$u $sq" | awk '$2 != "-" && $1 != "-" { printf "%.2f", $1 / $2 }') x)"
 exit 0
 
 # ---- 3. a trainer-like save: model.safetensors in a few large writes and an

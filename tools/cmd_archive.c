@@ -186,6 +186,7 @@ typedef struct item {
 	char *dst;     /* path in the archive */
 	int64_t step;
 	int type;      /* 0 file, 1 dir, 2 symlink */
+	uint32_t rank; /* put order that writes the final layout (ulp_archive_expect) */
 	struct stat sb;
 } item;
 
@@ -241,6 +242,7 @@ static int walk_cb(const char *path, const struct stat *sb, int flag, struct FTW
 		return 0; /* devices, sockets: skipped */
 	}
 	it->step = ulp_parse_step(it->dst, NULL);
+	it->rank = 0;
 	g_n++;
 	return 0;
 }
@@ -250,6 +252,8 @@ static int cmp_item(const void *a, const void *b)
 	const item *x = a, *y = b;
 	if (x->type == 1 || y->type == 1) /* directories first, parents before children */
 		return x->type == 1 && y->type == 1 ? strcmp(x->dst, y->dst) : x->type == 1 ? -1 : 1;
+	if (x->rank != y->rank)
+		return x->rank < y->rank ? -1 : 1;
 	if (x->step != y->step)
 		return x->step < y->step ? -1 : 1;
 	return strcmp(x->dst, y->dst);
@@ -371,6 +375,27 @@ int cmd_import(int argc, char **argv)
 		ulp_archive_close(a);
 		return cli_fail("%s: %s", ao.pos[1], strerror(errno));
 	}
+	qsort(g_items, g_n, sizeof(item), cmp_item);
+	/* the files in the order that codes each where the final layout of its
+	 * series puts it (the newest step an anchor): no re-coding afterwards */
+	const char **paths = malloc((g_n ? g_n : 1) * sizeof(*paths));
+	uint32_t *rank = malloc((g_n ? g_n : 1) * sizeof(*rank));
+	size_t nf = 0;
+	for (size_t i = 0; paths && rank && i < g_n; i++)
+		if (g_items[i].type == 0)
+			paths[nf++] = g_items[i].dst;
+	if (!paths || !rank || ulp_archive_expect(a, paths, nf, rank) < 0) {
+		cli_fail("%s: planning the import: %s", ao.pos[0], paths && rank ? ulp_archive_errmsg(a) : "out of memory");
+		free(paths);
+		free(rank);
+		ulp_archive_close(a);
+		return 1;
+	}
+	for (size_t i = 0, k = 0; i < g_n; i++)
+		if (g_items[i].type == 0)
+			g_items[i].rank = rank[k++];
+	free(paths);
+	free(rank);
 	qsort(g_items, g_n, sizeof(item), cmp_item);
 	int status = 0;
 	uint64_t raw = 0, stored = 0;

@@ -1,15 +1,18 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
 # install-deps.sh - the Debian 12 packages that build and test ulpackfs.
-# Usage: install-deps.sh [--test] [--cross-arm64]
+# Usage: install-deps.sh [--test] [--bench] [--cross-arm64]
 #   --test         adds what the test suite needs
+#   --bench        adds the peers `make bench` compares cold reads with
+#                  (squashfs-tools, squashfuse, borgbackup)
 #   --cross-arm64  adds the aarch64 cross toolchain, qemu-user and the arm64
 #                  libraries (multiarch: dpkg --add-architecture arm64)
 set -eu
-test=0 cross=0
+test=0 cross=0 bench=0
 for a in "$@"; do
 	case "$a" in
 	--test) test=1 ;;
+	--bench) bench=1 ;;
 	--cross-arm64) cross=1 ;;
 	*) echo "install-deps: unknown option '$a'" >&2; exit 2 ;;
 	esac
@@ -17,6 +20,7 @@ done
 pkgs="build-essential autoconf automake pkg-config libzstd-dev libsqlite3-dev libssl-dev
       libxxhash-dev libfuse3-dev fuse3 rsync"
 [ "$test" = 1 ] && pkgs="$pkgs clang libclang-rt-14-dev python3 python3-numpy zstd"
+[ "$bench" = 1 ] && pkgs="$pkgs squashfs-tools squashfuse borgbackup"
 [ "$cross" = 1 ] && pkgs="$pkgs gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
       libzstd-dev:arm64 libsqlite3-dev:arm64 libssl-dev:arm64 libxxhash-dev:arm64 libfuse3-dev:arm64"
 missing=""

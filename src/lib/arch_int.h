@@ -41,6 +41,10 @@ void ulp_cache_put(ulp_cache *c, ulp_centry *e);
 /* ulp_cache_put, but an entry it leaves unpinned goes first when space is
  * needed (a value whose user is done with it, likely not wanted soon). */
 void ulp_cache_put_cold(ulp_cache *c, ulp_centry *e);
+/* A reference's chunk after its delta was decoded: cold if its own file's
+ * reader has had it (a forward delta read in step order), else kept warm (a
+ * backward delta: the step after, read next, layout.c invariant 4). */
+void ulp_cache_put_ref(ulp_cache *c, ulp_centry *e);
 /* Notes that a pinned chunk was returned to a reader of its own file (not
  * only used as a reference): once released cold it may be recycled. */
 void ulp_cache_mark_served(ulp_centry *e);
@@ -66,6 +70,12 @@ int ulp_cache_state_ok(ulp_cache *c);
 
 typedef struct ulp_tstate ulp_tstate; /* per-thread: index connection, error text */
 
+/* A file an import is about to put (ulp_archive_expect, layout.c). */
+typedef struct ulp_expected {
+	char *series, *path;
+	int64_t step;
+} ulp_expected;
+
 struct ulp_archive {
 	char *dir;
 	int read_only;
@@ -90,6 +100,8 @@ struct ulp_archive {
 	struct job *spare_jobs;      /* guarded by mu: the ingest's job set with its
 	                                buffers, kept between files (ingest.c) */
 	struct readahead *ra;        /* sequential read-ahead (read.c), or NULL */
+	ulp_expected *expect;        /* guarded by mu: files an import will put (layout.c) */
+	size_t n_expect;
 	/* counters */
 	uint64_t chunks_decoded, deltas_decoded, hits, misses, max_walk;
 	uint64_t put_done;           /* atomic: bytes of the file being put that are coded
@@ -196,6 +208,21 @@ int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_na
                        size_t nx);
 /* The archived file of series nearest to step (either side), other than
  * path; *id = -1 if none. */
+/* Calls cb for each archived file of a series (id, step, path). */
+int ulp_index_series_steps(ulp_archive *a, const char *series,
+                           int (*cb)(void *arg, int64_t id, int64_t step, const char *path), void *arg);
+/* The target layout (layout.c): reference position of position i of n
+ * (-1: an anchor), its depth, the order of puts that archives every
+ * reference before its dependents (fills order[n], returns n). */
+ptrdiff_t ulp_layout_ref(size_t i, size_t n, unsigned max_chain);
+unsigned ulp_layout_depth(size_t i, size_t n, unsigned max_chain);
+size_t ulp_layout_order(size_t n, unsigned max_chain, size_t *order);
+/* The file a file of series at step is to be coded against in the target
+ * layout of its series (archived files and expected ones, and it): *ref_id
+ * -1 for an anchor, or when that file is not archived yet. */
+int ulp_layout_target(ulp_archive *a, const char *series, int64_t step, const char *path, int64_t *ref_id,
+                      char *ref_path, size_t cap);
+void ulp_layout_forget_expected(ulp_archive *a);
 int ulp_index_nearest(ulp_archive *a, const char *series, int64_t step, const char *path,
                       int64_t *id, char *ref_path, size_t cap);
 /* The content of tensor name (dtype, length bytes) in file id, and its blob. */

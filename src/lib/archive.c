@@ -140,6 +140,10 @@ int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive 
 		snprintf(path, sizeof(path), "%s/staging", dir);
 		mkdir(path, 0700);
 	}
+	/* SHA-256 set up now (OpenSSL reads its configuration on first use, a few
+	 * ms), not on the first cold open of a file, which checks its header */
+	uint8_t sha[ULP_SHA256_LEN];
+	ulp_sha256("", 0, sha);
 	*out = a;
 	return 0;
 }
@@ -152,6 +156,7 @@ void ulp_archive_close(ulp_archive *a)
 	ulp_cache_free(a->cache);
 	ulp_pool_free(a->pool);
 	ulp_ingest_free_spare(a);
+	ulp_layout_forget_expected(a);
 	ulp_pack_unmap_all(a);
 	pthread_key_delete(a->tls); /* no destructor runs after this */
 	ulp_tstate_free_all(a);

@@ -642,7 +642,11 @@ int64_t ulp_encode(const ulp_enc_opts *opts, ulp_pool *pool, ulp_dtype dt, void 
 			goto out;
 		goto write;
 	}
-	if (ref && memcmp(src, ref, src_len) == 0) {
+	/* v1 checks that an identical-to-reference blob names its reference's
+	 * identity (ulp_blob_open): a v1 content identical to a v2 reference
+	 * (re-coded against a newer step, recode.c) is coded as a delta */
+	if (ref && memcmp(src, ref, src_len) == 0 &&
+	    (e.version != 1 || !o->ref_sha256 || !o->src_sha256 || memcmp(o->ref_sha256, o->src_sha256, 32) == 0)) {
 		best.codec = ULP_CODEC_IDENT;
 		cand_size(&e, &best);
 		goto write;

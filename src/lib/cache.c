@@ -293,6 +293,11 @@ void ulp_cache_put_cold(ulp_cache *c, ulp_centry *e)
 	put(c, e, 1);
 }
 
+void ulp_cache_put_ref(ulp_cache *c, ulp_centry *e)
+{
+	put(c, e, e && __atomic_load_n(&e->served, __ATOMIC_RELAXED));
+}
+
 void ulp_cache_purge(ulp_cache *c, int (*drop)(void *arg, const ulp_ckey *key, void *data), void *arg)
 {
 	pthread_mutex_lock(&c->mu);

@@ -905,6 +905,26 @@ int ulp_index_mkdirs(ulp_archive *a, const char *path, ulp_time mtime)
 	return 0;
 }
 
+int ulp_index_series_steps(ulp_archive *a, const char *series,
+                           int (*cb)(void *arg, int64_t id, int64_t step, const char *path), void *arg)
+{
+	static const char sql[] = "SELECT id, step, path FROM entries WHERE series = ? AND type = 0 AND kind <> 0"
+	                          " ORDER BY step, path";
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *st;
+	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "series steps");
+	sqlite3_bind_text(st, 1, series, -1, SQLITE_STATIC);
+	int rc = 0, r;
+	while (rc == 0 && (r = sqlite3_step(st)) == SQLITE_ROW)
+		rc = cb(arg, sqlite3_column_int64(st, 0), sqlite3_column_int64(st, 1),
+		        (const char *)sqlite3_column_text(st, 2));
+	if (rc == 0 && r != SQLITE_DONE)
+		rc = ulp_db_err(a, "series steps");
+	sqlite3_finalize(st);
+	return rc;
+}
+
 int ulp_index_nearest(ulp_archive *a, const char *series, int64_t step, const char *path,
                       int64_t *id, char *ref_path, size_t cap)
 {

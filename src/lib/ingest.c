@@ -4,7 +4,8 @@
  * segments (layout()): verbatim bytes, kept in the index (the file's stored
  * header: the concatenation of its verbatim segments), tensors (each a blob,
  * coded against the tensor of the same name in the archived file of its
- * series with the nearest step) and opaque bytes (segments of ULP_SEGMENT
+ * series that the series' layout names, layout.c: a new newest step is an
+ * anchor) and opaque bytes (segments of ULP_SEGMENT
  * bytes, each a zstd or raw blob). A safetensors file is its header
  * (verbatim), its tensors and any bytes between or after them (opaque); a
  * torch.save zip (torchzip.c) is its storages as tensors, the small records
@@ -282,9 +283,13 @@ static int code_job(void *arg, size_t i)
 		size_t pieces = (j->len + f.piece - 1) / f.piece;
 		if (d == (int64_t)j->len)
 			run_jobs(pool, pieces, job_compare, &f);
-		rc = d == (int64_t)j->len && !f.differs &&
-		     memcmp(ulp_blob_get_info(b)->content_sha256, j->sha, ULP_SHA256_LEN) == 0
+		/* a decode that could not run (no memory) is that error, not a mismatch */
+		rc = d < 0 && d != -ULP_E_CHECKSUM && d != -ULP_E_CORRUPT ? (int)d
+		     : d == (int64_t)j->len && !f.differs &&
+		       memcmp(ulp_blob_get_info(b)->content_sha256, j->sha, ULP_SHA256_LEN) == 0
 		         ? 0 : -ULP_E_CHECKSUM;
+		if (rc == -ULP_E_NOMEM)
+			snprintf(why, sizeof(why), "out of memory decoding it");
 		j->used_ref = has_ref;
 		/* the next step is coded against this one: keep it decoded, in
 		 * the memory of the reference it supersedes (no fresh pages) */
@@ -685,12 +690,13 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 	if ((rc = layout_file(&P, size, &L)) < 0)
 		goto out;
 
-	/* the reference: the nearest step of the same series */
+	/* the reference: the neighbour the layout of its series names (a new
+	 * newest step is an anchor; layout.c) */
 	int64_t ref_file = -1;
 	char *series = NULL;
 	int64_t step = ulp_parse_step(p, &series);
 	if (L.kind && series)
-		rc = ulp_index_nearest(a, series, step, p, &ref_file, res ? res->ref_path : (char[512]){0}, 512);
+		rc = ulp_layout_target(a, series, step, p, &ref_file, res ? res->ref_path : (char[512]){0}, 512);
 	free(series);
 	if (rc < 0)
 		goto out;

@@ -26,11 +26,10 @@
  *     read that ends in NOENT lets the unpinned parsed blobs go and tries
  *     once more, so the chain is looked up again in the index (decoded
  *     chunks are keyed by content and stay valid).
- *  7. ulp_file_write_to puts only the file's own chunks into the cache; the
- *     links of a chain below them are decoded into two per-thread buffers in
- *     turn (each link's reference is the one decoded just before it), so a
- *     cold chain costs one decode a link and no fresh memory per link. Its
- *     writes cover [0, size) exactly: the header's bytes around the
+ *  7. ulp_file_write_to decodes each chunk as a read does: the links of its
+ *     chain below enter the cache (a backward part of the layout exported in
+ *     step order decodes each link once, on its deepest step). Its writes
+ *     cover [0, size) exactly: the header's bytes around the
  *     extents (invariant 5) and each chunk at its extent's offset.
  */
 #include "arch_int.h"
@@ -40,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/mman.h>
 
 #define ULP_WALK_MAX 4096
 _Static_assert(ULP_MAX_CHAIN < ULP_WALK_MAX, "a chain the writers may make is one a read can walk");
@@ -62,7 +62,10 @@ struct ulp_file {
 	size_t n_ext;
 	uint64_t *hoff;       /* n_ext + 1: header bytes before extent i (invariant 3) */
 	uint64_t next_off;    /* where the last read ended (atomic: a hint) */
-	uint64_t ra_mark;     /* last chunk posted for read-ahead: ext << 32 | k, plus 1 */
+	uint64_t ra_mark;     /* furthest chunk posted for read-ahead: ext << 32 | k, plus 1 */
+	uint64_t ra_from;     /* the first chunk of the last read-ahead window, the same way */
+	uint64_t chain_stored; /* stored bytes of every blob of its chains (locs) */
+	int warmed;           /* the first read asked for the chains' pages (atomic) */
 	char path[];
 };
 
@@ -172,6 +175,44 @@ int ulp_read_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_centry 
 	return read_blob(a, NULL, sha, e, out);
 }
 
+/* Before a cold walk of chunk k of sha: asks the kernel for that chunk's
+ * payload in every link of the chain down to the first one already decoded,
+ * all at once, so that the pages of the deeper links come in from disk while
+ * the first ones decode (a walk alone faults them in one link after the
+ * other). Only a hint: any failure is left for the walk to report. */
+static void willneed_chain(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k)
+{
+	uint8_t cur[ULP_SHA256_LEN];
+	memcpy(cur, sha, ULP_SHA256_LEN);
+	for (unsigned d = 0; d < ULP_WALK_MAX; d++) {
+		const ulp_blob *b;
+		ulp_centry *be;
+		if (read_blob(a, f, cur, &be, &b) < 0)
+			return;
+		const uint8_t *payload;
+		size_t plen;
+		ulp_blob_chunk_payload(b, k, &payload, &plen);
+		uintptr_t page = 4096, lo = (uintptr_t)payload & ~(page - 1);
+		if (plen)
+			madvise((void *)lo, (uintptr_t)payload + plen - lo, MADV_WILLNEED);
+		int more = ulp_blob_get_info(b)->has_ref;
+		if (more)
+			memcpy(cur, ulp_blob_get_info(b)->ref_sha256, ULP_SHA256_LEN);
+		ulp_cache_put(a->cache, be);
+		if (!more)
+			return;
+		ulp_ckey key = {.chunk = k, .kind = ULP_CK_CHUNK};
+		memcpy(key.sha, cur, ULP_SHA256_LEN);
+		ulp_centry *ce;
+		void *data;
+		size_t size;
+		if (ulp_cache_peek(a->cache, &key, &ce, &data, &size)) { /* decoded: the walk stops there */
+			ulp_cache_put(a->cache, ce);
+			return;
+		}
+	}
+}
+
 /* Pins chunk k of sha; *eout is written only on success (a caller that put
  * an entry a failed call had already let go, and freed, read freed memory). */
 static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
@@ -206,6 +247,8 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 		return 0;
 	}
 	__atomic_fetch_add(&a->misses, 1, __ATOMIC_RELAXED);
+	if (depth == 0)
+		willneed_chain(a, f, sha, k);
 	const ulp_blob *b;
 	ulp_centry *be = NULL, *re = NULL;
 	uint8_t *buf = NULL;
@@ -260,8 +303,10 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 	(*walk)++;
 	/* the reference's chunk goes first when space is needed: steps read in
 	 * order need this chunk next, not that one, so a cache the size of one
-	 * checkpoint (not two) keeps each read to one delta a chunk */
-	ulp_cache_put_cold(a->cache, re);
+	 * checkpoint (not two) keeps each read to one delta a chunk. A reference
+	 * its reader has not had yet (a backward delta, layout.c) is the step
+	 * read next: it stays warm. */
+	ulp_cache_put_ref(a->cache, re);
 	ulp_cache_put(a->cache, be);
 	ulp_cache_fill(a->cache, *e, buf, (size_t)l, ulp_cache_free_buf);
 	*eout = ce;
@@ -420,20 +465,27 @@ int ulp_read_content(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint8_t 
 /* ---- sequential read-ahead ------------------------------------------------ */
 
 /*
- * A file read in order has the chunk after the one being read decoded in the
- * background, by one thread per archive, so that decoding overlaps the copy
- * of the current chunk to the reader (the kernel asks for 128-256 KiB at a
- * time, a chunk is up to a few MiB).
+ * A file read in order has the chunks after the one being read decoded in the
+ * background, so that decoding overlaps the copy of the current chunk to the
+ * reader (the kernel asks for 128-256 KiB at a time, a chunk is up to a few
+ * MiB), and so that a cold read keeps every core decoding: the links of one
+ * chunk's chain are decoded in turn (each needs the one before), the chunks
+ * are independent. One read-ahead thread a thread of the archive's pool, and
+ * a window of as many chunks ahead of the reader.
  *
  * Invariants:
  *  1. The queue holds at most RA_QUEUE chunks; a post to a full queue is
  *     dropped (read-ahead is a hint, never a wait).
- *  2. The thread only loads chunks into the cache and lets go of them; a
+ *  2. The threads only load chunks into the cache and let go of them; a
  *     failure is left for the reader that needs the chunk to report.
- *  3. ulp_readahead_stop joins the thread before the archive frees the cache
- *     and the index connections it uses.
+ *  3. ulp_readahead_stop joins the threads before the archive frees the cache
+ *     and the index connections they use.
+ *  4. A chunk already loading is waited for, not decoded twice (the cache's
+ *     single-flight loading): a thread that takes a chunk another thread or
+ *     the reader is decoding only waits for it.
  */
-#define RA_QUEUE 8
+#define RA_QUEUE 16
+#define RA_THREADS 8
 
 typedef struct ra_item {
 	uint8_t sha[ULP_SHA256_LEN];
@@ -442,7 +494,8 @@ typedef struct ra_item {
 
 struct readahead {
 	ulp_archive *a;
-	pthread_t th;
+	pthread_t th[RA_THREADS];
+	int n_th;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	ra_item q[RA_QUEUE];
@@ -453,6 +506,9 @@ struct readahead {
 static void *ra_main(void *arg)
 {
 	struct readahead *r = arg;
+	/* its index connection now, beside the reader's first decode, not when
+	 * its first chunk needs a blob located (a hint: a failure shows there) */
+	ulp_db(r->a);
 	pthread_mutex_lock(&r->mu);
 	for (;;) {
 		while (!r->n && !r->stop)
@@ -474,6 +530,13 @@ static void *ra_main(void *arg)
 	return NULL;
 }
 
+/* How many chunks ahead of the reader: one a read-ahead thread. */
+static unsigned ra_window(ulp_archive *a)
+{
+	int t = ulp_pool_threads(a->pool);
+	return t < 1 ? 1 : t > RA_THREADS ? RA_THREADS : (unsigned)t;
+}
+
 static void ra_post(ulp_archive *a, const uint8_t *sha, uint32_t k)
 {
 	pthread_mutex_lock(&a->mu);
@@ -482,7 +545,10 @@ static void ra_post(ulp_archive *a, const uint8_t *sha, uint32_t k)
 		r->a = a;
 		pthread_mutex_init(&r->mu, NULL);
 		pthread_cond_init(&r->cv, NULL);
-		if (pthread_create(&r->th, NULL, ra_main, r) != 0) {
+		unsigned nt = ra_window(a);
+		while (r->n_th < (int)nt && pthread_create(&r->th[r->n_th], NULL, ra_main, r) == 0)
+			r->n_th++;
+		if (r->n_th == 0) {
 			pthread_mutex_destroy(&r->mu);
 			pthread_cond_destroy(&r->cv);
 			free(r);
@@ -511,9 +577,10 @@ void ulp_readahead_stop(ulp_archive *a)
 		return;
 	pthread_mutex_lock(&r->mu);
 	r->stop = 1;
-	pthread_cond_signal(&r->cv);
+	pthread_cond_broadcast(&r->cv);
 	pthread_mutex_unlock(&r->mu);
-	pthread_join(r->th, NULL);
+	for (int i = 0; i < r->n_th; i++)
+		pthread_join(r->th[i], NULL);
 	pthread_mutex_destroy(&r->mu);
 	pthread_cond_destroy(&r->cv);
 	free(r);
@@ -537,6 +604,7 @@ static int add_loc(void *arg, const uint8_t *content, int64_t pack, uint64_t off
 		f->locs = nl;
 	}
 	loc *l = &f->locs[f->n_locs++];
+	f->chain_stored += stored;
 	memcpy(l->content, content, ULP_SHA256_LEN);
 	l->slot = slot;
 	l->offset = offset;
@@ -660,8 +728,27 @@ static int chunk_bytes(ulp_archive *a, const ulp_file *f, const ulp_extent *x, u
 	return 0;
 }
 
-/* Posts, for read-ahead, the chunk after the one holding byte last (past
- * the header), unless it was the last one posted for f. */
+/* The chunk after chunk k of extent *i (bytes cb a chunk): *i, *k, *cb
+ * moved on, past extents of no bytes; 0 when there is none. */
+static int next_chunk(ulp_file *f, size_t *i, uint64_t *k, uint64_t *cb)
+{
+	if ((*k + 1) * *cb < f->ext[*i].length) {
+		(*k)++;
+		return 1;
+	}
+	do
+		(*i)++;
+	while (*i < f->n_ext && f->ext[*i].length == 0);
+	if (*i >= f->n_ext || chunk_bytes(f->a, f, &f->ext[*i], cb) < 0)
+		return 0;
+	*k = 0;
+	return 1;
+}
+
+/* Posts, for read-ahead, the window of chunks after the one holding byte
+ * last (past the header), those not posted for f yet: ra_mark is the
+ * furthest one posted (ext << 32 | k, plus 1), ra_from where the window
+ * began; a reader that went back starts afresh. */
 static void read_ahead(ulp_file *f, uint64_t last)
 {
 	size_t i = find_extent(f, last);
@@ -670,22 +757,47 @@ static void read_ahead(ulp_file *f, uint64_t last)
 		return;
 	if (last < f->ext[i].offset) { /* in the header's bytes: the next extent's first chunk */
 		k = 0;
+		if (chunk_bytes(f->a, f, &f->ext[i], &cb) < 0)
+			return;
 	} else {
 		if (chunk_bytes(f->a, f, &f->ext[i], &cb) < 0)
 			return;
-		k = (last - f->ext[i].offset) / cb + 1;
-	}
-	if (k > 0 && k * cb >= f->ext[i].length) { /* the next extent's first chunk */
-		do
-			i++;
-		while (i < f->n_ext && f->ext[i].length == 0);
-		if (i >= f->n_ext)
+		k = (last - f->ext[i].offset) / cb;
+		if (!next_chunk(f, &i, &k, &cb))
 			return;
-		k = 0;
 	}
-	uint64_t mark = ((uint64_t)i << 32 | k) + 1;
-	if (__atomic_exchange_n(&f->ra_mark, mark, __ATOMIC_RELAXED) != mark)
-		ra_post(f->a, f->ext[i].content, (uint32_t)k);
+	uint64_t first = ((uint64_t)i << 32 | k) + 1;
+	if (__atomic_exchange_n(&f->ra_from, first, __ATOMIC_RELAXED) > first)
+		__atomic_store_n(&f->ra_mark, 0, __ATOMIC_RELAXED); /* went back */
+	unsigned w = ra_window(f->a);
+	for (unsigned j = 0; j < w; j++) {
+		uint64_t mark = ((uint64_t)i << 32 | k) + 1;
+		uint64_t m = __atomic_load_n(&f->ra_mark, __ATOMIC_RELAXED);
+		if (mark > m && __atomic_compare_exchange_n(&f->ra_mark, &m, mark, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+			ra_post(f->a, f->ext[i].content, (uint32_t)k);
+		if (j + 1 < w && !next_chunk(f, &i, &k, &cb))
+			break;
+	}
+}
+
+/* A small file's first read of its contents asks the kernel for the pages
+ * of every blob of its chains at once (a cold read of many small tensors
+ * otherwise faults each link's pages in, one after the other); a larger
+ * file's chains are asked for chunk by chunk (willneed_chain). Only a hint. */
+#define WARM_MAX ((uint64_t)16 << 20)
+
+static void warm_chains(ulp_file *f)
+{
+	if (f->chain_stored > WARM_MAX || __atomic_exchange_n(&f->warmed, 1, __ATOMIC_RELAXED))
+		return;
+	for (size_t i = 0; i < f->n_locs; i++) {
+		const uint8_t *p;
+		if (ulp_pack_slot_blob(f->a, f->locs[i].slot, f->locs[i].offset, f->locs[i].stored, &p) < 0 ||
+		    !f->locs[i].stored)
+			continue;
+		uintptr_t lo = (uintptr_t)p & ~(uintptr_t)4095;
+		madvise((void *)lo, (uintptr_t)p + f->locs[i].stored - lo, MADV_WILLNEED);
+	}
 }
 
 int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
@@ -698,6 +810,8 @@ int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
 		len = (size_t)(f->st.size - off);
 	/* reading in order: the chunk after this read's end is decoded meanwhile */
 	uint64_t prev = __atomic_exchange_n(&f->next_off, off + len, __ATOMIC_RELAXED);
+	if (f->n_ext)
+		warm_chains(f);
 	if (prev == off && off + len < f->st.size && f->n_ext)
 		read_ahead(f, off + len - 1);
 	size_t done = 0;
@@ -767,120 +881,13 @@ int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
 /* ---- the whole file to a descriptor (ulpack export) ------------------------ */
 
 /* Chunk k of sha pinned in the cache, its chain walked once (invariant 7):
- * from sha down to the first link whose chunk k is cached (or an anchor),
- * then decoded back up. */
+ * as a read does, the links below it entering the cache, so that the steps
+ * of a backward part of the layout (layout.c), exported in step order after
+ * the deepest one, find their chunks decoded. */
 static int walk_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
                       ulp_centry **eout, const uint8_t **data, size_t *len)
 {
-	ulp_ckey key = {.chunk = k, .kind = ULP_CK_CHUNK};
-	memcpy(key.sha, sha, ULP_SHA256_LEN);
-	ulp_centry *ce, *base_e = NULL;
-	void *d;
-	int must;
-	ULP_TRY(ulp_cache_get(a->cache, &key, &ce, &d, &must));
-	if (!must) { /* cached: the ordinary read (it knows the chunk's length) */
-		ulp_cache_put(a->cache, ce);
-		return file_chunk(a, f, sha, k, eout, data, len, NULL);
-	}
-	__atomic_fetch_add(&a->misses, 1, __ATOMIC_RELAXED);
-	const ulp_blob **bl = NULL;
-	ulp_centry **be = NULL;
-	size_t n = 0, cap = 0, cap2 = 0, base_len = 0;
-	const uint8_t *base = NULL, *cur = sha;
-	uint8_t *buf = NULL, *w[2] = {NULL, NULL};
-	int owned[2] = {0, 0}, rc = 0;
-	uint64_t off = 0, l = 0;
-	for (;;) { /* down the chain */
-		if (n > ULP_WALK_MAX) {
-			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: a delta chain is longer than %d links", a->dir, ULP_WALK_MAX);
-			break;
-		}
-		size_t c1 = cap, c2 = cap2;
-		if ((rc = ulp_grow(&bl, &c1, n, sizeof(*bl))) < 0 || (rc = ulp_grow(&be, &c2, n, sizeof(*be))) < 0)
-			break;
-		cap = c1;
-		cap2 = c2;
-		if ((rc = read_blob(a, f, cur, &be[n], &bl[n])) < 0)
-			break;
-		const ulp_blob_info *in = ulp_blob_get_info(bl[n++]);
-		if (!in->has_ref)
-			break;
-		ulp_ckey rk = {.chunk = k, .kind = ULP_CK_CHUNK};
-		memcpy(rk.sha, in->ref_sha256, ULP_SHA256_LEN);
-		void *bd;
-		if (ulp_cache_peek(a->cache, &rk, &base_e, &bd, &base_len)) {
-			base = bd;
-			break;
-		}
-		cur = in->ref_sha256;
-	}
-	if (rc == 0) {
-		ulp_blob_chunk_range(bl[0], k, &off, &l);
-		const ulp_blob_info *in = ulp_blob_get_info(bl[0]);
-		if (off >= in->raw_bytes && !(off == 0 && in->raw_bytes == 0))
-			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: chunk %u past the end of a blob", a->dir, k);
-	}
-	for (int i = 0; rc == 0 && i < 2 && n > 1; i++)
-		if (!(w[i] = ulp_scratch_or_malloc(i ? ULP_SCRATCH_WALK1 : ULP_SCRATCH_WALK0, l ? (size_t)l : 1, &owned[i])))
-			rc = -ULP_E_NOMEM;
-	if (rc == 0 && !(buf = ulp_cache_alloc(a->cache, (size_t)l)))
-		rc = -ULP_E_NOMEM;
-	const uint8_t *ref = base;
-	size_t ref_len = base_len;
-	for (size_t j = n; rc == 0 && j-- > 0;) { /* back up: deepest first */
-		const ulp_blob_info *in = ulp_blob_get_info(bl[j]);
-		uint64_t o2, l2;
-		ulp_blob_chunk_range(bl[j], k, &o2, &l2);
-		if (l2 != l || (in->has_ref && ref_len != l)) {
-			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: a delta and its reference differ in chunk %u size", a->dir, k);
-			break;
-		}
-		uint8_t *dst = j ? w[j & 1] : buf;
-		if (in->codec == ULP_CODEC_IDENT) {
-			memcpy(dst, ref, (size_t)l);
-		} else if (l > 0) {
-			int64_t r = ulp_blob_decode_chunk(bl[j], k, dst, (size_t)l, in->has_ref ? ref : NULL,
-			                                  in->has_ref ? ref_len : 0);
-			if (r < 0) {
-				char hex[65];
-				ulp_sha256_hex(in->content_sha256, hex);
-				rc = ulp_arch_err(a, (int)r, "%s: chunk %u of blob %.16s: %s", a->dir, k, hex,
-				                  r == -ULP_E_CHECKSUM ? "checksum mismatch (damaged pack)" : ulp_strerror((int)r));
-				break;
-			}
-		}
-		const uint8_t *payload;
-		size_t plen;
-		ulp_blob_chunk_payload(bl[j], k, &payload, &plen);
-		ulp_pack_release(a, payload, plen);
-		__atomic_fetch_add(&a->chunks_decoded, 1, __ATOMIC_RELAXED);
-		if (in->has_ref)
-			__atomic_fetch_add(&a->deltas_decoded, 1, __ATOMIC_RELAXED);
-		ref = dst;
-		ref_len = (size_t)l;
-	}
-	uint64_t m = __atomic_load_n(&a->max_walk, __ATOMIC_RELAXED);
-	while (rc == 0 && n > m && !__atomic_compare_exchange_n(&a->max_walk, &m, n, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-		;
-	for (int i = 0; i < 2; i++)
-		if (owned[i])
-			free(w[i]);
-	ulp_cache_put_cold(a->cache, base_e);
-	for (size_t j = 0; j < n; j++)
-		ulp_cache_put(a->cache, be[j]);
-	free(bl);
-	free(be);
-	if (rc < 0) {
-		ulp_cache_free_buf(buf);
-		ulp_cache_fail(a->cache, ce, rc);
-		return rc;
-	}
-	ulp_cache_fill(a->cache, ce, buf, (size_t)l, ulp_cache_free_buf);
-	ulp_cache_mark_served(ce);
-	*eout = ce;
-	*data = buf;
-	*len = (size_t)l;
-	return 0;
+	return file_chunk(a, f, sha, k, eout, data, len, NULL);
 }
 
 typedef struct xjob {

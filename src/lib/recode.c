@@ -3,9 +3,11 @@
  * recode.c - re-coding stored blobs against another reference: the one
  * primitive under retention (a removed step's blobs that kept steps still
  * need are re-based so gc can drop them), renames (a file whose series
- * changed is coded against its new neighbours) and out-of-order arrival (a
- * step that lands between two archived ones becomes the reference of the
- * later one). A content never changes, only how it is stored: the blob row
+ * changed is coded against its new neighbours), out-of-order arrival (a
+ * step that lands between two archived ones shifts the layout of its
+ * series) and the newest step as an anchor (a new newest step is archived
+ * standalone; the previous newest is then re-coded as a delta, to the place
+ * the layout of its series names: layout.c, ulp_archive_rebase_pending). A content never changes, only how it is stored: the blob row
  * keyed by the content's sha256 moves to a new coding, so extents and the
  * dependents that name it by content are untouched.
  *
@@ -44,7 +46,7 @@
 #define N_CANDIDATES 8                     /* references tried for a blob that must move */
 #define PENDING_BATCH 64                   /* queued files handled per run */
 
-enum { RB_IMPROVE = 0, RB_MUST = 1 };
+enum { RB_IMPROVE = 0, RB_MUST = 1, RB_LAYOUT = 2 };
 
 typedef struct item {
 	ulp_rebased rb;
@@ -151,9 +153,25 @@ static int plan_tensor(plan *P, const ulp_rbtensor *t, int mode)
 		return 0;
 	uint8_t cand[N_CANDIDATES][ULP_SHA256_LEN];
 	size_t nc = 0;
-	ULP_TRY(ulp_index_candidates(a, t, cand, mode == RB_MUST ? N_CANDIDATES : 1, &nc));
 	unsigned h = 0;
 	ULP_TRY(ulp_index_height(a, t->content, mode == RB_MUST, &h));
+	/* a tensor that must move (its reference is forgotten): first onto the
+	 * step the layout of its series names among those kept (layout.c), so
+	 * that the kept steps end as an import of them alone would code them */
+	if (mode == RB_MUST && t->series) {
+		int64_t rf = -1;
+		ulp_blobrow row;
+		ULP_TRY(ulp_layout_target(a, t->series, t->step, t->path, &rf, NULL, 0));
+		if (rf >= 0 && ulp_index_tensor(a, rf, t->name, t->dtype, t->length, cand[0], &row) == 0 &&
+		    memcmp(cand[0], t->content, ULP_SHA256_LEN) != 0) {
+			unsigned d = 0;
+			rc = walk(P, cand[0], t->content, &d);
+			ULP_TRY(rc);
+			if (rc == 0 && d + 1 + h <= a->max_chain)
+				return add_item(P, t, &old, cand[0], d + 1, mode);
+		}
+	}
+	ULP_TRY(ulp_index_candidates(a, t, cand, mode == RB_MUST ? N_CANDIDATES : 1, &nc));
 	for (size_t i = 0; i < nc; i++) {
 		if (mode == RB_IMPROVE && old.has_ref && memcmp(old.ref, cand[i], ULP_SHA256_LEN) == 0)
 			return 0; /* on its nearest step already */
@@ -260,8 +278,10 @@ static int code_item(ulp_archive *a, item *x, int use_pool)
 			const ulp_blob_info *in = ulp_blob_get_info(b);
 			int has_ref = in->has_ref;
 			int64_t d = ulp_blob_decode(b, pool, check, len, has_ref ? ref : NULL, has_ref ? len : 0);
-			rc = d == (int64_t)len && memcmp(check, src, len) == 0 && in->chunk_elems == ce &&
-			     in->version == version && memcmp(in->content_sha256, x->rb.content, ULP_SHA256_LEN) == 0 ? 0 : -ULP_E_CHECKSUM;
+			/* a decode that could not run (no memory) is that error */
+			rc = d < 0 && d != -ULP_E_CHECKSUM && d != -ULP_E_CORRUPT ? (int)d
+			     : d == (int64_t)len && memcmp(check, src, len) == 0 && in->chunk_elems == ce &&
+			       in->version == version && memcmp(in->content_sha256, x->rb.content, ULP_SHA256_LEN) == 0 ? 0 : -ULP_E_CHECKSUM;
 			if (!has_ref) { /* the encoder found a standalone coding smaller */
 				x->rb.has_ref = 0;
 				x->depth = 0;
@@ -573,11 +593,124 @@ int ulp_archive_rebase(ulp_archive *a, const char *path, const char *tensor, con
 typedef struct tctx {
 	plan *P;
 	int mode;
+	int64_t file, ref_file; /* RB_LAYOUT: the file planned, its target reference */
+	uint64_t moves;         /* RB_LAYOUT: tensors planned or blocked off their target */
 } tctx;
+
+/* RB_LAYOUT: moves tensor t onto the reference the layout of its series
+ * names (layout.c), or makes it an anchor; a move that would break
+ * invariant 3 is left for later. */
+static int plan_layout(plan *P, tctx *c, const ulp_rbtensor *t)
+{
+	ulp_archive *a = P->a;
+	if (c->file != t->file) {
+		c->file = t->file;
+		ULP_TRY(ulp_layout_target(a, t->series, t->step, t->path, &c->ref_file, NULL, 0));
+	}
+	if (planned(P, t->content))
+		return 0;
+	ulp_rbblob old;
+	int rc = ulp_index_blob_ref(a, t->content, &old);
+	if (rc == -ULP_E_NOENT)
+		return 0;
+	ULP_TRY(rc);
+	if (old.raw != t->length || t->dtype < 0 || t->dtype >= ULP_DT__COUNT)
+		return 0;
+	uint8_t ref[ULP_SHA256_LEN];
+	ulp_blobrow row;
+	int has = c->ref_file >= 0 &&
+	          ulp_index_tensor(a, c->ref_file, t->name, t->dtype, t->length, ref, &row) == 0 &&
+	          memcmp(ref, t->content, ULP_SHA256_LEN) != 0;
+	if (!has && !old.has_ref)
+		return 0; /* an anchor already */
+	if (has && old.has_ref && memcmp(old.ref, ref, ULP_SHA256_LEN) == 0)
+		return 0; /* on its target already */
+	if (!has) {
+		if (c->ref_file >= 0)
+			return 0; /* no such tensor there: leave it */
+		c->moves++;
+		return add_item(P, t, &old, NULL, 0, RB_MUST);
+	}
+	unsigned h = 0, d = 0;
+	ULP_TRY(ulp_index_height(a, t->content, 0, &h));
+	rc = walk(P, ref, t->content, &d);
+	ULP_TRY(rc);
+	c->moves++; /* planned, or blocked until its reference moves */
+	if (rc == 0 && d + 1 + h <= a->max_chain)
+		return add_item(P, t, &old, ref, d + 1, RB_MUST);
+	return 0;
+}
+
+static int plan_cb(void *arg, const ulp_rbtensor *t);
+
+typedef struct idv {
+	int64_t *id;
+	size_t n, cap;
+	char *series;
+} idv;
+
+static int collect_id(void *arg, int64_t id, int64_t step, const char *path)
+{
+	(void)step;
+	(void)path;
+	idv *v = arg;
+	ULP_TRY(ulp_grow(&v->id, &v->cap, v->n, sizeof(*v->id)));
+	v->id[v->n++] = id;
+	return 0;
+}
+
+static int series_of(void *arg, const ulp_rbtensor *t)
+{
+	idv *v = arg;
+	if (!v->series && t->series && !(v->series = strdup(t->series)))
+		return -ULP_E_NOMEM;
+	return 0;
+}
+
+/* RB_LAYOUT around one queued file: it, then outward on each side while the
+ * files there move (a step that arrived out of order shifts the place of
+ * those after it, layout.c), then the same files again, for moves that were
+ * blocked until the reference they need had moved (walk: no cycle). */
+static int plan_around(ulp_archive *a, tctx *c, int64_t file)
+{
+	idv v = {0};
+	int rc = ulp_index_file_tensors(a, file, series_of, &v);
+	if (rc == 0 && v.series)
+		rc = ulp_index_series_steps(a, v.series, collect_id, &v);
+	size_t q = 0;
+	while (q < v.n && v.id[q] != file)
+		q++;
+	if (rc < 0 || q == v.n) { /* not in a series (any more): itself only */
+		free(v.id);
+		free(v.series);
+		return rc < 0 ? rc : ulp_index_file_tensors(a, file, plan_cb, c);
+	}
+	size_t lo = q, hi = q;
+	rc = ulp_index_file_tensors(a, file, plan_cb, c);
+	while (rc == 0 && lo > 0) {
+		uint64_t m = c->moves;
+		rc = ulp_index_file_tensors(a, v.id[--lo], plan_cb, c);
+		if (c->moves == m)
+			break;
+	}
+	while (rc == 0 && hi + 1 < v.n) {
+		uint64_t m = c->moves;
+		rc = ulp_index_file_tensors(a, v.id[++hi], plan_cb, c);
+		if (c->moves == m)
+			break;
+	}
+	for (size_t i = lo; rc == 0 && i <= hi; i++)
+		rc = ulp_index_file_tensors(a, v.id[i], plan_cb, c);
+	free(v.id);
+	free(v.series);
+	return rc;
+}
 
 static int plan_cb(void *arg, const ulp_rbtensor *t)
 {
 	tctx *c = arg;
+	if (c->mode == RB_LAYOUT)
+		return plan_layout(c->P, c, t);
 	return plan_tensor(c->P, t, c->mode);
 }
 
@@ -587,7 +720,7 @@ int ulp_archive_rebase_orphans(ulp_archive *a, ulp_progress_fn progress, void *a
 	double t0 = now_s();
 	ULP_TRY(check_rw(a));
 	plan P = {a, NULL, 0, 0};
-	tctx c = {&P, RB_MUST};
+	tctx c = {&P, RB_MUST, -1, -1, 0};
 	/* in step order, so that each kept step is coded against the nearest
 	 * kept one before it, as an import of the kept steps alone would */
 	int rc = ulp_index_orphan_deps(a, plan_cb, &c);
@@ -610,18 +743,12 @@ int ulp_archive_rebase_pending(ulp_archive *a, ulp_progress_fn progress, void *a
 	ULP_TRY(check_rw(a));
 	while ((rc = ulp_index_pending(a, ids, gens, PENDING_BATCH, &n)) == 0 && n > 0) {
 		plan P = {a, NULL, 0, 0};
-		tctx c = {&P, RB_IMPROVE};
-		/* each queued file, then its neighbours, for which it may now be
-		 * the nearest step */
-		for (size_t i = 0; rc == 0 && i < n; i++) {
-			int64_t nb[2];
-			rc = ulp_index_file_tensors(a, ids[i], plan_cb, &c);
-			if (rc == 0)
-				rc = ulp_index_neighbours(a, ids[i], nb);
-			for (int k = 0; rc == 0 && k < 2; k++)
-				if (nb[k] >= 0)
-					rc = ulp_index_file_tensors(a, nb[k], plan_cb, &c);
-		}
+		tctx c = {&P, RB_LAYOUT, -1, -1, 0};
+		/* each queued file, then its neighbours, whose place in the layout
+		 * of their series it may have changed (layout.c invariant 3: a new
+		 * newest step moves the previous newest off its anchor) */
+		for (size_t i = 0; rc == 0 && i < n; i++)
+			rc = plan_around(a, &c, ids[i]);
 		if (rc == 0)
 			rc = finish(a, &P, progress, arg, &r);
 		free(P.it);

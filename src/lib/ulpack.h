@@ -318,9 +318,10 @@ const ulp_stat *ulp_file_get_stat(const ulp_file *f);
 /** Writes the whole file into fd at offsets [0, size) with pwrite (fd must
  *  be seekable; its offset is left alone): the chunks are decoded on the
  *  archive's pool, each chunk's chain walked once from its nearest cached
- *  link, the links below the file's own chunk decoded into per-thread
- *  buffers without entering the cache, and each chunk written as soon as it
- *  is decoded. For `ulpack export` and `ulpack cat` into a file: a cold
+ *  link, the links below the file's own chunk entering the cache as a read's
+ *  do (so that exporting the steps of a run in step order decodes each link
+ *  once, backward parts of the layout included: ulpack-format(5)), and each
+ *  chunk written as soon as it is decoded. For `ulpack export` and `ulpack cat` into a file: a cold
  *  file costs one decode per link of its chains, and all threads work.
  *  Errors: IO, NOSPC (writing to fd: the message says so), and those of
  *  ulp_file_pread. */
@@ -352,6 +353,16 @@ typedef struct ulp_put_result {
  */
 int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *meta,
                     ulp_put_result *res);
+/**
+ * Tells the archive which files an import is about to put (paths inside the
+ * archive), so that each is coded where the final layout of its series puts
+ * it (ulpack-format(5): the newest step an anchor, deltas at most about
+ * max_chain/2 deep), with no re-coding afterwards. rank[i] receives the
+ * order to put paths[i] in (lowest first; equal ranks in any order): every
+ * file's reference is archived before it. The list holds until the next call
+ * (n = 0 clears it) or the close. Errors: NOMEM, IO.
+ */
+int ulp_archive_expect(ulp_archive *a, const char *const *paths, size_t n, uint32_t *rank);
 int ulp_archive_symlink(ulp_archive *a, const char *path, const char *target, const ulp_meta *meta);
 int ulp_archive_mkdir(ulp_archive *a, const char *path, const ulp_meta *meta);
 /** Removes a file or symlink (rm) or an empty directory (rmdir). Blobs stay

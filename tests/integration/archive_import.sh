@@ -36,7 +36,8 @@ if [ -d "$TINY" ]; then
 	"$ULPACK" import "$A" "$TINY" --prefix tiny > "$T/out" || fail "import $TINY: $(cat "$T/out")"
 	ok "$(cat "$T/out")"
 	check_tree "$TINY" tiny
-	# bf16: archive size vs bench sizes of its 7 pairs plus the first (anchor) step
+	# bf16: archive size vs bench sizes of its first 6 pairs plus the first and
+	# the newest step (anchors: ulpack-format(5), the layout of a series)
 	"$ULPACK" stat "$A" tiny/bf16 --json > "$T/stat.json" || fail "stat"
 	prev=""
 	: > "$T/bench-sizes"
@@ -50,11 +51,19 @@ if [ -d "$TINY" ]; then
 		fi
 		prev=$s
 	done
-	"$PY" - "$T/stat.json" "$T/bench-sizes" "$first" <<'PYEOF' && ok "bf16 archive within 2 % of bench pairs + anchor" || fail "bf16 archive size"
+	last=$(echo "$steps" | tail -1)
+	"$PY" - "$T/stat.json" "$T/bench-sizes" "$first" "$last" <<'PYEOF' && ok "bf16 archive within 2 % of bench pairs + the newest step" || fail "bf16 archive size"
 import json, sys
 st = json.load(open(sys.argv[1]))
 pairs = sum(int(x) for x in open(sys.argv[2]))
-anchor = [f for f in st["files"] if f["path"].endswith("checkpoint-%s/model.safetensors" % sys.argv[3])][0]["stored_bytes"]
+def stored_of(s):
+    return [f for f in st["files"] if f["path"].endswith("checkpoint-%s/model.safetensors" % s)][0]
+newest = stored_of(sys.argv[4])
+assert newest["anchor"] and newest["chain_depth"] == 0, newest
+# one segment (ulpack-format(5)): the newest step the only anchor, the
+# others backward deltas against the step after them
+assert not stored_of(sys.argv[3])["anchor"]
+anchor = newest["stored_bytes"]
 stored = st["total"]["stored_bytes"]
 print("archive", stored, "bench pairs + anchor", pairs + anchor, "ratio", stored / (pairs + anchor))
 assert abs(stored / (pairs + anchor) - 1) < 0.02

@@ -16,9 +16,11 @@ mv "$S/checkpoint-300" "$S/checkpoint-400" "$T/new/"
 ULP_TEST_BLOB_VERSION=1 "$ULPACK" import "$A" "$T/old" --prefix run > "$T/out" 2>&1 || fail "v1 import: $(cat "$T/out")"
 # a v1 pack's blobs start with "ULPb\001", v2's with "ULPb\002"
 grep -c "ULPb$(printf '\001')" "$A"/packs/*.pack > /dev/null || fail "the v1 import wrote no v1 blob"
-"$ULPACK" import "$A" "$T/new" --prefix run > "$T/out" 2>&1 || fail "v2 import: $(cat "$T/out")"
-# step 300's chain goes through the v1 blobs of step 200: depth 2 (200 is at 1)
-"$ULPACK" stat "$A" run/checkpoint-300/model.safetensors --json | grep -q '"chain_depth": 2' &&
+# max_chain 1: segments of two steps (ulpack-format(5)): 200 the anchor of the
+# first, 300 a forward delta against it, 400 the anchor of the second
+"$ULPACK" import "$A" "$T/new" --prefix run --max-chain 1 > "$T/out" 2>&1 || fail "v2 import: $(cat "$T/out")"
+# step 300's chain goes through the v1 blobs of step 200: depth 1
+"$ULPACK" stat "$A" run/checkpoint-300/model.safetensors --json | grep -q '"chain_depth": 1' &&
 	ok "v2 deltas against v1 references" || fail "step 300 is not coded against step 200's v1 blobs"
 cp -r "$A" "$T/B" # for re-basing, below
 for p in old/checkpoint-100 old/checkpoint-200 new/checkpoint-300 new/checkpoint-400; do
@@ -26,6 +28,16 @@ for p in old/checkpoint-100 old/checkpoint-200 new/checkpoint-300 new/checkpoint
 	"$ULPACK" cat "$A" "run/$f" | cmp -s - "$T/$p/model.safetensors" || fail "run/$f reads back wrong"
 done
 "$ULPACK" verify "$A" > "$T/out" 2>&1 || fail "verify: $(cat "$T/out")"
+# the layout of max_chain 16 (gc drains the queue): 400 the anchor, 300 and
+# then 200's v1 contents re-coded as backward deltas, against v2 references;
+# a v1 content identical to its v2 reference is a delta, not an
+# identical-to-reference blob (regression: v1 refuses one naming another identity)
+cp -r "$A" "$T/C"
+"$ULPACK" gc "$T/C" > "$T/out" 2>&1 || fail "gc (v1 re-coded against v2): $(cat "$T/out")"
+"$ULPACK" stat "$T/C" run/checkpoint-200/model.safetensors --json | grep -q '"chain_depth": 2' ||
+	fail "step 200 is not re-coded against step 300"
+"$ULPACK" verify "$T/C" > "$T/out" 2>&1 || fail "verify (v1 re-coded against v2): $(cat "$T/out")"
+ok "v1 deltas against v2 references"
 # the same content archived again by this release: stored under its v2 identity
 cp -r "$T/old/checkpoint-100" "$T/again"
 "$ULPACK" import "$A" "$T/again" --prefix copy > "$T/out" 2>&1 || fail "reimport: $(cat "$T/out")"

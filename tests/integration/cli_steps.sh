@@ -63,7 +63,8 @@ for r in s:
     assert r["run"] == "lm" and r["files"] == 1
     assert r["raw_bytes"] == f["raw_bytes"] and r["stored_bytes"] == f["stored_bytes"]
     assert r["chain_depth"] == f["chain_depth"] and abs(r["ratio"] - f["ratio"]) < 1e-6
-assert s[0]["chain_depth"] == 0 and s[-1]["chain_depth"] > 0
+# the newest step is the anchor, those before it backward deltas (one segment)
+assert s[-1]["chain_depth"] == 0 and all(r["chain_depth"] > 0 for r in s[:-1])
 PYEOF
 "$ULPACK" steps "$A" nosuch 2> /dev/null && fail "steps of a missing run succeeded"
 

@@ -134,7 +134,9 @@ names = set(os.listxattr(p))
 assert {"user.ulpack.step", "user.ulpack.sha256", "user.ulpack.stored_bytes", "user.ulpack.ratio",
         "user.ulpack.chain_depth", "user.ulpack.anchor"} <= names, names
 assert os.getxattr(p, "user.ulpack.step") == b"300"
-assert int(os.getxattr(p, "user.ulpack.chain_depth")) >= 1
+assert int(os.getxattr(p, "user.ulpack.chain_depth")) == 0   # the newest step: an anchor
+assert os.getxattr(p, "user.ulpack.anchor") in (b"1", b"yes", b"true"), os.getxattr(p, "user.ulpack.anchor")
+assert int(os.getxattr(os.path.join(mnt, "syn/checkpoint-200/model.safetensors"), "user.ulpack.chain_depth")) >= 1
 assert st.st_blocks * 512 < st.st_size            # du shows the stored size
 assert float(os.getxattr(p, "user.ulpack.ratio")) < 1
 PYEOF

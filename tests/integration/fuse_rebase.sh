@@ -36,8 +36,26 @@ mkdir "$T/m2/run"
 for d in $(cd "$T/src" && ls -d checkpoint-* | sort -t- -k2 -n); do
 	mkdir "$T/m2/run/tmp-$d" && cp "$T/src/$d/"* "$T/m2/run/tmp-$d/" && mv "$T/m2/run/tmp-$d" "$T/m2/run/$d" || fail "save $d"
 done
+# issue 17: the newest step, saved last through the mount, is an anchor as
+# soon as it is there (the xattrs of the mount)
+"$PY" -c '
+import os, sys
+p = sys.argv[1] + "/run/checkpoint-1200/model.safetensors"
+assert int(os.getxattr(p, "user.ulpack.chain_depth")) == 0, os.getxattr(p, "user.ulpack.chain_depth")' "$T/m2" \
+	&& ok "newest step saved through the mount: an anchor" || fail "newest step not an anchor"
 umount_fs "$T/m2"
 "$U" gc "$T/tmp" > /dev/null || fail "gc (tmp)"
+# once re-coded: the layout of ulpack-format(5): twelve steps, one segment
+# (max_chain 16), the newest its anchor, each other step a backward delta
+# against the step after it
+"$U" stat "$T/tmp" --json | "$PY" -c '
+import json, sys
+d = json.load(sys.stdin)
+f = {x["step"]: x for x in d["files"] if x["path"].endswith("model.safetensors")}
+assert f[1200]["anchor"], f[1200]
+assert all(f[s]["chain_depth"] == (1200 - s) // 100 for s in range(100, 1200, 100)), [(s, f[s]["chain_depth"]) for s in f]' \
+	&& ok "after re-coding: the newest the anchor, every other step a backward delta" \
+	|| fail "layout after re-coding"
 B=$(pack_bytes "$T/tmp")
 "$U" verify "$T/tmp" > /dev/null || fail "verify (tmp)"
 within "$B" "$REF" 10 && ok "tmp-dir renames: $B pack bytes, import $REF" || fail "tmp-dir renames: $B pack bytes, import $REF (over 1 %)"

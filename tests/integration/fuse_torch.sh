@@ -21,14 +21,21 @@ while read -r f; do
 done < "$T/files"
 [ "$bad" = 0 ] && ok "ulpack cat: torch files identical" || fail "$bad files differ through cat"
 
-"$ULPACK" stat "$A" --json > "$T/stat.json" || fail stat
+# two steps are both anchors (the oldest and the newest: ulpack-format(5));
+# with step 30's files copied as step 10 too, step 20 sits between them and is
+# coded per storage against step 10
+mkdir -p "$T/tsrc" && cp -r "$SRC/run" "$T/tsrc/" && cp -r "$SRC/run/checkpoint-30" "$T/tsrc/run/checkpoint-10" \
+	&& "$ULPACK" init "$T/a3" > /dev/null && "$ULPACK" import "$T/a3" "$T/tsrc" > /dev/null || fail "import of three steps"
+"$ULPACK" stat "$T/a3" --json > "$T/stat.json" || fail stat
 "$PY" - "$T/stat.json" <<'PYEOF' && ok "stored per storage, deltas between steps" || fail "torch files not coded per storage"
 import json, sys
 s = json.load(open(sys.argv[1]))
 files = {f["path"]: f for f in s["files"]}
-for p in ("run/checkpoint-30/optimizer.pt", "run/checkpoint-30/pytorch_model.bin"):
+for p in ("run/checkpoint-20/optimizer.pt", "run/checkpoint-20/pytorch_model.bin"):
     assert not files[p]["anchor"] and files[p]["ratio"] < 0.85, files[p]
-assert "F32" in s["by_dtype"] and "BF16" in s["by_dtype"], s["by_dtype"].keys()
+for p in ("run/checkpoint-30/optimizer.pt", "run/checkpoint-30/pytorch_model.bin"):
+    assert files[p]["anchor"] and files[p]["chain_depth"] == 0, files[p]  # the newest step
+assert "F32" in s["by_dtype"] and s["by_dtype"]["F32"]["delta_blobs"] > 0, s["by_dtype"]
 PYEOF
 
 mount_fs "$A" "$M" || { fail mount; finish; }

@@ -252,13 +252,16 @@ static void test_primitive(void)
 		REQUIRE(put(a, p, s) == 0, "put");
 	}
 	ulp_rebase_result r;
-	CHECK(ulp_archive_rebase(a, "run/checkpoint-1/model.safetensors", "w", "run/checkpoint-3/model.safetensors",
+	/* the layout (layout.c, the first segment): 3 (the newest) the anchor,
+	 * 2 a delta against 3, 1 against 2 */
+	REQUIRE(ulp_archive_rebase_pending(a, NULL, NULL, &r) == 0, "pending: %s", ulp_archive_errmsg(a));
+	CHECK(ulp_archive_rebase(a, "run/checkpoint-3/model.safetensors", "w", "run/checkpoint-2/model.safetensors",
 	                         &r) == -ULP_E_INVAL, "a reference that needs the tensor is refused: %s",
 	      ulp_archive_errmsg(a));
 	CHECK(ulp_archive_rebase(a, "run/checkpoint-3/model.safetensors", "w", NULL, &r) == 0 && r.recoded == 1 &&
 	      r.anchors == 1, "re-coded as an anchor");
-	CHECK(ulp_archive_rebase(a, "run/checkpoint-3/model.safetensors", "w", "run/checkpoint-1/model.safetensors",
-	                         &r) == 0 && r.recoded == 1 && r.anchors == 0, "re-coded against step 1");
+	CHECK(ulp_archive_rebase(a, "run/checkpoint-1/model.safetensors", "w", "run/checkpoint-3/model.safetensors",
+	                         &r) == 0 && r.recoded == 1 && r.anchors == 0, "re-coded against step 3");
 	CHECK(ulp_archive_rebase(a, "run/checkpoint-3/model.safetensors", "nope", NULL, &r) == -ULP_E_NOENT,
 	      "no such tensor");
 	static const int s3[] = {1, 2, 3};
@@ -310,6 +313,195 @@ static void test_crash(void)
 }
 
 
+/* issue 17: the layout rule (layout.c) on its own */
+static void test_layout_rule(void)
+{
+	static const unsigned chains[] = {0, 1, 2, 3, 4, 7, 16};
+	int ok = 1;
+	for (size_t k = 0; k < sizeof(chains) / sizeof(*chains); k++) {
+		unsigned M = chains[k], half = (M + 1) / 2;
+		for (size_t n = 1; n <= 60; n++) {
+			size_t order[60], anchors = 0, fwd_anchors = n ? (n - 1) / (M + 1) + 1 : 0;
+			int seen[60] = {0};
+			ok &= ulp_layout_ref(n - 1, n, M) < 0; /* the newest: an anchor */
+			for (size_t i = 0; i < n; i++) {
+				ptrdiff_t r = ulp_layout_ref(i, n, M);
+				unsigned d = ulp_layout_depth(i, n, M);
+				anchors += r < 0;
+				/* outside the first segment at most ceil(M / 2) deep; in it, up to M */
+				ok &= d <= (i > M ? half : M) && (r < 0) == (d == 0);
+				ok &= r < 0 || (r == (ptrdiff_t)i - 1 || r == (ptrdiff_t)i + 1);
+				ok &= r < 0 || d == ulp_layout_depth((size_t)r, n, M) + 1;
+				/* an append moves the previous newest only (layout.c invariant 3) */
+				ok &= i + 2 >= n || r == ulp_layout_ref(i, n - 1, M);
+			}
+			/* exactly as many anchors as forward coding (the stored size) */
+			ok &= anchors == fwd_anchors;
+			/* the order of an import: a permutation, references first */
+			ok &= ulp_layout_order(n, M, order) == n;
+			for (size_t j = 0; j < n; j++) {
+				ptrdiff_t r = ulp_layout_ref(order[j], n, M);
+				ok &= order[j] < n && !seen[order[j]] && (r < 0 || seen[r]);
+				seen[order[j]] = 1;
+			}
+			if (!ok) {
+				CHECK(0, "layout rule broken at max_chain %u, %zu steps", M, n);
+				return;
+			}
+		}
+	}
+	CHECK(ok, "layout: newest an anchor, anchors as many as forward coding, depth <= max_chain (ceil(max_chain / 2) past the first segment), an append moves one step, references before dependents");
+}
+
+static void stat_of(ulp_archive *a, int s, ulp_stat *st)
+{
+	char p[128];
+	path_of(p, sizeof(p), "checkpoint-%d", s);
+	REQUIRE(ulp_archive_stat(a, p, st) == 0, "stat %s: %s", p, ulp_archive_errmsg(a));
+}
+
+/* deltas decoded by a cold read of each of steps 1..n (a fresh open each) */
+static unsigned cold_reads(const char *name, unsigned M, int n, unsigned *newest, unsigned *late)
+{
+	unsigned worst = 0;
+	*late = 0;
+	for (int s = 1; s <= n; s++) {
+		ulp_archive *a = reopen(name, M);
+		char p[128];
+		path_of(p, sizeof(p), "checkpoint-%d", s);
+		ulp_counters c0, c1;
+		ulp_archive_counters(a, &c0);
+		CHECK(same_bytes(a, p, s), "%s: step %d reads back", name, s);
+		ulp_archive_counters(a, &c1);
+		unsigned d = (unsigned)(c1.deltas_decoded - c0.deltas_decoded);
+		worst = ULP_MAX(worst, d);
+		if (s > (int)M + 1) /* past the first segment (layout.c invariant 1) */
+			*late = ULP_MAX(*late, d);
+		if (s == n)
+			*newest = d;
+		ulp_archive_close(a);
+	}
+	return worst;
+}
+
+/* issue 17 item 1, 2: a run saved step by step; the newest step is an
+ * anchor after each put, the previous newest a delta once the queue drains,
+ * a cold read of any step decodes at most about max_chain / 2 deltas */
+static void test_newest(void)
+{
+	const unsigned M = 6;
+	const int n = N_STEPS;
+	ulp_archive *a = fresh("newest", M);
+	int ok_new = 1, ok_prev = 1, ok_depth = 1;
+	for (int s = 1; s <= n; s++) {
+		char p[128];
+		path_of(p, sizeof(p), "checkpoint-%d", s);
+		REQUIRE(put(a, p, s) == 0, "put: %s", ulp_archive_errmsg(a));
+		ulp_stat st;
+		stat_of(a, s, &st);
+		ok_new &= st.anchor && st.chain_depth == 0;
+		ulp_rebase_result r;
+		REQUIRE(ulp_archive_rebase_pending(a, NULL, NULL, &r) == 0, "pending: %s", ulp_archive_errmsg(a));
+		CHECK(r.recoded <= 3, "step %d: one file re-coded (%llu blobs)", s, (unsigned long long)r.recoded);
+		stat_of(a, s, &st);
+		ok_new &= st.anchor && st.chain_depth == 0;
+		for (int k = 1; k <= s; k++) {
+			stat_of(a, k, &st);
+			unsigned want = ulp_layout_depth((size_t)k - 1, (size_t)s, M);
+			ok_depth &= st.chain_depth == want;
+			if (k == s - 1 && ulp_layout_ref((size_t)k - 1, (size_t)s, M) >= 0)
+				ok_prev &= !st.anchor && st.chain_depth > 0;
+		}
+	}
+	CHECK(ok_new, "the newest step is an anchor after each put and after the queue drains");
+	CHECK(ok_prev, "the previous newest is a delta once the queue drained");
+	CHECK(ok_depth, "every step at the depth the layout names");
+	check_all(a, "newest", all, N_STEPS, M);
+	ulp_archive_close(a);
+	/* 3 tensors a file, 2 of which change (the frozen one is the same blob) */
+	unsigned newest = 99, late = 99, worst = cold_reads("newest", M, n, &newest, &late);
+	FIGURE(newest == 0 && worst <= 3 * M && late <= 3 * ((M + 1) / 2), "max_chain %u: cold read of the newest step:"
+	       " %u deltas; of any step: at most %u (target <= 3 tensors x %u); past the first segment: at most %u"
+	       " (target <= 3 tensors x %u)", M, newest, worst, M, late, (M + 1) / 2);
+	/* the stored size against an import of the same run: the same layout */
+	ulp_archive *b = fresh("newest-import", M);
+	const char *paths[N_STEPS];
+	char pbuf[N_STEPS][128];
+	uint32_t rank[N_STEPS];
+	for (int s = 1; s <= n; s++) {
+		path_of(pbuf[s - 1], sizeof(pbuf[s - 1]), "checkpoint-%d", s);
+		paths[s - 1] = pbuf[s - 1];
+	}
+	REQUIRE(ulp_archive_expect(b, paths, (size_t)n, rank) == 0, "expect: %s", ulp_archive_errmsg(b));
+	for (uint32_t r = 0; r < (uint32_t)n; r++)
+		for (int s = 1; s <= n; s++)
+			if (rank[s - 1] == r)
+				REQUIRE(put(b, paths[s - 1], s) == 0, "put: %s", ulp_archive_errmsg(b));
+	ulp_rebase_result rr;
+	REQUIRE(ulp_archive_rebase_pending(b, NULL, NULL, &rr) == 0, "pending: %s", ulp_archive_errmsg(b));
+	CHECK(rr.recoded == 0, "import in layout order: nothing to re-code (%llu blobs)", (unsigned long long)rr.recoded);
+	int same = 1;
+	a = reopen("newest", M);
+	for (int s = 1; s <= n; s++) {
+		ulp_stat x, y;
+		stat_of(a, s, &x);
+		stat_of(b, s, &y);
+		same &= x.chain_depth == y.chain_depth && x.anchor == y.anchor;
+	}
+	CHECK(same, "import writes the layout that step-by-step puts reach after re-coding");
+	uint64_t pa = pack_bytes(a, NULL), pb = pack_bytes(b, NULL);
+	ulp_gc_result g;
+	REQUIRE(ulp_archive_gc(a, &g) == 0, "gc");
+	pa = pack_bytes(a, NULL);
+	FIGURE(pb * 100 <= pa * 101 && pa * 100 <= pb * 101, "step by step + re-coding: %llu pack bytes, import %llu",
+	       (unsigned long long)pa, (unsigned long long)pb);
+	check_all(b, "newest-import", all, N_STEPS, M);
+	ulp_archive_close(a);
+	ulp_archive_close(b);
+}
+
+/* issue 17: a process killed at each point of the commit that re-codes the
+ * previous newest step; the archive reads, and the next drain finishes */
+static void test_newest_crash(void)
+{
+	for (int at = 1; at <= 3; at++) {
+		char name[64];
+		snprintf(name, sizeof(name), "newest-crash-%d", at);
+		ulp_archive *a = fresh(name, 6);
+		for (int s = 1; s <= 4; s++) {
+			char p[128];
+			path_of(p, sizeof(p), "checkpoint-%d", s);
+			REQUIRE(put(a, p, s) == 0, "put");
+			if (s < 4)
+				REQUIRE(ulp_archive_rebase_pending(a, NULL, NULL, NULL) == 0, "pending");
+		}
+		ulp_archive_close(a);
+		pid_t pid = fork();
+		REQUIRE(pid >= 0, "fork");
+		if (pid == 0) {
+			ulp_archive *c = reopen(name, 6);
+			ulp_recode_crash_at = at;
+			ulp_archive_rebase_pending(c, NULL, NULL, NULL);
+			_exit(0);
+		}
+		int st;
+		waitpid(pid, &st, 0);
+		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 99, "killed at point %d", at);
+		a = reopen(name, 6);
+		static const int s4[] = {1, 2, 3, 4};
+		check_all(a, name, s4, 4, 3);
+		REQUIRE(ulp_archive_rebase_pending(a, NULL, NULL, NULL) == 0, "pending after the crash: %s",
+		        ulp_archive_errmsg(a));
+		ulp_stat s3, n4;
+		stat_of(a, 3, &s3);
+		stat_of(a, 4, &n4);
+		CHECK(!s3.anchor && s3.chain_depth == ulp_layout_depth(2, 4, 6) && n4.anchor, "point %d: step 3 a delta (depth %u), 4 an anchor",
+		      at, s3.chain_depth);
+		check_all(a, name, s4, 4, 3);
+		ulp_archive_close(a);
+	}
+}
+
 typedef struct keep_set {
 	const ulp_extent *ext;
 	size_t n;
@@ -336,11 +528,13 @@ static int not_top_blob(void *arg, const ulp_ckey *key, void *data)
 static void test_stale_blob(void)
 {
 	ulp_archive *a = fresh("stale", 0), *b = reopen("stale", 0);
-	for (int s = 1; s <= 3; s++) {
+	for (int s = 1; s <= 4; s++) {
 		char p[128];
 		path_of(p, sizeof(p), "checkpoint-%d", s);
 		REQUIRE(put(a, p, s) == 0, "put: %s", ulp_archive_errmsg(a));
 	}
+	/* the layout (layout.c): 1 and 4 anchors, 3 a delta against 2 */
+	REQUIRE(ulp_archive_rebase_pending(a, NULL, NULL, NULL) == 0, "pending: %s", ulp_archive_errmsg(a));
 	char p3[128], p2[128];
 	path_of(p3, sizeof(p3), "checkpoint-%d", 3);
 	path_of(p2, sizeof(p2), "checkpoint-%d", 2);
@@ -360,17 +554,17 @@ static void test_stale_blob(void)
 	REQUIRE(ulp_archive_gc(b, &g) == 0, "gc through B: %s", ulp_archive_errmsg(b));
 	CHECK(g.blobs_rebased > 0, "gc re-based step 3 off step 2 (%llu blobs)", (unsigned long long)g.blobs_rebased);
 	CHECK(same_bytes(a, p3, 3), "step 3 reads through A after B re-based it: %s", ulp_archive_errmsg(a));
-	int again[] = {1, 3};
-	check_all(a, "stale: A", again, 2, ULP_DEFAULT_MAX_CHAIN);
+	int again[] = {1, 3, 4};
+	check_all(a, "stale: A", again, 3, ULP_DEFAULT_MAX_CHAIN);
 	ulp_archive_close(b);
 	ulp_archive_close(a);
 }
 
-/* ulp_file_write_to (ulpack export): a cold read of the last of 12 steps
- * (a chain of 11 deltas) writes the same bytes, decodes each link of each
- * chunk once, and caches only the file's own chunks; a second file of the
- * run then starts from them; a descriptor it cannot write to fails with IO
- * and a message naming the file. */
+/* ulp_file_write_to (ulpack export): a cold read of the first of 12 steps
+ * (a chain of 11 backward deltas) writes the same bytes, decodes each link
+ * of each chunk once and caches them as a read does, so that the next steps
+ * (exported in step order) decode nothing more; a descriptor it cannot
+ * write to fails with IO and a message naming the file. */
 static void test_write_to(void)
 {
 	ulp_archive *a = fresh("writeto", 0);
@@ -379,10 +573,14 @@ static void test_write_to(void)
 		path_of(p, sizeof(p), "checkpoint-%d", s);
 		REQUIRE(put(a, p, s) == 0, "put: %s", ulp_archive_errmsg(a));
 	}
+	/* the layout (layout.c): one segment (max_chain 16), step 1 the
+	 * deepest, 11 backward deltas from the newest */
+	REQUIRE(ulp_archive_rebase_pending(a, NULL, NULL, NULL) == 0, "pending: %s", ulp_archive_errmsg(a));
+	const int deep = 1;
 	ulp_archive_close(a);
 	a = reopen("writeto", 0); /* a cold cache */
 	char p[128], out[600];
-	path_of(p, sizeof(p), "checkpoint-%d", N_STEPS);
+	path_of(p, sizeof(p), "checkpoint-%d", deep);
 	snprintf(out, sizeof(out), "%s/writeto.out", root);
 	ulp_file *f;
 	REQUIRE(ulp_file_open(a, p, &f) == 0, "open: %s", ulp_archive_errmsg(a));
@@ -392,7 +590,7 @@ static void test_write_to(void)
 	uint64_t size = ulp_file_get_stat(f)->size;
 	ulp_file_close(f);
 	uint8_t *got = malloc(size + 1), *want = malloc(size + 1);
-	FILE *w = fopen(src[N_STEPS], "rb");
+	FILE *w = fopen(src[deep], "rb");
 	CHECK(pread(fd, got, size + 1, 0) == (ssize_t)size && w && fread(want, 1, size + 1, w) == size &&
 	      !memcmp(got, want, size), "the same bytes, and no more");
 	if (w)
@@ -410,15 +608,33 @@ static void test_write_to(void)
 	      st.chain_depth);
 	CHECK(c.chunks_decoded <= 3 * (uint64_t)(st.chain_depth + 1) * ((N_ELEMS * 2 + 1048575) / 1048576 + 1),
 	      "one decode a link (%llu)", (unsigned long long)c.chunks_decoded);
-	/* the same cold read through ulp_file_pread caches every link's chunks */
+	/* the same cold read through ulp_file_pread caches as much */
 	ulp_archive *b = reopen("writeto", 0);
-	CHECK(same_bytes(b, p, N_STEPS), "pread reads the same bytes");
+	CHECK(same_bytes(b, p, deep), "pread reads the same bytes");
 	ulp_counters cb;
 	ulp_archive_counters(b, &cb);
 	ulp_archive_close(b);
-	CHECK(c.cache_bytes + (uint64_t)(st.chain_depth - 1) * N_ELEMS * 2 <= cb.cache_bytes,
-	      "the links below the file's chunks are not cached (%llu cached bytes, %llu through pread)",
-	      (unsigned long long)c.cache_bytes, (unsigned long long)cb.cache_bytes);
+	CHECK(c.cache_bytes == cb.cache_bytes, "the links below the file's chunks are cached (%llu cached bytes,"
+	      " %llu through pread)", (unsigned long long)c.cache_bytes, (unsigned long long)cb.cache_bytes);
+	/* the steps after it, exported in step order: no decode (regression: each
+	 * walked its chain again, 10, 9, ... links: an export of a run took
+	 * 7.6x the CPU of forward coding's) */
+	int none = 1;
+	for (int s = deep + 1; s < N_STEPS; s++) {
+		char q[128];
+		path_of(q, sizeof(q), "checkpoint-%d", s);
+		ulp_counters c0, c1;
+		ulp_archive_counters(a, &c0);
+		REQUIRE(ulp_file_open(a, q, &f) == 0, "open %s", q);
+		fd = open(out, O_RDWR | O_TRUNC);
+		REQUIRE(fd >= 0, "reopen %s", out);
+		CHECK(ulp_file_write_to(f, fd) == 0, "write_to %s: %s", q, ulp_archive_errmsg(a));
+		close(fd);
+		ulp_file_close(f);
+		ulp_archive_counters(a, &c1);
+		none &= c1.chunks_decoded == c0.chunks_decoded;
+	}
+	CHECK(none, "steps %d..%d exported after step %d: no chunk decoded again", deep + 1, N_STEPS - 1, deep);
 	path_of(p, sizeof(p), "checkpoint-%d", N_STEPS - 1);
 	REQUIRE(ulp_file_open(a, p, &f) == 0, "open");
 	fd = open(out, O_RDONLY);
@@ -733,6 +949,9 @@ int main(void)
 		snprintf(src[s], sizeof(src[s]), "%s/step%d.safetensors", root, s);
 		write_step(src[s], s);
 	}
+	test_layout_rule();
+	test_newest();
+	test_newest_crash();
 	test_primitive();
 	test_forget(0);
 	test_forget(3);
