@@ -826,12 +826,22 @@ static uint64_t t_stored(ulp_archive *a, int i, int *anchors)
 	return b;
 }
 
-/* pack bytes of the steps in steps[] put in step order */
+/* the layout reached: the re-coding each put queued (the previous newest
+ * turns into a delta), then gc of the replaced blobs */
+static void t_settle(ulp_archive *a)
+{
+	ulp_gc_result g;
+	REQUIRE(ulp_archive_rebase_pending(a, NULL, NULL, NULL) == 0, "pending: %s", ulp_archive_errmsg(a));
+	REQUIRE(ulp_archive_gc(a, &g) == 0, "gc: %s", ulp_archive_errmsg(a));
+}
+
+/* pack bytes of the steps in steps[] put in step order, layout settled */
 static uint64_t t_baseline(const char *name, const int *steps, size_t n)
 {
 	ulp_archive *a = fresh(name, 0);
 	for (size_t i = 0; i < n; i++)
 		REQUIRE(t_put(a, steps[i]) == 0, "put: %s", ulp_archive_errmsg(a));
+	t_settle(a);
 	uint64_t b = pack_bytes(a, NULL);
 	ulp_archive_close(a);
 	return b;
@@ -840,26 +850,28 @@ static uint64_t t_baseline(const char *name, const int *steps, size_t n)
 static uint64_t t_kept_ref; /* pack bytes of steps 20, 40, 50 put in order */
 static const int t_kept[] = {0, 2, 3};
 
-/* a fresh archive of steps 20..50 put in order (each a delta of the one
- * before); its pack bytes in *bytes */
+/* a fresh archive of steps 20..50 put in order, layout settled: step 50 the
+ * anchor, 40, 30 and 20 backward deltas (20 against 30); its pack bytes in
+ * *bytes */
 static ulp_archive *t_archive_all(const char *name, uint64_t *bytes)
 {
 	ulp_archive *a = fresh(name, 0);
 	for (int i = 0; i < T_STEPS; i++)
 		REQUIRE(t_put(a, i) == 0, "put: %s", ulp_archive_errmsg(a));
+	t_settle(a);
 	*bytes = pack_bytes(a, NULL);
 	return a;
 }
 
-/* forget: steps 20..50 archived (each a delta of the one before), step 30
- * forgotten; gc re-bases step 40 onto step 20 and drops step 30's blobs */
+/* forget: steps 20..50 archived, step 30 forgotten; step 20 (a delta
+ * against 30) is re-based onto step 40, and gc drops step 30's blobs */
 static void test_torch_forget(void)
 {
 	uint64_t before;
 	ulp_archive *a = t_archive_all("torch-forget", &before);
 	int anchors;
-	uint64_t s40 = t_stored(a, 2, &anchors);
-	CHECK(!anchors, "step 40 is stored as deltas (%llu bytes)", (unsigned long long)s40);
+	uint64_t s20 = t_stored(a, 0, &anchors);
+	CHECK(!anchors, "step 20 is stored as deltas (%llu bytes)", (unsigned long long)s20);
 	static const int64_t keep[] = {20};
 	ulp_forget_opts o = {.keep_last = 2, .keep = keep, .n_keep = 1};
 	CHECK(ulp_archive_forget(a, "run", &o, NULL, NULL) == 1, "step 30 forgotten: %s", ulp_archive_errmsg(a));
@@ -871,21 +883,21 @@ static void test_torch_forget(void)
 	char p[128];
 	t_path(p, sizeof(p), 1, 0);
 	CHECK(ulp_archive_stat(a, p, &st) == -ULP_E_NOENT, "step 30 is gone");
-	CHECK(g.blobs_rebased > 0, "gc re-based step 40's storages (%llu blobs)", (unsigned long long)g.blobs_rebased);
+	CHECK(g.blobs_rebased > 0, "gc re-based step 20's storages (%llu blobs)", (unsigned long long)g.blobs_rebased);
 	ulp_archive_close(a);
 	a = reopen("torch-forget", 0); /* cold: every chain decoded from the packs */
 	t_check(a, "torch forget, reopened", t_kept, 3);
 	ulp_archive_close(a);
 	uint64_t ref = t_kept_ref = t_baseline("torch-forget-ref", t_kept, 3);
-	/* step 40 re-based onto step 20 as a put in order codes it (it was made
+	/* step 20 re-based onto step 40 as a put in order codes it (it was made
 	 * standalone: torch files were no candidates, 1.032x) */
 	FIGURE(after < before && after * 100 <= ref * 101, "torch forget: %llu -> %llu pack bytes after forget + gc,"
 	       " %llu for the kept steps alone (%.3fx, target <= 1.01x)", (unsigned long long)before,
 	       (unsigned long long)after, (unsigned long long)ref, (double)after / (double)ref);
 }
 
-/* orphans: step 30 removed; its blobs stay until gc re-bases step 40 (that
- * needs them) onto step 20 */
+/* orphans: step 30 removed; its blobs stay until step 20 (that needs them)
+ * is re-based onto step 40 */
 static void test_torch_orphans(void)
 {
 	uint64_t before;
@@ -897,7 +909,7 @@ static void test_torch_orphans(void)
 	}
 	ulp_rebase_result r;
 	REQUIRE(ulp_archive_rebase_orphans(a, NULL, NULL, &r) == 0, "orphans: %s", ulp_archive_errmsg(a));
-	CHECK(r.recoded > 0, "step 40's storages re-coded (%llu of %llu planned, %llu anchors)",
+	CHECK(r.recoded > 0, "step 20's storages re-coded (%llu of %llu planned, %llu anchors)",
 	      (unsigned long long)r.recoded, (unsigned long long)r.planned, (unsigned long long)r.anchors);
 	t_check(a, "torch orphans, before gc", t_kept, 3);
 	ulp_gc_result g;
@@ -913,21 +925,24 @@ static void test_torch_orphans(void)
 }
 
 /* the queue: step 30 arrives after steps 20 and 40 (rsync's order would do
- * that for 100 after 1000); the pending work re-codes step 40 against it,
- * which is smaller, as a put in step order would store it */
+ * that for 100 after 1000); the pending work re-codes step 20, a delta
+ * against 40 so far, against it, which is smaller, as a put in step order
+ * would store it */
 static void test_torch_pending(void)
 {
 	static const int order[] = {0, 2, 1, 3}, all4[] = {0, 1, 2, 3};
 	ulp_archive *a = fresh("torch-pending", 0);
 	int anchors;
-	REQUIRE(t_put(a, order[0]) == 0 && t_put(a, order[1]) == 0, "put: %s", ulp_archive_errmsg(a));
-	uint64_t s40_before = t_stored(a, 2, &anchors);
-	REQUIRE(t_put(a, order[2]) == 0, "put: %s", ulp_archive_errmsg(a));
 	ulp_rebase_result r;
+	REQUIRE(t_put(a, order[0]) == 0 && t_put(a, order[1]) == 0, "put: %s", ulp_archive_errmsg(a));
 	REQUIRE(ulp_archive_rebase_pending(a, NULL, NULL, &r) == 0, "pending: %s", ulp_archive_errmsg(a));
-	uint64_t s40_after = t_stored(a, 2, &anchors);
-	CHECK(r.recoded > 0 && s40_after < s40_before, "step 40 re-coded against step 30: %llu -> %llu stored bytes"
-	      " (%llu blobs re-coded)", (unsigned long long)s40_before, (unsigned long long)s40_after,
+	uint64_t s20_before = t_stored(a, 0, &anchors);
+	CHECK(!anchors, "step 20 a delta against step 40 (%llu bytes)", (unsigned long long)s20_before);
+	REQUIRE(t_put(a, order[2]) == 0, "put: %s", ulp_archive_errmsg(a));
+	REQUIRE(ulp_archive_rebase_pending(a, NULL, NULL, &r) == 0, "pending: %s", ulp_archive_errmsg(a));
+	uint64_t s20_after = t_stored(a, 0, &anchors);
+	CHECK(r.recoded > 0 && s20_after < s20_before, "step 20 re-coded against step 30: %llu -> %llu stored bytes"
+	      " (%llu blobs re-coded)", (unsigned long long)s20_before, (unsigned long long)s20_after,
 	      (unsigned long long)r.recoded);
 	REQUIRE(t_put(a, order[3]) == 0, "put: %s", ulp_archive_errmsg(a));
 	REQUIRE(ulp_archive_rebase_pending(a, NULL, NULL, &r) == 0, "pending: %s", ulp_archive_errmsg(a));
