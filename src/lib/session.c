@@ -83,6 +83,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <time.h>
@@ -468,7 +469,9 @@ static void *archiver(void *arg)
 {
 	ulp_session *s = arg;
 	/* invariant 11: background only if it can come back to the foreground */
-	if (s->bg_nice > 0 && ulp_thread_set_nice(1) == 0 && ulp_thread_set_nice(0) == 0)
+	struct rlimit rl; /* (RLIMIT_NICE 20: down to niceness 0) */
+	int may_lower = geteuid() == 0 || (getrlimit(RLIMIT_NICE, &rl) == 0 && rl.rlim_cur >= 20);
+	if (s->bg_nice > 0 && may_lower && ulp_thread_set_nice(0) == 0)
 		ulp_thread_follow_nice(&s->nice);
 	pthread_mutex_lock(&s->mu);
 	for (;;) {
