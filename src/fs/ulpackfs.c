@@ -22,6 +22,7 @@
  *     sync`: it returns when everything closed before is archived, with
  *     "ok" or one line per failed file). Every file's user.ulpack.state says
  *     staged, archived or failed with the errno and cause.
+ *  5. Writers: see direct_writer().
  */
 #define FUSE_USE_VERSION 312
 #include "config.h"
@@ -52,6 +53,7 @@ static struct {
 	char *archive;
 	int read_only, foreground;
 	int no_latest;         /* -o nolatest: no `latest` symlinks */
+	int no_dio;            /* (measuring only) no direct I/O for writers */
 	int lock_fd;           /* the mount lock (read-write mounts), or -1 */
 	unsigned kept;         /* files left staged at unmount (exit status 1) */
 	uint64_t cache_size, staging_max;
@@ -141,6 +143,19 @@ static void *ulpfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 		conn->want |= FUSE_CAP_PARALLEL_DIROPS;
 	conn->max_read = ULPFS_MAX_READ; /* must match -o max_read (main) */
 	conn->max_write = 1 << 20;       /* the kernel caps it to what it supports */
+	/* a file written with direct I/O (open_handle): the kernel sends a large
+	 * write(2) as several requests at once, to several worker threads */
+	if (conn->capable & FUSE_CAP_ASYNC_DIO)
+		conn->want |= FUSE_CAP_ASYNC_DIO;
+	{ /* (measuring only: ULPFS_EXP=wb asks for the kernel's write-back
+	   * cache, nodio writes through the page cache as before) */
+		const char *x = getenv("ULPFS_EXP");
+		if (x && strstr(x, "wb") && (conn->capable & FUSE_CAP_WRITEBACK_CACHE))
+			conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+		if (x && strstr(x, "noasync"))
+			conn->want &= ~(unsigned)FUSE_CAP_ASYNC_DIO;
+		fs.no_dio = x && strstr(x, "nodio");
+	}
 	cfg->hard_remove = 0;   /* unlinked open files keep a (hidden) name: invariant 1 */
 	cfg->use_ino = 0;
 	cfg->kernel_cache = 0;  /* per open: keep_cache for archived files only */
@@ -263,6 +278,21 @@ static int ulpfs_readdir(const char *path, void *buf, fuse_fill_dir_t filler, of
 	return 0;
 }
 
+/*
+ * Invariant 5: a file opened write-only, or created read-write under a
+ * temporary name (rsync's .name.XXXXXX), is written with direct I/O: each
+ * write(2) goes to the daemon from the writer's own pages (no copy into the
+ * mount's page cache, and no security.capability lookup before each
+ * write), in requests of up to 1 MiB, several at once. mmap needs a
+ * read-write handle, so write-only ones lose nothing; files opened
+ * read-write otherwise keep the page cache (mmap, shared with readers).
+ */
+static int direct_writer(const char *p, int flags, const ulp_meta *create)
+{
+	int acc = flags & O_ACCMODE;
+	return acc == O_WRONLY || (acc == O_RDWR && create && ulp_session_temp_name(p));
+}
+
 static int open_handle(const char *p, struct fuse_file_info *fi, const ulp_meta *create)
 {
 	handle *h = calloc(1, sizeof(*h));
@@ -272,6 +302,7 @@ static int open_handle(const char *p, struct fuse_file_info *fi, const ulp_meta 
 	if (fs.s) {
 		rc = ulp_session_open_file(fs.s, p, fi->flags, create, &h->sf);
 		fi->keep_cache = rc == 0 && ulp_session_file_archived(h->sf); /* invariant 2 */
+		fi->direct_io = rc == 0 && !fi->keep_cache && !fs.no_dio && direct_writer(p, fi->flags, create);
 	} else if (create || (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
 		free(h);
 		return -EROFS;
@@ -550,6 +581,10 @@ static int ulpfs_getxattr(const char *path, const char *name, char *value, size_
 	ulp_stat s;
 	char v[4400];
 	const char *p = rel(path);
+	/* only user.ulpack.* exist: the kernel asks for security.capability
+	 * before every write(2) to a file, and must not wait for anything */
+	if (strncmp(name, "user.ulpack.", 12) != 0)
+		return -ENODATA;
 	if (!p[0] && !strcmp(name, "user.ulpack.counters")) { /* decode and archiving counters */
 		ulp_counters c;
 		ulp_session_stats sc = {0};

@@ -8,18 +8,42 @@
  *     each other and a job may itself call ulp_pool_run()).
  *  2. Jobs are claimed through one atomic counter, so each index runs once.
  *  3. ulp_pool_run() returns only after every worker has left the job.
- *  4. The wall time of every outermost ulp_pool_run() of more than one job
+ *  4. Workers run a job at the scheduling niceness of the thread that
+ *     called ulp_pool_run() (ulp_thread_set_nice), so that background work
+ *     (the write-back session's archiver) stays background on every thread.
+ *  5. The wall time of every outermost ulp_pool_run() of more than one job
  *     (a parallel region, even when the pool has one thread) is added to
  *     one process-wide counter, for the serial fraction of `ulpack bench`.
  */
 #include "ulp_int.h"
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-static uint64_t region_ns;            /* invariant 4 (atomic) */
+static uint64_t region_ns;            /* invariant 5 (atomic) */
 static __thread unsigned region_depth; /* ulp_pool_run()s this thread is inside */
+static __thread int thread_nice;      /* what ulp_thread_set_nice last set (invariant 4) */
+static __thread const int *nice_src;  /* ulp_thread_follow_nice */
+
+void ulp_thread_follow_nice(const int *src)
+{
+	nice_src = src;
+}
+
+int ulp_thread_set_nice(int nice)
+{
+	if (nice == thread_nice)
+		return 0;
+	/* Linux: PRIO_PROCESS with a thread id sets that thread alone */
+	if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice) < 0)
+		return -errno; /* (lowering it needs CAP_SYS_NICE or RLIMIT_NICE) */
+	thread_nice = nice;
+	return 0;
+}
 
 uint64_t ulp_pool_parallel_ns(void)
 {
@@ -37,6 +61,8 @@ static int pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg)
 
 int ulp_pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg)
 {
+	if (nice_src && region_depth == 0)
+		ulp_thread_set_nice(__atomic_load_n(nice_src, __ATOMIC_RELAXED));
 	if (n <= 1 || region_depth > 0) /* one job: serial, but what it runs may not be */
 		return pool_run(p, n, fn, arg);
 	uint64_t t0 = now_ns();
@@ -60,6 +86,7 @@ struct ulp_pool {
 	int (*fn)(void *, size_t);
 	void *arg;
 	int rc;                 /* first error, 0 if none */
+	int nice;               /* the caller's niceness (invariant 4) */
 	pthread_mutex_t run_mu; /* held by the ulp_pool_run() in flight */
 };
 
@@ -88,7 +115,9 @@ static void *worker(void *arg)
 		if (p->quit)
 			break;
 		seen = p->generation;
+		int nice = p->nice;
 		pthread_mutex_unlock(&p->mu);
+		ulp_thread_set_nice(nice); /* (refused: the job runs as it can) */
 		run_jobs(p);
 		pthread_mutex_lock(&p->mu);
 		if (--p->busy == 0)
@@ -167,6 +196,7 @@ static int pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg)
 	p->fn = fn;
 	p->arg = arg;
 	p->rc = 0;
+	p->nice = thread_nice;
 	p->busy = p->n_workers;
 	p->generation++;
 	pthread_cond_broadcast(&p->cv_work);

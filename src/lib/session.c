@@ -63,6 +63,17 @@
  *     put under the old name could commit after the index moved (the file
  *     would come back under the old directory and be missing from the new
  *     one). One directory rename at a time.
+ * 11. Writers come first: while a handle is open for writing, the archiver
+ *     and the pool threads coding for it run at niceness bg_nice (19), so
+ *     that on a machine with few cores close() and write() keep the pace of
+ *     a plain disk and archiving takes the CPU time they leave; once no file
+ *     is open for writing it runs at niceness 0 again (at its next pool
+ *     run). Only when the process may lower a niceness again (root, or
+ *     RLIMIT_NICE): otherwise archiving keeps the default priority. And
+ *     the archiver starts the next file only once writing pauses (no file
+ *     open for writing, none closed in the last 100 ms) or the file has
+ *     waited 1 s (defer_until): a trainer's save returns before its first
+ *     file's archiving starts, and a long copy (rsync) is archived 1 s behind.
  */
 #include "arch_int.h"
 #include <errno.h>
@@ -72,6 +83,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <time.h>
@@ -94,6 +106,7 @@ typedef struct snode {
 	uint64_t writes;       /* bumped by every write/truncate: an archiving knows if it missed one */
 	uint64_t attrs;        /* bumped by every setattr, likewise */
 	uint64_t qbytes;       /* bytes counted in queued_bytes while queued */
+	int64_t qtime;         /* CLOCK_MONOTONIC ns when it was queued (invariant 11) */
 	pthread_mutex_t rec_mu; /* orders its staging records (invariant 4) */
 	struct snode *qnext, *next;
 } snode;
@@ -127,6 +140,13 @@ struct ulp_session {
 	const char *dir_from, *dir_to; /* a directory rename in flight, or NULL (invariant 10) */
 	uint64_t enq_seq, done_seq; /* queue entries made, and finished */
 	int stop;
+	int writers;           /* handles open for writing on staged files */
+	int64_t last_write_close; /* CLOCK_MONOTONIC ns of the last such handle's release */
+	int urgent;            /* callers waiting for an archiving (invariant 11) */
+	int bg_nice;           /* the archiver's niceness while writers > 0 (invariant 11) */
+	int nice;              /* the niceness it takes now: 0 or bg_nice (atomic) */
+	int hold;              /* ULP_SESSION_HOLD (measuring only): archive nothing until a sync or the close */
+	int syncing;           /* ulp_session_sync callers waiting */
 	int rebase_wanted;     /* the index may have queued re-basing work (recode.c) */
 	int err;               /* code of a failed archiving not reported yet (invariant 8) */
 	pthread_t thread;
@@ -137,6 +157,8 @@ struct ulp_session {
 };
 
 /* ---- helpers --------------------------------------------------------------- */
+
+static void writer_in(ulp_session *s, int d);
 
 static int64_t mono_ns(void)
 {
@@ -303,6 +325,7 @@ static void enqueue(ulp_session *s, snode *n)
 	n->pins++;
 	n->qnext = NULL;
 	n->qbytes = node_size(n);
+	n->qtime = mono_ns();
 	s->queued_bytes += n->qbytes;
 	if (s->qtail)
 		s->qtail->qnext = n;
@@ -423,15 +446,45 @@ static void rebase_pending(ulp_session *s)
 	pthread_mutex_lock(&s->mu);
 }
 
+/*
+ * Invariant 11: the queue's head waits while a file is open for writing, or
+ * one was closed less than DEFER_QUIET ago (a trainer's next file of the
+ * same save), for at most DEFER_MAX after it was queued, unless someone waits
+ * for it (sync, a reopen, the archive's xattrs), staging is half full, or the
+ * session stops. Returns the CLOCK_MONOTONIC ns to wait until, or 0: go.
+ */
+#define DEFER_QUIET 100000000LL  /* 100 ms */
+#define DEFER_MAX 1000000000LL   /* 1 s */
+static int64_t defer_until(ulp_session *s)
+{
+	if (!s->qhead || s->stop || s->syncing || s->urgent || s->queued_bytes > s->o.staging_max / 2)
+		return 0;
+	int64_t now = mono_ns(), until = s->qhead->qtime + DEFER_MAX;
+	if (s->writers == 0)
+		until = ULP_MIN(until, s->last_write_close + DEFER_QUIET);
+	return until > now ? until : 0;
+}
+
 static void *archiver(void *arg)
 {
 	ulp_session *s = arg;
+	/* invariant 11: background only if it can come back to the foreground */
+	struct rlimit rl; /* (RLIMIT_NICE 20: down to niceness 0) */
+	int may_lower = geteuid() == 0 || (getrlimit(RLIMIT_NICE, &rl) == 0 && rl.rlim_cur >= 20);
+	if (s->bg_nice > 0 && may_lower && ulp_thread_set_nice(0) == 0)
+		ulp_thread_follow_nice(&s->nice);
 	pthread_mutex_lock(&s->mu);
 	for (;;) {
-		while (!s->qhead && !s->stop && !s->rebase_wanted)
+		while ((!s->qhead && !s->stop && !s->rebase_wanted) || (s->hold && !s->stop && !s->syncing))
 			pthread_cond_wait(&s->cv, &s->mu);
 		if (!s->qhead && !s->stop) { /* idle, and archivings or renames queued work */
 			rebase_pending(s);
+			continue;
+		}
+		int64_t until = defer_until(s);
+		if (until) {
+			struct timespec ts = {(time_t)(until / 1000000000), (long)(until % 1000000000)};
+			pthread_cond_timedwait(&s->cv, &s->mu, &ts);
 			continue;
 		}
 		snode *n = s->qhead;
@@ -474,8 +527,18 @@ int ulp_session_open(ulp_archive *a, const ulp_session_opts *o, ulp_session **ou
 		uint64_t freeb = statvfs(a->dir, &v) == 0 ? (uint64_t)v.f_bavail * v.f_frsize : 0;
 		s->o.staging_max = ULP_MAX(freeb / 2, (uint64_t)64 << 20);
 	}
+	s->bg_nice = 19;
+	const char *bg = getenv("ULP_SESSION_NICE"); /* (measuring: 0 turns it off) */
+	if (bg && bg[0] >= '0' && bg[0] <= '9')
+		s->bg_nice = atoi(bg) > 19 ? 19 : atoi(bg);
+	const char *hold = getenv("ULP_SESSION_HOLD");
+	s->hold = hold && hold[0] == '1';
 	pthread_mutex_init(&s->mu, NULL);
-	pthread_cond_init(&s->cv, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* defer_until's clock */
+	pthread_cond_init(&s->cv, &ca);
+	pthread_condattr_destroy(&ca);
 	if (pthread_create(&s->thread, NULL, archiver, s) != 0) {
 		pthread_cond_destroy(&s->cv);
 		pthread_mutex_destroy(&s->mu);
@@ -548,8 +611,11 @@ int ulp_session_sync(ulp_session *s, void (*failed)(void *arg, const char *path,
 		if (n->state == ST_FAILED && n->path && n->dirty && final_name(n->path) && n->handles == 0)
 			enqueue(s, n);
 	uint64_t target = s->enq_seq;
+	s->syncing++;
+	pthread_cond_broadcast(&s->cv);
 	while (s->done_seq < target)
 		pthread_cond_wait(&s->cv, &s->mu);
+	s->syncing--;
 	int bad = 0;
 	for (snode *n = s->nodes; n; n = n->next)
 		if (n->state == ST_FAILED && n->path && n->dirty) {
@@ -609,8 +675,11 @@ int ulp_session_stat_archived(ulp_session *s, const char *path, ulp_stat *st)
 {
 	pthread_mutex_lock(&s->mu);
 	snode *n;
+	s->urgent++;
+	pthread_cond_broadcast(&s->cv);
 	while ((n = find_node(s, path)) && n->dirty && n->state != ST_FAILED && (n->queued || s->archiving))
 		pthread_cond_wait(&s->cv, &s->mu);
+	s->urgent--;
 	int staged = n && n->dirty;
 	pthread_mutex_unlock(&s->mu);
 	int rc = ulp_archive_stat(s->a, path, st);
@@ -790,8 +859,11 @@ int ulp_session_open_file(ulp_session *s, const char *path, int flags, const ulp
 		 * new writes wait for the archive to hold them, and the record
 		 * goes (a crash then recovers the archived version, never a mix) */
 		n->pins++;
+		s->urgent++;
+		pthread_cond_broadcast(&s->cv);
 		while (n->queued || s->cur == n)
 			pthread_cond_wait(&s->cv, &s->mu);
+		s->urgent--;
 		int clean = !n->dirty && n->handles == 0;
 		pthread_mutex_unlock(&s->mu);
 		if (clean)
@@ -813,6 +885,8 @@ int ulp_session_open_file(ulp_session *s, const char *path, int flags, const ulp
 	if (n) {
 		n->handles++;
 		h->n = n;
+		if (wr)
+			writer_in(s, 1);
 		pthread_mutex_unlock(&s->mu);
 		*out = h;
 		return 0;
@@ -840,6 +914,18 @@ int64_t ulp_session_read(ulp_sfile *h, void *dst, size_t dst_cap, uint64_t off)
 	if (r < 0)
 		return ulp_arch_err(h->s->a, -ULP_E_IO, "staged file: read: %s", strerror(errno));
 	return r;
+}
+
+/* A handle for writing opens (+1) or goes (-1), mu held: the archiver is in
+ * the background while any is open (invariant 11). */
+static void writer_in(ulp_session *s, int d)
+{
+	s->writers += d;
+	__atomic_store_n(&s->nice, s->writers > 0 ? s->bg_nice : 0, __ATOMIC_RELAXED);
+	if (d < 0) {
+		s->last_write_close = mono_ns();
+		pthread_cond_broadcast(&s->cv); /* the archiver's wait is shorter now */
+	}
 }
 
 /* Waits while the queue holds more than staging_max bytes (invariant 7). */
@@ -944,6 +1030,8 @@ void ulp_session_release(ulp_sfile *h)
 	if (n) {
 		pthread_mutex_lock(&s->mu);
 		n->handles--;
+		if (h->wr)
+			writer_in(s, -1);
 		if (n->handles == 0 && h->wr && n->dirty && final_name(n->path) && !n->queued) {
 			/* its flush failed (or there was none): queue it anyway, its
 			 * bytes are staged (recorded if the flush got that far) */

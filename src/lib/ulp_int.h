@@ -47,6 +47,12 @@ static inline void ulp_st64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
  * (*arr unchanged). Usage: if (ulp_grow(&v, &cap, n, sizeof(*v)) < 0) ...
  */
 int ulp_grow(void *arr, size_t *cap, size_t n, size_t size);
+/* Sets the calling thread's scheduling niceness (pool.c); pool workers take
+ * the niceness of the thread whose ulp_pool_run() they serve. 0 or -errno. */
+int ulp_thread_set_nice(int nice);
+/* From now on the calling thread takes the niceness *src holds (read
+ * atomically) at each outermost ulp_pool_run(); NULL stops it. */
+void ulp_thread_follow_nice(const int *src);
 
 /* A per-thread buffer of at least size bytes, reused across calls (scratch.c);
  * valid until the same slot is asked again on this thread. NULL: no memory. */
