@@ -191,6 +191,100 @@ static void run_jobs(ulp_pool *pool, size_t n, int (*fn)(void *, size_t), void *
 			fn(arg, k);
 }
 
+/* A content's bytes read and, for format v2, its digest's leaves hashed
+ * (ulpack-format(5) 2.4) leaf by leaf: on the pool when the job has it to
+ * itself, so that neither the read nor the hashing is a serial pass. */
+typedef struct reader {
+	put *p;
+	job *j;
+	uint8_t *leaves;     /* NULL: bytes only (v1, verbatim) */
+	int failed;          /* atomic: the first failing piece reports */
+} reader;
+
+static int job_read_leaf(void *arg, size_t k)
+{
+	reader *r = arg;
+	job *j = r->j;
+	size_t off = k * ULP_DIGEST_LEAF, len = ULP_MIN(ULP_DIGEST_LEAF, j->len - off);
+	int rc = read_at(r->p, j->buf + off, len, j->s->offset + off);
+	if (rc < 0) {
+		if (!__atomic_exchange_n(&r->failed, 1, __ATOMIC_ACQ_REL)) {
+			j->rc = rc;
+			snprintf(j->err, sizeof(j->err), "%s", ulp_archive_errmsg(r->p->a));
+		}
+		return 0;
+	}
+	if (r->leaves)
+		ulp_digest_leaves(j->buf + off, len, r->leaves + k * ULP_SHA256_LEN);
+	return 0;
+}
+
+static int read_job(put *p, job *j, ulp_pool *pool, int digest)
+{
+	size_t m = ulp_digest_n_leaves(j->len);
+	uint8_t one[ULP_SHA256_LEN];
+	reader r = {p, j, NULL, 0};
+	if (digest && !(r.leaves = m <= 1 ? one : malloc(m * ULP_SHA256_LEN))) {
+		j->rc = -ULP_E_NOMEM;
+		snprintf(j->err, sizeof(j->err), "%s: out of memory hashing %zu bytes", p->path, j->len);
+		return j->rc;
+	}
+	run_jobs(m > 1 ? pool : NULL, m, job_read_leaf, &r);
+	if (!r.failed && r.leaves)
+		ulp_digest_root(r.leaves, j->len, j->sha);
+	if (r.leaves != one)
+		free(r.leaves);
+	return r.failed ? j->rc : 0;
+}
+
+/* The reference's bytes into dst, its chunks looked up (decoded if not
+ * cached) and copied on the pool: ulp_read_content copies serially. */
+typedef struct refcopy {
+	ulp_archive *a;
+	const uint8_t *sha;
+	uint8_t *dst;
+	size_t len, chunk;   /* bytes of the content and of a chunk */
+	int failed;          /* atomic */
+} refcopy;
+
+static int job_ref_chunk(void *arg, size_t k)
+{
+	refcopy *r = arg;
+	ulp_centry *e;
+	const uint8_t *d;
+	size_t l, off = k * r->chunk;
+	if (ulp_read_chunk(r->a, r->sha, (uint32_t)k, &e, &d, &l, NULL) < 0) {
+		__atomic_store_n(&r->failed, 1, __ATOMIC_RELAXED);
+		return 0;
+	}
+	if (l == ULP_MIN(r->chunk, r->len - off))
+		memcpy(r->dst + off, d, l);
+	else
+		__atomic_store_n(&r->failed, 1, __ATOMIC_RELAXED);
+	ulp_cache_put(r->a->cache, e);
+	return 0;
+}
+
+static int read_ref(ulp_archive *a, ulp_pool *pool, const uint8_t sha[ULP_SHA256_LEN], uint8_t *dst,
+                    size_t len)
+{
+	const ulp_blob *b;
+	ulp_centry *be;
+	if (!pool)
+		return ulp_read_content(a, sha, dst, len);
+	ULP_TRY(ulp_read_blob(a, sha, &be, &b));
+	const ulp_blob_info *in = ulp_blob_get_info(b);
+	size_t chunk = (size_t)in->chunk_elems * ulp_dtype_size(in->dtype);
+	uint32_t nk = in->n_chunks;
+	int ok = in->raw_bytes == len && chunk > 0 && (uint64_t)nk * chunk >= len;
+	ulp_cache_put(a->cache, be);
+	if (!ok) /* unusual geometry: the plain path, with its own checks and errors */
+		return ulp_read_content(a, sha, dst, len);
+	refcopy r = {a, sha, dst, len, chunk, 0};
+	ulp_pool_run(pool, nk, job_ref_chunk, &r);
+	return r.failed ? -ULP_E_CORRUPT : 0;
+}
+
 /* Phase B: code one content against its reference (or standalone), decode
  * what was written and compare (invariant 1). */
 static int code_job(void *arg, size_t i)
@@ -210,28 +304,20 @@ static int code_job(void *arg, size_t i)
 	}
 	job *j = &bt->j[i];
 	ulp_archive *a = bt->p->a;
-	/* phase B reads its own bytes: reads run in parallel too */
-	int rr = read_at(bt->p, j->buf, j->len, j->s->offset);
+	ulp_pool *pool = bt->nested ? a->pool : NULL;
+	/* phase B reads its own bytes: reads run in parallel too, and with
+	 * them the content's identity, its digest (ulpack-format(5) 2.4) */
+	int v2 = a->blob_version != 1 && j->s->kind != SEG_VERBATIM;
+	int rr = read_job(bt->p, j, pool, v2);
 	__atomic_store_n(&j->ready, rr < 0 ? 2 : 1, __ATOMIC_RELEASE);
-	if (rr < 0) {
-		j->rc = rr;
-		snprintf(j->err, sizeof(j->err), "%s", ulp_archive_errmsg(a));
+	if (rr < 0)
 		return 0;
-	}
 	if (j->s->kind == SEG_VERBATIM) /* kept as read: phase C adds it to the header */
 		return 0;
 	ulp_dtype dt = j->s->kind == SEG_TENSOR ? j->s->dtype : ULP_DT_UNKNOWN;
 	uint8_t *ref = NULL, *check = NULL;
-	ulp_pool *pool = bt->nested ? a->pool : NULL;
-	/* the content's identity: its digest (ulpack-format(5) 2.4), hashed in
-	 * parallel when this job has the pool to itself */
-	if (a->blob_version == 1)
+	if (!v2)
 		ulp_sha256(j->buf, j->len, j->sha);
-	else if (ulp_content_digest(pool, j->buf, j->len, j->sha) < 0) {
-		j->rc = -ULP_E_NOMEM;
-		snprintf(j->err, sizeof(j->err), "%s: out of memory hashing %zu bytes", bt->p->path, j->len);
-		return 0;
-	}
 	/* stored once: an earlier file, or earlier in this one (phase C adds
 	 * blobs only between batches, so reading them here is safe) */
 	int have = have_content(bt->p, j->sha, &j->depth);
@@ -246,7 +332,7 @@ static int code_job(void *arg, size_t i)
 	}
 	if (j->try_ref) {
 		ref = ulp_scratch(ULP_SCRATCH_REF, j->len);
-		if (ref && ulp_read_content(a, j->ref_sha, ref, j->len) < 0)
+		if (ref && read_ref(a, pool, j->ref_sha, ref, j->len) < 0)
 			ref = NULL; /* an unreadable reference is no reason to fail: standalone */
 	}
 	/* both identities are known: the content's from above, the reference's from the index */

@@ -19,6 +19,9 @@
  *     open file for the blobs of its chains, a cached parsed blob for the
  *     bytes it points into).
  *  3. Every blob access checks offset + length against the mapped size.
+ *     Writeback of each appended blob starts at once (sync_file_range), so
+ *     the fsync of the commit waits for little more than the last blob
+ *     instead of for the whole pack after the coding is over.
  *  4. Slots of the mapping table are never reused or moved (a slot number
  *     stays valid while pinned); ulp_archive_trim unmaps a slot only once
  *     its pack file is gone (removed by gc, maybe in another process) and
@@ -123,6 +126,10 @@ int ulp_pack_append_digest(ulp_pack_writer *w, const void *blob, size_t len,
 	ulp_st64(l8, len);
 	*offset = w->size;
 	ULP_TRY(write_all(w, blob, len));
+#ifdef SYNC_FILE_RANGE_WRITE
+	/* invariant 1: a hint; the fsync of ulp_pack_commit stays the guarantee */
+	(void)sync_file_range(w->fd, (off_t)*offset, (off_t)len, SYNC_FILE_RANGE_WRITE);
+#endif
 	EVP_DigestUpdate(w->sha, sha, ULP_SHA256_LEN);
 	EVP_DigestUpdate(w->sha, l8, 8);
 	return 0;
