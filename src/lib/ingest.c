@@ -68,6 +68,8 @@ typedef struct put {
 	ulp_put_result *res;
 	uint8_t *vb;            /* the verbatim segments' bytes, in order (invariant 4) */
 	size_t n_vb, cap_vb;
+	pthread_mutex_t mu;     /* nb, nx, vb, pw, stored, depth, anchor, res: phase C
+	                           appends from inside the parallel phase B */
 } put;
 
 static int read_at(put *p, uint8_t *buf, size_t len, uint64_t off)
@@ -86,13 +88,20 @@ static int read_at(put *p, uint8_t *buf, size_t len, uint64_t off)
 }
 
 /* A blob already in the archive or made earlier in this put? */
-static int have_content(put *p, const uint8_t sha[ULP_SHA256_LEN], unsigned *depth)
+static int have_content(put *p, const uint8_t sha[ULP_SHA256_LEN], unsigned *depth, int locked)
 {
-	for (size_t i = 0; i < p->n_nb; i++)
+	int found = 0;
+	if (!locked)
+		pthread_mutex_lock(&p->mu);
+	for (size_t i = 0; i < p->n_nb && !found; i++)
 		if (memcmp(p->nb[i].content, sha, ULP_SHA256_LEN) == 0) {
 			*depth = p->nb[i].depth;
-			return 1;
+			found = 1;
 		}
+	if (!locked)
+		pthread_mutex_unlock(&p->mu);
+	if (found)
+		return 1;
 	ulp_blobrow row;
 	int rc = ulp_index_blob(p->a, sha, &row);
 	if (rc == 0) {
@@ -123,8 +132,10 @@ static int add_extent(put *p, uint64_t off, uint64_t len, const uint8_t sha[ULP_
  * Segments are processed in batches (4 MiB a thread, or one larger segment):
  * their references looked up in order (phase A), read, hashed, coded and
  * verified in parallel (phase B; the file's hash follows the reads in
- * order), appended to the pack in order
- * (phase C), so the pack and the index do not depend on the thread count.
+ * order), appended to the pack in order (phase C), so the pack and the index
+ * do not depend on the thread count. Phase C runs inside phase B: the thread
+ * that finishes job k appends, under put.mu, every finished job from the
+ * first not yet appended on, so the pack is written while later jobs code.
  */
 typedef struct job {
 	const seg *s;
@@ -142,6 +153,7 @@ typedef struct job {
 	size_t blob_len, blob_cap, buf_cap; /* buffers are kept from one batch to the next */
 	int codec, used_ref;
 	int rc;
+	int done;                          /* phase B over (under put.mu) */
 	char err[600];
 } job;
 
@@ -151,6 +163,10 @@ typedef struct batch {
 	size_t n;
 	int nested;                        /* jobs may use the pool themselves */
 	EVP_MD_CTX *file_sha;              /* job n: the file's hash over the batch, in order */
+	/* phase C, under p->mu */
+	size_t appended;                   /* jobs [0, appended) are in the pack */
+	int arc;                           /* first error appending, 0 if none */
+	char aerr[600];                    /* its message */
 } batch;
 
 /* After a content's decode (a lone one: on the pool): the comparison with its
@@ -285,12 +301,29 @@ static int read_ref(ulp_archive *a, ulp_pool *pool, const uint8_t sha[ULP_SHA256
 	return r.failed ? -ULP_E_CORRUPT : 0;
 }
 
-/* Phase B: code one content against its reference (or standalone), decode
- * what was written and compare (invariant 1). */
+static int append_job(put *p, job *j);
+
+static void code_one(batch *bt, size_t i);
+
+/* Phase B, job i < n: code_one, then phase C for the jobs finished in order;
+ * job n: the file's sha256. */
 static int code_job(void *arg, size_t i)
 {
 	batch *bt = arg;
-	if (i == bt->n) { /* the file's sha256 goes on beside the coding, in order */
+	if (i < bt->n) {
+		put *p = bt->p;
+		code_one(bt, i);
+		pthread_mutex_lock(&p->mu);
+		bt->j[i].done = 1;
+		while (bt->appended < bt->n && bt->j[bt->appended].done && bt->arc == 0) {
+			bt->arc = append_job(p, &bt->j[bt->appended++]);
+			if (bt->arc < 0) /* the message is this thread's: keep it for the caller */
+				snprintf(bt->aerr, sizeof(bt->aerr), "%s", ulp_archive_errmsg(p->a));
+		}
+		pthread_mutex_unlock(&p->mu);
+		return 0;
+	}
+	{ /* the file's sha256 goes on beside the coding, in order */
 		for (size_t k = 0; k < bt->n; k++) {
 			int r;
 			/* jobs are claimed in index order (pool.c): job k runs, its
@@ -302,6 +335,12 @@ static int code_job(void *arg, size_t i)
 		}
 		return 0;
 	}
+}
+
+/* Phase B: code one content against its reference (or standalone), decode
+ * what was written and compare (invariant 1). */
+static void code_one(batch *bt, size_t i)
+{
 	job *j = &bt->j[i];
 	ulp_archive *a = bt->p->a;
 	ulp_pool *pool = bt->nested ? a->pool : NULL;
@@ -311,24 +350,24 @@ static int code_job(void *arg, size_t i)
 	int rr = read_job(bt->p, j, pool, v2);
 	__atomic_store_n(&j->ready, rr < 0 ? 2 : 1, __ATOMIC_RELEASE);
 	if (rr < 0)
-		return 0;
+		return;
 	if (j->s->kind == SEG_VERBATIM) /* kept as read: phase C adds it to the header */
-		return 0;
+		return;
 	ulp_dtype dt = j->s->kind == SEG_TENSOR ? j->s->dtype : ULP_DT_UNKNOWN;
 	uint8_t *ref = NULL, *check = NULL;
 	if (!v2)
 		ulp_sha256(j->buf, j->len, j->sha);
 	/* stored once: an earlier file, or earlier in this one (phase C adds
 	 * blobs only between batches, so reading them here is safe) */
-	int have = have_content(bt->p, j->sha, &j->depth);
+	int have = have_content(bt->p, j->sha, &j->depth, 0);
 	if (have < 0) {
 		j->rc = have;
 		snprintf(j->err, sizeof(j->err), "%s", ulp_archive_errmsg(a));
-		return 0;
+		return;
 	}
 	if (have) {
 		j->reuse = 1;
-		return 0;
+		return;
 	}
 	if (j->try_ref) {
 		ref = ulp_scratch(ULP_SCRATCH_REF, j->len);
@@ -394,7 +433,7 @@ static int code_job(void *arg, size_t i)
 		snprintf(j->err, sizeof(j->err), "%s: out of memory hashing a blob", bt->p->path);
 	}
 out:
-	return 0;
+	;
 }
 
 static void *file_sha_thread(void *arg)
@@ -427,7 +466,7 @@ static int append_job(put *p, job *j)
 	}
 	if (j->rc < 0)
 		return ulp_arch_err(p->a, j->rc, "%s", j->err);
-	int have = have_content(p, j->sha, &depth);
+	int have = have_content(p, j->sha, &depth, 1);
 	if (have < 0)
 		return have;
 	if (have) {
@@ -579,7 +618,7 @@ static int do_segments(put *p, const seg *segs, size_t n_segs, EVP_MD_CTX *fsha,
 			i++;
 		}
 		if (rc == 0) {
-			batch bt = {p, jobs, n, n == 1, fsha};
+			batch bt = {.p = p, .j = jobs, .n = n, .nested = n == 1, .file_sha = fsha};
 			if (n == 1) { /* alone: its chunks use the pool, while a thread of
 				         its own takes the file's sha256 over the bytes as
 				         soon as they are read (not after the coding) */
@@ -593,8 +632,12 @@ static int do_segments(put *p, const seg *segs, size_t n_segs, EVP_MD_CTX *fsha,
 			} else {
 				ulp_pool_run(p->a->pool, n + 1, code_job, &bt);
 			}
-			for (size_t k = 0; k < n && rc == 0; k++)
-				rc = append_job(p, &jobs[k]);
+			/* phase C went on inside phase B: all appended, or an error */
+			if (bt.arc < 0)
+				rc = ulp_arch_err(p->a, bt.arc, "%s", bt.aerr);
+			else if (bt.appended != n)
+				rc = ulp_arch_err(p->a, -ULP_E_INVAL, "%s: internal: %zu of %zu segments appended",
+				                  p->path, bt.appended, n);
 		}
 	}
 	give_back_jobs(p->a, jobs);
@@ -764,6 +807,7 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 		EVP_MD_CTX_free(fsha);
 		return -ULP_E_NOMEM;
 	}
+	pthread_mutex_init(&P.mu, NULL);
 	pthread_mutex_lock(&a->write_mu);
 	__atomic_store_n(&a->put_done, 0, __ATOMIC_RELAXED); /* this file's progress */
 
@@ -831,6 +875,7 @@ out:
 	__atomic_store_n(&a->put_done, 0, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&a->write_mu);
 	EVP_MD_CTX_free(fsha);
+	pthread_mutex_destroy(&P.mu);
 	layout_free(&L);
 	if (head_owned)
 		free(head);
