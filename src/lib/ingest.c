@@ -154,6 +154,8 @@ typedef struct job {
 	int codec, used_ref;
 	int rc;
 	int done;                          /* phase B over (under put.mu) */
+	int prewritten;                    /* the blob is in the pack at pack_off (write_lone) */
+	uint64_t pack_off;
 	char err[600];
 } job;
 
@@ -303,6 +305,53 @@ static int read_ref(ulp_archive *a, ulp_pool *pool, const uint8_t sha[ULP_SHA256
 
 static int append_job(put *p, job *j);
 
+/* A lone job's blob written to the pack leaf by leaf while its digest's
+ * leaves are hashed, on the pool: no serial write of the blob in phase C. */
+typedef struct lone {
+	put *p;
+	job *j;
+	uint8_t *leaves;
+	int failed;          /* atomic */
+} lone;
+
+static int job_lone_leaf(void *arg, size_t k)
+{
+	lone *l = arg;
+	job *j = l->j;
+	size_t off = k * ULP_DIGEST_LEAF, len = ULP_MIN(ULP_DIGEST_LEAF, j->blob_len - off);
+	ulp_digest_leaves(j->blob + off, len, l->leaves + k * ULP_SHA256_LEN);
+	int rc = ulp_pack_write_at(l->p->pw, j->pack_off + off, j->blob + off, len);
+	if (rc < 0 && !__atomic_exchange_n(&l->failed, 1, __ATOMIC_ACQ_REL)) {
+		j->rc = rc;
+		snprintf(j->err, sizeof(j->err), "%s", ulp_archive_errmsg(l->p->a));
+	}
+	return 0;
+}
+
+static void write_lone(put *p, job *j, ulp_pool *pool)
+{
+	size_t m = ulp_digest_n_leaves(j->blob_len);
+	lone l = {p, j, malloc(ULP_MAX(m, 1) * ULP_SHA256_LEN), 0};
+	int rc = l.leaves ? 0 : -ULP_E_NOMEM;
+	pthread_mutex_lock(&p->mu);
+	if (rc == 0 && !p->pw)
+		rc = ulp_pack_writer_new(p->a, &p->pw);
+	if (rc == 0)
+		rc = ulp_pack_reserve(p->pw, j->blob_len, &j->pack_off);
+	pthread_mutex_unlock(&p->mu);
+	if (rc < 0) {
+		j->rc = rc;
+		snprintf(j->err, sizeof(j->err), "%s: %s", p->path,
+		         rc == -ULP_E_NOMEM ? "out of memory hashing a blob" : ulp_archive_errmsg(p->a));
+		free(l.leaves);
+		return;
+	}
+	j->prewritten = 1;
+	run_jobs(pool, m, job_lone_leaf, &l);
+	ulp_digest_root(l.leaves, j->blob_len, j->blob_sha);
+	free(l.leaves);
+}
+
 static void code_one(batch *bt, size_t i);
 
 /* Phase B, job i < n: code_one, then phase C for the jobs finished in order;
@@ -427,8 +476,12 @@ static void code_one(batch *bt, size_t i)
 	}
 	j->blob_len = (size_t)n;
 	j->codec = st.codec;
-	/* the pack's per-blob digest, here, in parallel: not in phase C */
-	if (ulp_content_digest(pool, j->blob, j->blob_len, j->blob_sha) < 0) {
+	/* the pack's per-blob digest, here, in parallel: not in phase C; a
+	 * lone job (next in order: its batch is itself) is written to the pack
+	 * by the same jobs */
+	if (pool)
+		write_lone(bt->p, j, pool);
+	else if (ulp_content_digest(NULL, j->blob, j->blob_len, j->blob_sha) < 0) {
 		j->rc = -ULP_E_NOMEM;
 		snprintf(j->err, sizeof(j->err), "%s: out of memory hashing a blob", bt->p->path);
 	}
@@ -466,7 +519,8 @@ static int append_job(put *p, job *j)
 	}
 	if (j->rc < 0)
 		return ulp_arch_err(p->a, j->rc, "%s", j->err);
-	int have = have_content(p, j->sha, &depth, 1);
+	/* written already (write_lone): new, as code_one found it */
+	int have = j->prewritten ? 0 : have_content(p, j->sha, &depth, 1);
 	if (have < 0)
 		return have;
 	if (have) {
@@ -480,8 +534,12 @@ static int append_job(put *p, job *j)
 	ULP_TRY(ulp_grow(&p->nb, &p->cap_nb, p->n_nb, sizeof(*p->nb)));
 	ulp_newblob *nb = &p->nb[p->n_nb];
 	memset(nb, 0, sizeof(*nb));
-	if ((rc = ulp_pack_append_digest(p->pw, j->blob, j->blob_len, j->blob_sha, &nb->offset)) < 0)
+	if (j->prewritten) {
+		nb->offset = j->pack_off;
+		ulp_pack_reserved_digest(p->pw, j->blob_len, j->blob_sha);
+	} else if ((rc = ulp_pack_append_digest(p->pw, j->blob, j->blob_len, j->blob_sha, &nb->offset)) < 0) {
 		return rc;
+	}
 	p->n_nb++;
 	memcpy(nb->content, j->sha, ULP_SHA256_LEN);
 	nb->codec = j->codec;
