@@ -30,7 +30,6 @@
 #include <errno.h>
 #include <openssl/evp.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -70,6 +69,7 @@ typedef struct put {
 	size_t n_vb, cap_vb;
 	pthread_mutex_t mu;     /* nb, nx, vb, pw, stored, depth, anchor, res: phase C
 	                           appends from inside the parallel phase B */
+	pthread_mutex_t hmu;    /* job.ready, batch.hashed/hashing (hash_in_order) */
 } put;
 
 static int read_at(put *p, uint8_t *buf, size_t len, uint64_t off)
@@ -131,8 +131,10 @@ static int add_extent(put *p, uint64_t off, uint64_t len, const uint8_t sha[ULP_
 /*
  * Segments are processed in batches (4 MiB a thread, or one larger segment):
  * their references looked up in order (phase A), read, hashed, coded and
- * verified in parallel (phase B; the file's hash follows the reads in
- * order), appended to the pack in order (phase C), so the pack and the index
+ * verified in parallel (phase B: one pool job a segment, whose chunks are
+ * nested jobs of the same pool, so a large segment is split among the
+ * threads that have nothing else left; the file's hash follows the reads
+ * in order on a thread of its own), appended to the pack in order (phase C), so the pack and the index
  * do not depend on the thread count. Phase C runs inside phase B: the thread
  * that finishes job k appends, under put.mu, every finished job from the
  * first not yet appended on, so the pack is written while later jobs code.
@@ -147,7 +149,7 @@ typedef struct job {
 	int try_ref;                       /* a reference tensor exists */
 	uint8_t ref_sha[ULP_SHA256_LEN];
 	int ready;                         /* 1: buf holds the bytes, 2: reading failed
-	                                      (atomic: job n waits for it) */
+	                                      (under put.hmu) */
 	uint8_t *blob;                     /* phase B result */
 	uint8_t blob_sha[ULP_SHA256_LEN];  /* the blob's digest, for the pack's name */
 	size_t blob_len, blob_cap, buf_cap; /* buffers are kept from one batch to the next */
@@ -163,8 +165,10 @@ typedef struct batch {
 	put *p;
 	job *j;
 	size_t n;
-	int nested;                        /* jobs may use the pool themselves */
-	EVP_MD_CTX *file_sha;              /* job n: the file's hash over the batch, in order */
+	int lone;                          /* one job: it writes its blob itself (write_lone) */
+	size_t hashed;                     /* jobs in the file's sha256 (under put.hmu) */
+	int hashing;                       /* a thread is taking them in (under put.hmu) */
+	EVP_MD_CTX *file_sha;              /* the file's sha256 (hash_in_order) */
 	/* phase C, under p->mu */
 	size_t appended;                   /* jobs [0, appended) are in the pack */
 	int arc;                           /* first error appending, 0 if none */
@@ -354,36 +358,65 @@ static void write_lone(put *p, job *j, ulp_pool *pool)
 
 static void code_one(batch *bt, size_t i);
 
-/* Phase B, job i < n: code_one, then phase C for the jobs finished in order;
- * job n: the file's sha256. */
+/* Phase B, job i: code_one, then phase C for the jobs finished in order. */
 static int code_job(void *arg, size_t i)
 {
 	batch *bt = arg;
-	if (i < bt->n) {
-		put *p = bt->p;
-		code_one(bt, i);
-		pthread_mutex_lock(&p->mu);
-		bt->j[i].done = 1;
-		while (bt->appended < bt->n && bt->j[bt->appended].done && bt->arc == 0) {
-			bt->arc = append_job(p, &bt->j[bt->appended++]);
-			if (bt->arc < 0) /* the message is this thread's: keep it for the caller */
-				snprintf(bt->aerr, sizeof(bt->aerr), "%s", ulp_archive_errmsg(p->a));
-		}
-		pthread_mutex_unlock(&p->mu);
-		return 0;
+	put *p = bt->p;
+	code_one(bt, i);
+	pthread_mutex_lock(&p->mu);
+	bt->j[i].done = 1;
+	while (bt->appended < bt->n && bt->j[bt->appended].done && bt->arc == 0) {
+		bt->arc = append_job(p, &bt->j[bt->appended++]);
+		if (bt->arc < 0) /* the message is this thread's: keep it for the caller */
+			snprintf(bt->aerr, sizeof(bt->aerr), "%s", ulp_archive_errmsg(p->a));
 	}
-	{ /* the file's sha256 goes on beside the coding, in order */
-		for (size_t k = 0; k < bt->n; k++) {
-			int r;
-			/* jobs are claimed in index order (pool.c): job k runs, its
-			 * read comes first and is short */
-			while ((r = __atomic_load_n(&bt->j[k].ready, __ATOMIC_ACQUIRE)) == 0)
-				sched_yield();
-			if (r == 1)
-				EVP_DigestUpdate(bt->file_sha, bt->j[k].buf, bt->j[k].len);
+	pthread_mutex_unlock(&p->mu);
+	return 0;
+}
+
+/* The file's sha256, taken in order inside phase B: the thread that has
+ * read job i hashes it, and the jobs after it that are read, unless a thread
+ * is at it already (which then takes job i too: it checks again under
+ * put.hmu after each job). Nothing waits, so no pool thread can wait on a
+ * job it is itself inside of. */
+static void hash_in_order(batch *bt, size_t i, int rr)
+{
+	put *p = bt->p;
+	pthread_mutex_lock(&p->hmu);
+	bt->j[i].ready = rr < 0 ? 2 : 1;
+	if (!bt->hashing) {
+		bt->hashing = 1;
+		while (bt->hashed < bt->n && bt->j[bt->hashed].ready) {
+			job *k = &bt->j[bt->hashed];
+			pthread_mutex_unlock(&p->hmu);
+			if (k->ready == 1)
+				EVP_DigestUpdate(bt->file_sha, k->buf, k->len);
+			pthread_mutex_lock(&p->hmu);
+			bt->hashed++;
 		}
-		return 0;
+		bt->hashing = 0;
 	}
+	pthread_mutex_unlock(&p->hmu);
+}
+
+static void code_rest(batch *bt, size_t i);
+
+/* A lone job: its part of the file's sha256 and its coding, side by side. */
+typedef struct split {
+	batch *bt;
+	size_t i;
+	int rr;
+} split;
+
+static int job_split(void *arg, size_t k)
+{
+	split *sp = arg;
+	if (k == 0)
+		hash_in_order(sp->bt, sp->i, sp->rr);
+	else
+		code_rest(sp->bt, sp->i);
+	return 0;
 }
 
 /* Phase B: code one content against its reference (or standalone), decode
@@ -392,22 +425,35 @@ static void code_one(batch *bt, size_t i)
 {
 	job *j = &bt->j[i];
 	ulp_archive *a = bt->p->a;
-	ulp_pool *pool = bt->nested ? a->pool : NULL;
+	ulp_pool *pool = a->pool; /* nested (pool.c): idle threads take chunks of any job */
 	/* phase B reads its own bytes: reads run in parallel too, and with
 	 * them the content's identity, its digest (ulpack-format(5) 2.4) */
 	int v2 = a->blob_version != 1 && j->s->kind != SEG_VERBATIM;
 	int rr = read_job(bt->p, j, pool, v2);
-	__atomic_store_n(&j->ready, rr < 0 ? 2 : 1, __ATOMIC_RELEASE);
-	if (rr < 0)
+	if (rr == 0 && bt->lone && j->s->kind != SEG_VERBATIM) {
+		/* the file's sha256 of its bytes beside its coding */
+		split sp = {bt, i, rr};
+		ulp_pool_run(pool, 2, job_split, &sp);
 		return;
-	if (j->s->kind == SEG_VERBATIM) /* kept as read: phase C adds it to the header */
-		return;
+	}
+	hash_in_order(bt, i, rr);
+	if (rr == 0 && j->s->kind != SEG_VERBATIM) /* verbatim: kept as read, phase C adds it */
+		code_rest(bt, i);
+}
+
+/* The rest of phase B: j's bytes are read and its digest taken. */
+static void code_rest(batch *bt, size_t i)
+{
+	job *j = &bt->j[i];
+	ulp_archive *a = bt->p->a;
+	ulp_pool *pool = a->pool;
+	int v2 = a->blob_version != 1;
 	ulp_dtype dt = j->s->kind == SEG_TENSOR ? j->s->dtype : ULP_DT_UNKNOWN;
 	uint8_t *ref = NULL, *check = NULL;
 	if (!v2)
 		ulp_sha256(j->buf, j->len, j->sha);
-	/* stored once: an earlier file, or earlier in this one (phase C adds
-	 * blobs only between batches, so reading them here is safe) */
+	/* stored once: an earlier file, or earlier in this one (under put.mu:
+	 * phase C appends meanwhile) */
 	int have = have_content(bt->p, j->sha, &j->depth, 0);
 	if (have < 0) {
 		j->rc = have;
@@ -479,9 +525,9 @@ static void code_one(batch *bt, size_t i)
 	/* the pack's per-blob digest, here, in parallel: not in phase C; a
 	 * lone job (next in order: its batch is itself) is written to the pack
 	 * by the same jobs */
-	if (pool)
+	if (bt->lone)
 		write_lone(bt->p, j, pool);
-	else if (ulp_content_digest(NULL, j->blob, j->blob_len, j->blob_sha) < 0) {
+	else if (ulp_content_digest(pool, j->blob, j->blob_len, j->blob_sha) < 0) {
 		j->rc = -ULP_E_NOMEM;
 		snprintf(j->err, sizeof(j->err), "%s: out of memory hashing a blob", bt->p->path);
 	}
@@ -489,12 +535,6 @@ out:
 	;
 }
 
-static void *file_sha_thread(void *arg)
-{
-	batch *bt = arg;
-	code_job(bt, bt->n);
-	return NULL;
-}
 
 /* Phase C: append in order; a content coded twice in one batch is kept once. */
 static int append_job(put *p, job *j)
@@ -675,28 +715,17 @@ static int do_segments(put *p, const seg *segs, size_t n_segs, EVP_MD_CTX *fsha,
 			n++;
 			i++;
 		}
-		if (rc == 0) {
-			batch bt = {.p = p, .j = jobs, .n = n, .nested = n == 1, .file_sha = fsha};
-			if (n == 1) { /* alone: its chunks use the pool, while a thread of
-				         its own takes the file's sha256 over the bytes as
-				         soon as they are read (not after the coding) */
-				pthread_t th;
-				int spawned = pthread_create(&th, NULL, file_sha_thread, &bt) == 0;
-				code_job(&bt, 0);
-				if (spawned)
-					pthread_join(th, NULL);
-				else
-					code_job(&bt, 1);
-			} else {
-				ulp_pool_run(p->a->pool, n + 1, code_job, &bt);
-			}
-			/* phase C went on inside phase B: all appended, or an error */
-			if (bt.arc < 0)
-				rc = ulp_arch_err(p->a, bt.arc, "%s", bt.aerr);
-			else if (bt.appended != n)
-				rc = ulp_arch_err(p->a, -ULP_E_INVAL, "%s: internal: %zu of %zu segments appended",
-				                  p->path, bt.appended, n);
-		}
+		if (rc < 0)
+			break;
+		batch bt = {.p = p, .j = jobs, .n = n, .lone = n == 1, .file_sha = fsha};
+		ulp_pool_run(p->a->pool, n, code_job, &bt);
+		/* phase C and the file's sha256 went on inside phase B: all done,
+		 * or an error */
+		if (bt.arc < 0)
+			rc = ulp_arch_err(p->a, bt.arc, "%s", bt.aerr);
+		else if (bt.appended != n || bt.hashed != n)
+			rc = ulp_arch_err(p->a, -ULP_E_INVAL, "%s: internal: %zu and %zu of %zu segments appended and hashed",
+			                  p->path, bt.appended, bt.hashed, n);
 	}
 	give_back_jobs(p->a, jobs);
 	return rc;
@@ -866,6 +895,7 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 		return -ULP_E_NOMEM;
 	}
 	pthread_mutex_init(&P.mu, NULL);
+	pthread_mutex_init(&P.hmu, NULL);
 	pthread_mutex_lock(&a->write_mu);
 	__atomic_store_n(&a->put_done, 0, __ATOMIC_RELAXED); /* this file's progress */
 
@@ -934,6 +964,7 @@ out:
 	pthread_mutex_unlock(&a->write_mu);
 	EVP_MD_CTX_free(fsha);
 	pthread_mutex_destroy(&P.mu);
+	pthread_mutex_destroy(&P.hmu);
 	layout_free(&L);
 	if (head_owned)
 		free(head);
