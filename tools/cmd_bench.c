@@ -212,8 +212,9 @@ static double serial_share(group *g, int mode, int reps)
 }
 
 /* The same for `ulpack import --threads 1` of REF then TARGET into a fresh
- * archive: the share of TARGET's put outside parallel regions. */
-static double serial_share_import(const char *ref, const char *target)
+ * archive: the share of TARGET's put outside parallel regions (the commit's
+ * fsyncs included); the least disturbed of three. */
+static double serial_share_import_once(const char *ref, const char *target)
 {
 	char dir[] = "/tmp/ulpack-bench-XXXXXX", adir[64];
 	double share = -1;
@@ -244,6 +245,17 @@ static double serial_share_import(const char *ref, const char *target)
 	int rm = system(cmd); /* a leftover temporary directory is no failure */
 	(void)rm;
 	return share;
+}
+
+static double serial_share_import(const char *ref, const char *target)
+{
+	double best = -1;
+	for (int r = 0; r < 3; r++) {
+		double s = serial_share_import_once(ref, target);
+		if (s >= 0 && (best < 0 || s < best))
+			best = s;
+	}
+	return best < 0 ? best : best < 0 ? 0 : best;
 }
 
 static int cmp_double(const void *a, const void *b)

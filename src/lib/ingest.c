@@ -402,17 +402,27 @@ static void hash_in_order(batch *bt, size_t i, int rr)
 
 static void code_rest(batch *bt, size_t i);
 
-/* A lone job: its part of the file's sha256 and its coding, side by side. */
+/* A lone job: its part of the file's sha256 and its coding, side by side,
+ * as two jobs of one loop. The thread that opened the loop codes (its
+ * scratch buffers are the ones sized for this job: a pool thread coding
+ * would hold a second set), the other hashes: each call takes the part it
+ * prefers if still free, else the other. */
 typedef struct split {
 	batch *bt;
 	size_t i;
 	int rr;
+	pthread_t owner;
+	int taken;           /* atomic: bit 0 coding, bit 1 hashing */
 } split;
 
 static int job_split(void *arg, size_t k)
 {
 	split *sp = arg;
-	if (k == 0)
+	(void)k;
+	int want = pthread_equal(pthread_self(), sp->owner) ? 1 : 2;
+	int got = __atomic_fetch_or(&sp->taken, want, __ATOMIC_ACQ_REL) & want ? 3 - want : want;
+	__atomic_fetch_or(&sp->taken, got, __ATOMIC_ACQ_REL);
+	if (got == 2)
 		hash_in_order(sp->bt, sp->i, sp->rr);
 	else
 		code_rest(sp->bt, sp->i);
@@ -432,7 +442,7 @@ static void code_one(batch *bt, size_t i)
 	int rr = read_job(bt->p, j, pool, v2);
 	if (rr == 0 && bt->lone && j->s->kind != SEG_VERBATIM) {
 		/* the file's sha256 of its bytes beside its coding */
-		split sp = {bt, i, rr};
+		split sp = {bt, i, rr, pthread_self(), 0};
 		ulp_pool_run(pool, 2, job_split, &sp);
 		return;
 	}

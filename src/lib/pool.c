@@ -5,11 +5,13 @@
  * callers at the same time; every idle thread takes work from any of them.
  *
  * Each ulp_pool_run() of more than one job is a loop on the pool's stack of
- * open loops. Its caller claims indices of its own loop; workers claim from
- * the innermost open loop (the newest), so the chunks of a tensor finish
- * before more tensors start; a caller whose indices are all claimed helps
- * with other loops until the last of its own jobs returns, instead of
- * waiting idle at the barrier.
+ * open loops, at the depth of its caller (how many jobs it is inside). Its
+ * caller claims indices of its own loop; workers claim from the innermost
+ * open loop (the newest), so the chunks of a tensor finish before more
+ * tensors start; a caller whose indices are all claimed helps with loops
+ * at its own depth or deeper (chunks of other tensors, not more tensors:
+ * memory stays that of the jobs in flight) until the last of its own jobs
+ * returns, instead of waiting idle at the barrier.
  *
  * Invariants:
  *  1. Indices are claimed through one atomic counter per loop, so each index
@@ -34,6 +36,7 @@
 
 static uint64_t region_ns;            /* invariant 4 (atomic) */
 static __thread unsigned region_depth; /* ulp_pool_run()s this thread is inside */
+static __thread unsigned job_depth;    /* loop jobs this thread is inside */
 
 uint64_t ulp_pool_parallel_ns(void)
 {
@@ -51,6 +54,7 @@ typedef struct loop {
 	int (*fn)(void *, size_t);
 	void *arg;
 	size_t n;
+	unsigned depth;         /* job_depth of its caller */
 	size_t next;            /* atomic: next index to claim */
 	size_t done;            /* atomic: jobs returned */
 	int rc;                 /* atomic: first error, 0 if none */
@@ -85,8 +89,11 @@ int ulp_pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg)
 static void run_one(ulp_pool *p, loop *l, size_t i)
 {
 	size_t n = l->n;
+	unsigned jd = job_depth;
 	region_depth++;
+	job_depth = l->depth + 1;
 	int rc = l->fn(l->arg, i);
+	job_depth = jd;
 	region_depth--;
 	if (rc < 0) {
 		int zero = 0;
@@ -99,10 +106,13 @@ static void run_one(ulp_pool *p, loop *l, size_t i)
 	}
 }
 
-/* Under mu: claims an index of the innermost loop that has one left. */
-static loop *claim(ulp_pool *p, size_t *i)
+/* Under mu: claims an index of the innermost loop at depth min_depth or
+ * deeper that has one left. */
+static loop *claim(ulp_pool *p, unsigned min_depth, size_t *i)
 {
 	for (loop *l = p->top; l; l = l->below) {
+		if (l->depth < min_depth)
+			continue;
 		size_t k = __atomic_fetch_add(&l->next, 1, __ATOMIC_RELAXED);
 		if (k < l->n) {
 			*i = k;
@@ -127,7 +137,7 @@ static void *worker(void *arg)
 	pthread_mutex_lock(&p->mu);
 	while (!p->quit) {
 		size_t i;
-		loop *l = claim(p, &i);
+		loop *l = claim(p, 0, &i);
 		if (!l) {
 			pthread_cond_wait(&p->cv, &p->mu);
 			continue;
@@ -199,7 +209,7 @@ static int pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg)
 		}
 		return first;
 	}
-	loop l = {.fn = fn, .arg = arg, .n = n};
+	loop l = {.fn = fn, .arg = arg, .n = n, .depth = job_depth};
 	pthread_mutex_lock(&p->mu);
 	l.below = p->top;
 	p->top = &l;
@@ -215,7 +225,7 @@ static int pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg)
 	unlink_loop(p, &l); /* all claimed (invariant 1) */
 	while (__atomic_load_n(&l.done, __ATOMIC_ACQUIRE) < n) {
 		size_t i;
-		loop *o = ulp_scratch_can_push() ? claim(p, &i) : NULL;
+		loop *o = ulp_scratch_can_push() ? claim(p, l.depth, &i) : NULL;
 		if (!o) {
 			pthread_cond_wait(&p->cv, &p->mu);
 			continue;
