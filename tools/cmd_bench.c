@@ -255,7 +255,7 @@ static double serial_share_import(const char *ref, const char *target)
 		if (s >= 0 && (best < 0 || s < best))
 			best = s;
 	}
-	return best < 0 ? best : best < 0 ? 0 : best;
+	return best;
 }
 
 static int cmp_double(const void *a, const void *b)

@@ -251,7 +251,9 @@ typedef struct leafctx {
 	const uint8_t *content;
 	size_t chunk;        /* bytes a chunk */
 	uint8_t *leaves;
-	int failed;          /* atomic */
+	int failed;          /* atomic: the first failing chunk reports */
+	int rc;
+	char err[300];
 } leafctx;
 
 static int job_chunk_leaves(void *arg, size_t k)
@@ -260,8 +262,12 @@ static int job_chunk_leaves(void *arg, size_t k)
 	ulp_centry *e;
 	const uint8_t *d;
 	size_t l;
-	if (ulp_read_chunk(c->a, c->content, (uint32_t)k, &e, &d, &l, NULL) < 0) {
-		__atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+	int rc = ulp_read_chunk(c->a, c->content, (uint32_t)k, &e, &d, &l, NULL);
+	if (rc < 0) {
+		if (!__atomic_exchange_n(&c->failed, 1, __ATOMIC_ACQ_REL)) {
+			c->rc = rc;
+			snprintf(c->err, sizeof(c->err), "%s", ulp_archive_errmsg(c->a));
+		}
 		return 0;
 	}
 	ulp_digest_leaves(d, l, c->leaves + k * (c->chunk / ULP_DIGEST_LEAF) * ULP_SHA256_LEN);
@@ -286,15 +292,14 @@ static int check_blob(rctx *r, moved *m)
 	ulp_blob_close(b);
 	uint8_t sha[32];
 	if (version >= 2 && raw > 0 && chunk > 0 && chunk % ULP_DIGEST_LEAF == 0 && (uint64_t)nk * chunk >= raw) {
-		leafctx c = {r->a, m->content, chunk, malloc(ulp_digest_n_leaves(raw) * ULP_SHA256_LEN), 0};
+		leafctx c = {r->a, m->content, chunk, malloc(ulp_digest_n_leaves(raw) * ULP_SHA256_LEN), 0, 0, ""};
 		if (!c.leaves)
 			return -ULP_E_NOMEM;
 		ulp_pool_run(r->a->pool, nk, job_chunk_leaves, &c);
 		ulp_digest_root(c.leaves, raw, sha);
 		free(c.leaves);
-		if (c.failed)
-			return ulp_arch_err(r->a, -ULP_E_CHECKSUM, "gc: a blob of pack %lld does not decode",
-			                    (long long)r->pack);
+		if (c.failed) /* as ulp_read_content reports it: damage, or no memory, or I/O */
+			return ulp_arch_err(r->a, c.rc, "%s", c.err);
 	} else {
 		uint8_t *buf = malloc(raw ? raw : 1);
 		if (!buf)
