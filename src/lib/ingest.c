@@ -133,11 +133,12 @@ static int add_extent(put *p, uint64_t off, uint64_t len, const uint8_t sha[ULP_
  * their references looked up in order (phase A), read, hashed, coded and
  * verified in parallel (phase B: one pool job a segment, whose chunks are
  * nested jobs of the same pool, so a large segment is split among the
- * threads that have nothing else left; the file's hash follows the reads
- * in order on a thread of its own), appended to the pack in order (phase C), so the pack and the index
- * do not depend on the thread count. Phase C runs inside phase B: the thread
- * that finishes job k appends, under put.mu, every finished job from the
- * first not yet appended on, so the pack is written while later jobs code.
+ * threads that have nothing else left; the file's sha256 is taken in order
+ * by the threads that read, hash_in_order), appended to the pack in order
+ * (phase C), so the pack and the index do not depend on the thread count.
+ * Phase C runs inside phase B: the thread that finishes job k appends, under
+ * put.mu, every finished job from the first not yet appended on, so the
+ * pack is written while later jobs code.
  */
 typedef struct job {
 	const seg *s;
@@ -214,8 +215,8 @@ static void run_jobs(ulp_pool *pool, size_t n, int (*fn)(void *, size_t), void *
 }
 
 /* A content's bytes read and, for format v2, its digest's leaves hashed
- * (ulpack-format(5) 2.4) leaf by leaf: on the pool when the job has it to
- * itself, so that neither the read nor the hashing is a serial pass. */
+ * (ulpack-format(5) 2.4) leaf by leaf, as nested jobs of the pool, so that
+ * neither the read nor the hashing is a serial pass. */
 typedef struct reader {
 	put *p;
 	job *j;
