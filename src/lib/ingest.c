@@ -176,21 +176,40 @@ typedef struct batch {
 	char aerr[600];                    /* its message */
 } batch;
 
-/* After a content's decode (a lone one: on the pool): the comparison with its
- * input piece by piece, then the cache seeded chunk by chunk. */
+/* After a content's coding: its blob decoded chunk by chunk and compared
+ * with its input (job_check_chunk), then the cache seeded chunk by chunk
+ * (job_seed). */
 typedef struct finish {
 	ulp_archive *a;
 	const job *j;
-	const uint8_t *check;
+	const uint8_t *ref;  /* the reference the blob was coded against, or NULL */
 	size_t piece;        /* bytes a job: the blob's chunk */
-	int differs;         /* atomic */
+	int differs, nomem;  /* atomic */
+	const ulp_blob *b;
 } finish;
 
-static int job_compare(void *arg, size_t k)
+static int job_check_chunk(void *arg, size_t k)
 {
 	finish *f = arg;
-	size_t off = k * f->piece;
-	if (memcmp(f->check + off, f->j->buf + off, ULP_MIN(f->piece, f->j->len - off)) != 0)
+	uint64_t off = k * f->piece, len = ULP_MIN(f->piece, f->j->len - off);
+	if (ulp_blob_get_info(f->b)->codec == ULP_CODEC_IDENT) { /* its bytes are the reference's */
+		if (!f->ref || memcmp(f->ref + off, f->j->buf + off, (size_t)len) != 0)
+			__atomic_store_n(&f->differs, 1, __ATOMIC_RELAXED);
+		return 0;
+	}
+	ulp_blob_chunk_range(f->b, (uint32_t)k, &off, &len);
+	if (off + len > f->j->len || off != k * f->piece) {
+		__atomic_store_n(&f->differs, 1, __ATOMIC_RELAXED);
+		return 0;
+	}
+	uint8_t *t = ulp_scratch(ULP_SCRATCH_CHECK, len ? (size_t)len : 1);
+	if (!t) {
+		__atomic_store_n(&f->nomem, 1, __ATOMIC_RELAXED);
+		return 0;
+	}
+	int64_t d = ulp_blob_decode_chunk(f->b, (uint32_t)k, t, (size_t)len, f->ref ? f->ref + off : NULL,
+	                                  f->ref ? (size_t)len : 0);
+	if (d != (int64_t)len || memcmp(t, f->j->buf + off, (size_t)len) != 0)
 		__atomic_store_n(&f->differs, 1, __ATOMIC_RELAXED);
 	return 0;
 }
@@ -460,7 +479,7 @@ static void code_rest(batch *bt, size_t i)
 	ulp_pool *pool = a->pool;
 	int v2 = a->blob_version != 1;
 	ulp_dtype dt = j->s->kind == SEG_TENSOR ? j->s->dtype : ULP_DT_UNKNOWN;
-	uint8_t *ref = NULL, *check = NULL;
+	uint8_t *ref = NULL;
 	if (!v2)
 		ulp_sha256(j->buf, j->len, j->sha);
 	/* stored once: an earlier file, or earlier in this one (under put.mu:
@@ -489,8 +508,7 @@ static void code_rest(batch *bt, size_t i)
 		j->blob = ulp_alloc_big(cap);
 		j->blob_cap = j->blob ? cap : 0;
 	}
-	check = ulp_scratch(ULP_SCRATCH_CHECK, j->len ? j->len : 1);
-	if (!j->blob || !check) {
+	if (!j->blob) {
 		j->rc = -ULP_E_NOMEM;
 		snprintf(j->err, sizeof(j->err), "%s: out of memory coding %zu bytes", bt->p->path, j->len);
 		goto out;
@@ -506,16 +524,23 @@ static void code_rest(batch *bt, size_t i)
 	char why[256] = "decoded blob differs from its input";
 	int rc = ulp_blob_open(j->blob, (size_t)n, &b, why, sizeof(why));
 	if (rc == 0) {
-		int has_ref = ulp_blob_get_info(b)->has_ref;
-		int64_t d = ulp_blob_decode(b, pool, check, j->len, has_ref ? ref : NULL, has_ref ? j->len : 0);
-		size_t cb = (size_t)ulp_blob_get_info(b)->chunk_elems * ulp_dtype_size(dt);
-		finish f = {a, j, check, cb ? cb : ((size_t)4 << 20), 0};
-		size_t pieces = (j->len + f.piece - 1) / f.piece;
-		if (d == (int64_t)j->len)
-			run_jobs(pool, pieces, job_compare, &f);
-		rc = d == (int64_t)j->len && !f.differs &&
-		     memcmp(ulp_blob_get_info(b)->content_sha256, j->sha, ULP_SHA256_LEN) == 0
-		         ? 0 : -ULP_E_CHECKSUM;
+		const ulp_blob_info *in = ulp_blob_get_info(b);
+		int has_ref = in->has_ref;
+		size_t cb = (size_t)in->chunk_elems * ulp_dtype_size(dt);
+		finish f = {a, j, has_ref ? ref : NULL, cb, 0, 0, b};
+		/* invariant 1, chunk by chunk into chunk-sized buffers (not a
+		 * second copy of the content): every byte decoded and compared
+		 * (IDENT: the reference's, with no chunks of its own) */
+		uint64_t nk = in->codec == ULP_CODEC_IDENT && cb ? (j->len + cb - 1) / cb : in->n_chunks;
+		if (in->raw_bytes == j->len && (j->len == 0 || (cb > 0 && nk * cb >= j->len)))
+			run_jobs(pool, (size_t)nk, job_check_chunk, &f);
+		else
+			f.differs = 1;
+		rc = f.nomem ? -ULP_E_NOMEM
+		     : !f.differs && memcmp(in->content_sha256, j->sha, ULP_SHA256_LEN) == 0 ? 0 : -ULP_E_CHECKSUM;
+		if (rc == -ULP_E_NOMEM)
+			snprintf(why, sizeof(why), "out of memory decoding a chunk");
+		size_t pieces = cb ? (j->len + cb - 1) / cb : 0;
 		j->used_ref = has_ref;
 		/* the next step is coded against this one: keep it decoded, in
 		 * the memory of the reference it supersedes (no fresh pages) */
