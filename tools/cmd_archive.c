@@ -96,12 +96,12 @@ static int parse_common(int argc, char **argv, aopts *ao, const char *usage, int
 		case OPT_PROGRESS: ao->progress = 1; break;
 		case OPT_PREFIX: ao->prefix = v; break;
 		case OPT_MAX_CHAIN: /* 0 would mean "the archive's value" to the library: not an input */
-			if (cli_opt_int(a, v, 1, 1024, &n))
+			if (cli_opt_int(a, v, 1, ULP_MAX_CHAIN, &n))
 				return -2;
 			ao->o.max_chain = (unsigned)n;
 			break;
-		case OPT_THREADS: /* 0: one per CPU; the pool's own limit is 1024 */
-			if (cli_opt_int(a, v, 0, 1024, &n))
+		case OPT_THREADS: /* 0: one per CPU */
+			if (cli_opt_int(a, v, 0, ULP_MAX_THREADS, &n))
 				return -2;
 			ao->o.threads = (int)n;
 			break;

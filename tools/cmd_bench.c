@@ -412,7 +412,7 @@ int cmd_bench(int argc, char **argv)
 			return cli_opt_missing(argv[i]);
 		} else if (!strcmp(argv[i], "--threads")) {
 			int64_t v;
-			if (cli_opt_int(argv[i], argv[i + 1], 0, 1024, &v)) /* 0: one per CPU */
+			if (cli_opt_int(argv[i], argv[i + 1], 0, ULP_MAX_THREADS, &v)) /* 0: one per CPU */
 				return 2;
 			threads = (int)v;
 			i++;

@@ -87,7 +87,7 @@ int cmd_forget(int argc, char **argv)
 				keep[o.n_keep++] = v;
 			}
 		} else if (!strcmp(s, "--threads")) {
-			if ((rc = cli_opt_int(s, argv[++i], 0, 1024, &v)) == 0)
+			if ((rc = cli_opt_int(s, argv[++i], 0, ULP_MAX_THREADS, &v)) == 0)
 				threads = (int)v;
 		} else if (!strcmp(s, "--cache-size")) {
 			rc = cli_opt_size(s, argv[++i], &cache);

@@ -950,12 +950,12 @@ int main(int argc, char **argv)
 	}
 	long v;
 	if (o.max_chain) {
-		if (parse_count("max_chain", o.max_chain, 1, 1000000, &v) < 0)
+		if (parse_count("max_chain", o.max_chain, 1, ULP_MAX_CHAIN, &v) < 0)
 			return 2;
 		fs.max_chain = (unsigned)v;
 	}
 	if (o.threads) {
-		if (parse_count("threads", o.threads, 0, 1024, &v) < 0) /* 0: one per CPU */
+		if (parse_count("threads", o.threads, 0, ULP_MAX_THREADS, &v) < 0) /* 0: one per CPU */
 			return 2;
 		fs.threads = (int)v;
 	}

@@ -116,8 +116,13 @@ int ulp_db_exec(ulp_archive *a, const char *sql);
 int ulp_db_begin(ulp_archive *a);   /* BEGIN IMMEDIATE, retried while busy */
 int ulp_db_commit(ulp_archive *a);
 void ulp_db_rollback(ulp_archive *a);
-/* Prepared statement of the calling thread for sql (cached per connection). */
-sqlite3_stmt *ulp_db_stmt(ulp_archive *a, const char *sql);
+/* The calling thread's prepared statement for sql (cached per connection;
+ * sql a static string) in *out; 0, or ulp_db_err's code (out of memory:
+ * NOMEM, else IO and the like, with SQLite's message in the errmsg). */
+int ulp_db_stmt(ulp_archive *a, const char *sql, sqlite3_stmt **out);
+/* The ULP_E_* of the last failed SQLite call on the calling thread's
+ * connection (or of opening it), its message recorded naming the index and
+ * what failed; the one mapping of SQLite's codes. */
 int ulp_db_err(ulp_archive *a, const char *what);
 void ulp_tstate_free_all(ulp_archive *a);
 void ulp_ingest_free_spare(ulp_archive *a); /* ingest.c */
@@ -228,6 +233,9 @@ char *ulp_path_parent(const char *path);
 const char *ulp_path_name(const char *path);
 /* Normalizes a user path to the archive form; -INVAL for '..' or NUL. */
 int ulp_path_clean(const char *in, char *out, size_t cap);
+/* ulp_path_clean for a path a caller gave: INVAL or NAMETOOLONG with a
+ * message naming the path in a's errmsg. */
+int ulp_arch_path(ulp_archive *a, const char *path, char *out, size_t cap);
 
 /* ---- re-basing support (index.c, for recode.c) ---------------------------- */
 

@@ -101,6 +101,10 @@ int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive 
 	const ulp_archive_opts *o = opts ? opts : &defaults;
 	struct stat sb;
 	char path[4200];
+	if (o->max_chain > ULP_MAX_CHAIN)
+		return ULP_ERR(&err, -ULP_E_INVAL, "%s: max_chain %u: at most %d", dir, o->max_chain, ULP_MAX_CHAIN);
+	if (o->threads > ULP_MAX_THREADS)
+		return ULP_ERR(&err, -ULP_E_INVAL, "%s: %d threads: at most %d", dir, o->threads, ULP_MAX_THREADS);
 	if (stat(dir, &sb) < 0 || !S_ISDIR(sb.st_mode))
 		return ULP_ERR(&err, -ULP_E_NOENT, "%s: %s", dir,
 		               errno == ENOENT || S_ISDIR(sb.st_mode) == 0 ? "no such archive directory" : strerror(errno));

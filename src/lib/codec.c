@@ -276,6 +276,7 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 		const uint32_t *row0 = d->row[0];                                       \
 		const uint8_t *wp = *wpp;                                               \
 		uint8_t syms[ULP_DEC_BLOCK];                                            \
+		uint8_t wtail[2 * ULP_DEC_BLOCK + 32]; /* see pass A */                 \
 		uint64_t pos = 0;                                                       \
 		if (!r && !row0)                                                        \
 			return ULP_CORRUPT(err, "anchor table has no row for context 0"); \
@@ -283,10 +284,20 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 			const size_t bn = ULP_MIN((size_t)ULP_DEC_BLOCK, n - b0);       \
 			const T *rb = r ? r + b0 : NULL;                                \
 			T *ob = out + b0;                                               \
-			/* pass A: symbols; word reads unchecked while the stream holds \
-			 * a block's worst case (one word an element) */               \
+			/* pass A: symbols, with word reads unchecked: while the stream \
+			 * holds a block's worst case (one word an element) in place,   \
+			 * else from a zero-padded copy of its last words, consumed at  \
+			 * most as far as they go (checked after the block) */         \
+			const uint8_t *wreal = NULL;                                    \
+			const size_t wavail = (size_t)(wend - wp);                      \
+			if (wavail < 2 * bn) {                                          \
+				memcpy(wtail, wp, wavail);                              \
+				memset(wtail + wavail, 0, sizeof(wtail) - wavail);      \
+				wreal = wp;                                             \
+				wp = wtail;                                             \
+			}                                                               \
 			size_t i0 = 0, m = SIZE_MAX;                                    \
-			if ((W == 16 || W == 32) && (size_t)(wend - wp) >= 2 * bn) {   \
+			if (W == 16 || W == 32) {                                       \
 				if (lanes >= 16 && bn >= 64 && (!rb || d->rowb_ok) &&   \
 				    USE_AVX512())                                   \
 					m = ulp_rans_syms_avx512(f, d, lanes, x, &wp, rb, bn & ~(size_t)63, syms); \
@@ -296,7 +307,7 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 					m = ulp_rans_syms_neon(f, d, lanes, x, &wp, rb, bn & ~(size_t)31, syms); \
 				i0 = m == SIZE_MAX ? 0 : m;                             \
 			}                                                               \
-			if ((size_t)(wend - wp) >= 2 * (bn - i0)) {                     \
+			{                                                               \
 				/* the common precision as a constant: shifts by an \
 				 * immediate, one register less */                     \
 				/* w: a register copy (wp's address goes to the SIMD \
@@ -324,23 +335,13 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 						syms[i] = rans_step(&x[i & lm], row0, mask, pb, &w); \
 				}                                                       \
 				wp = w;                                                 \
-			} else {                                                        \
-				for (size_t i = i0; i < bn; i++) {                      \
-					const uint32_t *row = rb ? d->row[(rb[i] >> sh) & em] : row0; \
-					if (!row)                                       \
-						return ULP_CORRUPT(err, "element %zu: reference exponent %u has no table row", \
-						                   b0 + i, (unsigned)((rb[i] >> sh) & em)); \
-					uint32_t *xs = &x[i & lm];                      \
-					uint32_t e = row[*xs & mask];                   \
-					*xs = ((e >> 12 & 0xfff) + 1) * (*xs >> pb) + (e & 0xfff); \
-					if (*xs < ULP_RANS_L) {                         \
-						if (wend - wp < 2)                      \
-							return ULP_CORRUPT(err, "rANS stream ends early at element %zu", b0 + i); \
-						*xs = *xs << 16 | ulp_ld16(wp);         \
-						wp += 2;                                \
-					}                                               \
-					syms[i] = (uint8_t)(e >> 24);                   \
-				}                                                       \
+			}                                                               \
+			if (wreal) {                                                    \
+				const size_t used = (size_t)(wp - wtail);               \
+				if (used > wavail)                                      \
+					return ULP_CORRUPT(err, "rANS stream ends early in elements %zu..%zu", \
+					                   b0, b0 + bn - 1);            \
+				wp = wreal + used;                                      \
 			}                                                               \
 			/* pass B: raw bits and reconstruction; reads past the tail give \
 			 * zeros and the final bit count reports them */                \
@@ -396,6 +397,9 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 				size_t i = 0;                                           \
 				if ((W == 16 || W == 32) && USE_AVX2())                 \
 					i = ulp_anchor_rebuild_avx2(W, ash, ab, syms, bn, raw, raw_len, \
+					                            &pos, ob);          \
+				else if ((W == 16 || W == 32) && USE_NEON())            \
+					i = ulp_anchor_rebuild_neon(W, ash, ab, syms, bn, raw, raw_len, \
 					                            &pos, ob);          \
 				for (; i < bn; i++) {                                   \
 					uint64_t v = raw_bits_at(raw, raw_len, pos, nb); \
@@ -467,7 +471,7 @@ size_t ulp_chunk_raw_bound(const ulp_fmt *f, size_t n)
 
 uint64_t *ulp_esyms_pack(const ulp_table *t, const ulp_rans_esym *es)
 {
-	if (!USE_AVX512() || t->n_ctx > 256 || t->n_rows > 255)
+	if (!(USE_AVX512() || USE_AVX2() || USE_NEON()) || t->n_ctx > 256 || t->n_rows > 255)
 		return NULL;
 	size_t m = (size_t)t->n_rows * t->alphabet;
 	uint64_t *p = malloc(m * sizeof(*p));
@@ -507,6 +511,30 @@ int ulp_chunk_encode(const ulp_fmt *f, const ulp_table *t, const ulp_rans_esym *
 		         (void)0);
 		ulp_rans_enc_avx512(f, t->prob_bits, rowb, t->ctx_row[0], t->alphabet, es64, syms, ref, n0,
 		                    x, &p);
+	} else if (es64 && lanes >= 8 && (f->w == 16 || f->w == 32) && n >= lanes && USE_AVX2()) {
+		/* AVX2: as above, the scalar loop codes the last n mod lanes
+		 * elements (from a multiple of lanes: its lane of element i is
+		 * i mod lanes counted from there) */
+		n0 = n & ~(size_t)(lanes - 1);
+		const uint8_t *ts = syms + n0;
+		const uint8_t *tr = ref ? (const uint8_t *)ref + n0 * (f->w / 8) : NULL;
+		DISPATCH(f, (void)0,
+		         put_rans16(f, t, es, lanes, ts, (const uint16_t *)(const void *)tr, n - n0, x, &p),
+		         put_rans32(f, t, es, lanes, ts, (const uint32_t *)(const void *)tr, n - n0, x, &p),
+		         (void)0);
+		ulp_rans_enc_avx2(f, t->prob_bits, t->ctx_row, t->n_ctx, t->alphabet, es64, syms, ref,
+		                  lanes, n0, x, &p);
+	} else if (es64 && lanes >= 4 && (f->w == 16 || f->w == 32) && n >= lanes && USE_NEON()) {
+		/* NEON: as AVX2 */
+		n0 = n & ~(size_t)(lanes - 1);
+		const uint8_t *ts = syms + n0;
+		const uint8_t *tr = ref ? (const uint8_t *)ref + n0 * (f->w / 8) : NULL;
+		DISPATCH(f, (void)0,
+		         put_rans16(f, t, es, lanes, ts, (const uint16_t *)(const void *)tr, n - n0, x, &p),
+		         put_rans32(f, t, es, lanes, ts, (const uint32_t *)(const void *)tr, n - n0, x, &p),
+		         (void)0);
+		ulp_rans_enc_neon(f, t->prob_bits, t->ctx_row, t->n_ctx, t->alphabet, es64, syms, ref,
+		                  lanes, n0, x, &p);
 	} else {
 		DISPATCH(f, put_rans8(f, t, es, lanes, syms, ref, n, x, &p),
 		         put_rans16(f, t, es, lanes, syms, ref, n, x, &p),
@@ -591,6 +619,14 @@ size_t ulp_anchor_rebuild_avx2(unsigned w, unsigned ash, unsigned ab, const uint
 {
 	(void)w, (void)ash, (void)ab, (void)syms, (void)n, (void)raw, (void)raw_len, (void)pos, (void)out;
 	return 0;
+}
+
+void ulp_rans_enc_avx2(const ulp_fmt *f, unsigned pb, const uint16_t *ctx_row, unsigned n_ctx,
+                       unsigned alphabet, const uint64_t *es64, const uint8_t *syms,
+                       const void *ref, unsigned lanes, size_t n, uint32_t *x, uint16_t **pp)
+{
+	(void)f, (void)pb, (void)ctx_row, (void)n_ctx, (void)alphabet, (void)es64, (void)syms;
+	(void)ref, (void)lanes, (void)n, (void)x, (void)pp; /* never called: ulp_use_avx2() is 0 */
 }
 #endif
 

@@ -64,7 +64,7 @@ int ulp_chunk_encode(const ulp_fmt *f, const ulp_table *t, const ulp_rans_esym *
 
 /* The table's encoder entries packed for the SIMD encoder, one u64 each:
  * rcp | (freq | bias << 13 | rshift << 26) << 32 (malloc'd; NULL when no
- * SIMD encoder would use it or on no memory: the scalar encoder runs). */
+ * SIMD encoder (AVX2, AVX-512 or NEON) would use it or on no memory: the scalar encoder runs). */
 uint64_t *ulp_esyms_pack(const ulp_table *t, const ulp_rans_esym *es);
 
 /*
@@ -92,6 +92,11 @@ size_t ulp_anchor_rebuild_avx2(unsigned w, unsigned ash, unsigned ab, const uint
 void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, unsigned mshift,
                        unsigned emask, unsigned alphabet, uint8_t *syms, uint16_t *cidx,
                        uint64_t *vals, uint8_t *lens);
+/* AVX2 encoder of elements [0, n) (n a multiple of 8) with 8, 16 or 32 lanes,
+ * from states x and front *pp (rans_avx2.c); es64 from ulp_esyms_pack. */
+void ulp_rans_enc_avx2(const ulp_fmt *f, unsigned pb, const uint16_t *ctx_row, unsigned n_ctx,
+                       unsigned alphabet, const uint64_t *es64, const uint8_t *syms,
+                       const void *ref, unsigned lanes, size_t n, uint32_t *x, uint16_t **pp);
 /* 1 if the AVX2 kernels are built, supported and allowed by ulp_set_cpu_mask. */
 int ulp_use_avx2(void);
 
@@ -119,8 +124,9 @@ void ulp_rans_enc_avx512(const ulp_fmt *f, unsigned pb, const uint8_t *rowb, uns
 
 /*
  * NEON kernels (rans_neon.c, aarch64), same contracts as their AVX2 twins:
- * the symbol pass for 4 to 32 lanes (n a multiple of 32) and the 16- and
- * 32-bit DELTA reconstruction.
+ * the symbol pass for 4 to 32 lanes (n a multiple of 32), the 16- and
+ * 32-bit DELTA reconstruction, the 16- and 32-bit ANCHOR reconstruction, and
+ * the encoder.
  */
 size_t ulp_rans_syms_neon(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, uint32_t *x,
                           const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms);
@@ -128,6 +134,13 @@ size_t ulp_rebuild16_neon(const uint8_t *syms, const uint16_t *ref, size_t n, co
                           size_t raw_len, uint64_t *pos, uint16_t *out);
 size_t ulp_rebuild32_neon(const uint8_t *syms, const uint32_t *ref, size_t n, const uint8_t *raw,
                           size_t raw_len, uint64_t *pos, uint32_t *out);
+/* NEON encoder, the contract of ulp_rans_enc_avx2 with 4 to 32 lanes. */
+void ulp_rans_enc_neon(const ulp_fmt *f, unsigned pb, const uint16_t *ctx_row, unsigned n_ctx,
+                       unsigned alphabet, const uint64_t *es64, const uint8_t *syms,
+                       const void *ref, unsigned lanes, size_t n, uint32_t *x, uint16_t **pp);
+size_t ulp_anchor_rebuild_neon(unsigned w, unsigned ash, unsigned ab, const uint8_t *syms,
+                               size_t n, const uint8_t *raw, size_t raw_len, uint64_t *pos,
+                               void *out);
 int ulp_use_neon(void);
 
 /* Decodes one chunk into dst (n elements); every stream is bounds-checked. */

@@ -68,6 +68,7 @@
 struct ulp_tstate {
 	ulp_archive *a;
 	sqlite3 *db;
+	int open_err;    /* the ULP_E_* of the last failed open of db, or 0 */
 	char err[1024];
 	struct {
 		const char *sql; /* static strings: compared by address */
@@ -168,8 +169,8 @@ static int open_conn(const char *dir, int read_only, sqlite3 **out, ulp_err *err
 	int flags = (read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) | SQLITE_OPEN_NOMUTEX;
 	int rc = sqlite3_open_v2(path, &db, flags, NULL);
 	if (rc != SQLITE_OK) {
-		int code = access(path, F_OK) != 0 ? -ULP_E_NOENT : -ULP_E_IO;
-		ULP_ERR(err, code, "%s: %s", path, db ? sqlite3_errmsg(db) : "cannot open");
+		int code = access(path, F_OK) != 0 ? -ULP_E_NOENT : rc == SQLITE_NOMEM ? -ULP_E_NOMEM : -ULP_E_IO;
+		ULP_ERR(err, code, "%s: %s", path, db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
 		sqlite3_close(db);
 		return code;
 	}
@@ -189,7 +190,8 @@ sqlite3 *ulp_db(ulp_archive *a)
 		return NULL;
 	if (!t->db) {
 		ulp_err e = {t->err, sizeof(t->err)};
-		if (open_conn(a->dir, a->read_only, &t->db, &e) < 0)
+		t->open_err = open_conn(a->dir, a->read_only, &t->db, &e);
+		if (t->open_err < 0)
 			return NULL;
 	}
 	return t->db;
@@ -240,26 +242,37 @@ void ulp_tstate_free_all(ulp_archive *a)
 	a->tstates = NULL;
 }
 
+/*
+ * The one place SQLite's result codes become ULP_E_*: the error of the last
+ * call on the calling thread's connection, with what failed and SQLite's
+ * message in the archive's errmsg (out of memory: NOMEM; disk full: NOSPC;
+ * busy: BUSY; a damaged index: CORRUPT; read-only: INVAL; else IO). Without
+ * a connection, why it could not be opened: NOMEM where even the thread's
+ * state could not be allocated (no message: no room for one), else the code
+ * open_conn gave, its message kept.
+ */
 int ulp_db_err(ulp_archive *a, const char *what)
 {
-	sqlite3 *db = ulp_db(a);
-	if (!db && !pthread_getspecific(a->tls)) /* no thread state: no memory for it (nor for a message) */
+	ulp_tstate *t = pthread_getspecific(a->tls);
+	if (!t)
 		return -ULP_E_NOMEM;
-	int rc = db ? sqlite3_errcode(db) : SQLITE_CANTOPEN;
+	if (!t->db)
+		return t->open_err < 0 ? t->open_err
+		                       : ulp_arch_err(a, -ULP_E_IO, "%s/ulpack.db: %s: no connection", a->dir, what);
+	int rc = sqlite3_errcode(t->db);
 	int code = rc == SQLITE_FULL ? -ULP_E_NOSPC
 	         : rc == SQLITE_BUSY || rc == SQLITE_LOCKED ? -ULP_E_BUSY
 	         : rc == SQLITE_CORRUPT || rc == SQLITE_NOTADB ? -ULP_E_CORRUPT
 	         : rc == SQLITE_READONLY ? -ULP_E_INVAL
 	         : rc == SQLITE_NOMEM ? -ULP_E_NOMEM : -ULP_E_IO;
-	return ulp_arch_err(a, code, "%s/ulpack.db: %s: %s", a->dir, what,
-	                    db ? sqlite3_errmsg(db) : "cannot open");
+	return ulp_arch_err(a, code, "%s/ulpack.db: %s: %s", a->dir, what, sqlite3_errmsg(t->db));
 }
 
 int ulp_db_exec(ulp_archive *a, const char *sql)
 {
 	sqlite3 *db = ulp_db(a);
-	if (!db) /* no thread state: no memory for it (else open_conn said why) */
-		return pthread_getspecific(a->tls) ? -ULP_E_IO : -ULP_E_NOMEM;
+	if (!db)
+		return ulp_db_err(a, sql);
 	if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK)
 		return ulp_db_err(a, sql);
 	return 0;
@@ -282,28 +295,29 @@ void ulp_db_rollback(ulp_archive *a)
 		sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
 }
 
-sqlite3_stmt *ulp_db_stmt(ulp_archive *a, const char *sql)
+int ulp_db_stmt(ulp_archive *a, const char *sql, sqlite3_stmt **out)
 {
+	*out = NULL;
 	sqlite3 *db = ulp_db(a);
 	if (!db)
-		return NULL;
+		return ulp_db_err(a, "open");
 	ulp_tstate *t = pthread_getspecific(a->tls);
 	for (int i = 0; i < t->n_stmts; i++)
 		if (t->stmts[i].sql == sql) {
 			sqlite3_reset(t->stmts[i].st);
 			sqlite3_clear_bindings(t->stmts[i].st);
-			return t->stmts[i].st;
+			*out = t->stmts[i].st;
+			return 0;
 		}
 	sqlite3_stmt *st;
-	if (sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, NULL) != SQLITE_OK) {
-		ulp_db_err(a, "prepare");
-		return NULL;
-	}
+	if (sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "prepare");
 	if (t->n_stmts < N_STMTS) {
 		t->stmts[t->n_stmts].sql = sql;
 		t->stmts[t->n_stmts++].st = st;
 	}
-	return st;
+	*out = st;
+	return 0;
 }
 
 int ulp_db_create(const char *path, ulp_err *err)
@@ -448,7 +462,8 @@ int ulp_db_check(ulp_archive *a, ulp_err *err)
 	if (code == 0 && a->max_chain == 0) {
 		a->max_chain = ULP_DEFAULT_MAX_CHAIN;
 		if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'max_chain'", -1, &st, NULL) == SQLITE_OK) {
-			if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_int(st, 0) > 0)
+			if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_int(st, 0) > 0 &&
+			    sqlite3_column_int(st, 0) <= ULP_MAX_CHAIN) /* a damaged value lifts no limit */
 				a->max_chain = (unsigned)sqlite3_column_int(st, 0);
 			sqlite3_finalize(st);
 		}
@@ -459,9 +474,8 @@ int ulp_db_check(ulp_archive *a, ulp_err *err)
 int ulp_index_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_blobrow *out)
 {
 	static const char sql[] = "SELECT id, pack, offset, stored_size, raw_size, depth, codec FROM blobs WHERE content = ?";
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_blob(st, 1, sha, ULP_SHA256_LEN, SQLITE_STATIC);
 	int rc = sqlite3_step(st);
 	if (rc == SQLITE_ROW) {
@@ -487,9 +501,8 @@ int ulp_index_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_blobro
 int ulp_index_pack_name(ulp_archive *a, int64_t id, char *name, size_t cap)
 {
 	static const char sql[] = "SELECT name FROM packs WHERE id = ?";
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_int64(st, 1, id);
 	int rc = sqlite3_step(st);
 	if (rc != SQLITE_ROW) {
@@ -546,14 +559,9 @@ int ulp_archive_stat(ulp_archive *a, const char *path, ulp_stat *out)
 	static const char sql[] = "SELECT " ENTRY_COLS " FROM entries WHERE path = ?";
 	static const char sql_v2[] = "SELECT " ENTRY_COLS_V2 " FROM entries WHERE path = ?";
 	char p[4096];
-	int prc = ulp_path_clean(path, p, sizeof(p));
-	if (prc < 0)
-		return ulp_arch_err(a, prc, "%s: %s", path,
-		                    prc == -ULP_E_NAMETOOLONG ? "name or path too long for an archive"
-		                                              : "not a valid path inside an archive (a '..' component)");
-	sqlite3_stmt *st = ulp_db_stmt(a, a->schema >= 4 ? sql : sql_v2);
-	if (!st)
-		return -ULP_E_IO;
+	ULP_TRY(ulp_arch_path(a, path, p, sizeof(p)));
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, a->schema >= 4 ? sql : sql_v2, &st));
 	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
 	int rc = sqlite3_step(st);
 	if (rc == SQLITE_ROW) {
@@ -575,9 +583,8 @@ int ulp_index_file(ulp_archive *a, const char *path, ulp_stat *out, uint8_t **he
 	static const char sql_v1[] = "SELECT " ENTRY_COLS_V2 ", id, header, NULL FROM entries WHERE path = ?";
 	static const char sql_ext[] = "SELECT e.offset, e.length, b.content FROM extents e"
 	                              " JOIN blobs b ON b.id = e.blob WHERE e.file = ? ORDER BY e.offset";
-	sqlite3_stmt *st = ulp_db_stmt(a, a->schema >= 4 ? sql : a->schema >= 2 ? sql_v2 : sql_v1);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, a->schema >= 4 ? sql : a->schema >= 2 ? sql_v2 : sql_v1, &st));
 	sqlite3_bind_text(st, 1, path, -1, SQLITE_STATIC);
 	int rc = sqlite3_step(st);
 	if (rc != SQLITE_ROW) {
@@ -610,10 +617,9 @@ int ulp_index_file(ulp_archive *a, const char *path, ulp_stat *out, uint8_t **he
 		}
 	}
 	sqlite3_reset(st);
-	st = ulp_db_stmt(a, sql_ext);
-	if (!st) {
+	if ((rc = ulp_db_stmt(a, sql_ext, &st)) < 0) {
 		free(h);
-		return -ULP_E_IO;
+		return rc;
 	}
 	sqlite3_bind_int64(st, 1, id);
 	ulp_extent *x = NULL;
@@ -656,7 +662,7 @@ int ulp_archive_readdir(ulp_archive *a, const char *path,
 	                             " ORDER BY name";
 	char p[4096];
 	ulp_stat s;
-	ULP_TRY(ulp_path_clean(path, p, sizeof(p)));
+	ULP_TRY(ulp_arch_path(a, path, p, sizeof(p)));
 	ULP_TRY(ulp_archive_stat(a, p, &s));
 	if (!s.is_dir)
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: not a directory", p);
@@ -683,10 +689,9 @@ int ulp_archive_readlink(ulp_archive *a, const char *path, char *buf, size_t cap
 {
 	static const char sql[] = "SELECT target FROM entries WHERE path = ? AND type = 2";
 	char p[4096];
-	ULP_TRY(ulp_path_clean(path, p, sizeof(p)));
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (!st)
-		return -ULP_E_IO;
+	ULP_TRY(ulp_arch_path(a, path, p, sizeof(p)));
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
 	int rc = sqlite3_step(st);
 	if (rc != SQLITE_ROW) {
@@ -723,6 +728,17 @@ int ulp_path_clean(const char *in, char *out, size_t cap)
 		o += len;
 	}
 	out[o] = 0;
+	return 0;
+}
+
+int ulp_arch_path(ulp_archive *a, const char *path, char *out, size_t cap)
+{
+	int rc = ulp_path_clean(path, out, cap);
+	if (rc == -ULP_E_NAMETOOLONG)
+		return ulp_arch_err(a, rc, "%.200s...: a name over %d bytes or a path over %d bytes", path, ULP_NAME_MAX,
+		                    ULP_PATH_MAX);
+	if (rc < 0)
+		return ulp_arch_err(a, rc, "%s: not a valid path inside an archive (a '..' component)", path);
 	return 0;
 }
 
@@ -856,9 +872,8 @@ int ulp_index_mkdirs(ulp_archive *a, const char *path, ulp_time mtime)
 	snprintf(buf, sizeof(buf), "%s", path);
 	for (char *s = buf; (s = strchr(s, '/')); s++) {
 		*s = 0;
-		sqlite3_stmt *st = ulp_db_stmt(a, sql_type);
-		if (!st)
-			return -ULP_E_IO;
+		sqlite3_stmt *st;
+		ULP_TRY(ulp_db_stmt(a, sql_type, &st));
 		sqlite3_bind_text(st, 1, buf, -1, SQLITE_STATIC);
 		int rc = sqlite3_step(st);
 		int type = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
@@ -869,10 +884,11 @@ int ulp_index_mkdirs(ulp_archive *a, const char *path, ulp_time mtime)
 			return ulp_arch_err(a, -ULP_E_NOTDIR, "%s: a component of the path is not a directory", buf);
 		if (type < 0) {
 			char *parent = ulp_path_parent(buf);
-			st = ulp_db_stmt(a, sql);
-			if (!st || !parent) {
+			if (!parent)
+				return ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", buf);
+			if ((rc = ulp_db_stmt(a, sql, &st)) < 0) {
 				free(parent);
-				return st ? ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", buf) : -ULP_E_IO;
+				return rc;
 			}
 			sqlite3_bind_text(st, 1, buf, -1, SQLITE_STATIC);
 			sqlite3_bind_text(st, 2, parent, -1, SQLITE_STATIC);
@@ -896,9 +912,8 @@ int ulp_index_nearest(ulp_archive *a, const char *series, int64_t step, const ch
 	                          " AND path <> ? ORDER BY abs(step - ?), step LIMIT 1";
 	*id = -1;
 	ref_path[0] = 0;
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_text(st, 1, series, -1, SQLITE_STATIC);
 	sqlite3_bind_text(st, 2, path, -1, SQLITE_STATIC);
 	sqlite3_bind_int64(st, 3, step);
@@ -916,9 +931,8 @@ int ulp_index_tensor(ulp_archive *a, int64_t file, const char *name, int dtype, 
 {
 	static const char sql[] = "SELECT b.content FROM extents e JOIN blobs b ON b.id = e.blob"
 	                          " WHERE e.file = ? AND e.name = ? AND e.dtype = ? AND e.length = ?";
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_int64(st, 1, file);
 	sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
 	sqlite3_bind_int(st, 3, dtype);
@@ -958,8 +972,7 @@ int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_na
 	sqlite3_stmt *st;
 	int rc;
 	ULP_TRY(ulp_index_mkdirs(a, f->path, f->meta.mtime));
-	if (!(st = ulp_db_stmt(a, sql_old)))
-		return -ULP_E_IO;
+	ULP_TRY(ulp_db_stmt(a, sql_old, &st));
 	sqlite3_bind_text(st, 1, f->path, -1, SQLITE_STATIC);
 	rc = sqlite3_step(st);
 	int old = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
@@ -970,16 +983,14 @@ int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_na
 		return ulp_arch_err(a, -ULP_E_EXIST, "%s: is a directory", f->path);
 	int64_t pack = 0;
 	if (pack_name) {
-		if (!(st = ulp_db_stmt(a, sql_pack)))
-			return -ULP_E_IO;
+		ULP_TRY(ulp_db_stmt(a, sql_pack, &st));
 		sqlite3_bind_text(st, 1, pack_name, -1, SQLITE_STATIC);
 		sqlite3_bind_int64(st, 2, (sqlite3_int64)pack_size);
 		ULP_TRY(step_rc(a, st, "insert pack"));
 		pack = sqlite3_last_insert_rowid(ulp_db(a));
 	}
 	for (size_t i = 0; i < nb; i++) {
-		if (!(st = ulp_db_stmt(a, sql_blob)))
-			return -ULP_E_IO;
+		ULP_TRY(ulp_db_stmt(a, sql_blob, &st));
 		sqlite3_bind_blob(st, 1, b[i].content, ULP_SHA256_LEN, SQLITE_STATIC);
 		sqlite3_bind_int(st, 2, b[i].codec);
 		if (b[i].has_ref)
@@ -992,18 +1003,19 @@ int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_na
 		ULP_TRY(step_rc(a, st, "insert blob"));
 	}
 	if (old >= 0) {
-		if (!(st = ulp_db_stmt(a, sql_del)))
-			return -ULP_E_IO;
+		ULP_TRY(ulp_db_stmt(a, sql_del, &st));
 		sqlite3_bind_text(st, 1, f->path, -1, SQLITE_STATIC);
 		ULP_TRY(step_rc(a, st, "replace file"));
 	}
 	char *parent = ulp_path_parent(f->path), *series = NULL;
 	int64_t step = ulp_parse_step(f->path, &series);
 	const char *slash = strchr(f->path, '/');
-	if (!(st = ulp_db_stmt(a, sql_ent)) || !parent || (step >= 0 && !series)) {
+	rc = !parent || (step >= 0 && !series) ? ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", f->path)
+	                                       : ulp_db_stmt(a, sql_ent, &st);
+	if (rc < 0) {
 		free(parent);
 		free(series);
-		return st ? ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", f->path) : -ULP_E_IO;
+		return rc;
 	}
 	sqlite3_bind_text(st, 1, f->path, -1, SQLITE_STATIC);
 	sqlite3_bind_text(st, 2, parent, -1, SQLITE_STATIC);
@@ -1040,8 +1052,7 @@ int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_na
 		return rc;
 	int64_t id = sqlite3_last_insert_rowid(ulp_db(a));
 	for (size_t i = 0; i < nx; i++) {
-		if (!(st = ulp_db_stmt(a, sql_ext)))
-			return -ULP_E_IO;
+		ULP_TRY(ulp_db_stmt(a, sql_ext, &st));
 		sqlite3_bind_int64(st, 1, id);
 		sqlite3_bind_int64(st, 2, (sqlite3_int64)x[i].offset);
 		sqlite3_bind_int64(st, 3, (sqlite3_int64)x[i].length);
@@ -1104,8 +1115,12 @@ int ulp_archive_mkdir(ulp_archive *a, const char *path, const ulp_meta *m)
 	ulp_time now = ulp_time_make(time(NULL), 0);
 	int rc = ulp_index_mkdirs(a, p, now);
 	char *parent = ulp_path_parent(p);
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (rc == 0 && st && parent) {
+	sqlite3_stmt *st = NULL;
+	if (rc == 0 && !parent)
+		rc = ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", p);
+	if (rc == 0)
+		rc = ulp_db_stmt(a, sql, &st);
+	if (rc == 0) {
 		sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
 		sqlite3_bind_text(st, 2, parent, -1, SQLITE_STATIC);
 		sqlite3_bind_text(st, 3, ulp_path_name(p), -1, SQLITE_STATIC);
@@ -1114,8 +1129,6 @@ int ulp_archive_mkdir(ulp_archive *a, const char *path, const ulp_meta *m)
 		sqlite3_bind_int64(st, 6, m ? m->gid : 0);
 		bind_time(st, 7, 8, m ? m->mtime : now);
 		rc = step_rc(a, st, "mkdir");
-	} else if (rc == 0) {
-		rc = -ULP_E_NOMEM;
 	}
 	free(parent);
 	return in_tx(a, rc);
@@ -1131,9 +1144,8 @@ static int remove_in_tx(ulp_archive *a, const char *p)
 	ulp_stat s;
 	ULP_TRY(ulp_archive_stat(a, p, &s));
 	if (s.is_dir) {
-		sqlite3_stmt *st = ulp_db_stmt(a, sql_kids);
-		if (!st)
-			return -ULP_E_IO;
+		sqlite3_stmt *st;
+		ULP_TRY(ulp_db_stmt(a, sql_kids, &st));
 		sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
 		int r = sqlite3_step(st);
 		sqlite3_reset(st);
@@ -1142,9 +1154,8 @@ static int remove_in_tx(ulp_archive *a, const char *p)
 		if (r != SQLITE_DONE)
 			return ulp_db_err(a, "remove");
 	}
-	sqlite3_stmt *st = ulp_db_stmt(a, sql_del);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql_del, &st));
 	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
 	return step_rc(a, st, "remove");
 }
@@ -1192,10 +1203,8 @@ int ulp_archive_rename(ulp_archive *a, const char *from, const char *to)
 		else if (stt.is_dir) /* only an empty one may be replaced (POSIX) */
 			rc = remove_in_tx(a, t);
 		else {
-			sqlite3_stmt *st = ulp_db_stmt(a, sql_del);
-			if (!st)
-				rc = -ULP_E_IO;
-			else {
+			sqlite3_stmt *st;
+			if ((rc = ulp_db_stmt(a, sql_del, &st)) == 0) {
 				sqlite3_bind_text(st, 1, t, -1, SQLITE_STATIC);
 				rc = step_rc(a, st, "rename over");
 			}
@@ -1220,10 +1229,10 @@ int ulp_archive_rename(ulp_archive *a, const char *from, const char *to)
 			char *parent = ulp_path_parent(np), *series = NULL;
 			int64_t step = ulp_parse_step(np, &series);
 			const char *slash = strchr(np, '/');
-			sqlite3_stmt *up = ulp_db_stmt(a, sql_upd);
-			if (!up || !parent || (step >= 0 && !series)) {
-				rc = up ? ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", np) : -ULP_E_IO;
-			} else {
+			sqlite3_stmt *up;
+			if (!parent || (step >= 0 && !series))
+				rc = ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", np);
+			else if ((rc = ulp_db_stmt(a, sql_upd, &up)) == 0) {
 				sqlite3_bind_text(up, 1, np, -1, SQLITE_STATIC);
 				sqlite3_bind_text(up, 2, parent, -1, SQLITE_STATIC);
 				sqlite3_bind_text(up, 3, ulp_path_name(np), -1, SQLITE_STATIC);
@@ -1258,9 +1267,8 @@ int ulp_archive_setattr(ulp_archive *a, const char *path, unsigned which, const 
 	if (a->read_only || ulp_path_clean(path, p, sizeof(p)) < 0)
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: cannot change attributes", path);
 	ULP_TRY(ulp_archive_stat(a, p, &s));
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_int(st, 1, (which & ULP_SET_MODE) != 0);
 	sqlite3_bind_int(st, 2, (int)(m->mode & 07777));
 	sqlite3_bind_int(st, 3, (which & ULP_SET_OWNER) != 0);
@@ -1282,7 +1290,7 @@ int ulp_index_files(ulp_archive *a, const char *prefix,
 	                        " ORDER BY step IS NOT NULL, step, path"
 	static const char sql[] = FILES_SQL(ENTRY_COLS), sql_v2[] = FILES_SQL(ENTRY_COLS_V2);
 	char p[4096];
-	ULP_TRY(ulp_path_clean(prefix, p, sizeof(p)));
+	ULP_TRY(ulp_arch_path(a, prefix, p, sizeof(p)));
 	sqlite3 *db = ulp_db(a);
 	sqlite3_stmt *st;
 	if (!db || sqlite3_prepare_v2(db, a->schema >= 4 ? sql : sql_v2, -1, &st, NULL) != SQLITE_OK)
@@ -1315,7 +1323,7 @@ int ulp_index_orphans(ulp_archive *a, const char *prefix,
 		" OR NOT EXISTS (SELECT 1 FROM entries d WHERE d.path = e.parent AND d.type = 1))"
 		" ORDER BY e.path";
 	char p[4096];
-	ULP_TRY(ulp_path_clean(prefix, p, sizeof(p)));
+	ULP_TRY(ulp_arch_path(a, prefix, p, sizeof(p)));
 	sqlite3 *db = ulp_db(a);
 	sqlite3_stmt *st;
 	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
@@ -1373,7 +1381,7 @@ int ulp_archive_report(ulp_archive *a, const char *prefix,
 		" (SELECT coalesce(sum(size), 0) FROM packs), (SELECT coalesce(max(depth), 0) FROM blobs)";
 	memset(out, 0, sizeof(*out));
 	char p[4096];
-	ULP_TRY(ulp_path_clean(prefix, p, sizeof(p)));
+	ULP_TRY(ulp_arch_path(a, prefix, p, sizeof(p)));
 	struct tally_ctx c = {per_file, arg, out};
 	ULP_TRY(ulp_index_files(a, p, tally, &c));
 	sqlite3 *db = ulp_db(a);
@@ -1462,9 +1470,8 @@ int ulp_index_pack_blobs(ulp_archive *a, int64_t pack,
 int ulp_index_pack_add(ulp_archive *a, const char *name, uint64_t size, int64_t *id)
 {
 	static const char sql[] = "INSERT INTO packs(name, size) VALUES(?, ?)";
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
 	sqlite3_bind_int64(st, 2, (sqlite3_int64)size);
 	ULP_TRY(step_rc(a, st, "insert pack"));
@@ -1475,9 +1482,8 @@ int ulp_index_pack_add(ulp_archive *a, const char *name, uint64_t size, int64_t 
 int ulp_index_blob_move(ulp_archive *a, const uint8_t *content, int64_t pack, uint64_t offset)
 {
 	static const char sql[] = "UPDATE blobs SET pack = ?, offset = ? WHERE content = ?";
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_int64(st, 1, pack);
 	sqlite3_bind_int64(st, 2, (sqlite3_int64)offset);
 	sqlite3_bind_blob(st, 3, content, ULP_SHA256_LEN, SQLITE_STATIC);
@@ -1487,9 +1493,8 @@ int ulp_index_blob_move(ulp_archive *a, const uint8_t *content, int64_t pack, ui
 int ulp_index_pack_drop(ulp_archive *a, int64_t pack)
 {
 	static const char sql[] = "DELETE FROM packs WHERE id = ? AND NOT EXISTS (SELECT 1 FROM blobs WHERE pack = ?)";
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_int64(st, 1, pack);
 	sqlite3_bind_int64(st, 2, pack);
 	return step_rc(a, st, "drop pack");
@@ -1498,9 +1503,8 @@ int ulp_index_pack_drop(ulp_archive *a, int64_t pack)
 int ulp_index_has_pack(ulp_archive *a, const char *name)
 {
 	static const char sql[] = "SELECT 1 FROM packs WHERE name = ?";
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
 	int r = sqlite3_step(st);
 	sqlite3_reset(st);
@@ -1517,9 +1521,8 @@ int ulp_index_file_blobs(ulp_archive *a, const char *path,
 		"WITH RECURSIVE c(id) AS (SELECT x.blob FROM extents x JOIN entries e ON e.id = x.file"
 		" WHERE e.path = ? UNION SELECT r.id FROM blobs b JOIN c ON b.id = c.id JOIN blobs r ON r.content = b.ref)"
 		" SELECT b.content, b.pack, b.offset, b.stored_size FROM blobs b JOIN c ON b.id = c.id";
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_text(st, 1, path, -1, SQLITE_STATIC);
 	int rc, r = 0;
 	while (r == 0 && (rc = sqlite3_step(st)) == SQLITE_ROW) {
@@ -1540,9 +1543,8 @@ int ulp_index_blob_ref(ulp_archive *a, const uint8_t content[ULP_SHA256_LEN], ul
 {
 	static const char sql[] = "SELECT ref, depth, codec, pack, offset, stored_size, raw_size FROM blobs"
 	                          " WHERE content = ?";
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_blob(st, 1, content, ULP_SHA256_LEN, SQLITE_STATIC);
 	int rc = sqlite3_step(st);
 	if (rc != SQLITE_ROW) {
@@ -1573,9 +1575,8 @@ int ulp_index_height(ulp_archive *a, const uint8_t content[ULP_SHA256_LEN], int 
 		"WITH RECURSIVE d(c, h) AS (SELECT ?1, 0 UNION SELECT b.content, d.h + 1 FROM blobs b JOIN d ON b.ref = d.c"
 		" WHERE d.h < 4096 AND (?2 = 0 OR EXISTS (SELECT 1 FROM extents x WHERE x.blob = b.id)))"
 		" SELECT max(h) FROM d";
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_blob(st, 1, content, ULP_SHA256_LEN, SQLITE_STATIC);
 	sqlite3_bind_int(st, 2, live_only);
 	int rc = sqlite3_step(st);
@@ -1589,9 +1590,8 @@ int ulp_index_blob_used(ulp_archive *a, const uint8_t content[ULP_SHA256_LEN])
 {
 	static const char sql[] = "SELECT EXISTS (SELECT 1 FROM extents x JOIN blobs b ON b.id = x.blob"
 	                          " WHERE b.content = ?)";
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_blob(st, 1, content, ULP_SHA256_LEN, SQLITE_STATIC);
 	int rc = sqlite3_step(st), used = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : 0;
 	sqlite3_reset(st);
@@ -1664,14 +1664,13 @@ int ulp_index_candidates(ulp_archive *a, const ulp_rbtensor *t, uint8_t (*out)[U
 {
 	static const char sql[] =
 		"SELECT b.content FROM entries e JOIN extents x ON x.file = e.id JOIN blobs b ON b.id = x.blob"
-		" WHERE e.series = ?1 AND e.type = 0 AND e.kind = 1 AND e.id <> ?2 AND x.name = ?3 AND x.dtype = ?4"
+		" WHERE e.series = ?1 AND e.type = 0 AND e.kind <> 0 AND e.id <> ?2 AND x.name = ?3 AND x.dtype = ?4"
 		" AND x.length = ?5 AND b.content <> ?6 ORDER BY abs(e.step - ?7), e.step, e.path LIMIT ?8";
 	*n = 0;
 	if (!t->series)
 		return 0;
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_text(st, 1, t->series, -1, SQLITE_STATIC);
 	sqlite3_bind_int64(st, 2, t->file);
 	sqlite3_bind_text(st, 3, t->name, -1, SQLITE_STATIC);
@@ -1691,15 +1690,14 @@ int ulp_index_candidates(ulp_archive *a, const ulp_rbtensor *t, uint8_t (*out)[U
 int ulp_index_neighbours(ulp_archive *a, int64_t file, int64_t out[2])
 {
 	static const char sql[] =
-		"SELECT (SELECT n.id FROM entries n WHERE n.series = e.series AND n.type = 0 AND n.kind = 1"
+		"SELECT (SELECT n.id FROM entries n WHERE n.series = e.series AND n.type = 0 AND n.kind <> 0"
 		"  AND n.id <> e.id AND n.step <= e.step ORDER BY n.step DESC, n.path LIMIT 1),"
-		" (SELECT n.id FROM entries n WHERE n.series = e.series AND n.type = 0 AND n.kind = 1"
+		" (SELECT n.id FROM entries n WHERE n.series = e.series AND n.type = 0 AND n.kind <> 0"
 		"  AND n.id <> e.id AND n.step >= e.step ORDER BY n.step, n.path LIMIT 1)"
 		" FROM entries e WHERE e.id = ? AND e.series IS NOT NULL";
 	out[0] = out[1] = -1;
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_int64(st, 1, file);
 	int rc = sqlite3_step(st);
 	if (rc == SQLITE_ROW)
@@ -1716,9 +1714,8 @@ int ulp_index_pending(ulp_archive *a, int64_t *ids, int64_t *gens, size_t max, s
 	*n = 0;
 	if (a->schema < 3)
 		return 0;
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_int64(st, 1, (sqlite3_int64)max);
 	int rc;
 	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
@@ -1734,9 +1731,8 @@ int ulp_index_pending_done(ulp_archive *a, const int64_t *ids, const int64_t *ge
 	/* only the change that was handled: one queued meanwhile stays */
 	static const char sql[] = "DELETE FROM rebase_queue WHERE file = ? AND why = ?";
 	for (size_t i = 0; i < n; i++) {
-		sqlite3_stmt *st = ulp_db_stmt(a, sql);
-		if (!st)
-			return -ULP_E_IO;
+		sqlite3_stmt *st;
+		ULP_TRY(ulp_db_stmt(a, sql, &st));
 		sqlite3_bind_int64(st, 1, ids[i]);
 		sqlite3_bind_int64(st, 2, gens[i]);
 		ULP_TRY(step_rc(a, st, "re-basing queue"));
@@ -1799,9 +1795,8 @@ int ulp_index_rebase_apply(ulp_archive *a, const char *pack_name, uint64_t pack_
 				continue;
 			ULP_TRY(rc);
 		}
-		sqlite3_stmt *st = ulp_db_stmt(a, sql_upd);
-		if (!st)
-			return -ULP_E_IO;
+		sqlite3_stmt *st;
+		ULP_TRY(ulp_db_stmt(a, sql_upd, &st));
 		sqlite3_bind_int(st, 1, x->codec);
 		if (x->has_ref)
 			sqlite3_bind_blob(st, 2, x->ref, ULP_SHA256_LEN, SQLITE_STATIC);
@@ -1811,12 +1806,10 @@ int ulp_index_rebase_apply(ulp_archive *a, const char *pack_name, uint64_t pack_
 		sqlite3_bind_int64(st, 6, (sqlite3_int64)x->offset);
 		sqlite3_bind_blob(st, 7, x->content, ULP_SHA256_LEN, SQLITE_STATIC);
 		ULP_TRY(step_rc(a, st, "re-base blob"));
-		if (!(st = ulp_db_stmt(a, sql_mark)))
-			return -ULP_E_IO;
+		ULP_TRY(ulp_db_stmt(a, sql_mark, &st));
 		sqlite3_bind_blob(st, 1, x->content, ULP_SHA256_LEN, SQLITE_STATIC);
 		ULP_TRY(step_rc(a, st, "re-base blob"));
-		if (!(st = ulp_db_stmt(a, sql_stored)))
-			return -ULP_E_IO;
+		ULP_TRY(ulp_db_stmt(a, sql_stored, &st));
 		sqlite3_bind_int64(st, 1, (sqlite3_int64)x->stored - (sqlite3_int64)x->old.stored);
 		sqlite3_bind_blob(st, 2, x->content, ULP_SHA256_LEN, SQLITE_STATIC);
 		ULP_TRY(step_rc(a, st, "re-base blob"));
@@ -1864,9 +1857,8 @@ int ulp_index_rebase_apply(ulp_archive *a, const char *pack_name, uint64_t pack_
 int ulp_index_file_id(ulp_archive *a, const char *path, int64_t *id)
 {
 	static const char sql[] = "SELECT id FROM entries WHERE path = ?";
-	sqlite3_stmt *st = ulp_db_stmt(a, sql);
-	if (!st)
-		return -ULP_E_IO;
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_text(st, 1, path, -1, SQLITE_STATIC);
 	int rc = sqlite3_step(st);
 	if (rc == SQLITE_ROW)
@@ -1910,9 +1902,8 @@ int ulp_index_forget_steps(ulp_archive *a, const char *run, const int64_t *steps
 		char **paths = NULL;
 		size_t np = 0, cap = 0;
 		int rc = 0, r;
-		sqlite3_stmt *st = ulp_db_stmt(a, sql_sel);
-		if (!st)
-			return -ULP_E_IO;
+		sqlite3_stmt *st;
+		ULP_TRY(ulp_db_stmt(a, sql_sel, &st));
 		sqlite3_bind_text(st, 1, run, -1, SQLITE_STATIC);
 		sqlite3_bind_int64(st, 2, steps[i]);
 		while (rc == 0 && (r = sqlite3_step(st)) == SQLITE_ROW) {
@@ -1924,20 +1915,16 @@ int ulp_index_forget_steps(ulp_archive *a, const char *run, const int64_t *steps
 			rc = ulp_db_err(a, "forget");
 		sqlite3_reset(st);
 		for (size_t k = 0; rc == 0 && k < np; k++) {
-			if (!(st = ulp_db_stmt(a, sql_del))) {
-				rc = -ULP_E_IO;
+			if ((rc = ulp_db_stmt(a, sql_del, &st)) < 0)
 				break;
-			}
 			sqlite3_bind_text(st, 1, paths[k], -1, SQLITE_STATIC);
 			rc = step_rc(a, st, "forget");
 			/* its parents, up to the run, while they are empty */
 			char *d = paths[k];
 			for (char *slash; rc == 0 && (slash = strrchr(d, '/')) && (size_t)(slash - d) > rl;) {
 				*slash = 0;
-				if (!(st = ulp_db_stmt(a, sql_rmdir))) {
-					rc = -ULP_E_IO;
+				if ((rc = ulp_db_stmt(a, sql_rmdir, &st)) < 0)
 					break;
-				}
 				sqlite3_bind_text(st, 1, d, -1, SQLITE_STATIC);
 				rc = step_rc(a, st, "forget");
 				if (rc == 0 && sqlite3_changes(ulp_db(a)) == 0)

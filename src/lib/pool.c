@@ -156,7 +156,7 @@ int ulp_pool_new(int threads, ulp_pool **out)
 		long n = sysconf(_SC_NPROCESSORS_ONLN);
 		threads = n > 0 ? (int)n : 1;
 	}
-	if (threads > 1024)
+	if (threads > ULP_MAX_THREADS)
 		return -ULP_E_INVAL;
 	ulp_pool *p = calloc(1, sizeof(*p));
 	if (!p)

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * rans_neon.c - aarch64 Advanced SIMD (NEON) kernels of the decoder: the rANS
- * symbol pass (pass A of codec.c) and the 16- and 32-bit DELTA
- * reconstruction (pass B). Compiled alone, chosen at run time
- * (ULP_CPU_NEON); each decodes exactly what the scalar reference decodes.
+ * rans_neon.c - aarch64 Advanced SIMD (NEON) kernels: the decoder's rANS
+ * symbol pass (pass A of codec.c), its 16- and 32-bit DELTA and ANCHOR
+ * reconstruction (pass B), and the rANS encoder. Compiled alone, chosen at
+ * run time (ULP_CPU_NEON); each decodes exactly what the scalar reference
+ * decodes and encodes exactly the scalar reference's bytes.
  *
  * Symbol pass: four consecutive elements are four consecutive lanes, one
  * vector of states; their slot entries are loaded one by one (NEON has no
@@ -174,4 +175,130 @@ size_t ulp_rebuild32_neon(const uint8_t *syms, const uint32_t *ref, size_t n, co
 	}
 	*pos = p;
 	return i;
+}
+
+/*
+ * Reconstruction of ANCHOR elements of w = 16 or 32 bits, four at a time:
+ * element i's nb = w - a_bits raw bits sit at bit pos + i nb (a fixed
+ * stride), loaded one by one, and u = (v & lo) | sym << ash | (v >> ash) <<
+ * (ash + a_bits) in vector code. Four elements read at most 7 + 3 nb bits
+ * past byte p / 8, then 8 bytes; returns the elements done (a multiple of 4).
+ */
+size_t ulp_anchor_rebuild_neon(unsigned w, unsigned ash, unsigned ab, const uint8_t *syms,
+                               size_t n, const uint8_t *raw, size_t raw_len, uint64_t *pos,
+                               void *out)
+{
+	const unsigned nb = w - ab;
+	const uint32_t vm = nb >= 32 ? ~0u : (1u << nb) - 1;
+	const uint32x4_t lo = vdupq_n_u32((1u << ash) - 1), vmask = vdupq_n_u32(vm);
+	const int32x4_t up = vdupq_n_s32((int)ash), down = vdupq_n_s32(-(int)ash),
+	                hi = vdupq_n_s32((int)(ash + ab));
+	const size_t span = (7 + 3 * (size_t)nb) / 8 + 8;
+	uint64_t p = *pos;
+	size_t i = 0;
+	for (; i + 4 <= n && p / 8 + span <= raw_len; i += 4) {
+		uint32_t v[4];
+		for (unsigned k = 0; k < 4; k++) {
+			uint64_t b = p + (uint64_t)k * nb;
+			v[k] = (uint32_t)(ulp_ld64(raw + b / 8) >> (b & 7));
+		}
+		uint32_t s4;
+		memcpy(&s4, syms + i, 4);
+		uint32x4_t s = vmovl_u16(vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(s4)))));
+		uint32x4_t V = vandq_u32(vld1q_u32(v), vmask);
+		uint32x4_t u = vorrq_u32(vandq_u32(V, lo), vshlq_u32(s, up));
+		u = vorrq_u32(u, vshlq_u32(vshlq_u32(V, down), hi));
+		if (w == 16)
+			vst1_u16((uint16_t *)out + i, vmovn_u32(u));
+		else
+			vst1q_u32((uint32_t *)out + i, u);
+		p += 4 * (uint64_t)nb;
+	}
+	*pos = p;
+	return i;
+}
+
+/*
+ * NEON rANS encoder of elements [0, n) (n a multiple of lanes) with 4 to 32
+ * lanes, the contract of its AVX2 twin (rans_avx2.c): run after the scalar
+ * loop has coded elements n and up, it continues from the states x and the
+ * front *pp and produces exactly the scalar ulp_rans_enc_put() sequence.
+ * Four consecutive elements are four consecutive lanes (one vector); per
+ * block of 1024 elements a scalar pass looks up each element's packed entry
+ * (es64[row(ctx) * alphabet + symbol]: rcp, and freq | bias << 13 | rshift <<
+ * 26); per group the renormalization words go below the front in lane order,
+ * packed into the top of an 8-byte store at *pp - 4 (callers leave 16 free
+ * bytes below any front: the lane states' room), then the fold x + bias +
+ * q (2^n - freq) with q = (x rcp) >> 32 >> rshift.
+ */
+static uint8_t enc_pack4[16][8];
+
+__attribute__((constructor)) static void init_enc_pack4(void)
+{
+	for (unsigned m = 0; m < 16; m++) {
+		unsigned k = 4 - (unsigned)__builtin_popcount(m);
+		memset(enc_pack4[m], 0xff, 8);
+		for (unsigned j = 0; j < 4; j++)
+			if (m >> j & 1) {
+				enc_pack4[m][2 * k] = (uint8_t)(4 * j);
+				enc_pack4[m][2 * k + 1] = (uint8_t)(4 * j + 1);
+				k++;
+			}
+	}
+}
+
+void ulp_rans_enc_neon(const ulp_fmt *f, unsigned pb, const uint16_t *ctx_row, unsigned n_ctx,
+                       unsigned alphabet, const uint64_t *es64, const uint8_t *syms,
+                       const void *ref, unsigned lanes, size_t n, uint32_t *x, uint16_t **pp)
+{
+	enum { EB = 1024 }; /* elements a block of looked-up entries */
+	uint32_t rowa[256], erc[EB], epk[EB];
+	const unsigned nc = n_ctx < 256 ? n_ctx : 256;
+	for (unsigned c = 0; c < 256; c++)
+		rowa[c] = c < nc && ctx_row[c] != ULP_CTX_UNUSED ? ctx_row[c] * alphabet : 0;
+	const unsigned nv = lanes / 4, vm = nv - 1;
+	const unsigned sh = f->mshift, em = ((1u << f->ebits) - 1) & 255;
+	const uint32x4_t m13 = vdupq_n_u32(0x1fff), one_n = vdupq_n_u32(1u << pb);
+	const uint32x4_t bitv = {1, 2, 4, 8};
+	const int32x4_t xmsh = vdupq_n_s32((int)(31 - pb));
+	const uint16_t *r16 = f->w == 16 ? ref : NULL;
+	const uint32_t *r32 = f->w == 32 ? ref : NULL;
+	uint16_t *p = *pp;
+	uint32x4_t xv[8];
+	for (unsigned j = 0; j < nv; j++)
+		xv[j] = vld1q_u32(x + 4 * j);
+	for (size_t bend = n; bend > 0;) {
+		const size_t b0 = bend > EB ? bend - EB : 0, bn = bend - b0;
+		const uint64_t *row0 = es64 + rowa[0];
+		for (size_t j = 0; j < bn; j++) {
+			uint64_t e = r16 ? es64[rowa[(r16[b0 + j] >> sh) & em] + syms[b0 + j]]
+			           : r32 ? es64[rowa[(r32[b0 + j] >> sh) & em] + syms[b0 + j]]
+			                 : row0[syms[b0 + j]];
+			erc[j] = (uint32_t)e;
+			epk[j] = (uint32_t)(e >> 32);
+		}
+		for (size_t g = bn; g > 0; g -= 4) {
+			const size_t i = b0 + g - 4;
+			uint32x4_t rcp = vld1q_u32(erc + g - 4), pk = vld1q_u32(epk + g - 4);
+			uint32x4_t freq = vandq_u32(pk, m13);
+			uint32x4_t bias = vandq_u32(vshrq_n_u32(pk, 13), m13);
+			int32x4_t nrsh = vnegq_s32(vreinterpretq_s32_u32(vshrq_n_u32(pk, 26)));
+			uint32x4_t X = xv[(i >> 2) & vm];
+			uint32x4_t need = vcgeq_u32(X, vshlq_u32(freq, xmsh));
+			unsigned m = vaddvq_u32(vandq_u32(need, bitv));
+			uint8x8_t w = vqtbl1_u8(vreinterpretq_u8_u32(X), vld1_u8(enc_pack4[m]));
+			vst1_u8((uint8_t *)(void *)(p - 4), w);
+			p -= __builtin_popcount(m);
+			X = vbslq_u32(need, vshrq_n_u32(X, 16), X);
+			uint32x4_t q = vcombine_u32(vshrn_n_u64(vmull_u32(vget_low_u32(X), vget_low_u32(rcp)), 32),
+			                            vshrn_n_u64(vmull_high_u32(X, rcp), 32));
+			q = vshlq_u32(q, nrsh);
+			X = vmlaq_u32(vaddq_u32(X, bias), q, vsubq_u32(one_n, freq));
+			xv[(i >> 2) & vm] = X;
+		}
+		bend = b0;
+	}
+	for (unsigned j = 0; j < nv; j++)
+		vst1q_u32(x + 4 * j, xv[j]);
+	*pp = p;
 }

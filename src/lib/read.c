@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #define ULP_WALK_MAX 4096
+_Static_assert(ULP_MAX_CHAIN < ULP_WALK_MAX, "a chain the writers may make is one a read can walk");
 
 /* where one blob of an open file's chains lies (invariant 3) */
 typedef struct loc {
@@ -551,11 +552,7 @@ static int loc_cmp(const void *x, const void *y)
 int ulp_file_open(ulp_archive *a, const char *path, ulp_file **out)
 {
 	char p[4096];
-	int prc = ulp_path_clean(path, p, sizeof(p));
-	if (prc < 0)
-		return ulp_arch_err(a, prc, "%s: %s", path,
-		                    prc == -ULP_E_NAMETOOLONG ? "name or path too long for an archive"
-		                                              : "not a valid path inside an archive (a '..' component)");
+	ULP_TRY(ulp_arch_path(a, path, p, sizeof(p)));
 	size_t pl = strlen(p);
 	ulp_file *f = calloc(1, sizeof(*f) + pl + 1);
 	if (!f)

@@ -470,10 +470,9 @@ static int check_rw(ulp_archive *a)
 {
 	if (a->read_only)
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is open read-only", a->dir);
-	/* this thread's connection first: a missing one is no memory for its
-	 * state, or an error already recorded (as ulp_db_exec reports it) */
+	/* this thread's connection first (ulp_db_err: why it could not be opened) */
 	if (!ulp_db(a))
-		return pthread_getspecific(a->tls) ? -ULP_E_IO : -ULP_E_NOMEM;
+		return ulp_db_err(a, "open");
 	return 0;
 }
 
@@ -517,8 +516,9 @@ int ulp_archive_rebase(ulp_archive *a, const char *path, const char *tensor, con
 	int64_t fid, rid = -1;
 	char p[4096], rp[4096];
 	ULP_TRY(check_rw(a));
-	if (ulp_path_clean(path, p, sizeof(p)) < 0 || (ref_path && ulp_path_clean(ref_path, rp, sizeof(rp)) < 0))
-		return ulp_arch_err(a, -ULP_E_INVAL, "%s: not a valid path inside an archive", path);
+	ULP_TRY(ulp_arch_path(a, path, p, sizeof(p)));
+	if (ref_path)
+		ULP_TRY(ulp_arch_path(a, ref_path, rp, sizeof(rp)));
 	ULP_TRY(file_id(a, p, &fid));
 	if (ref_path)
 		ULP_TRY(file_id(a, rp, &rid));

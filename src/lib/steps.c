@@ -138,7 +138,7 @@ static int latest_cb(void *arg, const char *name, const ulp_stat *st)
 int ulp_archive_latest(ulp_archive *a, const char *dir, char *name, size_t cap)
 {
 	char p[ULP_PATH_MAX + 1];
-	ULP_TRY(ulp_path_clean(dir, p, sizeof(p)));
+	ULP_TRY(ulp_arch_path(a, dir, p, sizeof(p)));
 	if (ulp_name_step(ulp_path_name(p)) >= 0)
 		return ulp_arch_err(a, -ULP_E_NOENT, "%s: a step directory, not a run directory", p);
 	lctx l = {.step = -1};

@@ -34,10 +34,15 @@ static uint64_t log2_q16(uint64_t x) /* x >= 1 */
 static uint64_t log2_table[(1u << ULP_PROB_BITS_MAX) + 1];
 static pthread_once_t log2_once = PTHREAD_ONCE_INIT;
 
+/* floor(log2(v)) of 1..2^13 (row_best_k: a load is faster than BSR on AMD) */
+static uint8_t lg_table[(2u << ULP_PROB_BITS_MAX) + 1];
+
 static void log2_init(void)
 {
 	for (unsigned i = 1; i <= (1u << ULP_PROB_BITS_MAX); i++)
 		log2_table[i] = log2_q16(i);
+	for (unsigned i = 1; i <= (2u << ULP_PROB_BITS_MAX); i++)
+		lg_table[i] = (uint8_t)(31 - __builtin_clz(i));
 }
 
 /* cost in Q16 bits of coding c symbols of frequency f at precision n */
@@ -134,10 +139,25 @@ static unsigned bits_for(unsigned n) /* bits to write a value in [0, n) */
 
 /* ---- normalization ------------------------------------------------------ */
 
+/* floor(num / den) for num < 2^62, den >= 1, from inv ~ 1 / den: a double
+ * estimate (off by at most one here), corrected exactly; a 64-bit division
+ * costs up to 40 cycles on the AMD CPUs, and normalize runs one a symbol
+ * for every candidate row. */
+static inline uint64_t div_exact(uint64_t num, uint64_t den, double inv)
+{
+	uint64_t q = (uint64_t)((double)num * inv);
+	while (q * den > num)
+		q--;
+	while ((q + 1) * den <= num)
+		q++;
+	return q;
+}
+
 /*
  * Frequencies summing to 2^n with f >= 1 wherever c > 0, close to the
  * cost-optimal ones: proportional rounding, then greedy repair of the sum by
- * the steps that cost least.
+ * the steps that cost least. Writes f[0..a); f[a..256) must be zero already
+ * (the rows of table_alloc are; ulp_table_choose clears its scratch row once).
  */
 static void normalize(const uint64_t *c, unsigned a, unsigned n, uint16_t *f)
 {
@@ -145,19 +165,20 @@ static void normalize(const uint64_t *c, unsigned a, unsigned n, uint16_t *f)
 	const uint32_t m = 1u << n;
 	for (unsigned s = 0; s < a; s++)
 		total += c[s];
-	for (unsigned s = 0; s < 256; s++)
+	for (unsigned s = 0; s < a; s++)
 		f[s] = 0;
 	if (total == 0) {
 		f[0] = (uint16_t)m;
 		return;
 	}
 	int64_t sum = 0;
+	const double inv = 1.0 / (double)(total * 2);
 	for (unsigned s = 0; s < a; s++) {
 		if (!c[s])
 			continue;
 		uint64_t v;
 		if (c[s] < ((uint64_t)1 << 40) && total < ((uint64_t)1 << 40)) /* no overflow: 64-bit */
-			v = (c[s] * m * 2 + total) / (total * 2);
+			v = div_exact(c[s] * m * 2 + total, total * 2, inv);
 		else
 			v = (uint64_t)(((unsigned __int128)c[s] * m * 2 + total) / ((unsigned __int128)total * 2));
 		if (v < 1)
@@ -250,10 +271,13 @@ static unsigned row_best_k(const uint16_t *f, unsigned lo, unsigned hi, unsigned
 	while (lg < ULP_PROB_BITS_MAX && (1u << (lg + 1)) <= mean)
 		lg++;
 	unsigned k0 = lg > 2 ? lg - 2 : 0, k1 = ULP_MIN(lg + 1, ULP_PROB_BITS_MAX);
+	/* eg_len(v, k) = 2 floor(log2((v >> k) + 1)) + 1 + k
+	 *              = 2 floor(log2(v + 2^k)) + 1 - k, from a table */
 	for (unsigned k = k0; k <= k1; k++) {
 		unsigned l = 0;
 		for (unsigned s = lo; s < hi; s++)
-			l += eg_len(f[s], k);
+			l += lg_table[f[s] + (1u << k)];
+		l = 2 * l + (hi - lo) - (hi - lo) * k; /* each term is at least k + 1 */
 		if (l < best) {
 			best = l;
 			best_k = k;
@@ -301,6 +325,7 @@ size_t ulp_table_size(const ulp_table *t)
 
 int64_t ulp_table_write(const ulp_table *t, uint8_t *dst, size_t cap)
 {
+	pthread_once(&log2_once, log2_init); /* row_best_k's table */
 	tbw w = {dst, cap, 0};
 	write_table(t, &w); /* writes nothing past cap */
 	size_t need = (size_t)((w.bits + 7) >> 3);
@@ -453,15 +478,26 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 	ctxinfo *ci = calloc(n_ctx, sizeof(*ci));
 	uint64_t *rest = malloc(256 * sizeof(uint64_t));
 	uint64_t *all = calloc(256, sizeof(uint64_t));
-	uint16_t f[256];
+	uint16_t f[256] = {0}; /* normalize writes f[lo..lo + aw) only */
 	int rc = -ULP_E_NOMEM;
 	if (!ci || !rest || !all)
 		goto out;
 	for (unsigned c = 0; c < n_ctx; c++) {
+		/* most contexts are empty (a tensor uses a few exponents): a row
+		 * is tested with loads only before it is added up */
+		const uint64_t *row = counts + (size_t)c * a;
+		uint64_t any = 0;
+		unsigned s0 = 0;
+		for (; s0 + 4 <= a; s0 += 4)
+			any |= row[s0] | row[s0 + 1] | row[s0 + 2] | row[s0 + 3];
+		for (; s0 < a; s0++)
+			any |= row[s0];
+		if (!any)
+			continue;
 		uint64_t t = 0;
 		for (unsigned s = 0; s < a; s++) {
-			t += counts[(size_t)c * a + s];
-			all[s] += counts[(size_t)c * a + s];
+			t += row[s];
+			all[s] += row[s];
 		}
 		if (t) {
 			ci[used].c = c;
@@ -473,6 +509,17 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 	unsigned present = 0; /* a precision must give every present symbol a slot */
 	for (unsigned s = 0; s < a; s++)
 		present += all[s] != 0;
+	/* symbols [lo, lo + aw) hold every count: the rows are built and costed
+	 * on that window alone (same results: a symbol without counts gets no
+	 * slot, costs nothing and is never picked), which pays on small tensors */
+	unsigned lo = 0, aw = a;
+	if (used) {
+		while (!all[lo])
+			lo++;
+		aw = a - lo;
+		while (!all[lo + aw - 1])
+			aw--;
+	}
 	/* at most 2^16 slots (256 KiB of decoder tables): beyond that the tables
 	 * fall out of L2 and memory grows with the tensor, for no measurable gain */
 	uint64_t budget = ULP_MIN(ULP_MAX((uint64_t)1 << ULP_PROB_BITS_MAX, total / 2), (uint64_t)1 << 16);
@@ -484,8 +531,8 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 		unsigned kmax = (unsigned)ULP_MIN((uint64_t)used, (budget >> n) - 1);
 		/* only the kmax most frequent contexts can own a row */
 		for (unsigned i = 0; i < kmax; i++) {
-			normalize(counts + (size_t)ci[i].c * a, a, n, f);
-			ci[i].cost = row_cost_q16(counts + (size_t)ci[i].c * a, f, a, n);
+			normalize(counts + (size_t)ci[i].c * a + lo, aw, n, f + lo);
+			ci[i].cost = row_cost_q16(counts + (size_t)ci[i].c * a + lo, f + lo, aw, n);
 			ci[i].bits = row_bits(f, a);
 		}
 		uint64_t own_cost = 0, own_bits = 0;
@@ -494,15 +541,15 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 			for (; moved < k; moved++) { /* contexts before k leave the shared row */
 				own_cost += ci[moved].cost;
 				own_bits += ci[moved].bits;
-				for (unsigned s = 0; s < a; s++)
+				for (unsigned s = lo; s < lo + aw; s++)
 					rest[s] -= counts[(size_t)ci[moved].c * a + s];
 			}
 			int shared = k < used || used == 0;
 			unsigned rows = k + (unsigned)shared;
 			uint64_t cost = own_cost + (own_bits << 16);
 			if (shared) {
-				normalize(rest, a, n, f);
-				cost += row_cost_q16(rest, f, a, n) + (row_bits(f, a) << 16);
+				normalize(rest + lo, aw, n, f + lo);
+				cost += row_cost_q16(rest + lo, f + lo, aw, n) + (row_bits(f, a) << 16);
 			}
 			/* row count, context map */
 			uint64_t map = eg_len(rows - 1, 0) + eg_len(ULP_MAX(used, 1u) - 1, 0) +
@@ -523,13 +570,13 @@ int ulp_table_choose(const uint64_t *counts, unsigned n_ctx, unsigned a, ulp_tab
 	out->alphabet = a;
 	memcpy(rest, all, 256 * sizeof(uint64_t));
 	for (unsigned k = 0; k < best_k; k++) {
-		normalize(counts + (size_t)ci[k].c * a, a, best_n, out->freq + (size_t)k * 256);
+		normalize(counts + (size_t)ci[k].c * a + lo, aw, best_n, out->freq + (size_t)k * 256 + lo);
 		out->ctx_row[ci[k].c] = (uint16_t)k;
-		for (unsigned s = 0; s < a; s++)
+		for (unsigned s = lo; s < lo + aw; s++)
 			rest[s] -= counts[(size_t)ci[k].c * a + s];
 	}
 	if (out->n_rows > best_k) {
-		normalize(rest, a, best_n, out->freq + (size_t)best_k * 256);
+		normalize(rest + lo, aw, best_n, out->freq + (size_t)best_k * 256 + lo);
 		for (unsigned i = best_k; i < used; i++)
 			out->ctx_row[ci[i].c] = (uint16_t)best_k;
 		if (used == 0)

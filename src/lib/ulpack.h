@@ -242,6 +242,13 @@ void ulp_sha256_hex(const uint8_t sha[ULP_SHA256_LEN], char out[65]);
 typedef struct ulp_archive ulp_archive;
 
 #define ULP_DEFAULT_MAX_CHAIN 16
+/** The largest max_chain an archive is opened with (ulp_archive_open refuses
+ *  more with INVAL; `ulpack --max-chain` and `ulpackfs -o max_chain=` take
+ *  1..ULP_MAX_CHAIN). A read walks a chain back to its anchor and stops with
+ *  CORRUPT past 4096 links, so a longer limit would write unreadable files. */
+#define ULP_MAX_CHAIN 1024
+/** The most decode/encode threads an archive is opened with (more: INVAL). */
+#define ULP_MAX_THREADS 1024
 
 /** Decode cache bytes when none is given: an eighth of the machine's memory,
  *  at least 1 GiB and at most 64 GiB (the cache holds only what was decoded;
@@ -250,8 +257,9 @@ uint64_t ulp_default_cache_size(void);
 
 typedef struct ulp_archive_opts {
 	uint64_t cache_size;  /* decode cache bytes; 0: ulp_default_cache_size() */
-	unsigned max_chain;   /* deltas a chain may hold before an anchor; 0: stored value */
-	int threads;          /* decode/encode threads; 0: one per CPU */
+	unsigned max_chain;   /* deltas a chain may hold before an anchor; 0: stored value;
+	                       * at most ULP_MAX_CHAIN */
+	int threads;          /* decode/encode threads; 0: one per CPU; at most ULP_MAX_THREADS */
 	int read_only;        /* open the index read-only; writes fail with -INVAL */
 } ulp_archive_opts;
 
@@ -259,7 +267,7 @@ typedef struct ulp_archive_opts {
  *  archive files). Errors: EXIST, IO. errbuf gets the cause. */
 int ulp_archive_init(const char *dir, char *errbuf, size_t errcap);
 /** Opens an archive. Errors: NOENT (no archive), VERSION (schema too new),
- *  CORRUPT (not an archive), IO. errbuf gets the cause. Caller closes. */
+ *  CORRUPT (not an archive), INVAL (max_chain or threads over their limits), IO. errbuf gets the cause. Caller closes. */
 int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive **out,
                      char *errbuf, size_t errcap);
 void ulp_archive_close(ulp_archive *a);

@@ -78,6 +78,7 @@ expect_usage "ulpack export: DEST '': an empty path" "$ULPACK" export "$A" "$f" 
 expect_usage "--max-chain '-5': out of range" "$ULPACK" import "$A" "$T/s" --max-chain -5
 expect_usage "--max-chain '0'" "$ULPACK" import "$A" "$T/s" --max-chain 0
 expect_usage "--max-chain '5x': not an integer" "$ULPACK" import "$A" "$T/s" --max-chain 5x
+expect_usage "--max-chain '1025': out of range" "$ULPACK" import "$A" "$T/s" --max-chain 1025
 expect_usage "--max-chain '99999999999999999999': out of range" "$ULPACK" import "$A" "$T/s" --max-chain 99999999999999999999
 expect_usage "--threads 'abc': not an integer" "$ULPACK" import "$A" "$T/s" --threads abc
 expect_usage "--threads '-1': out of range" "$ULPACK" import "$A" "$T/s" --threads -1
@@ -99,6 +100,9 @@ expect_usage "--seed '-1': out of range" "$ULPACK" synth "$T/x2" --seed -1
 [ -e "$T/x2" ] && fail "synth wrote $T/x2 despite a bad option"
 "$ULPACK" import "$A" "$T/s" --prefix ok --max-chain 3 --threads 1 --cache-size 64M > /dev/null \
 	&& ok "valid --max-chain 3 --threads 1 --cache-size 64M" || fail "valid options refused"
+# the limits are the library's (ULP_MAX_CHAIN, ULP_MAX_THREADS), as for ulpackfs -o (fuse_perms.sh)
+"$ULPACK" import "$A" "$T/s" --prefix lim --max-chain 1024 > /dev/null \
+	&& ok "--max-chain 1024 (the limit) accepted" || fail "--max-chain 1024 refused"
 
 # ---- item 10: an empty PATH (an unset shell variable) or the root never
 # removes the archive; --all does

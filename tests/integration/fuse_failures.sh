@@ -71,20 +71,12 @@ umount_fs "$M"
 # ---- kill -9 of ulpackfs mid-rsync --------------------------------------------
 B="$T/arch2" N="$T/mnt2"
 "$ULPACK" init "$B" > /dev/null
-mkdir -p "$N"
-"$ULPACKFS" "$B" "$N" -f &
-fpid=$!
-for _ in 1 2 3 4 5 6 7 8 9 10; do mountpoint -q "$N" && break; sleep 0.2; done
-MOUNTS="$MOUNTS $N"
+mount_fg "$B" "$N" || fail "mount $N"
 rsync -a --bwlimit=8000 "$R/" "$N/run/" > "$T/rsync.log" 2>&1 &
 rpid=$!
 sleep 1.2
-kill -9 "$fpid"
-wait "$rpid" 2>/dev/null
-wait "$fpid" 2>/dev/null
-fusermount3 -u -z "$N" 2>/dev/null
+crash_fs "$FS_PID" "$N" "$rpid"
 ls "$B/staging" > "$T/left"
-mkdir -p "$N"
 mount_fs "$B" "$N" || fail "remount after kill -9"
 [ -z "$(ls "$B/staging")" ] && ok "staging cleaned at mount ($(wc -l < "$T/left") leftovers)" || fail "staging: $(ls "$B/staging")"
 done_files=0
@@ -100,9 +92,7 @@ umount_fs "$N"
 "$ULPACK" verify "$B" > "$T/v" && ok "$(cat "$T/v")" || fail "verify: $(cat "$T/v")"
 
 # ---- fsync is a promise: a file fsynced but not yet closed survives kill -9 ------
-"$ULPACKFS" "$B" "$N" -f &
-fpid=$!
-for _ in 1 2 3 4 5 6 7 8 9 10; do mountpoint -q "$N" && break; sleep 0.2; done
+mount_fg "$B" "$N" || fail "mount $N again"
 "$PY" - "$N/synced.bin" "$T/synced.bin" <<'PYEOF2' &
 import os, sys, time
 data = os.urandom(300000)
@@ -115,10 +105,9 @@ time.sleep(30)                      # killed with the file system before it clos
 PYEOF2
 ppid=$!
 for _ in $(seq 1 50); do [ -e "$T/synced.bin.done" ] && break; sleep 0.1; done
-kill -9 "$fpid"
+crash_fs "$FS_PID" "$N" # before the writer: its file must stay open until the crash
 kill -9 "$ppid" 2>/dev/null
-wait "$fpid" "$ppid" 2>/dev/null
-fusermount3 -u -z "$N" 2>/dev/null
+wait "$ppid" 2>/dev/null
 mount_fs "$B" "$N" 2> "$T/rec" || fail "remount"
 cmp -s "$T/synced.bin" "$N/synced.bin" && ok "a file fsynced before kill -9 is recovered at mount ($(cat "$T/rec"))" \
 	|| fail "fsynced file lost"

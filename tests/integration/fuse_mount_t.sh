@@ -19,7 +19,7 @@ A="$T/arch" M="$T/mnt"
 f=checkpoint-200/model.safetensors
 mkdir -p "$M"
 check() {
-	for _ in 1 2 3 4 5 6 7 8 9 10; do mountpoint -q "$M" && break; sleep 0.2; done
+	wait_mounted "$M"
 	cmp -s "$T/run/$f" "$M/$f" && ok "$1" || fail "$1: read"
 	umount "$M" || fusermount3 -u "$M"
 }

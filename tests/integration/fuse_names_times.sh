@@ -151,8 +151,9 @@ PYEOF
 # under an rsync temporary name, each with a time set while open; kill -9
 mount_fs "$A" "$M" || { fail "mount for kill -9"; finish; }
 pid=$(fs_pid "$M")
-"$PY" - "$M" "$T" <<'PYEOF' &
-import os, sys, time
+PYTHONPATH="$IT_DIR" "$PY" - "$M" "$T" <<'PYEOF' &
+import os, sys
+from crash_writer import hold_until_go
 m, t = sys.argv[1], sys.argv[2]
 sys.path.insert(0, t)
 from times import TIMES
@@ -167,28 +168,11 @@ for name, (s, n) in TIMES.items():
     os.write(fd, b"temp")
     os.utime(fd, ns=(0, s * 10**9 + n))
     os.close(fd)
-open(os.path.join(t, "ready"), "w").close()
-while not os.path.exists(os.path.join(t, "go")):
-    time.sleep(0.05)
-for fd in held:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
+hold_until_go(t, held)
 PYEOF
 wpid=$!
-for _ in $(seq 600); do
-	[ -e "$T/ready" ] && break
-	running "$wpid" || break
-	sleep 0.05
-done
-[ -e "$T/ready" ] || fail "the writer did not get ready"
-[ -n "$pid" ] && kill -9 "$pid"
-for _ in $(seq 600); do running "$pid" || break; sleep 0.05; done
-touch "$T/go"
-wait "$wpid" 2>/dev/null
-fusermount3 -u -z "$M" 2>/dev/null
-mount_fs "$A" "$M" 2> "$T/mount.err" || fail "remount after kill -9: $(cat "$T/mount.err")"
+wait_ready "$wpid" || fail "the writer did not get ready"
+crash_remount "$pid" "$A" "$M" "$wpid"
 "$PY" - "$M" "$T" <<'PYEOF' && ok "times exact after a kill -9, from staging" || fail "times after kill -9"
 import os, sys
 m, t = sys.argv[1], sys.argv[2]

@@ -15,7 +15,9 @@ A="$T/arch" M="$T/mnt"
 as_nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
 
 # item 20: bad values, refused before mounting
-for opt in max_chain=-5 max_chain=abc max_chain=0 max_chain=99999999999999999999 threads=abc threads=-1 \
+# (max_chain and threads: the library's limits, ULP_MAX_CHAIN and ULP_MAX_THREADS, as in cli_errors.sh)
+for opt in max_chain=-5 max_chain=abc max_chain=0 max_chain=1025 max_chain=1000000 max_chain=99999999999999999999 \
+	threads=abc threads=-1 \
 	threads=1025 threads=2x cache_size=abc cache_size=-1G readahead=xyz readahead=-4M; do
 	mkdir -p "$M"
 	"$ULPACKFS" "$A" "$M" -o "$opt" > "$T/out" 2>&1
@@ -48,7 +50,8 @@ as_nobody sh -c "printf mine > '$M/shared/mine' && chmod 600 '$M/shared/mine' &&
 [ "$(cat "$M/secret" 2> /dev/null)" = secret ] && [ -e "$M/public" ] && ok "root's files intact" || fail "files changed"
 umount_fs "$M"
 
-mount_fs "$A" "$M" -o allow_other,no_permission_checks || { fail "mount with no_permission_checks"; finish; }
+mount_fs "$A" "$M" -o allow_other,no_permission_checks,max_chain=1024 \
+	|| { fail "mount with no_permission_checks and the largest max_chain"; finish; }
 [ "$(as_nobody cat "$M/secret" 2>&1)" = secret ] && ok "-o no_permission_checks turns the checks off" \
 	|| fail "no_permission_checks"
 umount_fs "$M"

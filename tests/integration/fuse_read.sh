@@ -170,10 +170,8 @@ mountpoint -q "$T/m2" && fail "foreign dir mounted"
 
 # SIGTERM unmounts cleanly
 umount_fs "$M"
-"$ULPACKFS" "$A" "$M" -f &
-pid=$!
-for _ in 1 2 3 4 5 6 7 8 9 10; do mountpoint -q "$M" && break; sleep 0.2; done
-kill -TERM "$pid"
-wait "$pid"
+mount_fg "$A" "$M"
+kill -TERM "$FS_PID"
+wait "$FS_PID"
 mountpoint -q "$M" && fail "still mounted after SIGTERM" || ok "SIGTERM unmounts"
 finish

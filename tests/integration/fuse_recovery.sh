@@ -25,8 +25,9 @@ pid=$(fs_pid "$M")
 [ -n "$pid" ] || fail "no ulpackfs pid"
 
 # the writer holds its files open until the daemon is gone
-"$PY" - "$M" "$T" <<'PYEOF' &
-import os, sys, time
+PYTHONPATH="$IT_DIR" "$PY" - "$M" "$T" <<'PYEOF' &
+import os, sys
+from crash_writer import hold_until_go
 m, t = sys.argv[1], sys.argv[2]
 def put(name, data, keep=False, sync=False):
     fd = os.open(os.path.join(m, name), os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
@@ -53,28 +54,11 @@ put("d12/run/.y.Ab12cD", b"temp-named in a renamed dir\n" * 40)
 os.rename(os.path.join(m, "d12"), os.path.join(m, "d12b"))
 # item 13: a newline in a name
 held.append(put("nl\nname.bin", b"newline\n" * 30, keep=True, sync=True))
-open(os.path.join(t, "ready"), "w").close()
-while not os.path.exists(os.path.join(t, "go")):
-    time.sleep(0.05)
-for fd in held:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
+hold_until_go(t, held)
 PYEOF
 wpid=$!
-for _ in $(seq 600); do
-	[ -e "$T/ready" ] && break
-	running "$wpid" || break
-	sleep 0.05
-done
-[ -e "$T/ready" ] || fail "the writer did not get ready"
-kill -9 "$pid"
-for _ in $(seq 600); do running "$pid" || break; sleep 0.05; done
-touch "$T/go"
-wait "$wpid" 2>/dev/null
-fusermount3 -u -z "$M" 2>/dev/null
-mount_fs "$A" "$M" 2> "$T/mount.err" || fail "remount after kill -9: $(cat "$T/mount.err")"
+wait_ready "$wpid" || fail "the writer did not get ready"
+crash_remount "$pid" "$A" "$M" "$wpid"
 
 expect() { # expect NAME REPEAT LINE: NAME holds REPEAT lines LINE
 	"$PY" - "$M/$1" "$2" "$3" <<'PYEOF'

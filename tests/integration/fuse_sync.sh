@@ -24,14 +24,8 @@ PYEOF
 umount_fs "$M"
 "$ULPACK" ls "$A" | grep -c 'f[123].bin' | grep -q 3 && ok "all three in the index" || fail "index"
 # kill -9 right after close(): recovered at the next mount
-mkdir -p "$M"
-"$ULPACKFS" "$A" "$M" -f 2> "$T/fs.err" &
-fpid=$!
-for _ in 1 2 3 4 5 6 7 8 9 10; do mountpoint -q "$M" && break; sleep 0.2; done
-MOUNTS="$MOUNTS $M"
-cp "$T/f.bin" "$M/k.bin" && kill -9 "$fpid"
-wait "$fpid" 2> /dev/null
-fusermount3 -u -z "$M" 2> /dev/null
+mount_fg "$A" "$M" 2> "$T/fs.err" || fail "mount in the foreground"
+cp "$T/f.bin" "$M/k.bin" && crash_fs "$FS_PID" "$M"
 mount_fs "$A" "$M" || fail remount
 cmp -s "$T/f.bin" "$M/k.bin" && ok "closed file survives kill -9 of ulpackfs" || fail "k.bin lost"
 "$ULPACK" sync "$M" > /dev/null || fail "sync after recovery"

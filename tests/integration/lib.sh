@@ -49,8 +49,12 @@ mount_fs() {
 	mkdir -p "$m"
 	"$ULPACKFS" "$a" "$m" "$@" || return 1
 	MOUNTS="$MOUNTS $m"
+	wait_mounted "$m"
+}
+# wait_mounted MNT: whether MNT becomes a mount point within 2 s
+wait_mounted() {
 	for _ in 1 2 3 4 5 6 7 8 9 10; do
-		mountpoint -q "$m" && return 0
+		mountpoint -q "$1" && return 0
 		sleep 0.2
 	done
 	return 1
@@ -79,4 +83,57 @@ umount_fs() {
 		sleep 0.05
 	done
 	echo "# ulpackfs $_pid still running 60 s after unmounting $1" >&2
+}
+# mount_fg ARCHIVE MNT [options...]: mounts with ulpackfs in the foreground,
+# a child of this shell whose pid is FS_PID (to kill -9 and wait for), and
+# waits until it answers
+mount_fg() {
+	_a=$1 _m=$2
+	shift 2
+	mkdir -p "$_m"
+	"$ULPACKFS" "$_a" "$_m" -f "$@" &
+	FS_PID=$!
+	MOUNTS="$MOUNTS $_m"
+	wait_mounted "$_m"
+}
+
+# ---- crashes ----------------------------------------------------------------
+# A writer run in the background (PID $W) that must hold files open across a
+# crash touches $T/ready once it holds them and waits for $T/go to close them
+# (a python one: PYTHONPATH="$IT_DIR", crash_writer.hold_until_go).
+IT_DIR=$(cd "$(dirname "$0")" && pwd)
+export PYTHONDONTWRITEBYTECODE=1 # no __pycache__ left in the source tree
+# wait_ready W: whether the writer got ready (30 s at most; not if it exited)
+wait_ready() {
+	for _ in $(seq 600); do
+		[ -e "$T/ready" ] && return 0
+		running "$1" || break
+		sleep 0.05
+	done
+	[ -e "$T/ready" ]
+}
+# crash_fs PID MNT [W]: kill -9 of the ulpackfs PID serving MNT; waits until
+# it has gone, then lets writer W close its files ($T/go) and waits for it,
+# then detaches the dead mount point. The next mount recovers staging.
+crash_fs() {
+	[ -n "$1" ] && kill -9 "$1"
+	for _ in $(seq 600); do
+		running "$1" || break
+		sleep 0.05
+	done
+	wait "$1" 2>/dev/null # reaps it where it is a child (mount_fg)
+	if [ -n "${3:-}" ]; then
+		touch "$T/go"
+		wait "$3" 2>/dev/null
+	fi
+	fusermount3 -u -z "$2" 2>/dev/null
+	return 0
+}
+# crash_remount PID ARCHIVE MNT [W]: crash_fs PID MNT W, then mounts ARCHIVE
+# on MNT again (recovering staging); a failure to mount fails the test
+crash_remount() {
+	crash_fs "$1" "$3" "${4:-}"
+	mount_fs "$2" "$3" 2> "$T/mount.err" && return 0
+	fail "remount after kill -9: $(cat "$T/mount.err")"
+	return 1
 }

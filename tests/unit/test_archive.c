@@ -413,6 +413,24 @@ static void test_open_errors(void)
 	fputs("this is not sqlite", f);
 	fclose(f);
 	CHECK(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) < 0 && err[0], "garbage index: %s", err);
+	/* one max_chain limit for the library and both front ends: a chain
+	 * longer than a read walks (the mount took up to 1000000) is refused */
+	snprintf(dir, sizeof(dir), "%s/limits", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	ulp_archive_opts o = {64 << 20, ULP_MAX_CHAIN, 1, 0};
+	CHECK(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "max_chain %d: %s", ULP_MAX_CHAIN, err);
+	if (a)
+		ulp_archive_close(a);
+	a = NULL;
+	o.max_chain = ULP_MAX_CHAIN + 1;
+	CHECK(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == -ULP_E_INVAL && strstr(err, "max_chain"),
+	      "max_chain %d: %s", ULP_MAX_CHAIN + 1, err);
+	o.max_chain = 5000;
+	CHECK(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == -ULP_E_INVAL, "max_chain 5000: %s", err);
+	o.max_chain = 0;
+	o.threads = ULP_MAX_THREADS + 1;
+	CHECK(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == -ULP_E_INVAL && strstr(err, "threads"),
+	      "threads %d: %s", ULP_MAX_THREADS + 1, err);
 }
 
 /* issue 11 item 19: a path the library refuses gets a message naming it
@@ -430,6 +448,32 @@ static void test_bad_paths_and_numbers(void)
 	      "stat ../x: %s", ulp_archive_errmsg(a));
 	CHECK(ulp_file_open(a, "a/../../x", &f) == -ULP_E_INVAL &&
 	      strstr(ulp_archive_errmsg(a), "a/../../x: not a valid path"), "open a/../../x: %s", ulp_archive_errmsg(a));
+	/* every call that takes a path says which one it refused (one helper,
+	 * ulp_arch_path: readdir, readlink, report, latest and rebase's
+	 * reference kept an older message) */
+	char buf[64];
+	ulp_report rep;
+	CHECK(ulp_archive_readdir(a, "../r1", NULL, NULL) == -ULP_E_INVAL &&
+	      strstr(ulp_archive_errmsg(a), "../r1: not a valid path"), "readdir ../r1: %s", ulp_archive_errmsg(a));
+	CHECK(ulp_archive_readlink(a, "../r2", buf, sizeof(buf)) == -ULP_E_INVAL &&
+	      strstr(ulp_archive_errmsg(a), "../r2: not a valid path"), "readlink ../r2: %s", ulp_archive_errmsg(a));
+	CHECK(ulp_archive_report(a, "../r3", NULL, NULL, &rep) == -ULP_E_INVAL &&
+	      strstr(ulp_archive_errmsg(a), "../r3: not a valid path"), "report ../r3: %s", ulp_archive_errmsg(a));
+	CHECK(ulp_archive_verify(a, "../r4", NULL, NULL) == -ULP_E_INVAL &&
+	      strstr(ulp_archive_errmsg(a), "../r4: not a valid path"), "verify ../r4: %s", ulp_archive_errmsg(a));
+	CHECK(ulp_archive_latest(a, "../r5", buf, sizeof(buf)) == -ULP_E_INVAL &&
+	      strstr(ulp_archive_errmsg(a), "../r5: not a valid path"), "latest ../r5: %s", ulp_archive_errmsg(a));
+	char longp[5000];
+	memset(longp, 'n', sizeof(longp) - 1);
+	longp[sizeof(longp) - 1] = 0;
+	CHECK(ulp_archive_stat(a, longp, &st) == -ULP_E_NAMETOOLONG && strstr(ulp_archive_errmsg(a), "a name over") &&
+	      strlen(ulp_archive_errmsg(a)) < 400, "stat of a 4999-byte name: %.80s", ulp_archive_errmsg(a));
+	int fd = open("/dev/null", O_RDONLY);
+	ulp_meta m = {0644, 0, 0, {1700000000, 0}};
+	REQUIRE(ulp_archive_put(a, "run/checkpoint-1/x.bin", fd, &m, NULL) == 0, "put: %s", ulp_archive_errmsg(a));
+	close(fd);
+	CHECK(ulp_archive_rebase(a, "run/checkpoint-1/x.bin", "t", "../r6", NULL) == -ULP_E_INVAL &&
+	      strstr(ulp_archive_errmsg(a), "../r6: not a valid path"), "rebase onto ../r6: %s", ulp_archive_errmsg(a));
 	ulp_archive_close(a);
 
 	int64_t v = 7;

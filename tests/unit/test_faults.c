@@ -10,10 +10,13 @@
  * a step whose reference was removed; ulp_archive_forget then gc) and each
  * kind of call, the
  * test runs the operation with the N-th call of that kind failing (ENOMEM,
- * ENOSPC/EIO, SQLITE_IOERR/SQLITE_FULL), for N = 1, 2, ... until a run hits
+ * ENOSPC/EIO, SQLITE_IOERR/SQLITE_FULL; and a statement's preparation
+ * failing with SQLITE_NOMEM, as when SQLite's own malloc fails, which the
+ * wrap cannot reach), for N = 1, 2, ... until a run hits
  * no fault; then again with every call from the N-th on failing. At every N:
  *  - each call returns 0 or a negative ULP_E_* of the fault's kind (NOMEM for
- *    memory, IO/NOSPC for the others), an I/O error with a fresh message
+ *    memory and SQLITE_NOMEM, IO/NOSPC for the others), an error other than
+ *    malloc's with a fresh message
  *    that names a file;
  *  - nothing is half-committed: after the archive is closed and reopened
  *    (faults off), ulp_archive_verify passes, every pack row names a pack
@@ -44,8 +47,9 @@
 
 /* ---- the fault switch ------------------------------------------------------ */
 
-enum { F_MALLOC, F_WRITE, F_FSYNC, F_RENAME, F_SQL, F__COUNT };
-static const char *const kind_name[F__COUNT] = {"malloc", "write", "fsync", "rename", "sqlite"};
+enum { F_MALLOC, F_WRITE, F_FSYNC, F_RENAME, F_SQL, F_SQL_NOMEM, F__COUNT };
+static const char *const kind_name[F__COUNT] = {"malloc", "write", "fsync", "rename", "sqlite",
+                                                "sqlite prepare out-of-memory"};
 
 static struct {
 	int armed;          /* atomic: the operation's thread is running */
@@ -224,23 +228,25 @@ int __wrap_renameat(int fd1, const char *from, int fd2, const char *to)
 	return __real_renameat(fd1, from, fd2, to);
 }
 
-/* SQLITE_IOERR and SQLITE_FULL in turn; sqlite3_errcode/errmsg report the
- * injected error on that connection until its next call. */
-static int sql_fault(sqlite3 *db)
+/* SQLITE_IOERR and SQLITE_FULL in turn (prepare: SQLITE_NOMEM under its own
+ * kind); sqlite3_errcode/errmsg report the injected error on that connection
+ * until its next call. */
+static int sql_fault(sqlite3 *db, int prepare)
 {
-	if (!fault_now(F_SQL)) {
+	int nomem = prepare && fault_now(F_SQL_NOMEM);
+	if (!nomem && !fault_now(F_SQL)) {
 		if (db && F.err_db == db)
 			F.err_db = NULL;
 		return 0;
 	}
 	F.err_db = db;
-	F.err_code = F.count % 2 ? SQLITE_IOERR : SQLITE_FULL;
+	F.err_code = nomem ? SQLITE_NOMEM : F.count % 2 ? SQLITE_IOERR : SQLITE_FULL;
 	return F.err_code;
 }
 
 int __wrap_sqlite3_step(sqlite3_stmt *st)
 {
-	int c = sql_fault(sqlite3_db_handle(st));
+	int c = sql_fault(sqlite3_db_handle(st), 0);
 	return c ? c : __real_sqlite3_step(st);
 }
 
@@ -248,7 +254,7 @@ int __wrap_sqlite3_exec(sqlite3 *db, const char *sql, int (*cb)(void *, int, cha
                         char **msg)
 {
 	/* a ROLLBACK is what cleans up after a failure: it is not failed here */
-	int c = strncmp(sql, "ROLLBACK", 8) ? sql_fault(db) : 0;
+	int c = strncmp(sql, "ROLLBACK", 8) ? sql_fault(db, 0) : 0;
 	if (c) {
 		if (msg)
 			*msg = sqlite3_mprintf("%s", sqlite3_errstr(c));
@@ -259,7 +265,7 @@ int __wrap_sqlite3_exec(sqlite3 *db, const char *sql, int (*cb)(void *, int, cha
 
 int __wrap_sqlite3_prepare_v2(sqlite3 *db, const char *sql, int n, sqlite3_stmt **st, const char **tail)
 {
-	int c = sql_fault(db);
+	int c = sql_fault(db, 1);
 	if (c) {
 		*st = NULL;
 		return c;
@@ -270,7 +276,7 @@ int __wrap_sqlite3_prepare_v2(sqlite3 *db, const char *sql, int n, sqlite3_stmt 
 int __wrap_sqlite3_prepare_v3(sqlite3 *db, const char *sql, int n, unsigned flags, sqlite3_stmt **st,
                               const char **tail)
 {
-	int c = sql_fault(db);
+	int c = sql_fault(db, 1);
 	if (c) {
 		*st = NULL;
 		return c;
@@ -789,7 +795,7 @@ static void expected(const opdef *op, size_t done, const uint64_t *old_sizes, mo
 
 static int rc_fits(int kind, int rc)
 {
-	if (kind == F_MALLOC)
+	if (kind == F_MALLOC || kind == F_SQL_NOMEM)
 		return rc == -ULP_E_NOMEM;
 	return rc == -ULP_E_IO || rc == -ULP_E_NOSPC;
 }
@@ -848,7 +854,7 @@ static int one_run(const opdef *op, int kind, long target, int persist, tally *t
 			bad = 1;
 		}
 		(void)s;
-	} else if (r.damaged && !(kind == F_SQL && strstr(last_bad, "ulpack.db"))) {
+	} else if (r.damaged && !((kind == F_SQL || kind == F_SQL_NOMEM) && strstr(last_bad, "ulpack.db"))) {
 		/* damage it is only where the index itself cannot be read */
 		fprintf(stderr, "%s: verify reported %lld damaged files (%s)\n", where, (long long)r.damaged, last_bad);
 		bad = 1;
@@ -885,9 +891,9 @@ static void fault_loop(const opdef *op)
 				n++;
 			CHECK(n < 100000, "%s: %s faults end", op->name, kind_name[k]);
 		}
-	printf("%s: %ld malloc, %ld write, %ld fsync, %ld rename, %ld sqlite fault points, each failing once"
-	       " and from there on\n", op->name,
-	       t.points[F_MALLOC], t.points[F_WRITE], t.points[F_FSYNC], t.points[F_RENAME], t.points[F_SQL]);
+	printf("%s: %ld malloc, %ld write, %ld fsync, %ld rename, %ld sqlite, %ld sqlite prepare NOMEM fault points,"
+	       " each failing once and from there on\n", op->name, t.points[F_MALLOC], t.points[F_WRITE],
+	       t.points[F_FSYNC], t.points[F_RENAME], t.points[F_SQL], t.points[F_SQL_NOMEM]);
 	CHECK(t.failures == 0, "%s: %ld fault runs broke a rule (above)", op->name, t.failures);
 }
 

@@ -2,7 +2,8 @@
 /*
  * test_golden.c - frozen blobs of formats v1 and v2 (tests/golden/v1, v2)
  * must still decode to their inputs and pass their content digests, the
- * encoder must still produce them byte for byte (v1 when asked for it), and
+ * encoder must still produce them byte for byte (v1 when asked for it) on
+ * every CPU path, and
  * the damaged blobs of tests/golden/bad must fail with their exact error.
  *
  *   test_golden            check against $ULP_GOLDEN_DIR
@@ -27,6 +28,9 @@ typedef struct gcase {
 	int with_ref;
 	int kind;        /* input pattern */
 } gcase;
+
+/* the scalar reference and each SIMD path (skipped where the CPU lacks it) */
+static const unsigned cpu_masks[] = {0, ULP_CPU_AVX2, ULP_CPU_AVX2 | ULP_CPU_AVX512, ULP_CPU_NEON};
 
 static const gcase cases[] = {
 	{"bf16-delta", ULP_DT_BF16, 5000, -1, 1, 0},
@@ -235,6 +239,19 @@ int main(int argc, char **argv)
 		int zstd_codec = glen > 5 && (g[5] == ULP_CODEC_ZSTD || g[5] == ULP_CODEC_ZSTD_XOR);
 		if (!zstd_codec || ZSTD_versionNumber() == ULP_GOLDEN_ZSTD_VERSION)
 			CHECK(len == glen && memcmp(b, g, len) == 0, "%s: encoder output differs from the frozen blob", c->name);
+		/* the same bytes on every CPU path this machine has */
+		for (int m = 0; m < 4 && (!zstd_codec || ZSTD_versionNumber() == ULP_GOLDEN_ZSTD_VERSION); m++) {
+			if (cpu_masks[m] && (ulp_cpu_features() & cpu_masks[m]) != cpu_masks[m])
+				continue;
+			unsigned old = ulp_set_cpu_mask(cpu_masks[m]);
+			uint8_t *b2, *x2, *r2;
+			size_t len2 = 0;
+			int erc = encode_case(c, v, &b2, &len2, &x2, &r2);
+			ulp_set_cpu_mask(old);
+			CHECK(erc == 0 && len2 == glen && memcmp(b2, g, glen) == 0,
+			      "v%u/%s: encoder output on cpu mask %u equals the frozen blob", v, c->name, cpu_masks[m]);
+			free(b2), free(x2), free(r2);
+		}
 		size_t bytes = c->n * ulp_dtype_size(c->dt);
 		char err[256] = "";
 		CHECK(ulp_blob_validate(g, glen, c->with_ref ? r : NULL, c->with_ref ? bytes : 0, 1, err, sizeof(err)) == 0,

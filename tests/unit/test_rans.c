@@ -128,6 +128,58 @@ static void test_tables(void)
 	free(c);
 }
 
+/* Proportional rounding is exact: f[s] = round(c m / total) for every symbol
+ * but the most frequent (which takes the correction) whenever that suffices,
+ * for counts up to 2^39, where normalize's reciprocal estimate (a double) is
+ * furthest from the 64-bit division it replaces. */
+static void test_normalize_exact(void)
+{
+	int bad = 0, tried = 0;
+	for (int round = 0; round < 400; round++) {
+		const unsigned a = 60;
+		uint64_t c[60];
+		unsigned shift = (unsigned)(tap_rand() % 40);
+		for (unsigned s = 0; s < a; s++)
+			c[s] = (tap_rand() % 3) ? (tap_rand() >> 24) >> (63 - 40 + shift % 24) << (shift / 24) : 0;
+		c[tap_rand() % a] |= (uint64_t)1 << shift; /* at least one symbol */
+		ulp_table t;
+		uint64_t cost;
+		if (ulp_table_choose(c, 1, a, &t, &cost) != 0) {
+			bad++;
+			continue;
+		}
+		const unsigned n = t.prob_bits;
+		const uint64_t m = 1u << n;
+		uint64_t total = 0, v[60];
+		int64_t sum = 0;
+		for (unsigned s = 0; s < a; s++)
+			total += c[s];
+		unsigned top = 0;
+		for (unsigned s = 0; s < a; s++) {
+			v[s] = 0;
+			if (c[s]) {
+				v[s] = (uint64_t)(((unsigned __int128)c[s] * m * 2 + total) / ((unsigned __int128)total * 2));
+				v[s] = v[s] < 1 ? 1 : v[s] > m ? m : v[s];
+			}
+			sum += (int64_t)v[s];
+			if (v[s] > v[top])
+				top = s;
+		}
+		int64_t ft = (int64_t)v[top] - (sum - (int64_t)m);
+		if (t.n_rows == 1 && ft >= 1 && ft <= (int64_t)m) {
+			tried++;
+			v[top] = (uint64_t)ft;
+			for (unsigned s = 0; s < a; s++)
+				bad += t.freq[s] != v[s];
+		}
+		ulp_table_free(&t);
+	}
+	CHECK(tried > 100 && bad == 0, "normalize: %d of %d rows rounded differently", bad, tried);
+}
+
+/* the scalar reference and each SIMD path (skipped where the CPU lacks it) */
+static const unsigned masks[] = {0, ULP_CPU_AVX2, ULP_CPU_AVX2 | ULP_CPU_AVX512, ULP_CPU_NEON};
+
 /* ANCHOR chunks of F32 with a chosen distribution of exponent symbols */
 static void test_streams(void)
 {
@@ -162,13 +214,18 @@ static void test_streams(void)
 			REQUIRE(ulp_table_esyms(&t, &es) == 0 && ulp_dtab_build(&t, &d) == 0, "views");
 			size_t rl;
 			REQUIRE(ulp_chunk_encode(&f, &t, es, NULL, lanes, syms, NULL, n, rb, rc, &rl) == 0, "encode");
-			uint64_t *es64 = ulp_esyms_pack(&t, es);
-			if (es64) { /* the AVX-512 encoder writes the same bytes */
+			/* every SIMD encoder writes the scalar encoder's bytes */
+			for (int m = 1; m < 4; m++) {
+				if ((ulp_cpu_features() & masks[m]) != masks[m])
+					continue;
+				unsigned old = ulp_set_cpu_mask(masks[m]);
+				uint64_t *es64 = ulp_esyms_pack(&t, es);
 				uint8_t *rb2 = malloc(rc);
 				size_t rl2 = 0;
 				REQUIRE(ulp_chunk_encode(&f, &t, es, es64, lanes, syms, NULL, n, rb2, rc, &rl2) == 0, "encode");
-				CHECK(rl2 == rl && memcmp(rb, rb2, rl) == 0, "anchor dist %d, %u lanes: AVX-512 encoder bytes identical",
-				      dist, lanes);
+				CHECK(rl2 == rl && memcmp(rb, rb2, rl) == 0, "anchor dist %d, %u lanes: encoder bytes on cpu mask %u identical",
+				      dist, lanes, masks[m]);
+				ulp_set_cpu_mask(old);
 				free(rb2);
 				free(es64);
 			}
@@ -216,7 +273,6 @@ static void make_delta_pair(const ulp_fmt *f, size_t n, void *xv, void *rv)
 static void test_delta_streams(void)
 {
 	const ulp_dtype dts[] = {ULP_DT_BF16, ULP_DT_F16, ULP_DT_F32};
-	const unsigned masks[] = {0, ULP_CPU_AVX2, ULP_CPU_AVX2 | ULP_CPU_AVX512, ULP_CPU_NEON};
 	const size_t n = 70001; /* not a multiple of 64: every kernel leaves a tail; above
 	                           65536: pass 1 counts into its four tables */
 	for (int k = 0; k < 3; k++) {
@@ -256,14 +312,19 @@ static void test_delta_streams(void)
 			size_t rc = ulp_chunk_rans_bound(n, lanes), rl;
 			uint8_t *rb = malloc(rc);
 			REQUIRE(ulp_chunk_encode(&f, &t, es, NULL, lanes, syms, r, n, rb, rc, &rl) == 0, "encode");
-			/* the AVX-512 encoder (32 lanes) writes the same bytes */
-			uint64_t *es64 = ulp_esyms_pack(&t, es);
-			if (es64) {
+			/* every SIMD encoder (AVX2: 8 to 32 lanes, AVX-512: 32) writes
+			 * the scalar encoder's bytes */
+			for (int m = 1; m < 4; m++) {
+				if ((ulp_cpu_features() & masks[m]) != masks[m])
+					continue;
+				unsigned old = ulp_set_cpu_mask(masks[m]);
+				uint64_t *es64 = ulp_esyms_pack(&t, es);
 				uint8_t *rb2 = malloc(rc);
 				size_t rl2 = 0;
 				REQUIRE(ulp_chunk_encode(&f, &t, es, es64, lanes, syms, r, n, rb2, rc, &rl2) == 0, "encode");
-				CHECK(rl2 == rl && memcmp(rb, rb2, rl) == 0, "w%u delta, %u lanes: AVX-512 encoder bytes identical",
-				      f.w, lanes);
+				CHECK(rl2 == rl && memcmp(rb, rb2, rl) == 0, "w%u delta, %u lanes: encoder bytes on cpu mask %u identical",
+				      f.w, lanes, masks[m]);
+				ulp_set_cpu_mask(old);
 				free(rb2);
 				free(es64);
 			}
@@ -278,6 +339,12 @@ static void test_delta_streams(void)
 				                           bits, r, n, y, &err);
 				CHECK(rcd == 0 && memcmp(x, y, n * es_) == 0, "w%u delta, %u lanes, cpu mask %u",
 				      f.w, lanes, masks[m]);
+				/* a stream one word short: its last block decodes from the
+				 * zero-padded copy and the shortage is reported */
+				rcd = ulp_chunk_decode(&f, &d, lanes, rb, rl - 2, wb, (size_t)((bits + 7) / 8),
+				                       bits, r, n, y, &err);
+				CHECK(rcd < 0, "w%u delta, %u lanes, cpu mask %u: short rANS stream detected (%s)",
+				      f.w, lanes, masks[m], msg);
 				/* an element whose reference context has no row, late in the chunk */
 				uint8_t save[4];
 				memcpy(save, r + 3001 * es_, es_);
@@ -302,6 +369,7 @@ static void test_delta_streams(void)
 int main(void)
 {
 	test_reciprocal();
+	test_normalize_exact();
 	test_tables();
 	test_streams();
 	test_delta_streams();

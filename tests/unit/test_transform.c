@@ -4,32 +4,56 @@
  * every 16-bit pattern (BF16, F16) against 64+ references including signed
  * zeros, infinities, NaNs with payloads, subnormals and extremes; every 8-bit
  * pair (F8_E4M3, F8_E5M2); randomized 32- and 64-bit with the same edge sets.
- * Each case runs through DELTA and ANCHOR blobs (forced), encode then decode
- * on every CPU path (scalar reference, AVX2 and AVX-512 where the CPU has them), with
- * 8 and 32 rANS lanes.
+ * Each case runs through DELTA and ANCHOR blobs (forced) with 4, 8 and 32 rANS
+ * lanes: encoded on every CPU path (scalar reference, AVX2, AVX-512, NEON where
+ * the CPU has them), which must all write the scalar path's bytes, then decoded
+ * on every path.
  */
 #include "tap.h"
 #include "ulpack.h"
 #include <string.h>
+
+/* the scalar reference and each SIMD path (skipped where the CPU lacks it) */
+static const unsigned masks[] = {0, ULP_CPU_AVX2, ULP_CPU_AVX2 | ULP_CPU_AVX512, ULP_CPU_NEON};
+
+static int have_path(unsigned m)
+{
+	return !m || (ulp_cpu_features() & m) == m;
+}
 
 static int roundtrip(ulp_dtype dt, const void *x, const void *r, size_t bytes, int codec,
                      unsigned chunk_log2)
 {
 	ulp_enc_opts o = {.chunk_log2 = chunk_log2, .force_codec = codec + 1};
 	size_t cap = ulp_encode_bound(dt, bytes, &o);
-	uint8_t *blob = malloc(cap), *out = malloc(bytes ? bytes : 1);
+	uint8_t *blob = malloc(cap), *blob2 = malloc(cap), *out = malloc(bytes ? bytes : 1);
 	int ok = 0;
+	/* the scalar reference encodes; every other path must write the same bytes */
+	unsigned old0 = ulp_set_cpu_mask(0);
 	int64_t n = ulp_encode(&o, NULL, dt, blob, cap, x, bytes, codec == ULP_CODEC_DELTA ? r : NULL,
 	                       codec == ULP_CODEC_DELTA ? bytes : 0, NULL);
+	ulp_set_cpu_mask(old0);
+	int same = 1;
+	for (int m = 1; m < 4 && n > 0; m++) {
+		if (!have_path(masks[m]))
+			continue;
+		unsigned old = ulp_set_cpu_mask(masks[m]);
+		int64_t n2 = ulp_encode(&o, NULL, dt, blob2, cap, x, bytes, codec == ULP_CODEC_DELTA ? r : NULL,
+		                        codec == ULP_CODEC_DELTA ? bytes : 0, NULL);
+		ulp_set_cpu_mask(old);
+		if (n2 != n || memcmp(blob, blob2, (size_t)n) != 0) {
+			fprintf(stderr, "encoder bytes differ on cpu mask %u\n", masks[m]);
+			same = 0;
+		}
+	}
 	if (n > 0) {
 		char err[200] = "";
 		ulp_blob *b;
 		if (ulp_blob_open(blob, (size_t)n, &b, err, sizeof(err)) == 0) {
-			ok = ulp_blob_get_info(b)->codec == codec;
-			/* every CPU path: the scalar reference and each SIMD kernel */
-			const unsigned masks[] = {0, ULP_CPU_AVX2, ULP_CPU_AVX2 | ULP_CPU_AVX512, ULP_CPU_NEON};
+			ok = same && ulp_blob_get_info(b)->codec == codec;
+			/* every CPU path decodes it */
 			for (int m = 0; m < 4; m++) {
-				if (masks[m] && !(ulp_cpu_features() & masks[m]))
+				if (!have_path(masks[m]))
 					continue;
 				unsigned old = ulp_set_cpu_mask(masks[m]);
 				memset(out, 0, bytes);
@@ -44,6 +68,7 @@ static int roundtrip(ulp_dtype dt, const void *x, const void *r, size_t bytes, i
 		}
 	}
 	free(blob);
+	free(blob2);
 	free(out);
 	return ok;
 }
