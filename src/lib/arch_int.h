@@ -339,6 +339,14 @@ int ulp_pack_append(ulp_pack_writer *w, const void *blob, size_t len, uint64_t *
 /* the same, with the blob's digest already taken (by the thread that coded it) */
 int ulp_pack_append_digest(ulp_pack_writer *w, const void *blob, size_t len,
                            const uint8_t sha[ULP_SHA256_LEN], uint64_t *offset);
+/* A blob written in pieces, by several threads: ulp_pack_reserve takes len
+ * bytes at the end (*offset) in the blobs' order, ulp_pack_write_at fills
+ * any part of them (from any thread), ulp_pack_reserved_digest then records
+ * the blob's digest in the pack's name, in the same order as the appends
+ * and reserves around it. */
+int ulp_pack_reserve(ulp_pack_writer *w, size_t len, uint64_t *offset);
+int ulp_pack_write_at(ulp_pack_writer *w, uint64_t offset, const void *p, size_t len);
+void ulp_pack_reserved_digest(ulp_pack_writer *w, size_t len, const uint8_t sha[ULP_SHA256_LEN]);
 uint64_t ulp_pack_size(const ulp_pack_writer *w);
 /* Makes the pack durable under its content name: write, fsync, rename,
  * fsync of the directory. name receives its file name. */

@@ -183,8 +183,9 @@ static uint64_t payload_hash(const uint8_t *p, size_t len)
 	return XXH3_64bits_withSeed(p, len, ULP_PAYLOAD_SEED);
 }
 
-/* Header bytes before the payloads, for candidate c (dst NULL: count only). */
-static size_t write_header(const enc *e, const cand *c, uint8_t *dst)
+/* Header bytes before the payloads, for candidate c (dst NULL: count only);
+ * phash: the payloads' hashes (payload_hash), one a chunk. */
+static size_t write_header(const enc *e, const cand *c, const uint64_t *phash, uint8_t *dst)
 {
 	uint8_t tmp[16];
 	size_t o = 0;
@@ -215,7 +216,7 @@ static size_t write_header(const enc *e, const cand *c, uint8_t *dst)
 				o += put_varint(dst ? dst + o : NULL, c->ch[k].len);
 			}
 			if (dst)
-				ulp_st64(tmp, e->sum[k] ^ payload_hash(c->ch[k].buf, c->ch[k].len));
+				ulp_st64(tmp, e->sum[k] ^ phash[k]);
 			PUT(tmp, 8);
 		}
 	}
@@ -228,7 +229,7 @@ static size_t write_header(const enc *e, const cand *c, uint8_t *dst)
 
 static void cand_size(const enc *e, cand *c)
 {
-	size_t s = write_header(e, c, NULL);
+	size_t s = write_header(e, c, NULL, NULL);
 	if (c->codec != ULP_CODEC_IDENT)
 		for (size_t k = 0; k < e->n_chunks; k++)
 			s += c->ch[k].len;
@@ -564,16 +565,50 @@ size_t ulp_encode_bound(ulp_dtype dt, size_t src_len, const ulp_enc_opts *o)
 	return bound;
 }
 
-static int64_t assemble(const enc *e, const cand *c, uint8_t *dst, size_t cap)
+/* The blob assembled in dst: payloads copied and hashed chunk by chunk on
+ * the pool, then the header that holds their hashes (no serial pass over
+ * the payloads). */
+typedef struct asm_job {
+	const enc *e;
+	const cand *c;
+	uint8_t *dst;
+	size_t *off;        /* payload offsets in dst */
+	uint64_t *phash;
+} asm_job;
+
+static int job_assemble(void *arg, size_t k)
+{
+	asm_job *j = arg;
+	const enc_chunk *ch = &j->c->ch[k];
+	memcpy(j->dst + j->off[k], ch->buf, ch->len);
+	j->phash[k] = payload_hash(ch->buf, ch->len);
+	return 0;
+}
+
+static int64_t assemble(const enc *e, const cand *c, ulp_pool *pool, uint8_t *dst, size_t cap)
 {
 	if (c->size > cap)
 		return -ULP_E_OVERFLOW;
-	size_t o = write_header(e, c, dst);
-	if (c->codec != ULP_CODEC_IDENT)
-		for (size_t k = 0; k < e->n_chunks; k++) {
-			memcpy(dst + o, c->ch[k].buf, c->ch[k].len);
-			o += c->ch[k].len;
-		}
+	if (c->codec == ULP_CODEC_IDENT)
+		return (int64_t)write_header(e, c, NULL, dst);
+	size_t n = e->n_chunks ? e->n_chunks : 1;
+	size_t *off = malloc(n * sizeof(size_t));
+	uint64_t *phash = malloc(n * sizeof(uint64_t));
+	if (!off || !phash) {
+		free(off);
+		free(phash);
+		return -ULP_E_NOMEM;
+	}
+	size_t o = write_header(e, c, NULL, NULL);
+	for (size_t k = 0; k < e->n_chunks; k++) {
+		off[k] = o;
+		o += c->ch[k].len;
+	}
+	asm_job j = {e, c, dst, off, phash};
+	ulp_pool_run(pool, e->n_chunks, job_assemble, &j);
+	write_header(e, c, phash, dst);
+	free(off);
+	free(phash);
 	return (int64_t)o;
 }
 
@@ -689,7 +724,7 @@ int64_t ulp_encode(const ulp_enc_opts *opts, ulp_pool *pool, ulp_dtype dt, void 
 		}
 	}
 write:
-	rc = assemble(&e, &best, dst, dst_cap);
+	rc = assemble(&e, &best, pool, dst, dst_cap);
 	if (rc >= 0 && stats) {
 		stats->codec = best.codec;
 		stats->raw_bytes = src_len;

@@ -31,7 +31,6 @@
 #include <errno.h>
 #include <openssl/evp.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -69,6 +68,9 @@ typedef struct put {
 	ulp_put_result *res;
 	uint8_t *vb;            /* the verbatim segments' bytes, in order (invariant 4) */
 	size_t n_vb, cap_vb;
+	pthread_mutex_t mu;     /* nb, nx, vb, pw, stored, depth, anchor, res: phase C
+	                           appends from inside the parallel phase B */
+	pthread_mutex_t hmu;    /* job.ready, batch.hashed/hashing (hash_in_order) */
 } put;
 
 static int read_at(put *p, uint8_t *buf, size_t len, uint64_t off)
@@ -87,13 +89,20 @@ static int read_at(put *p, uint8_t *buf, size_t len, uint64_t off)
 }
 
 /* A blob already in the archive or made earlier in this put? */
-static int have_content(put *p, const uint8_t sha[ULP_SHA256_LEN], unsigned *depth)
+static int have_content(put *p, const uint8_t sha[ULP_SHA256_LEN], unsigned *depth, int locked)
 {
-	for (size_t i = 0; i < p->n_nb; i++)
+	int found = 0;
+	if (!locked)
+		pthread_mutex_lock(&p->mu);
+	for (size_t i = 0; i < p->n_nb && !found; i++)
 		if (memcmp(p->nb[i].content, sha, ULP_SHA256_LEN) == 0) {
 			*depth = p->nb[i].depth;
-			return 1;
+			found = 1;
 		}
+	if (!locked)
+		pthread_mutex_unlock(&p->mu);
+	if (found)
+		return 1;
 	ulp_blobrow row;
 	int rc = ulp_index_blob(p->a, sha, &row);
 	if (rc == 0) {
@@ -123,9 +132,14 @@ static int add_extent(put *p, uint64_t off, uint64_t len, const uint8_t sha[ULP_
 /*
  * Segments are processed in batches (4 MiB a thread, or one larger segment):
  * their references looked up in order (phase A), read, hashed, coded and
- * verified in parallel (phase B; the file's hash follows the reads in
- * order), appended to the pack in order
+ * verified in parallel (phase B: one pool job a segment, whose chunks are
+ * nested jobs of the same pool, so a large segment is split among the
+ * threads that have nothing else left; the file's sha256 is taken in order
+ * by the threads that read, hash_in_order), appended to the pack in order
  * (phase C), so the pack and the index do not depend on the thread count.
+ * Phase C runs inside phase B: the thread that finishes job k appends, under
+ * put.mu, every finished job from the first not yet appended on, so the
+ * pack is written while later jobs code.
  */
 typedef struct job {
 	const seg *s;
@@ -137,12 +151,15 @@ typedef struct job {
 	int try_ref;                       /* a reference tensor exists */
 	uint8_t ref_sha[ULP_SHA256_LEN];
 	int ready;                         /* 1: buf holds the bytes, 2: reading failed
-	                                      (atomic: job n waits for it) */
+	                                      (under put.hmu) */
 	uint8_t *blob;                     /* phase B result */
 	uint8_t blob_sha[ULP_SHA256_LEN];  /* the blob's digest, for the pack's name */
 	size_t blob_len, blob_cap, buf_cap; /* buffers are kept from one batch to the next */
 	int codec, used_ref;
 	int rc;
+	int done;                          /* phase B over (under put.mu) */
+	int prewritten;                    /* the blob is in the pack at pack_off (write_lone) */
+	uint64_t pack_off;
 	char err[600];
 } job;
 
@@ -150,25 +167,50 @@ typedef struct batch {
 	put *p;
 	job *j;
 	size_t n;
-	int nested;                        /* jobs may use the pool themselves */
-	EVP_MD_CTX *file_sha;              /* job n: the file's hash over the batch, in order */
+	int lone;                          /* one job: it writes its blob itself (write_lone) */
+	size_t hashed;                     /* jobs in the file's sha256 (under put.hmu) */
+	int hashing;                       /* a thread is taking them in (under put.hmu) */
+	EVP_MD_CTX *file_sha;              /* the file's sha256 (hash_in_order) */
+	/* phase C, under p->mu */
+	size_t appended;                   /* jobs [0, appended) are in the pack */
+	int arc;                           /* first error appending, 0 if none */
+	char aerr[600];                    /* its message */
 } batch;
 
-/* After a content's decode (a lone one: on the pool): the comparison with its
- * input piece by piece, then the cache seeded chunk by chunk. */
+/* After a content's coding: its blob decoded chunk by chunk and compared
+ * with its input (job_check_chunk), then the cache seeded chunk by chunk
+ * (job_seed). */
 typedef struct finish {
 	ulp_archive *a;
 	const job *j;
-	const uint8_t *check;
+	const uint8_t *ref;  /* the reference the blob was coded against, or NULL */
 	size_t piece;        /* bytes a job: the blob's chunk */
-	int differs;         /* atomic */
+	int differs, nomem;  /* atomic */
+	const ulp_blob *b;
 } finish;
 
-static int job_compare(void *arg, size_t k)
+static int job_check_chunk(void *arg, size_t k)
 {
 	finish *f = arg;
-	size_t off = k * f->piece;
-	if (memcmp(f->check + off, f->j->buf + off, ULP_MIN(f->piece, f->j->len - off)) != 0)
+	uint64_t off = k * f->piece, len = ULP_MIN(f->piece, f->j->len - off);
+	if (ulp_blob_get_info(f->b)->codec == ULP_CODEC_IDENT) { /* its bytes are the reference's */
+		if (!f->ref || memcmp(f->ref + off, f->j->buf + off, (size_t)len) != 0)
+			__atomic_store_n(&f->differs, 1, __ATOMIC_RELAXED);
+		return 0;
+	}
+	ulp_blob_chunk_range(f->b, (uint32_t)k, &off, &len);
+	if (off + len > f->j->len || off != k * f->piece) {
+		__atomic_store_n(&f->differs, 1, __ATOMIC_RELAXED);
+		return 0;
+	}
+	uint8_t *t = ulp_scratch(ULP_SCRATCH_CHECK, len ? (size_t)len : 1);
+	if (!t) {
+		__atomic_store_n(&f->nomem, 1, __ATOMIC_RELAXED);
+		return 0;
+	}
+	int64_t d = ulp_blob_decode_chunk(f->b, (uint32_t)k, t, (size_t)len, f->ref ? f->ref + off : NULL,
+	                                  f->ref ? (size_t)len : 0);
+	if (d != (int64_t)len || memcmp(t, f->j->buf + off, (size_t)len) != 0)
 		__atomic_store_n(&f->differs, 1, __ATOMIC_RELAXED);
 	return 0;
 }
@@ -192,62 +234,270 @@ static void run_jobs(ulp_pool *pool, size_t n, int (*fn)(void *, size_t), void *
 			fn(arg, k);
 }
 
-/* Phase B: code one content against its reference (or standalone), decode
- * what was written and compare (invariant 1). */
-static int code_job(void *arg, size_t i)
+/* A content's bytes read and, for format v2, its digest's leaves hashed
+ * (ulpack-format(5) 2.4) leaf by leaf, as nested jobs of the pool, so that
+ * neither the read nor the hashing is a serial pass. */
+typedef struct reader {
+	put *p;
+	job *j;
+	uint8_t *leaves;     /* NULL: bytes only (v1, verbatim) */
+	int failed;          /* atomic: the first failing piece reports */
+} reader;
+
+static int job_read_leaf(void *arg, size_t k)
 {
-	batch *bt = arg;
-	if (i == bt->n) { /* the file's sha256 goes on beside the coding, in order */
-		for (size_t k = 0; k < bt->n; k++) {
-			int r;
-			/* jobs are claimed in index order (pool.c): job k runs, its
-			 * read comes first and is short */
-			while ((r = __atomic_load_n(&bt->j[k].ready, __ATOMIC_ACQUIRE)) == 0)
-				sched_yield();
-			if (r == 1)
-				EVP_DigestUpdate(bt->file_sha, bt->j[k].buf, bt->j[k].len);
+	reader *r = arg;
+	job *j = r->j;
+	size_t off = k * ULP_DIGEST_LEAF, len = ULP_MIN(ULP_DIGEST_LEAF, j->len - off);
+	int rc = read_at(r->p, j->buf + off, len, j->s->offset + off);
+	if (rc < 0) {
+		if (!__atomic_exchange_n(&r->failed, 1, __ATOMIC_ACQ_REL)) {
+			j->rc = rc;
+			snprintf(j->err, sizeof(j->err), "%s", ulp_archive_errmsg(r->p->a));
 		}
 		return 0;
 	}
+	if (r->leaves)
+		ulp_digest_leaves(j->buf + off, len, r->leaves + k * ULP_SHA256_LEN);
+	return 0;
+}
+
+static int read_job(put *p, job *j, ulp_pool *pool, int digest)
+{
+	size_t m = ulp_digest_n_leaves(j->len);
+	uint8_t one[ULP_SHA256_LEN];
+	reader r = {p, j, NULL, 0};
+	if (digest && !(r.leaves = m <= 1 ? one : malloc(m * ULP_SHA256_LEN))) {
+		j->rc = -ULP_E_NOMEM;
+		snprintf(j->err, sizeof(j->err), "%s: out of memory hashing %zu bytes", p->path, j->len);
+		return j->rc;
+	}
+	run_jobs(m > 1 ? pool : NULL, m, job_read_leaf, &r);
+	if (!r.failed && r.leaves)
+		ulp_digest_root(r.leaves, j->len, j->sha);
+	if (r.leaves != one)
+		free(r.leaves);
+	return r.failed ? j->rc : 0;
+}
+
+/* The reference's bytes into dst, its chunks looked up (decoded if not
+ * cached) and copied on the pool: ulp_read_content copies serially. */
+typedef struct refcopy {
+	ulp_archive *a;
+	const uint8_t *sha;
+	uint8_t *dst;
+	size_t len, chunk;   /* bytes of the content and of a chunk */
+	int failed;          /* atomic */
+} refcopy;
+
+static int job_ref_chunk(void *arg, size_t k)
+{
+	refcopy *r = arg;
+	ulp_centry *e;
+	const uint8_t *d;
+	size_t l, off = k * r->chunk;
+	if (ulp_read_chunk(r->a, r->sha, (uint32_t)k, &e, &d, &l, NULL) < 0) {
+		__atomic_store_n(&r->failed, 1, __ATOMIC_RELAXED);
+		return 0;
+	}
+	if (l == ULP_MIN(r->chunk, r->len - off))
+		memcpy(r->dst + off, d, l);
+	else
+		__atomic_store_n(&r->failed, 1, __ATOMIC_RELAXED);
+	ulp_cache_put(r->a->cache, e);
+	return 0;
+}
+
+static int read_ref(ulp_archive *a, ulp_pool *pool, const uint8_t sha[ULP_SHA256_LEN], uint8_t *dst,
+                    size_t len)
+{
+	const ulp_blob *b;
+	ulp_centry *be;
+	if (!pool)
+		return ulp_read_content(a, sha, dst, len);
+	ULP_TRY(ulp_read_blob(a, sha, &be, &b));
+	const ulp_blob_info *in = ulp_blob_get_info(b);
+	size_t chunk = (size_t)in->chunk_elems * ulp_dtype_size(in->dtype);
+	uint32_t nk = in->n_chunks;
+	int ok = in->raw_bytes == len && chunk > 0 && (uint64_t)nk * chunk >= len;
+	ulp_cache_put(a->cache, be);
+	if (!ok) /* unusual geometry: the plain path, with its own checks and errors */
+		return ulp_read_content(a, sha, dst, len);
+	refcopy r = {a, sha, dst, len, chunk, 0};
+	ulp_pool_run(pool, nk, job_ref_chunk, &r);
+	return r.failed ? -ULP_E_CORRUPT : 0;
+}
+
+static int append_job(put *p, job *j);
+
+/* A lone job's blob written to the pack leaf by leaf while its digest's
+ * leaves are hashed, on the pool: no serial write of the blob in phase C. */
+typedef struct lone {
+	put *p;
+	job *j;
+	uint8_t *leaves;
+	int failed;          /* atomic */
+} lone;
+
+static int job_lone_leaf(void *arg, size_t k)
+{
+	lone *l = arg;
+	job *j = l->j;
+	size_t off = k * ULP_DIGEST_LEAF, len = ULP_MIN(ULP_DIGEST_LEAF, j->blob_len - off);
+	ulp_digest_leaves(j->blob + off, len, l->leaves + k * ULP_SHA256_LEN);
+	int rc = ulp_pack_write_at(l->p->pw, j->pack_off + off, j->blob + off, len);
+	if (rc < 0 && !__atomic_exchange_n(&l->failed, 1, __ATOMIC_ACQ_REL)) {
+		j->rc = rc;
+		snprintf(j->err, sizeof(j->err), "%s", ulp_archive_errmsg(l->p->a));
+	}
+	return 0;
+}
+
+static void write_lone(put *p, job *j, ulp_pool *pool)
+{
+	size_t m = ulp_digest_n_leaves(j->blob_len);
+	lone l = {p, j, malloc(ULP_MAX(m, 1) * ULP_SHA256_LEN), 0};
+	int rc = l.leaves ? 0 : -ULP_E_NOMEM;
+	pthread_mutex_lock(&p->mu);
+	if (rc == 0 && !p->pw)
+		rc = ulp_pack_writer_new(p->a, &p->pw);
+	if (rc == 0)
+		rc = ulp_pack_reserve(p->pw, j->blob_len, &j->pack_off);
+	pthread_mutex_unlock(&p->mu);
+	if (rc < 0) {
+		j->rc = rc;
+		snprintf(j->err, sizeof(j->err), "%s: %s", p->path,
+		         rc == -ULP_E_NOMEM ? "out of memory hashing a blob" : ulp_archive_errmsg(p->a));
+		free(l.leaves);
+		return;
+	}
+	j->prewritten = 1;
+	run_jobs(pool, m, job_lone_leaf, &l);
+	ulp_digest_root(l.leaves, j->blob_len, j->blob_sha);
+	free(l.leaves);
+}
+
+static void code_one(batch *bt, size_t i);
+
+/* Phase B, job i: code_one, then phase C for the jobs finished in order. */
+static int code_job(void *arg, size_t i)
+{
+	batch *bt = arg;
+	put *p = bt->p;
+	code_one(bt, i);
+	pthread_mutex_lock(&p->mu);
+	bt->j[i].done = 1;
+	while (bt->appended < bt->n && bt->j[bt->appended].done && bt->arc == 0) {
+		bt->arc = append_job(p, &bt->j[bt->appended++]);
+		if (bt->arc < 0) /* the message is this thread's: keep it for the caller */
+			snprintf(bt->aerr, sizeof(bt->aerr), "%s", ulp_archive_errmsg(p->a));
+	}
+	pthread_mutex_unlock(&p->mu);
+	return 0;
+}
+
+/* The file's sha256, taken in order inside phase B: the thread that has
+ * read job i hashes it, and the jobs after it that are read, unless a thread
+ * is at it already (which then takes job i too: it checks again under
+ * put.hmu after each job). Nothing waits, so no pool thread can wait on a
+ * job it is itself inside of. */
+static void hash_in_order(batch *bt, size_t i, int rr)
+{
+	put *p = bt->p;
+	pthread_mutex_lock(&p->hmu);
+	bt->j[i].ready = rr < 0 ? 2 : 1;
+	if (!bt->hashing) {
+		bt->hashing = 1;
+		while (bt->hashed < bt->n && bt->j[bt->hashed].ready) {
+			job *k = &bt->j[bt->hashed];
+			pthread_mutex_unlock(&p->hmu);
+			if (k->ready == 1)
+				EVP_DigestUpdate(bt->file_sha, k->buf, k->len);
+			pthread_mutex_lock(&p->hmu);
+			bt->hashed++;
+		}
+		bt->hashing = 0;
+	}
+	pthread_mutex_unlock(&p->hmu);
+}
+
+static void code_rest(batch *bt, size_t i);
+
+/* A lone job: its part of the file's sha256 and its coding, side by side,
+ * as two jobs of one loop. The thread that opened the loop codes (its
+ * scratch buffers are the ones sized for this job: a pool thread coding
+ * would hold a second set), the other hashes: each call takes the part it
+ * prefers if still free, else the other. */
+typedef struct split {
+	batch *bt;
+	size_t i;
+	int rr;
+	pthread_t owner;
+	int taken;           /* atomic: bit 0 coding, bit 1 hashing */
+} split;
+
+static int job_split(void *arg, size_t k)
+{
+	split *sp = arg;
+	(void)k;
+	int want = pthread_equal(pthread_self(), sp->owner) ? 1 : 2;
+	int got = __atomic_fetch_or(&sp->taken, want, __ATOMIC_ACQ_REL) & want ? 3 - want : want;
+	__atomic_fetch_or(&sp->taken, got, __ATOMIC_ACQ_REL);
+	if (got == 2)
+		hash_in_order(sp->bt, sp->i, sp->rr);
+	else
+		code_rest(sp->bt, sp->i);
+	return 0;
+}
+
+/* Phase B: code one content against its reference (or standalone), decode
+ * what was written and compare (invariant 1). */
+static void code_one(batch *bt, size_t i)
+{
 	job *j = &bt->j[i];
 	ulp_archive *a = bt->p->a;
-	/* phase B reads its own bytes: reads run in parallel too */
-	int rr = read_at(bt->p, j->buf, j->len, j->s->offset);
-	__atomic_store_n(&j->ready, rr < 0 ? 2 : 1, __ATOMIC_RELEASE);
-	if (rr < 0) {
-		j->rc = rr;
-		snprintf(j->err, sizeof(j->err), "%s", ulp_archive_errmsg(a));
-		return 0;
+	ulp_pool *pool = a->pool; /* nested (pool.c): idle threads take chunks of any job */
+	/* phase B reads its own bytes: reads run in parallel too, and with
+	 * them the content's identity, its digest (ulpack-format(5) 2.4) */
+	int v2 = a->blob_version != 1 && j->s->kind != SEG_VERBATIM;
+	int rr = read_job(bt->p, j, pool, v2);
+	if (rr == 0 && bt->lone && j->s->kind != SEG_VERBATIM) {
+		/* the file's sha256 of its bytes beside its coding */
+		split sp = {bt, i, rr, pthread_self(), 0};
+		ulp_pool_run(pool, 2, job_split, &sp);
+		return;
 	}
-	if (j->s->kind == SEG_VERBATIM) /* kept as read: phase C adds it to the header */
-		return 0;
+	hash_in_order(bt, i, rr);
+	if (rr == 0 && j->s->kind != SEG_VERBATIM) /* verbatim: kept as read, phase C adds it */
+		code_rest(bt, i);
+}
+
+/* The rest of phase B: j's bytes are read and its digest taken. */
+static void code_rest(batch *bt, size_t i)
+{
+	job *j = &bt->j[i];
+	ulp_archive *a = bt->p->a;
+	ulp_pool *pool = a->pool;
+	int v2 = a->blob_version != 1;
 	ulp_dtype dt = j->s->kind == SEG_TENSOR ? j->s->dtype : ULP_DT_UNKNOWN;
-	uint8_t *ref = NULL, *check = NULL;
-	ulp_pool *pool = bt->nested ? a->pool : NULL;
-	/* the content's identity: its digest (ulpack-format(5) 2.4), hashed in
-	 * parallel when this job has the pool to itself */
-	if (a->blob_version == 1)
+	uint8_t *ref = NULL;
+	if (!v2)
 		ulp_sha256(j->buf, j->len, j->sha);
-	else if (ulp_content_digest(pool, j->buf, j->len, j->sha) < 0) {
-		j->rc = -ULP_E_NOMEM;
-		snprintf(j->err, sizeof(j->err), "%s: out of memory hashing %zu bytes", bt->p->path, j->len);
-		return 0;
-	}
-	/* stored once: an earlier file, or earlier in this one (phase C adds
-	 * blobs only between batches, so reading them here is safe) */
-	int have = have_content(bt->p, j->sha, &j->depth);
+	/* stored once: an earlier file, or earlier in this one (under put.mu:
+	 * phase C appends meanwhile) */
+	int have = have_content(bt->p, j->sha, &j->depth, 0);
 	if (have < 0) {
 		j->rc = have;
 		snprintf(j->err, sizeof(j->err), "%s", ulp_archive_errmsg(a));
-		return 0;
+		return;
 	}
 	if (have) {
 		j->reuse = 1;
-		return 0;
+		return;
 	}
 	if (j->try_ref) {
 		ref = ulp_scratch(ULP_SCRATCH_REF, j->len);
-		if (ref && ulp_read_content(a, j->ref_sha, ref, j->len) < 0)
+		if (ref && read_ref(a, pool, j->ref_sha, ref, j->len) < 0)
 			ref = NULL; /* an unreadable reference is no reason to fail: standalone */
 	}
 	/* both identities are known: the content's from above, the reference's from the index */
@@ -259,8 +509,7 @@ static int code_job(void *arg, size_t i)
 		j->blob = ulp_alloc_big(cap);
 		j->blob_cap = j->blob ? cap : 0;
 	}
-	check = ulp_scratch(ULP_SCRATCH_CHECK, j->len ? j->len : 1);
-	if (!j->blob || !check) {
+	if (!j->blob) {
 		j->rc = -ULP_E_NOMEM;
 		snprintf(j->err, sizeof(j->err), "%s: out of memory coding %zu bytes", bt->p->path, j->len);
 		goto out;
@@ -276,20 +525,23 @@ static int code_job(void *arg, size_t i)
 	char why[256] = "decoded blob differs from its input";
 	int rc = ulp_blob_open(j->blob, (size_t)n, &b, why, sizeof(why));
 	if (rc == 0) {
-		int has_ref = ulp_blob_get_info(b)->has_ref;
-		int64_t d = ulp_blob_decode(b, pool, check, j->len, has_ref ? ref : NULL, has_ref ? j->len : 0);
-		size_t cb = (size_t)ulp_blob_get_info(b)->chunk_elems * ulp_dtype_size(dt);
-		finish f = {a, j, check, cb ? cb : ((size_t)4 << 20), 0};
-		size_t pieces = (j->len + f.piece - 1) / f.piece;
-		if (d == (int64_t)j->len)
-			run_jobs(pool, pieces, job_compare, &f);
-		/* a decode that could not run (no memory) is that error, not a mismatch */
-		rc = d < 0 && d != -ULP_E_CHECKSUM && d != -ULP_E_CORRUPT ? (int)d
-		     : d == (int64_t)j->len && !f.differs &&
-		       memcmp(ulp_blob_get_info(b)->content_sha256, j->sha, ULP_SHA256_LEN) == 0
-		         ? 0 : -ULP_E_CHECKSUM;
+		const ulp_blob_info *in = ulp_blob_get_info(b);
+		int has_ref = in->has_ref;
+		size_t cb = (size_t)in->chunk_elems * ulp_dtype_size(dt);
+		finish f = {a, j, has_ref ? ref : NULL, cb, 0, 0, b};
+		/* invariant 1, chunk by chunk into chunk-sized buffers (not a
+		 * second copy of the content): every byte decoded and compared
+		 * (IDENT: the reference's, with no chunks of its own) */
+		uint64_t nk = in->codec == ULP_CODEC_IDENT && cb ? (j->len + cb - 1) / cb : in->n_chunks;
+		if (in->raw_bytes == j->len && (j->len == 0 || (cb > 0 && nk * cb >= j->len)))
+			run_jobs(pool, (size_t)nk, job_check_chunk, &f);
+		else
+			f.differs = 1;
+		rc = f.nomem ? -ULP_E_NOMEM
+		     : !f.differs && memcmp(in->content_sha256, j->sha, ULP_SHA256_LEN) == 0 ? 0 : -ULP_E_CHECKSUM;
 		if (rc == -ULP_E_NOMEM)
-			snprintf(why, sizeof(why), "out of memory decoding it");
+			snprintf(why, sizeof(why), "out of memory decoding a chunk");
+		size_t pieces = cb ? (j->len + cb - 1) / cb : 0;
 		j->used_ref = has_ref;
 		/* the next step is coded against this one: keep it decoded, in
 		 * the memory of the reference it supersedes (no fresh pages) */
@@ -307,21 +559,19 @@ static int code_job(void *arg, size_t i)
 	}
 	j->blob_len = (size_t)n;
 	j->codec = st.codec;
-	/* the pack's per-blob digest, here, in parallel: not in phase C */
-	if (ulp_content_digest(pool, j->blob, j->blob_len, j->blob_sha) < 0) {
+	/* the pack's per-blob digest, here, in parallel: not in phase C; a
+	 * lone job (next in order: its batch is itself) is written to the pack
+	 * by the same jobs */
+	if (bt->lone)
+		write_lone(bt->p, j, pool);
+	else if (ulp_content_digest(pool, j->blob, j->blob_len, j->blob_sha) < 0) {
 		j->rc = -ULP_E_NOMEM;
 		snprintf(j->err, sizeof(j->err), "%s: out of memory hashing a blob", bt->p->path);
 	}
 out:
-	return 0;
+	;
 }
 
-static void *file_sha_thread(void *arg)
-{
-	batch *bt = arg;
-	code_job(bt, bt->n);
-	return NULL;
-}
 
 /* Phase C: append in order; a content coded twice in one batch is kept once. */
 static int append_job(put *p, job *j)
@@ -346,7 +596,8 @@ static int append_job(put *p, job *j)
 	}
 	if (j->rc < 0)
 		return ulp_arch_err(p->a, j->rc, "%s", j->err);
-	int have = have_content(p, j->sha, &depth);
+	/* written already (write_lone): new, as code_one found it */
+	int have = j->prewritten ? 0 : have_content(p, j->sha, &depth, 1);
 	if (have < 0)
 		return have;
 	if (have) {
@@ -360,8 +611,12 @@ static int append_job(put *p, job *j)
 	ULP_TRY(ulp_grow(&p->nb, &p->cap_nb, p->n_nb, sizeof(*p->nb)));
 	ulp_newblob *nb = &p->nb[p->n_nb];
 	memset(nb, 0, sizeof(*nb));
-	if ((rc = ulp_pack_append_digest(p->pw, j->blob, j->blob_len, j->blob_sha, &nb->offset)) < 0)
+	if (j->prewritten) {
+		nb->offset = j->pack_off;
+		ulp_pack_reserved_digest(p->pw, j->blob_len, j->blob_sha);
+	} else if ((rc = ulp_pack_append_digest(p->pw, j->blob, j->blob_len, j->blob_sha, &nb->offset)) < 0) {
 		return rc;
+	}
 	p->n_nb++;
 	memcpy(nb->content, j->sha, ULP_SHA256_LEN);
 	nb->codec = j->codec;
@@ -497,24 +752,17 @@ static int do_segments(put *p, const seg *segs, size_t n_segs, EVP_MD_CTX *fsha,
 			n++;
 			i++;
 		}
-		if (rc == 0) {
-			batch bt = {p, jobs, n, n == 1, fsha};
-			if (n == 1) { /* alone: its chunks use the pool, while a thread of
-				         its own takes the file's sha256 over the bytes as
-				         soon as they are read (not after the coding) */
-				pthread_t th;
-				int spawned = pthread_create(&th, NULL, file_sha_thread, &bt) == 0;
-				code_job(&bt, 0);
-				if (spawned)
-					pthread_join(th, NULL);
-				else
-					code_job(&bt, 1);
-			} else {
-				ulp_pool_run(p->a->pool, n + 1, code_job, &bt);
-			}
-			for (size_t k = 0; k < n && rc == 0; k++)
-				rc = append_job(p, &jobs[k]);
-		}
+		if (rc < 0)
+			break;
+		batch bt = {.p = p, .j = jobs, .n = n, .lone = n == 1, .file_sha = fsha};
+		ulp_pool_run(p->a->pool, n, code_job, &bt);
+		/* phase C and the file's sha256 went on inside phase B: all done,
+		 * or an error */
+		if (bt.arc < 0)
+			rc = ulp_arch_err(p->a, bt.arc, "%s", bt.aerr);
+		else if (bt.appended != n || bt.hashed != n)
+			rc = ulp_arch_err(p->a, -ULP_E_INVAL, "%s: internal: %zu and %zu of %zu segments appended and hashed",
+			                  p->path, bt.appended, bt.hashed, n);
 	}
 	give_back_jobs(p->a, jobs);
 	return rc;
@@ -683,6 +931,8 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 		EVP_MD_CTX_free(fsha);
 		return -ULP_E_NOMEM;
 	}
+	pthread_mutex_init(&P.mu, NULL);
+	pthread_mutex_init(&P.hmu, NULL);
 	pthread_mutex_lock(&a->write_mu);
 	__atomic_store_n(&a->put_done, 0, __ATOMIC_RELAXED); /* this file's progress */
 
@@ -751,6 +1001,8 @@ out:
 	__atomic_store_n(&a->put_done, 0, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&a->write_mu);
 	EVP_MD_CTX_free(fsha);
+	pthread_mutex_destroy(&P.mu);
+	pthread_mutex_destroy(&P.hmu);
 	layout_free(&L);
 	if (head_owned)
 		free(head);

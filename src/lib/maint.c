@@ -207,9 +207,17 @@ static int collect_pack(void *arg, int64_t id, const char *name, uint64_t size, 
 	return 0;
 }
 
+/* A blob of a pack being rewritten: checked in parallel (one pool job a
+ * blob, its chunks nested jobs), appended to the new pack in the old
+ * order by whichever thread finishes the next one, so the new pack's bytes
+ * do not depend on the thread count. */
 typedef struct moved {
 	uint8_t content[32];
-	uint64_t offset;
+	uint64_t offset;     /* in the old pack, then in the new one */
+	uint64_t stored;
+	uint8_t blob_sha[32]; /* the blob's digest, for the pack's name */
+	int rc, done;        /* done: under rctx.mu */
+	char err[300];
 } moved;
 
 typedef struct rctx {
@@ -218,44 +226,134 @@ typedef struct rctx {
 	ulp_pack_writer *w;
 	moved *m;
 	size_t n, cap;
+	pthread_mutex_t mu;
+	size_t appended;     /* under mu */
+	int arc;             /* first error appending (under mu) */
+	char aerr[300];
 } rctx;
 
-static int rewrite_blob(void *arg, const uint8_t *content, uint64_t offset, uint64_t stored)
+static int collect_blob(void *arg, const uint8_t *content, uint64_t offset, uint64_t stored)
 {
 	rctx *r = arg;
+	ULP_TRY(ulp_grow(&r->m, &r->cap, r->n, sizeof(*r->m)));
+	moved *m = &r->m[r->n++];
+	memset(m, 0, sizeof(*m));
+	memcpy(m->content, content, 32);
+	m->offset = offset;
+	m->stored = stored;
+	return 0;
+}
+
+/* v2 content whose chunks hold whole leaves: its digest from the decoded
+ * chunks (through the cache), chunk by chunk, without a copy of it whole */
+typedef struct leafctx {
+	ulp_archive *a;
+	const uint8_t *content;
+	size_t chunk;        /* bytes a chunk */
+	uint8_t *leaves;
+	int failed;          /* atomic: the first failing chunk reports */
+	int rc;
+	char err[300];
+} leafctx;
+
+static int job_chunk_leaves(void *arg, size_t k)
+{
+	leafctx *c = arg;
+	ulp_centry *e;
+	const uint8_t *d;
+	size_t l;
+	int rc = ulp_read_chunk(c->a, c->content, (uint32_t)k, &e, &d, &l, NULL);
+	if (rc < 0) {
+		if (!__atomic_exchange_n(&c->failed, 1, __ATOMIC_ACQ_REL)) {
+			c->rc = rc;
+			snprintf(c->err, sizeof(c->err), "%s", ulp_archive_errmsg(c->a));
+		}
+		return 0;
+	}
+	ulp_digest_leaves(d, l, c->leaves + k * (c->chunk / ULP_DIGEST_LEAF) * ULP_SHA256_LEN);
+	ulp_cache_put(c->a->cache, e);
+	return 0;
+}
+
+/* invariant 2: the content must decode to its digest before it moves */
+static int check_blob(rctx *r, moved *m)
+{
 	const uint8_t *p;
-	ULP_TRY(ulp_pack_blob(r->a, r->pack, offset, stored, &p));
-	/* invariant 2: the content must decode to its sha256 before it moves */
+	ULP_TRY(ulp_pack_blob(r->a, r->pack, m->offset, m->stored, &p));
 	ulp_blob *b;
 	char why[256];
-	int rc = ulp_blob_open(p, (size_t)stored, &b, why, sizeof(why));
+	int rc = ulp_blob_open(p, (size_t)m->stored, &b, why, sizeof(why));
 	if (rc < 0)
 		return ulp_arch_err(r->a, rc, "gc: blob in pack %lld is damaged: %s", (long long)r->pack, why);
-	size_t raw = (size_t)ulp_blob_get_info(b)->raw_bytes;
-	unsigned version = ulp_blob_get_info(b)->version;
+	const ulp_blob_info *in = ulp_blob_get_info(b);
+	size_t raw = (size_t)in->raw_bytes, chunk = (size_t)in->chunk_elems * ulp_dtype_size(in->dtype);
+	unsigned version = in->version;
+	uint32_t nk = in->n_chunks;
 	ulp_blob_close(b);
-	uint8_t *buf = malloc(raw ? raw : 1), sha[32];
-	if (!buf)
-		return -ULP_E_NOMEM;
-	rc = ulp_read_content(r->a, content, buf, raw);
-	if (rc == 0) {
+	uint8_t sha[32];
+	if (version >= 2 && raw > 0 && chunk > 0 && chunk % ULP_DIGEST_LEAF == 0 && (uint64_t)nk * chunk >= raw) {
+		leafctx c = {r->a, m->content, chunk, malloc(ulp_digest_n_leaves(raw) * ULP_SHA256_LEN), 0, 0, ""};
+		if (!c.leaves)
+			return -ULP_E_NOMEM;
+		ulp_pool_run(r->a->pool, nk, job_chunk_leaves, &c);
+		ulp_digest_root(c.leaves, raw, sha);
+		free(c.leaves);
+		if (c.failed) /* as ulp_read_content reports it: damage, or no memory, or I/O */
+			return ulp_arch_err(r->a, c.rc, "%s", c.err);
+	} else {
+		uint8_t *buf = malloc(raw ? raw : 1);
+		if (!buf)
+			return -ULP_E_NOMEM;
+		rc = ulp_read_content(r->a, m->content, buf, raw);
 		/* the content's identity is the digest of its blob's format */
-		if (version == 1)
+		if (rc == 0 && version == 1)
 			ulp_sha256(buf, raw, sha);
-		else
+		else if (rc == 0)
 			rc = ulp_content_digest(r->a->pool, buf, raw, sha);
-		if (rc == 0 && memcmp(sha, content, 32) != 0)
-			rc = ulp_arch_err(r->a, -ULP_E_CHECKSUM, "gc: a blob of pack %lld does not decode to its content",
-			                  (long long)r->pack);
+		free(buf);
+		if (rc < 0)
+			return rc;
 	}
-	free(buf);
+	if (memcmp(sha, m->content, 32) != 0)
+		return ulp_arch_err(r->a, -ULP_E_CHECKSUM, "gc: a blob of pack %lld does not decode to its content",
+		                    (long long)r->pack);
+	return ulp_content_digest(r->a->pool, p, (size_t)m->stored, m->blob_sha);
+}
+
+static int rewrite_job(void *arg, size_t i)
+{
+	rctx *r = arg;
+	moved *m = &r->m[i];
+	m->rc = check_blob(r, m);
+	if (m->rc < 0)
+		snprintf(m->err, sizeof(m->err), "%s", ulp_archive_errmsg(r->a));
+	pthread_mutex_lock(&r->mu);
+	m->done = 1;
+	while (r->appended < r->n && r->m[r->appended].done && r->arc == 0) {
+		moved *x = &r->m[r->appended++];
+		const uint8_t *p;
+		if ((r->arc = x->rc) < 0) {
+			snprintf(r->aerr, sizeof(r->aerr), "%s", x->err);
+		} else if ((r->arc = ulp_pack_blob(r->a, r->pack, x->offset, x->stored, &p)) < 0 ||
+		           (r->arc = ulp_pack_append_digest(r->w, p, (size_t)x->stored, x->blob_sha, &x->offset)) < 0) {
+			snprintf(r->aerr, sizeof(r->aerr), "%s", ulp_archive_errmsg(r->a));
+		}
+	}
+	pthread_mutex_unlock(&r->mu);
+	return 0;
+}
+
+static int rewrite_pack(rctx *r)
+{
+	int rc = ulp_index_pack_blobs(r->a, r->pack, collect_blob, r);
 	if (rc < 0)
 		return rc;
-	ULP_TRY(ulp_grow(&r->m, &r->cap, r->n, sizeof(*r->m)));
-	memcpy(r->m[r->n].content, content, 32);
-	ULP_TRY(ulp_pack_append(r->w, p, (size_t)stored, &r->m[r->n].offset));
-	r->n++;
-	return 0;
+	pthread_mutex_init(&r->mu, NULL);
+	ulp_pool_run(r->a->pool, r->n, rewrite_job, r);
+	pthread_mutex_destroy(&r->mu);
+	if (r->arc < 0)
+		return ulp_arch_err(r->a, r->arc, "%s", r->aerr);
+	return r->appended == r->n ? 0 : ulp_arch_err(r->a, -ULP_E_INVAL, "gc: internal: blobs left behind");
 }
 
 /* Removes pack files the index does not know and dead processes' temporaries. */
@@ -321,12 +419,12 @@ int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res)
 		}
 		if (pi->live * 2 >= pi->size)
 			continue; /* mostly live: keep */
-		rctx rx = {a, pi->id, NULL, NULL, 0, 0};
+		rctx rx = {.a = a, .pack = pi->id};
 		char name[80];
 		int64_t nid;
 		rc = ulp_pack_writer_new(a, &rx.w);
 		if (rc == 0)
-			rc = ulp_index_pack_blobs(a, pi->id, rewrite_blob, &rx);
+			rc = rewrite_pack(&rx);
 		if (rc == 0)
 			rc = ulp_pack_commit(rx.w, name);
 		if (rc == 0 && (rc = ulp_index_has_pack(a, name)) == 1)

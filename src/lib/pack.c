@@ -19,6 +19,9 @@
  *     open file for the blobs of its chains, a cached parsed blob for the
  *     bytes it points into).
  *  3. Every blob access checks offset + length against the mapped size.
+ *     Writeback of each blob starts as soon as it is written
+ *     (sync_file_range), so the fsync of the commit waits for little more
+ *     than the last blob instead of for the whole pack after the coding.
  *  4. Slots of the mapping table are never reused or moved (a slot number
  *     stays valid while pinned); ulp_archive_trim unmaps a slot only once
  *     its pack file is gone (removed by gc, maybe in another process) and
@@ -63,6 +66,16 @@ static int io_err(ulp_archive *a, const char *path, const char *what)
 	int e = errno;
 	return ulp_arch_err(a, e == ENOSPC || e == EDQUOT ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s: %s", path,
 	                    what, strerror(e));
+}
+
+/* invariant 1: a hint; the fsync of ulp_pack_commit stays the guarantee */
+static void start_writeback(ulp_pack_writer *w, uint64_t off, size_t len)
+{
+#ifdef SYNC_FILE_RANGE_WRITE
+	(void)sync_file_range(w->fd, (off_t)off, (off_t)len, SYNC_FILE_RANGE_WRITE);
+#else
+	(void)w, (void)off, (void)len;
+#endif
 }
 
 static int write_all(ulp_pack_writer *w, const void *p, size_t len)
@@ -123,9 +136,50 @@ int ulp_pack_append_digest(ulp_pack_writer *w, const void *blob, size_t len,
 	ulp_st64(l8, len);
 	*offset = w->size;
 	ULP_TRY(write_all(w, blob, len));
+	start_writeback(w, *offset, len);
 	EVP_DigestUpdate(w->sha, sha, ULP_SHA256_LEN);
 	EVP_DigestUpdate(w->sha, l8, 8);
 	return 0;
+}
+
+int ulp_pack_reserve(ulp_pack_writer *w, size_t len, uint64_t *offset)
+{
+	*offset = w->size;
+	w->size += len;
+	/* write() appends after the reserved bytes, whoever fills them */
+	if (lseek(w->fd, (off_t)w->size, SEEK_SET) < 0)
+		return io_err(w->a, w->tmp, "seek");
+	return 0;
+}
+
+int ulp_pack_write_at(ulp_pack_writer *w, uint64_t offset, const void *p, size_t len)
+{
+	const uint8_t *b = p;
+	uint64_t off = offset;
+	size_t left = len;
+	while (left) {
+		ssize_t n = pwrite(w->fd, b, left, (off_t)off);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			if (n == 0)
+				errno = EIO;
+			return io_err(w->a, w->tmp, "write");
+		}
+		b += n;
+		off += (uint64_t)n;
+		left -= (size_t)n;
+	}
+	start_writeback(w, offset, len);
+	return 0;
+}
+
+void ulp_pack_reserved_digest(ulp_pack_writer *w, size_t len, const uint8_t sha[ULP_SHA256_LEN])
+{
+	uint8_t l8[8];
+	ulp_st64(l8, len);
+	EVP_DigestUpdate(w->sha, sha, ULP_SHA256_LEN);
+	EVP_DigestUpdate(w->sha, l8, 8);
 }
 
 int ulp_pack_append(ulp_pack_writer *w, const void *blob, size_t len, uint64_t *offset)

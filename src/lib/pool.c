@@ -1,19 +1,37 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * pool.c - a fixed pool of worker threads running parallel-for jobs.
+ * pool.c - a fixed pool of worker threads running parallel-for jobs, nested
+ * and shared: a job may itself call ulp_pool_run(), and so may unrelated
+ * callers at the same time; every idle thread takes work from any of them.
+ *
+ * Each ulp_pool_run() of more than one job is a loop on the pool's stack of
+ * open loops, at the depth of its caller (how many jobs it is inside). Its
+ * caller claims indices of its own loop; workers claim from the innermost
+ * open loop (the newest), so the chunks of a tensor finish before more
+ * tensors start; a caller whose indices are all claimed helps with loops
+ * at its own depth or deeper (chunks of other tensors, not more tensors:
+ * memory stays that of the jobs in flight) until the last of its own jobs
+ * returns, instead of waiting idle at the barrier.
  *
  * Invariants:
- *  1. At most one ulp_pool_run() is in flight per pool: a caller that finds
- *     the pool busy runs its jobs itself, in order (so callers never wait on
- *     each other and a job may itself call ulp_pool_run()).
- *  2. Jobs are claimed through one atomic counter, so each index runs once.
- *  3. ulp_pool_run() returns only after every worker has left the job.
- *  4. Workers run a job at the scheduling niceness of the thread that
- *     called ulp_pool_run() (ulp_thread_set_nice), so that background work
- *     (the write-back session's archiver) stays background on every thread.
- *  5. The wall time of every outermost ulp_pool_run() of more than one job
+ *  1. Indices are claimed through one atomic counter per loop, so each index
+ *     runs once; a loop stays on the stack (under mu) until its caller finds
+ *     every index claimed, so a thread that takes it from the stack under mu
+ *     reads a live loop.
+ *  2. ulp_pool_run() returns only after every job of its loop has returned
+ *     (done == n, counted with release, read with acquire).
+ *  3. A thread that helps with another loop while it waits runs that job with
+ *     its own per-thread scratch buffers set aside (ulp_scratch_push), so the
+ *     job cannot overwrite buffers the waiting caller still uses; help nests
+ *     at most ULP_SCRATCH_LEVELS - 1 deep.
+ *  4. The wall time of every outermost ulp_pool_run() of more than one job
  *     (a parallel region, even when the pool has one thread) is added to
  *     one process-wide counter, for the serial fraction of `ulpack bench`.
+ *  5. Every job runs at the scheduling niceness of the thread that opened
+ *     its loop (ulp_thread_set_nice), whichever thread runs it, and a thread
+ *     gets its own niceness back afterwards: background work (the write-back
+ *     session's archiver) stays background on every thread, and a caller
+ *     that helps with it does not stay background.
  */
 #include "ulp_int.h"
 #include <errno.h>
@@ -24,10 +42,11 @@
 #include <time.h>
 #include <unistd.h>
 
-static uint64_t region_ns;            /* invariant 5 (atomic) */
+static uint64_t region_ns;            /* invariant 4 (atomic) */
 static __thread unsigned region_depth; /* ulp_pool_run()s this thread is inside */
-static __thread int thread_nice;      /* what ulp_thread_set_nice last set (invariant 4) */
+static __thread int thread_nice;      /* what ulp_thread_set_nice last set (invariant 5) */
 static __thread const int *nice_src;  /* ulp_thread_follow_nice */
+static __thread unsigned job_depth;    /* loop jobs this thread is inside */
 
 void ulp_thread_follow_nice(const int *src)
 {
@@ -57,6 +76,27 @@ static uint64_t now_ns(void)
 	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
+typedef struct loop {
+	int (*fn)(void *, size_t);
+	void *arg;
+	size_t n;
+	unsigned depth;         /* job_depth of its caller */
+	int nice;               /* its caller's niceness (invariant 5) */
+	size_t next;            /* atomic: next index to claim */
+	size_t done;            /* atomic: jobs returned */
+	int rc;                 /* atomic: first error, 0 if none */
+	struct loop *below;     /* the stack of open loops (under mu) */
+} loop;
+
+struct ulp_pool {
+	int n_workers;          /* threads besides the callers */
+	pthread_t *tid;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;      /* a loop opened, or a loop's last job returned */
+	loop *top;              /* innermost open loop (under mu) */
+	int quit;
+};
+
 static int pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg);
 
 int ulp_pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg)
@@ -73,55 +113,70 @@ int ulp_pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg)
 	return rc;
 }
 
-struct ulp_pool {
-	int n_workers;          /* threads besides the caller */
-	pthread_t *tid;
-	pthread_mutex_t mu;
-	pthread_cond_t cv_work, cv_done;
-	uint64_t generation;    /* bumped for each job */
-	int busy;               /* workers still inside the current job */
-	int quit;
-	/* current job */
-	size_t n, next;         /* next is claimed atomically */
-	int (*fn)(void *, size_t);
-	void *arg;
-	int rc;                 /* first error, 0 if none */
-	int nice;               /* the caller's niceness (invariant 4) */
-	pthread_mutex_t run_mu; /* held by the ulp_pool_run() in flight */
-};
-
-static void run_jobs(ulp_pool *p)
+/* Runs index i of l and counts it (invariant 2); a region it opens is
+ * inside its caller's (invariant 4). l may be gone once done reaches n. */
+static void run_one(ulp_pool *p, loop *l, size_t i)
 {
-	for (;;) {
-		size_t i = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED);
-		if (i >= p->n)
-			break;
-		int rc = p->fn(p->arg, i);
-		if (rc < 0) {
-			int zero = 0;
-			__atomic_compare_exchange_n(&p->rc, &zero, rc, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+	size_t n = l->n;
+	unsigned jd = job_depth;
+	int own_nice = thread_nice;
+	ulp_thread_set_nice(l->nice); /* invariant 5 (refused: the job runs as it can) */
+	region_depth++;
+	job_depth = l->depth + 1;
+	int rc = l->fn(l->arg, i);
+	job_depth = jd;
+	region_depth--;
+	ulp_thread_set_nice(own_nice);
+	if (rc < 0) {
+		int zero = 0;
+		__atomic_compare_exchange_n(&l->rc, &zero, rc, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+	}
+	if (__atomic_add_fetch(&l->done, 1, __ATOMIC_ACQ_REL) == n) {
+		pthread_mutex_lock(&p->mu); /* the caller checks done under mu: no lost wake-up */
+		pthread_cond_broadcast(&p->cv);
+		pthread_mutex_unlock(&p->mu);
+	}
+}
+
+/* Under mu: claims an index of the innermost loop at depth min_depth or
+ * deeper that has one left. */
+static loop *claim(ulp_pool *p, unsigned min_depth, size_t *i)
+{
+	for (loop *l = p->top; l; l = l->below) {
+		if (l->depth < min_depth)
+			continue;
+		size_t k = __atomic_fetch_add(&l->next, 1, __ATOMIC_RELAXED);
+		if (k < l->n) {
+			*i = k;
+			return l;
 		}
 	}
+	return NULL;
+}
+
+static void unlink_loop(ulp_pool *p, loop *l)
+{
+	for (loop **q = &p->top; *q; q = &(*q)->below)
+		if (*q == l) {
+			*q = l->below;
+			return;
+		}
 }
 
 static void *worker(void *arg)
 {
 	ulp_pool *p = arg;
-	uint64_t seen = 0;
 	pthread_mutex_lock(&p->mu);
-	for (;;) {
-		while (!p->quit && p->generation == seen)
-			pthread_cond_wait(&p->cv_work, &p->mu);
-		if (p->quit)
-			break;
-		seen = p->generation;
-		int nice = p->nice;
+	while (!p->quit) {
+		size_t i;
+		loop *l = claim(p, 0, &i);
+		if (!l) {
+			pthread_cond_wait(&p->cv, &p->mu);
+			continue;
+		}
 		pthread_mutex_unlock(&p->mu);
-		ulp_thread_set_nice(nice); /* (refused: the job runs as it can) */
-		run_jobs(p);
+		run_one(p, l, i);
 		pthread_mutex_lock(&p->mu);
-		if (--p->busy == 0)
-			pthread_cond_signal(&p->cv_done);
 	}
 	pthread_mutex_unlock(&p->mu);
 	return NULL;
@@ -144,9 +199,7 @@ int ulp_pool_new(int threads, ulp_pool **out)
 		return -ULP_E_NOMEM;
 	}
 	pthread_mutex_init(&p->mu, NULL);
-	pthread_cond_init(&p->cv_work, NULL);
-	pthread_cond_init(&p->cv_done, NULL);
-	pthread_mutex_init(&p->run_mu, NULL);
+	pthread_cond_init(&p->cv, NULL);
 	for (int i = 0; i < threads - 1; i++) {
 		if (pthread_create(&p->tid[i], NULL, worker, p) != 0)
 			break;
@@ -162,14 +215,12 @@ void ulp_pool_free(ulp_pool *p)
 		return;
 	pthread_mutex_lock(&p->mu);
 	p->quit = 1;
-	pthread_cond_broadcast(&p->cv_work);
+	pthread_cond_broadcast(&p->cv);
 	pthread_mutex_unlock(&p->mu);
 	for (int i = 0; i < p->n_workers; i++)
 		pthread_join(p->tid[i], NULL);
-	pthread_cond_destroy(&p->cv_work);
-	pthread_cond_destroy(&p->cv_done);
+	pthread_cond_destroy(&p->cv);
 	pthread_mutex_destroy(&p->mu);
-	pthread_mutex_destroy(&p->run_mu);
 	free(p->tid);
 	free(p);
 }
@@ -181,7 +232,7 @@ int ulp_pool_threads(const ulp_pool *p)
 
 static int pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg)
 {
-	if (!p || p->n_workers == 0 || n <= 1 || pthread_mutex_trylock(&p->run_mu) != 0) {
+	if (!p || p->n_workers == 0 || n <= 1) {
 		int first = 0;
 		for (size_t i = 0; i < n; i++) {
 			int rc = fn(arg, i);
@@ -190,23 +241,33 @@ static int pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg)
 		}
 		return first;
 	}
+	loop l = {.fn = fn, .arg = arg, .n = n, .depth = job_depth, .nice = thread_nice};
 	pthread_mutex_lock(&p->mu);
-	p->n = n;
-	p->next = 0;
-	p->fn = fn;
-	p->arg = arg;
-	p->rc = 0;
-	p->nice = thread_nice;
-	p->busy = p->n_workers;
-	p->generation++;
-	pthread_cond_broadcast(&p->cv_work);
+	l.below = p->top;
+	p->top = &l;
+	pthread_cond_broadcast(&p->cv);
 	pthread_mutex_unlock(&p->mu);
-	run_jobs(p);
+	for (;;) { /* its own indices first */
+		size_t i = __atomic_fetch_add(&l.next, 1, __ATOMIC_RELAXED);
+		if (i >= n)
+			break;
+		run_one(p, &l, i);
+	}
 	pthread_mutex_lock(&p->mu);
-	while (p->busy > 0)
-		pthread_cond_wait(&p->cv_done, &p->mu);
-	int rc = p->rc;
+	unlink_loop(p, &l); /* all claimed (invariant 1) */
+	while (__atomic_load_n(&l.done, __ATOMIC_ACQUIRE) < n) {
+		size_t i;
+		loop *o = ulp_scratch_can_push() ? claim(p, l.depth, &i) : NULL;
+		if (!o) {
+			pthread_cond_wait(&p->cv, &p->mu);
+			continue;
+		}
+		pthread_mutex_unlock(&p->mu);
+		ulp_scratch_push(); /* invariant 3 */
+		run_one(p, o, i);
+		ulp_scratch_pop();
+		pthread_mutex_lock(&p->mu);
+	}
 	pthread_mutex_unlock(&p->mu);
-	pthread_mutex_unlock(&p->run_mu);
-	return rc;
+	return __atomic_load_n(&l.rc, __ATOMIC_RELAXED);
 }

@@ -9,6 +9,10 @@
  *  1. A slot's buffer belongs to the calling thread; it stays valid until the
  *     thread asks the same slot again (which may move it) or exits (which
  *     frees it).
+ *  2. Each thread has ULP_SCRATCH_LEVELS sets of slots; ulp_scratch serves
+ *     the set of the thread's current level (ulp_scratch_push/pop), so a job
+ *     the thread runs for another loop while it waits (pool.c) never moves a
+ *     buffer the waiting code holds.
  */
 #include "ulp_int.h"
 #include <pthread.h>
@@ -16,9 +20,26 @@
 #include <sys/mman.h>
 
 typedef struct scratch {
-	void *p[ULP_SCRATCH_SLOTS];
-	size_t cap[ULP_SCRATCH_SLOTS];
+	void *p[ULP_SCRATCH_LEVELS][ULP_SCRATCH_SLOTS];
+	size_t cap[ULP_SCRATCH_LEVELS][ULP_SCRATCH_SLOTS];
 } scratch;
+
+static __thread unsigned level; /* invariant 2 */
+
+int ulp_scratch_can_push(void)
+{
+	return level + 1 < ULP_SCRATCH_LEVELS;
+}
+
+void ulp_scratch_push(void)
+{
+	level++;
+}
+
+void ulp_scratch_pop(void)
+{
+	level--;
+}
 
 static pthread_key_t key;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -26,8 +47,9 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static void release(void *v)
 {
 	scratch *s = v;
-	for (int i = 0; i < ULP_SCRATCH_SLOTS; i++)
-		free(s->p[i]);
+	for (int l = 0; l < ULP_SCRATCH_LEVELS; l++)
+		for (int i = 0; i < ULP_SCRATCH_SLOTS; i++)
+			free(s->p[l][i]);
 	free(s);
 }
 
@@ -49,16 +71,18 @@ void *ulp_scratch(unsigned slot, size_t size)
 	}
 	if (slot >= ULP_SCRATCH_SLOTS)
 		return NULL;
-	if (s->cap[slot] < size || !s->p[slot]) {
-		size_t cap = ULP_MAX(size, s->cap[slot] + s->cap[slot] / 2);
-		free(s->p[slot]); /* the contents need not survive (invariant 1) */
+	void **p = &s->p[level][slot];
+	size_t *c = &s->cap[level][slot];
+	if (*c < size || !*p) {
+		size_t cap = ULP_MAX(size, *c + *c / 2);
+		free(*p); /* the contents need not survive (invariant 1) */
 		/* the encoder's arenas are sized for the worst case and mostly
 		 * left untouched: huge pages would make all of them resident */
-		s->p[slot] = slot == ULP_SCRATCH_ARENA0 || slot == ULP_SCRATCH_ARENA1
-		                     ? malloc(cap ? cap : 1) : ulp_alloc_big(cap ? cap : 1);
-		s->cap[slot] = s->p[slot] ? cap : 0;
+		*p = slot == ULP_SCRATCH_ARENA0 || slot == ULP_SCRATCH_ARENA1
+		             ? malloc(cap ? cap : 1) : ulp_alloc_big(cap ? cap : 1);
+		*c = *p ? cap : 0;
 	}
-	return s->p[slot];
+	return *p;
 }
 
 #define HUGE_PAGE ((size_t)2 << 20)

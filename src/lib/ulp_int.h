@@ -64,6 +64,13 @@ enum {
 	ULP_SCRATCH_SLOTS
 };
 void *ulp_scratch(unsigned slot, size_t size);
+/* A thread that runs someone else's job while it waits (pool.c) sets its
+ * buffers aside: ulp_scratch then serves a fresh set until the matching pop.
+ * ulp_scratch_can_push: 0 when ULP_SCRATCH_LEVELS sets are in use. */
+#define ULP_SCRATCH_LEVELS 4
+int ulp_scratch_can_push(void);
+void ulp_scratch_push(void);
+void ulp_scratch_pop(void);
 /* Buffers above this size are not kept between calls (a thread would hold
  * on to them for good): ulp_scratch_or_malloc mallocs them instead. */
 #define ULP_SCRATCH_KEEP_MAX ((size_t)64 << 20)

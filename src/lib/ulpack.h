@@ -88,7 +88,9 @@ int ulp_pool_threads(const ulp_pool *pool);
 /**
  * Runs fn(arg, i) for i in [0, n) on the pool and the calling thread; returns
  * the first negative value any call returned (all jobs still run), else 0.
- * A NULL pool runs them in order on the calling thread. Not reentrant.
+ * A NULL pool runs them in order on the calling thread. A job may call
+ * ulp_pool_run() itself and several threads may share one pool: every idle
+ * thread, a caller waiting for its last jobs included, takes jobs of any.
  */
 int ulp_pool_run(ulp_pool *pool, size_t n, int (*fn)(void *arg, size_t i), void *arg);
 /**

@@ -116,4 +116,22 @@ for s in 90 10 50; do
 	walk=$(sed -n 's/.*max_walk \([0-9]*\).*/\1/p' "$T/cnt")
 	[ -n "$walk" ] && [ "$walk" -le 4 ] && ok "cold read of step $s walks $walk links" || fail "walk $walk at step $s"
 done
+
+# issue 13: segments code as pool jobs with their chunks nested, appended in
+# order by whichever thread finishes the next one: the packs (named by their
+# bytes) do not depend on the thread count, nor does gc's rewrite of them
+"$ULPACK" synth "$T/thr" --steps 2 --dim 768 || fail "synth thr"
+head -c 12M /dev/urandom > "$T/thr/checkpoint-100/extra.bin"
+# its first 4 MiB segment again: after rm, extra.bin's pack is a third live
+{ head -c 4M "$T/thr/checkpoint-100/extra.bin"; head -c 1M /dev/urandom; } > "$T/thr/checkpoint-200/extra.bin"
+for t in 1 3; do
+	"$ULPACK" init "$T/thr-$t" > /dev/null
+	"$ULPACK" import "$T/thr-$t" "$T/thr" --threads "$t" > /dev/null || fail "import --threads $t"
+	"$ULPACK" rm "$T/thr-$t" checkpoint-100/extra.bin > /dev/null || fail "rm --threads $t"
+	"$ULPACK" gc "$T/thr-$t" --threads "$t" > "$T/gc-$t" || fail "gc --threads $t"
+	ls "$T/thr-$t/packs" > "$T/packs-$t"
+done
+grep -q " 1 rewritten" "$T/gc-1" || fail "gc rewrote no pack: $(cat "$T/gc-1")"
+cmp -s "$T/packs-1" "$T/packs-3" && ok "same packs on 1 and 3 threads, after gc too" || fail "packs differ by thread count"
+"$ULPACK" verify "$T/thr-3" > /dev/null && ok "verify after gc" || fail "verify after gc"
 finish

@@ -703,6 +703,94 @@ static void *stat_thread(void *arg)
 	return NULL;
 }
 
+/* issue 13: nested and shared pool runs (pool.c). Outer jobs on a shared
+ * pool, each holding a scratch buffer across an inner run, from three
+ * threads at once: every index runs once, errors come back from the run
+ * they belong to, and a job run by a thread while it waits for its own
+ * inner jobs (invariant 3) never moves the buffers the waiting job holds. */
+#define NEST_OUTER 12
+#define NEST_INNER 4
+typedef struct nest {
+	ulp_pool *pool;
+	int ran[NEST_OUTER][NEST_INNER]; /* atomic */
+	int outer_ran[NEST_OUTER];       /* atomic */
+	int clobbered, bad_rc;           /* atomic */
+} nest;
+
+typedef struct nest_job {
+	nest *n;
+	size_t o;
+} nest_job;
+
+static int nest_inner(void *arg, size_t i)
+{
+	nest_job *j = arg;
+	__atomic_fetch_add(&j->n->ran[j->o][i], 1, __ATOMIC_RELAXED);
+	/* an inner job uses a scratch slot of its own thread briefly */
+	uint8_t *t = ulp_scratch(ULP_SCRATCH_COUNTS, 4096);
+	if (t)
+		memset(t, 0xa5, 4096);
+	usleep(i == 0 ? 1000 : 50); /* its caller waits for job 0: it helps */
+	return i == 3 && j->o % 4 == 1 ? -ULP_E_CORRUPT : 0;
+}
+
+static int nest_outer(void *arg, size_t o)
+{
+	nest *n = arg;
+	__atomic_fetch_add(&n->outer_ran[o], 1, __ATOMIC_RELAXED);
+	uint8_t *buf = ulp_scratch(ULP_SCRATCH_REF, 8192);
+	if (!buf)
+		return -ULP_E_NOMEM;
+	memset(buf, (int)o, 8192);
+	nest_job j = {n, o};
+	int rc = ulp_pool_run(n->pool, NEST_INNER, nest_inner, &j);
+	if (rc != (o % 4 == 1 ? -ULP_E_CORRUPT : 0))
+		__atomic_store_n(&n->bad_rc, 1, __ATOMIC_RELAXED);
+	uint8_t *again = ulp_scratch(ULP_SCRATCH_REF, 8192);
+	for (size_t k = 0; k < 8192; k++)
+		if (again != buf || buf[k] != (uint8_t)o) {
+			__atomic_store_n(&n->clobbered, 1, __ATOMIC_RELAXED);
+			break;
+		}
+	return 0;
+}
+
+static void *nest_caller(void *arg)
+{
+	nest *n = arg;
+	ulp_pool_run(n->pool, NEST_OUTER, nest_outer, n);
+	return NULL;
+}
+
+static void test_pool_nested(void)
+{
+	for (int threads = 1; threads <= 4; threads += 3) {
+		nest n[3];
+		memset(n, 0, sizeof(n));
+		ulp_pool *pool;
+		REQUIRE(ulp_pool_new(threads, &pool) == 0, "pool");
+		pthread_t th[3];
+		for (int c = 0; c < 3; c++) {
+			n[c].pool = pool;
+			pthread_create(&th[c], NULL, nest_caller, &n[c]);
+		}
+		for (int c = 0; c < 3; c++)
+			pthread_join(th[c], NULL);
+		ulp_pool_free(pool);
+		int once = 1;
+		for (int c = 0; c < 3; c++)
+			for (int o = 0; o < NEST_OUTER; o++) {
+				once &= n[c].outer_ran[o] == 1;
+				for (int i = 0; i < NEST_INNER; i++)
+					once &= n[c].ran[o][i] == 1;
+			}
+		CHECK(once, "%d threads: every index of every run ran once", threads);
+		CHECK(!n[0].bad_rc && !n[1].bad_rc && !n[2].bad_rc, "%d threads: errors from their own runs", threads);
+		CHECK(!n[0].clobbered && !n[1].clobbered && !n[2].clobbered,
+		      "%d threads: scratch held across a nested run kept", threads);
+	}
+}
+
 static void test_thread_churn(void)
 {
 	char dir[512], err[512];
@@ -1454,6 +1542,7 @@ int main(void)
 		test_private_modes();
 	}
 	test_thread_churn();
+	test_pool_nested();
 	test_concurrent_reads();
 	test_readahead();
 	char cmd[600];
