@@ -210,7 +210,9 @@ static int job_check_chunk(void *arg, size_t k)
 	}
 	int64_t d = ulp_blob_decode_chunk(f->b, (uint32_t)k, t, (size_t)len, f->ref ? f->ref + off : NULL,
 	                                  f->ref ? (size_t)len : 0);
-	if (d != (int64_t)len || memcmp(t, f->j->buf + off, (size_t)len) != 0)
+	if (d == -ULP_E_NOMEM) /* a decode that could not run is that error, not a mismatch */
+		__atomic_store_n(&f->nomem, 1, __ATOMIC_RELAXED);
+	else if (d != (int64_t)len || memcmp(t, f->j->buf + off, (size_t)len) != 0)
 		__atomic_store_n(&f->differs, 1, __ATOMIC_RELAXED);
 	return 0;
 }

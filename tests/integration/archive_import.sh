@@ -121,13 +121,14 @@ done
 # order by whichever thread finishes the next one: the packs (named by their
 # bytes) do not depend on the thread count, nor does gc's rewrite of them
 "$ULPACK" synth "$T/thr" --steps 2 --dim 768 || fail "synth thr"
-head -c 12M /dev/urandom > "$T/thr/checkpoint-100/extra.bin"
+head -c 12M /dev/urandom > "$T/thr/checkpoint-200/extra.bin"
 # its first 4 MiB segment again: after rm, extra.bin's pack is a third live
-{ head -c 4M "$T/thr/checkpoint-100/extra.bin"; head -c 1M /dev/urandom; } > "$T/thr/checkpoint-200/extra.bin"
+# (the newest step is archived first: the other steps take it as reference)
+{ head -c 4M "$T/thr/checkpoint-200/extra.bin"; head -c 1M /dev/urandom; } > "$T/thr/checkpoint-100/extra.bin"
 for t in 1 3; do
 	"$ULPACK" init "$T/thr-$t" > /dev/null
 	"$ULPACK" import "$T/thr-$t" "$T/thr" --threads "$t" > /dev/null || fail "import --threads $t"
-	"$ULPACK" rm "$T/thr-$t" checkpoint-100/extra.bin > /dev/null || fail "rm --threads $t"
+	"$ULPACK" rm "$T/thr-$t" checkpoint-200/extra.bin > /dev/null || fail "rm --threads $t"
 	"$ULPACK" gc "$T/thr-$t" --threads "$t" > "$T/gc-$t" || fail "gc --threads $t"
 	ls "$T/thr-$t/packs" > "$T/packs-$t"
 done
