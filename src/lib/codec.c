@@ -259,6 +259,60 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 		}                                                                       \
 		*pp = p;                                                                \
 	}                                                                               \
+	/* pass B of decode##W, DELTA: elements start..bn - 1 of a block from           \
+	 * their symbols and the raw tail at bit *posp, which advances */               \
+	static void passb##W(const ulp_dtab *d, const uint8_t *syms, const T *rb, T *ob, \
+	                     size_t bn, size_t start, const uint8_t *raw, size_t raw_len, \
+	                     uint64_t *posp)                                            \
+	{                                                                               \
+		uint64_t pos = *posp;                                                   \
+		size_t j0 = start;                                                      \
+		if (W == 16 && USE_AVX512())                                            \
+			j0 += ulp_rebuild16_avx512(syms + j0, (const uint16_t *)(const void *)rb + j0, \
+			                           bn - j0, raw, raw_len, &pos,         \
+			                           (uint16_t *)(void *)ob + j0);        \
+		if (W == 32 && USE_AVX512())                                            \
+			j0 += ulp_rebuild32_avx512(syms + j0, (const uint32_t *)(const void *)rb + j0, \
+			                           bn - j0, raw, raw_len, &pos,         \
+			                           (uint32_t *)(void *)ob + j0);        \
+		if (W == 16 && USE_AVX2())                                              \
+			j0 += ulp_rebuild16_avx2(syms + j0, (const uint16_t *)(const void *)rb + j0, \
+			                         bn - j0, raw, raw_len, &pos,           \
+			                         (uint16_t *)(void *)ob + j0);          \
+		if (W == 32 && USE_AVX2())                                              \
+			j0 += ulp_rebuild32_avx2(syms + j0, (const uint32_t *)(const void *)rb + j0, \
+			                         bn - j0, raw, raw_len, &pos,           \
+			                         (uint32_t *)(void *)ob + j0);          \
+		if (W == 16 && USE_NEON())                                              \
+			j0 += ulp_rebuild16_neon(syms + j0, (const uint16_t *)(const void *)rb + j0, \
+			                         bn - j0, raw, raw_len, &pos,           \
+			                         (uint16_t *)(void *)ob + j0);          \
+		if (W == 32 && USE_NEON())                                              \
+			j0 += ulp_rebuild32_neon(syms + j0, (const uint32_t *)(const void *)rb + j0, \
+			                         bn - j0, raw, raw_len, &pos,           \
+			                         (uint32_t *)(void *)ob + j0);          \
+		size_t i = j0;                                                          \
+		uint64_t q = pos; /* a register copy */                                 \
+		/* while the rest of the block cannot reach the tail's last 8           \
+		 * bytes (W - 3 raw bits at most an element), one unchecked             \
+		 * 64-bit load an element */                                            \
+		if (W <= 32 && q / 8 + ((uint64_t)(bn - i) * (W - 3) + 7) / 8 + 8 <= raw_len) { \
+			for (; i < bn; i++) {                                           \
+				unsigned s = syms[i], nr = d->nraw[s];                  \
+				uint64_t w64 = ulp_ld64(raw + (q >> 3)) >> (q & 7);     \
+				uint64_t z = d->base[s] | (w64 & ((1ull << nr) - 1));   \
+				q += nr;                                                \
+				ob[i] = phi_inv##W((T)(phi##W(rb[i]) + unzz##W((T)z))); \
+			}                                                               \
+		}                                                                       \
+		for (; i < bn; i++) {                                                   \
+			unsigned s = syms[i], nr = d->nraw[s];                          \
+			uint64_t z = d->base[s] | raw_bits_at(raw, raw_len, q, nr);     \
+			q += nr;                                                        \
+			ob[i] = phi_inv##W((T)(phi##W(rb[i]) + unzz##W((T)z)));         \
+		}                                                                       \
+		*posp = q;                                                              \
+	}                                                                               \
 	/* Decoding runs in blocks of ULP_DEC_BLOCK elements, in two passes:     \
 	 * A decodes the block's symbols (one rANS step per element, lanes     \
 	 * independent), B pulls each element's raw bits at a position known   \
@@ -275,7 +329,13 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 		const T em = (T)((1u << f->ebits) - 1);                                 \
 		const uint32_t *row0 = d->row[0];                                       \
 		const uint8_t *wp = *wpp;                                               \
-		uint8_t syms[ULP_DEC_BLOCK];                                            \
+		/* two symbol buffers: with fuse, block k's pass B runs during          \
+		 * block k + 1's pass A (8-lane AVX2, whose serial chain leaves         \
+		 * the core idle), pend while it is not finished */                     \
+		uint8_t symbuf[2][ULP_DEC_BLOCK];                                       \
+		const int fuse = W == 16 && r && lanes == 8 && USE_AVX2() && !USE_AVX512(); \
+		ulp_rb16_job bg = {0};                                                      \
+		int pend = 0;                                                           \
 		uint8_t wtail[2 * ULP_DEC_BLOCK + 32]; /* see pass A */                 \
 		uint64_t pos = 0;                                                       \
 		if (!r && !row0)                                                        \
@@ -284,6 +344,7 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 			const size_t bn = ULP_MIN((size_t)ULP_DEC_BLOCK, n - b0);       \
 			const T *rb = r ? r + b0 : NULL;                                \
 			T *ob = out + b0;                                               \
+			uint8_t *syms = symbuf[(b0 / ULP_DEC_BLOCK) & 1];               \
 			/* pass A: symbols, with word reads unchecked: while the stream \
 			 * holds a block's worst case (one word an element) in place,   \
 			 * else from a zero-padded copy of its last words, consumed at  \
@@ -302,7 +363,8 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 				    USE_AVX512())                                   \
 					m = ulp_rans_syms_avx512(f, d, lanes, x, &wp, rb, bn & ~(size_t)63, syms); \
 				else if (lanes >= 8 && bn >= 32 && USE_AVX2())      \
-					m = ulp_rans_syms_avx2(f, d, lanes, x, &wp, rb, bn & ~(size_t)31, syms); \
+					m = ulp_rans_syms_avx2(f, d, lanes, x, &wp, rb, bn & ~(size_t)31, syms, \
+					                       pend ? &bg : NULL); \
 				else if (lanes >= 4 && bn >= 32 && USE_NEON())          \
 					m = ulp_rans_syms_neon(f, d, lanes, x, &wp, rb, bn & ~(size_t)31, syms); \
 				i0 = m == SIZE_MAX ? 0 : m;                             \
@@ -343,54 +405,24 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 					                   b0, b0 + bn - 1);            \
 				wp = wreal + used;                                      \
 			}                                                               \
+			if (pend) { /* the rest of the previous block's pass B */       \
+				pos = bg.pos;                                           \
+				passb##W(d, bg.syms, (const T *)(const void *)bg.ref, (T *)(void *)bg.out, \
+				         bg.n, bg.done, raw, raw_len, &pos);            \
+				pend = 0;                                               \
+			}                                                               \
 			/* pass B: raw bits and reconstruction; reads past the tail give \
 			 * zeros and the final bit count reports them */                \
 			if (pos > raw_bits)                                             \
 				return ULP_CORRUPT(err, "raw tail of %llu bits is too short for element block %zu", \
 				                   (unsigned long long)raw_bits, b0);   \
-			if (rb) {                                                       \
-				size_t j0 = 0;                                          \
-				if (W == 16 && USE_AVX512())                        \
-					j0 = ulp_rebuild16_avx512(syms, (const uint16_t *)(const void *)rb, bn, \
-					                          raw, raw_len, &pos, (uint16_t *)(void *)ob); \
-				if (W == 32 && USE_AVX512())                        \
-					j0 = ulp_rebuild32_avx512(syms, (const uint32_t *)(const void *)rb, bn, \
-					                          raw, raw_len, &pos, (uint32_t *)(void *)ob); \
-				if (W == 16 && USE_AVX2())                          \
-					j0 += ulp_rebuild16_avx2(syms + j0, (const uint16_t *)(const void *)rb + j0, \
-					                         bn - j0, raw, raw_len, &pos, \
-					                         (uint16_t *)(void *)ob + j0); \
-				if (W == 32 && USE_AVX2())                          \
-					j0 += ulp_rebuild32_avx2(syms + j0, (const uint32_t *)(const void *)rb + j0, \
-					                         bn - j0, raw, raw_len, &pos, \
-					                         (uint32_t *)(void *)ob + j0); \
-				if (W == 16 && USE_NEON())                              \
-					j0 = ulp_rebuild16_neon(syms, (const uint16_t *)(const void *)rb, bn, \
-					                        raw, raw_len, &pos, (uint16_t *)(void *)ob); \
-				if (W == 32 && USE_NEON())                              \
-					j0 = ulp_rebuild32_neon(syms, (const uint32_t *)(const void *)rb, bn, \
-					                        raw, raw_len, &pos, (uint32_t *)(void *)ob); \
-				size_t i = j0;                                          \
-				uint64_t q = pos; /* a register copy, as w above */     \
-				/* while the rest of the block cannot reach the tail's \
-				 * last 8 bytes (W - 3 raw bits at most an element),  \
-				 * one unchecked 64-bit load an element */            \
-				if (W <= 32 && q / 8 + ((uint64_t)(bn - i) * (W - 3) + 7) / 8 + 8 <= raw_len) { \
-					for (; i < bn; i++) {                           \
-						unsigned s = syms[i], nr = d->nraw[s];  \
-						uint64_t w64 = ulp_ld64(raw + (q >> 3)) >> (q & 7); \
-						uint64_t z = d->base[s] | (w64 & ((1ull << nr) - 1)); \
-						q += nr;                                \
-						ob[i] = phi_inv##W((T)(phi##W(rb[i]) + unzz##W((T)z))); \
-					}                                               \
-				}                                                       \
-				for (; i < bn; i++) {                                   \
-					unsigned s = syms[i], nr = d->nraw[s];          \
-					uint64_t z = d->base[s] | raw_bits_at(raw, raw_len, q, nr); \
-					q += nr;                                        \
-					ob[i] = phi_inv##W((T)(phi##W(rb[i]) + unzz##W((T)z))); \
-				}                                                       \
-				pos = q;                                                \
+			if (fuse && b0 + bn < n) {                                      \
+				/* runs beside the next block's pass A */               \
+				bg = (ulp_rb16_job){syms, (const uint16_t *)(const void *)rb, \
+				                    (uint16_t *)(void *)ob, bn, 0, raw, raw_len, pos}; \
+				pend = 1;                                               \
+			} else if (rb) {                                                \
+				passb##W(d, syms, rb, ob, bn, 0, raw, raw_len, &pos);   \
 			} else {                                                        \
 				const unsigned nb = W - ab;                             \
 				const uint64_t lo = ((uint64_t)1 << ash) - 1;           \
@@ -600,9 +632,10 @@ size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, co
 }
 
 size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, uint32_t *x,
-                          const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms)
+                          const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms,
+                          ulp_rb16_job *bg)
 {
-	(void)f, (void)d, (void)lanes, (void)x, (void)wpp, (void)ref, (void)n, (void)syms;
+	(void)f, (void)d, (void)lanes, (void)x, (void)wpp, (void)ref, (void)n, (void)syms, (void)bg;
 	return SIZE_MAX; /* never called: ulp_use_avx2() is 0 */
 }
 

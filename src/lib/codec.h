@@ -68,13 +68,31 @@ int ulp_chunk_encode(const ulp_fmt *f, const ulp_table *t, const ulp_rans_esym *
 uint64_t *ulp_esyms_pack(const ulp_table *t, const ulp_rans_esym *es);
 
 /*
+ * A 16-bit DELTA reconstruction job (pass B of the previous block) that the
+ * 8-lane AVX2 symbol pass runs eight elements at a time beside its serial
+ * chain, as ulp_rebuild16_avx2 would, while the raw window fits: done and
+ * pos advance; the caller finishes the rest (ulp_rebuild16_avx2, then the
+ * scalar loop). Other lane counts leave it untouched.
+ */
+typedef struct ulp_rb16_job {
+	const uint8_t *syms;  /* the block's symbols (not the buffer being decoded) */
+	const uint16_t *ref;
+	uint16_t *out;
+	size_t n, done;       /* elements of the block, elements done */
+	const uint8_t *raw;
+	size_t raw_len;
+	uint64_t pos;         /* raw-tail bit position of element done */
+} ulp_rb16_job;
+
+/*
  * AVX2 symbol pass (rans_avx2.c): decodes n symbols (n a multiple of 32; 8,
  * 16 or 32 lanes) of a 16- or 32-bit dtype (ref NULL: ANCHOR) into syms; the
  * word stream must hold 2n bytes from *wpp. Returns n, or SIZE_MAX (x and
  * *wpp untouched) at an unused context.
  */
 size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, uint32_t *x,
-                          const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms);
+                          const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms,
+                          ulp_rb16_job *bg);
 /* AVX2 reconstruction of 16-bit DELTA elements from their symbols and the raw
  * tail at bit *pos; returns how many it did (the caller does the rest). */
 size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,

@@ -366,6 +366,60 @@ static void test_delta_streams(void)
 	}
 }
 
+/* 8-lane 16-bit DELTA decodes a block's reconstruction during the next
+ * block's symbol pass (AVX2): chunk lengths around the 2048-element blocks
+ * (a last block under 32 elements leaves the whole pending reconstruction
+ * to the caller), every path equal to the encoded elements, and an unused
+ * context in the last block reported while a reconstruction is pending. */
+static void test_block_overlap(void)
+{
+	const size_t ns[] = {4096 + 5, 6144 - 1, 6144 + 40, 4096 + 31};
+	ulp_fmt f;
+	ulp_fmt_get(ULP_DT_BF16, &f);
+	for (int k = 0; k < 4; k++) {
+		const size_t n = ns[k];
+		uint16_t *x = malloc(n * 2), *r = malloc(n * 2), *y = malloc(n * 2);
+		uint8_t *syms = malloc(n);
+		uint64_t *counts = calloc((size_t)f.n_ctx * f.alphabet, sizeof(uint64_t));
+		make_delta_pair(&f, n, x, r);
+		size_t wc = ulp_chunk_raw_bound(&f, n), rc = ulp_chunk_rans_bound(n, 8), rl;
+		uint8_t *wb = malloc(wc), *rb = malloc(rc);
+		uint64_t bits, cost;
+		ulp_pass1(&f, 0, x, r, n, syms, counts, wb, wc, &bits);
+		ulp_table t;
+		ulp_rans_esym *es;
+		ulp_dtab d;
+		REQUIRE(ulp_table_choose(counts, f.n_ctx, f.alphabet, &t, &cost) == 0, "choose");
+		REQUIRE(ulp_table_esyms(&t, &es) == 0 && ulp_dtab_build(&t, &d) == 0, "views");
+		REQUIRE(ulp_chunk_encode(&f, &t, es, NULL, 8, syms, r, n, rb, rc, &rl) == 0, "encode");
+		for (int m = 0; m < 4; m++) {
+			if (masks[m] && (ulp_cpu_features() & masks[m]) != masks[m])
+				continue;
+			unsigned old = ulp_set_cpu_mask(masks[m]);
+			char msg[160] = "";
+			ulp_err err = {msg, sizeof(msg)};
+			memset(y, 0, n * 2);
+			int rcd = ulp_chunk_decode(&f, &d, 8, rb, rl, wb, (size_t)((bits + 7) / 8), bits, r, n, y, &err);
+			CHECK(rcd == 0 && memcmp(x, y, n * 2) == 0, "%zu elements, 8 lanes, cpu mask %u: decoded", n,
+			      masks[m]);
+			const size_t e = n - 3;
+			uint16_t save = r[e];
+			r[e] = (uint16_t)(((1u << f.ebits) - 1) << f.mshift);
+			char want[64];
+			snprintf(want, sizeof(want), "element %zu: reference exponent", e);
+			rcd = ulp_chunk_decode(&f, &d, 8, rb, rl, wb, (size_t)((bits + 7) / 8), bits, r, n, y, &err);
+			CHECK(rcd < 0 && strstr(msg, want), "%zu elements, mask %u: unused context in the last block (%s)",
+			      n, masks[m], msg);
+			r[e] = save;
+			ulp_set_cpu_mask(old);
+		}
+		free(es);
+		ulp_dtab_free(&d);
+		ulp_table_free(&t);
+		free(x), free(r), free(y), free(syms), free(counts), free(wb), free(rb);
+	}
+}
+
 int main(void)
 {
 	test_reciprocal();
@@ -373,5 +427,6 @@ int main(void)
 	test_tables();
 	test_streams();
 	test_delta_streams();
+	test_block_overlap();
 	return tap_done();
 }
