@@ -79,13 +79,17 @@
  *     still writes it. FUSE calls flush at every close(2) of a descriptor and
  *     release only at the last, so the close of a dup'd descriptor (shell
  *     redirection, dd) records and queues a file that the other descriptor
- *     goes on writing. The archiver lets such an entry go without archiving
- *     (still_writing: a handle open for writing and, unless someone waits,
- *     whatever was written since that close), and the release of the last
- *     handle open for writing queues the file again: one archiving, of the
- *     final bytes. So ulp_session_sync covers files closed before it and
- *     never waits for one still open for writing: that one stays staged
- *     (durable after ulp_session_fsync, invariant 2) until its last close.
+ *     goes on writing (so does a fork's copy of a descriptor, closed at
+ *     exec). The archiver lets such an entry go without archiving
+ *     (still_writing: a handle is open for writing), and the release of the
+ *     last handle open for writing queues the file again: one archiving, of
+ *     the final bytes. As FUSE sends the release after close(2) returns, an
+ *     entry with nothing written since its close first waits up to 1 s for
+ *     that release (release_wait), so that a barrier right after a close
+ *     still covers the file. So ulp_session_sync covers files closed before
+ *     it and never waits for long for one still open for writing: that one
+ *     stays staged (durable after ulp_session_fsync, invariant 2) until its
+ *     last close queues it.
  */
 #include "arch_int.h"
 #include <errno.h>
@@ -109,6 +113,7 @@ typedef struct snode {
 	int handles;           /* open handles */
 	int wh;                /* of them, open for writing (invariant 12) */
 	uint64_t fwrites;      /* writes at the last flush of a writing handle (invariant 12) */
+	int64_t ftime;         /* CLOCK_MONOTONIC ns of that flush (invariant 12) */
 	int pins;              /* queue entries and calls working without mu */
 	int dirty;             /* differs from the archive */
 	int queued;            /* in the queue */
@@ -481,17 +486,27 @@ static int64_t defer_until(ulp_session *s)
 
 /*
  * Invariant 12: a queued node that a handle still has open for writing (the
- * close of a dup'd descriptor queued it) is not archived: its entry goes, and
- * the last writing handle's release queues it again. Unless someone waits
- * (sync, a reopen, the archive's xattrs) and nothing was written since that
- * close: then its release may simply not have arrived yet (FUSE sends it
- * after close(2) has returned), and the file counts as closed.
+ * close of a dup'd descriptor queued it, or a fork's copy of one) is not
+ * archived: its entry goes, and the release of its last handle open for
+ * writing queues it again. FUSE sends that release after close(2) has
+ * returned, so when nothing was written since the close, the archiver first
+ * gives the release RELEASE_WAIT to arrive (release_wait).
  */
+#define RELEASE_WAIT 1000000000LL /* 1 s */
 static int still_writing(ulp_session *s, snode *n)
 {
-	if (n->wh == 0 || s->stop)
+	return n->wh > 0 && !s->stop;
+}
+
+/* 0, or the CLOCK_MONOTONIC ns until which the queue's head waits for the
+ * release that follows its close (invariant 12) */
+static int64_t release_wait(ulp_session *s)
+{
+	snode *n = s->qhead;
+	if (!n || !still_writing(s, n) || n->writes != n->fwrites)
 		return 0;
-	return !(s->syncing || s->urgent) || n->writes != n->fwrites;
+	int64_t until = n->ftime + RELEASE_WAIT;
+	return until > mono_ns() ? until : 0;
 }
 
 static void *archiver(void *arg)
@@ -511,6 +526,8 @@ static void *archiver(void *arg)
 			continue;
 		}
 		int64_t until = defer_until(s);
+		if (!until)
+			until = release_wait(s);
 		if (until) {
 			struct timespec ts = {(time_t)(until / 1000000000), (long)(until % 1000000000)};
 			pthread_cond_timedwait(&s->cv, &s->mu, &ts);
@@ -1025,6 +1042,7 @@ int ulp_session_flush(ulp_sfile *h)
 	if (go) {
 		n->pins++;
 		n->fwrites = n->writes;
+		n->ftime = mono_ns();
 	}
 	pthread_mutex_unlock(&s->mu);
 	if (!go)
@@ -1320,7 +1338,7 @@ static int rename_impl(ulp_session *s, const char *f, const char *t, unsigned fl
 	pthread_mutex_lock(&s->mu);
 	n->pins--;
 	/* a closed file given its final name is archived (invariant 2) */
-	if (r == 0 && n->handles == 0 && n->dirty && final_name(n->path)) {
+	if (r == 0 && n->wh == 0 && n->dirty && final_name(n->path)) {
 		backpressure(s);
 		enqueue(s, n);
 	}
