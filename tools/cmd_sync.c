@@ -11,7 +11,7 @@
  * Reading the mount root's user.ulpack.sync blocks in the daemon until every
  * file closed (or renamed to its final name) before the call is archived;
  * the value is "ok\n", or one "PATH: cause\n" line per file whose archiving
- * failed (ulpackfs(1)).
+ * failed (ulpackfs(1)). A file still open for writing is not waited for.
  */
 int cmd_sync(int argc, char **argv)
 {

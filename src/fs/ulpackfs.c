@@ -20,7 +20,8 @@
  *  4. The mount root's xattrs: user.ulpack.counters (decode and archiving
  *     counters), user.ulpack.sync (reading it is the barrier of `ulpack
  *     sync`: it returns when everything closed before is archived, with
- *     "ok" or one line per failed file). Every file's user.ulpack.state says
+ *     "ok" or one line per failed file; a file still open for writing is
+ *     not waited for, session.c invariant 12). Every file's user.ulpack.state says
  *     staged, archived or failed with the errno and cause.
  *  5. Writers: see direct_writer().
  */

@@ -10,14 +10,15 @@
  *    archiving state; handles and the archive queue hold it (handles, pins);
  *  - a handle (ulp_sfile) is an open file description: it refers to its node
  *    (or, read-only, to an archived ulp_file), never to a path, so a dup'd
- *    descriptor whose file was archived by an earlier close writes on to the
- *    same object;
+ *    descriptor that writes on after another descriptor's close writes to
+ *    the same object (whatever its name is by then);
  *  - a ghost is an archived file unlinked while open (see invariant 6).
  *
  * Invariants:
  *  1. A path has at most one node; while it exists the node (not the
  *     archive) answers stat/read/write for that path.
- *  2. close(2) (ulp_session_flush of the last handle) of a file written
+ *  2. close(2) (ulp_session_flush of the last handle open for writing; read
+ *     handles may stay open) of a file written
  *     under a final name records it in staging (ulp_stage_record: no fsync)
  *     and queues it; it returns without coding. A file under an rsync
  *     temporary name (".name.XXXXXX") is recorded and waits for the rename
@@ -74,6 +75,21 @@
  *     open for writing, none closed in the last 100 ms) or the file has
  *     waited 1 s (defer_until): a trainer's save returns before its first
  *     file's archiving starts, and a long copy (rsync) is archived 1 s behind.
+ * 12. A file is archived once it is closed for writing, never while a handle
+ *     still writes it. FUSE calls flush at every close(2) of a descriptor and
+ *     release only at the last, so the close of a dup'd descriptor (shell
+ *     redirection, dd) records and queues a file that the other descriptor
+ *     goes on writing (so does a fork's copy of a descriptor, closed at
+ *     exec). The archiver lets such an entry go without archiving
+ *     (still_writing: a handle is open for writing), and the release of the
+ *     last handle open for writing queues the file again: one archiving, of
+ *     the final bytes. As FUSE sends the release after close(2) returns, an
+ *     entry with nothing written since its close first waits up to 1 s for
+ *     that release (release_wait), so that a barrier right after a close
+ *     still covers the file. So ulp_session_sync covers files closed before
+ *     it and never waits for long for one still open for writing: that one
+ *     stays staged (durable after ulp_session_fsync, invariant 2) until its
+ *     last close queues it.
  */
 #include "arch_int.h"
 #include <errno.h>
@@ -95,6 +111,9 @@ typedef struct snode {
 	char *path;            /* NULL once unlinked (not hidden) */
 	ulp_stage *stage;      /* constant for the node's life */
 	int handles;           /* open handles */
+	int wh;                /* of them, open for writing (invariant 12) */
+	uint64_t fwrites;      /* writes at the last flush of a writing handle (invariant 12) */
+	int64_t ftime;         /* CLOCK_MONOTONIC ns of that flush (invariant 12) */
 	int pins;              /* queue entries and calls working without mu */
 	int dirty;             /* differs from the archive */
 	int queued;            /* in the queue */
@@ -465,6 +484,31 @@ static int64_t defer_until(ulp_session *s)
 	return until > now ? until : 0;
 }
 
+/*
+ * Invariant 12: a queued node that a handle still has open for writing (the
+ * close of a dup'd descriptor queued it, or a fork's copy of one) is not
+ * archived: its entry goes, and the release of its last handle open for
+ * writing queues it again. FUSE sends that release after close(2) has
+ * returned, so when nothing was written since the close, the archiver first
+ * gives the release RELEASE_WAIT to arrive (release_wait).
+ */
+#define RELEASE_WAIT 1000000000LL /* 1 s */
+static int still_writing(ulp_session *s, snode *n)
+{
+	return n->wh > 0 && !s->stop;
+}
+
+/* 0, or the CLOCK_MONOTONIC ns until which the queue's head waits for the
+ * release that follows its close (invariant 12) */
+static int64_t release_wait(ulp_session *s)
+{
+	snode *n = s->qhead;
+	if (!n || !still_writing(s, n) || n->writes != n->fwrites)
+		return 0;
+	int64_t until = n->ftime + RELEASE_WAIT;
+	return until > mono_ns() ? until : 0;
+}
+
 static void *archiver(void *arg)
 {
 	ulp_session *s = arg;
@@ -482,6 +526,8 @@ static void *archiver(void *arg)
 			continue;
 		}
 		int64_t until = defer_until(s);
+		if (!until)
+			until = release_wait(s);
 		if (until) {
 			struct timespec ts = {(time_t)(until / 1000000000), (long)(until % 1000000000)};
 			pthread_cond_timedwait(&s->cv, &s->mu, &ts);
@@ -496,7 +542,8 @@ static void *archiver(void *arg)
 		n->queued = 0;
 		/* (written to meanwhile: archive_node leaves it dirty, and its
 		 * next close queues it again) */
-		archive_node(s, n);
+		if (!still_writing(s, n))
+			archive_node(s, n);
 		s->queued_bytes -= n->qbytes;
 		n->qbytes = 0;
 		s->qlen--;
@@ -608,7 +655,7 @@ int ulp_session_sync(ulp_session *s, void (*failed)(void *arg, const char *path,
 	pthread_mutex_lock(&s->mu);
 	/* failed ones are tried again (the disk may have room now) */
 	for (snode *n = s->nodes; n; n = n->next)
-		if (n->state == ST_FAILED && n->path && n->dirty && final_name(n->path) && n->handles == 0)
+		if (n->state == ST_FAILED && n->path && n->dirty && final_name(n->path) && n->wh == 0)
 			enqueue(s, n);
 	uint64_t target = s->enq_seq;
 	s->syncing++;
@@ -853,7 +900,7 @@ int ulp_session_open_file(ulp_session *s, const char *path, int flags, const ulp
 			trunc = 0;
 		}
 	}
-	if (n && wr && n->handles == 0 && n->dirty && (n->queued || s->cur == n)) {
+	if (n && wr && n->wh == 0 && n->dirty && (n->queued || s->cur == n)) {
 		/* a closed file reopened for writing before it was archived: its
 		 * staging record promises the closed bytes to a recovery, so the
 		 * new writes wait for the archive to hold them, and the record
@@ -864,7 +911,7 @@ int ulp_session_open_file(ulp_session *s, const char *path, int flags, const ulp
 		while (n->queued || s->cur == n)
 			pthread_cond_wait(&s->cv, &s->mu);
 		s->urgent--;
-		int clean = !n->dirty && n->handles == 0;
+		int clean = !n->dirty && n->wh == 0;
 		pthread_mutex_unlock(&s->mu);
 		if (clean)
 			node_record(s, n, REC_FORGET);
@@ -885,8 +932,10 @@ int ulp_session_open_file(ulp_session *s, const char *path, int flags, const ulp
 	if (n) {
 		n->handles++;
 		h->n = n;
-		if (wr)
+		if (wr) {
+			n->wh++;
 			writer_in(s, 1);
+		}
 		pthread_mutex_unlock(&s->mu);
 		*out = h;
 		return 0;
@@ -986,9 +1035,15 @@ int ulp_session_flush(ulp_sfile *h)
 	if (!n || !h->wr)
 		return 0;
 	pthread_mutex_lock(&s->mu);
-	int go = n->path && n->handles == 1 && n->dirty && !ulp_session_hidden_name(n->path);
-	if (go)
+	/* the last writing handle (readers may stay open): each close(2) of
+	 * one of its descriptors records and queues; a dup'd descriptor may
+	 * write on, so the archiver checks again (invariant 12) */
+	int go = n->path && n->wh == 1 && n->dirty && !ulp_session_hidden_name(n->path);
+	if (go) {
 		n->pins++;
+		n->fwrites = n->writes;
+		n->ftime = mono_ns();
+	}
 	pthread_mutex_unlock(&s->mu);
 	if (!go)
 		return 0;
@@ -1030,11 +1085,15 @@ void ulp_session_release(ulp_sfile *h)
 	if (n) {
 		pthread_mutex_lock(&s->mu);
 		n->handles--;
-		if (h->wr)
+		if (h->wr) {
+			n->wh--;
 			writer_in(s, -1);
-		if (n->handles == 0 && h->wr && n->dirty && final_name(n->path) && !n->queued) {
-			/* its flush failed (or there was none): queue it anyway, its
-			 * bytes are staged (recorded if the flush got that far) */
+		}
+		if (n->wh == 0 && h->wr && n->dirty && final_name(n->path) && !n->queued) {
+			/* its flush failed (or there was none), or the archiver let
+			 * its queue entry go while it was open for writing (invariant
+			 * 12): queue it now, its bytes are staged (recorded if the
+			 * flush got that far) */
 			enqueue(s, n);
 		}
 		maybe_drop(s, n);
@@ -1279,7 +1338,7 @@ static int rename_impl(ulp_session *s, const char *f, const char *t, unsigned fl
 	pthread_mutex_lock(&s->mu);
 	n->pins--;
 	/* a closed file given its final name is archived (invariant 2) */
-	if (r == 0 && n->handles == 0 && n->dirty && final_name(n->path)) {
+	if (r == 0 && n->wh == 0 && n->dirty && final_name(n->path)) {
 		backpressure(s);
 		enqueue(s, n);
 	}

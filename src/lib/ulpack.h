@@ -568,8 +568,9 @@ int64_t ulp_session_read(ulp_sfile *h, void *dst, size_t dst_cap, uint64_t off);
 int64_t ulp_session_write(ulp_sfile *h, const void *src, size_t len, uint64_t off);
 int ulp_session_ftruncate(ulp_sfile *h, uint64_t size);
 int ulp_session_truncate(ulp_session *s, const char *path, uint64_t size);
-/** close(2) of a descriptor of h: the last handle's records the file in
- *  staging and queues it for archiving; never codes. */
+/** close(2) of a descriptor of h: the last handle open for writing records
+ *  the file in staging and queues it for archiving; never codes. A file that
+ *  a dup'd descriptor still writes is archived after ulp_session_release. */
 int ulp_session_flush(ulp_sfile *h);
 /** Makes h's staged bytes and name durable (power loss). */
 int ulp_session_fsync(ulp_sfile *h);
@@ -592,7 +593,9 @@ int ulp_session_rmdir(ulp_session *s, const char *path);
 /** chmod/chown/utimens by path or by handle (h may be NULL). */
 int ulp_session_setattr(ulp_session *s, const char *path, ulp_sfile *h, unsigned which, const ulp_meta *meta);
 /** Barrier: returns when every file queued before the call is archived
- *  (failed ones are tried again first). Calls failed(arg, path, why) for
+ *  (failed ones are tried again first); a file still open for writing (and
+ *  written since a close) is not waited for: it stays staged until its last
+ *  release. Calls failed(arg, path, why) for
  *  every staged file whose archiving failed; returns their number. */
 int ulp_session_sync(ulp_session *s, void (*failed)(void *arg, const char *path, const char *why), void *arg);
 /** path's archiving state into dst: "staged", "staged queued", "archived",

@@ -66,4 +66,53 @@ kill "$wd" 2> /dev/null
 "$PY" -c 'import os, sys; d = open(sys.argv[1], "rb").read(); assert d == b"".join(bytes([i]) * 65536 for i in range(8))' \
 	"$M/dup.bin" && ok "dup.bin whole" || fail "dup.bin differs"
 umount_fs "$M"
+# A file closed through a dup'd descriptor while the other one writes on
+# (shell redirection, dd) is archived once, with its final bytes, at the last
+# close: not while it is open for writing, even after the archiver's 1 s wait
+# for writers; `ulpack sync` does not wait for it meanwhile.
+"$ULPACK" init "$T/arch3" > /dev/null
+mount_fs "$T/arch3" "$M" || fail "mount for the dup'd close"
+"$PY" - "$M" "$ULPACK" <<'PYEOF' && ok "dup'd close: archived once, at the last close, final bytes" || fail "dup'd close"
+import os, subprocess, sys, time
+m, ulpack = sys.argv[1], sys.argv[2]
+def counters():
+    v = os.getxattr(m, "user.ulpack.counters").decode().split()
+    return dict(zip(v[0::2], map(int, v[1::2])))
+p = os.path.join(m, "dd.bin")
+fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+fd2 = os.dup(fd)
+os.close(fd)                                   # queued, but still open for writing
+for i in range(6):
+    assert os.write(fd2, bytes([i + 1]) * 65536) == 65536
+    time.sleep(0.25)
+subprocess.run([ulpack, "sync", m], check=True, timeout=20, stdout=subprocess.DEVNULL)
+c = counters()
+assert c["archived"] == 0, c
+assert os.getxattr(p, "user.ulpack.state").decode().startswith("staged"), os.getxattr(p, "user.ulpack.state")
+os.fsync(fd2)
+assert os.write(fd2, b"end") == 3
+os.close(fd2)
+subprocess.run([ulpack, "sync", m], check=True, timeout=20, stdout=subprocess.DEVNULL)
+c = counters()
+want = b"".join(bytes([i + 1]) * 65536 for i in range(6)) + b"end"
+assert c["archived"] == 1 and c["archived_bytes"] == len(want), c
+assert os.getxattr(p, "user.ulpack.state") == b"archived"
+assert open(p, "rb").read() == want
+PYEOF
+# shell redirection: bash opens the file, dup2()s it onto stdout and closes
+# the first descriptor (a FUSE flush), then writes (dash opens it as fd 1)
+archived() { "$PY" -c 'import os, sys; v = os.getxattr(sys.argv[1], "user.ulpack.counters").decode().split(); print(v[v.index("archived") + 1])' "$M"; }
+before=$(archived)
+bash -c 'exec > "$1"; "$2" sync "$3" > /dev/null; echo final' sh "$M/redir.txt" "$ULPACK" "$M"
+"$ULPACK" sync "$M" > /dev/null || fail "sync after a redirection"
+"$PY" - "$M" "$before" <<'PYEOF' && ok "shell redirection: archived once, whole" || fail "redirection"
+import os, sys
+m = sys.argv[1]
+v = os.getxattr(m, "user.ulpack.counters").decode().split()
+c = dict(zip(v[0::2], map(int, v[1::2])))
+assert c["archived"] == int(sys.argv[2]) + 1, (sys.argv[2], c)
+assert open(os.path.join(m, "redir.txt"), "rb").read() == b"final\n"
+assert os.getxattr(os.path.join(m, "redir.txt"), "user.ulpack.state") == b"archived"
+PYEOF
+umount_fs "$M"
 finish

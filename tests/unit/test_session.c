@@ -106,14 +106,15 @@ static void test_basics(void)
 	ulp_session_sync(s, NULL, NULL);
 	CHECK(archived_is(a, "d/y.bin", buf2, sizeof(buf2)) && !exists(a, "d/.y.bin.Ab12Cd"), "renamed, archived");
 
-	/* a dup'd descriptor: the first close archives, the handle writes on,
-	 * follows a rename, and its last close archives the new bytes there */
+	/* a dup'd descriptor: the first close records the file, the handle
+	 * writes on, follows a rename, and its last close archives the file
+	 * there, once (issue 12: never while it is open for writing) */
 	ulp_sfile *h;
 	REQUIRE(ulp_session_open_file(s, "d/z.bin", O_WRONLY, &M644, &h) == 0, "create z");
 	CHECK(ulp_session_write(h, buf, 1000, 0) == 1000, "write");
 	CHECK(ulp_session_flush(h) == 0, "first close");
 	ulp_session_sync(s, NULL, NULL);
-	CHECK(archived_is(a, "d/z.bin", buf, 1000), "archived by the first close");
+	CHECK(!exists(a, "d/z.bin"), "not archived by the first close while open for writing");
 	CHECK(ulp_session_rename(s, "d/z.bin", "d/z2.bin", 0) == 0, "rename while open");
 	CHECK(ulp_session_write(h, buf2, 500, 1000) == 500, "write on");
 	CHECK(ulp_session_flush(h) == 0, "second close");
@@ -496,6 +497,75 @@ static void test_crash_points(void)
 	}
 }
 
+/*
+ * Issue 12: a file closed through a dup'd descriptor while the other one
+ * writes on (shell redirection, dd) is archived once, with its final bytes,
+ * at the last release; never its intermediate state. The barrier does not
+ * wait for it while it is open for writing.
+ */
+static void test_dup_close(void)
+{
+	char dir[300];
+	ulp_archive *a = fresh(dir, sizeof(dir));
+	ulp_session *s = NULL;
+	REQUIRE(ulp_session_open(a, NULL, &s) == 0, "session");
+	uint8_t buf[3000];
+	fill(buf, sizeof(buf), 31);
+	ulp_session_stats c;
+	ulp_sfile *h;
+	REQUIRE(ulp_session_open_file(s, "dup.bin", O_WRONLY, &M644, &h) == 0, "create dup.bin");
+	CHECK(ulp_session_write(h, buf, 1000, 0) == 1000, "write");
+	CHECK(ulp_session_flush(h) == 0, "close of the dup'd descriptor");
+	CHECK(ulp_session_write(h, buf + 1000, 1000, 1000) == 1000, "write on");
+	/* the archiver's wait for writers ends 1 s after the queueing at most */
+	usleep(1300 * 1000);
+	ulp_session_counters(s, &c);
+	CHECK(c.archived == 0, "not archived while open for writing: %llu", (unsigned long long)c.archived);
+	CHECK(ulp_session_sync(s, NULL, NULL) == 0, "the barrier does not wait for it");
+	ulp_session_counters(s, &c);
+	CHECK(c.archived == 0 && c.queued == 0 && !exists(a, "dup.bin"), "not archived by the barrier: %llu",
+	      (unsigned long long)c.archived);
+	CHECK(ulp_session_fsync(h) == 0, "fsync while open: staged and synced");
+	CHECK(session_is(s, "dup.bin", buf, 2000), "reads its staged bytes");
+	CHECK(ulp_session_write(h, buf + 2000, 1000, 2000) == 1000, "write on");
+	CHECK(ulp_session_flush(h) == 0, "last close");
+	ulp_session_release(h);
+	CHECK(ulp_session_sync(s, NULL, NULL) == 0, "barrier");
+	ulp_session_counters(s, &c);
+	CHECK(c.archived == 1 && c.archived_bytes == sizeof(buf), "archived once at the last close: %llu",
+	      (unsigned long long)c.archived);
+	CHECK(archived_is(a, "dup.bin", buf, sizeof(buf)), "the final bytes");
+	/* two handles for writing: the first one's close queues nothing, the
+	 * last one's does */
+	ulp_sfile *h2;
+	REQUIRE(ulp_session_open_file(s, "two.bin", O_WRONLY, &M644, &h) == 0, "create two.bin");
+	REQUIRE(ulp_session_open_file(s, "two.bin", O_RDWR, NULL, &h2) == 0, "open two.bin again");
+	CHECK(ulp_session_write(h, buf, 1500, 0) == 1500, "write 1");
+	CHECK(ulp_session_flush(h) == 0, "close 1");
+	ulp_session_release(h);
+	CHECK(ulp_session_write(h2, buf + 1500, 1500, 1500) == 1500, "write 2");
+	CHECK(ulp_session_sync(s, NULL, NULL) == 0 && !exists(a, "two.bin"), "not archived while h2 writes");
+	CHECK(ulp_session_flush(h2) == 0, "close 2");
+	ulp_session_release(h2);
+	CHECK(ulp_session_sync(s, NULL, NULL) == 0, "barrier");
+	ulp_session_counters(s, &c);
+	CHECK(c.archived == 2 && archived_is(a, "two.bin", buf, sizeof(buf)), "two.bin archived once, whole");
+	/* a reader open while the writer closes: the writer's close queues it */
+	ulp_sfile *r;
+	REQUIRE(ulp_session_open_file(s, "rd.bin", O_WRONLY, &M644, &h) == 0, "create rd.bin");
+	REQUIRE(ulp_session_open_file(s, "rd.bin", O_RDONLY, NULL, &r) == 0, "open rd.bin to read");
+	CHECK(ulp_session_write(h, buf, 500, 0) == 500, "write");
+	CHECK(ulp_session_flush(h) == 0, "close the writer");
+	ulp_session_release(h);
+	CHECK(ulp_session_sync(s, NULL, NULL) == 0 && archived_is(a, "rd.bin", buf, 500),
+	      "archived while a reader is open");
+	ulp_session_release(r);
+	ulp_session_counters(s, &c);
+	CHECK(c.archived == 3, "three archivings in all: %llu", (unsigned long long)c.archived);
+	CHECK(ulp_session_close(s) == 0, "close");
+	ulp_archive_close(a);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "/tmp/ulp-session-XXXXXX");
@@ -503,6 +573,7 @@ int main(void)
 	const char *only = getenv("ULP_TEST_ONLY");
 	if (!only || strcmp(only, "concurrency") != 0) {
 		test_basics();
+		test_dup_close();
 		test_backpressure();
 		test_dir_rename_race();
 		test_crash_points();
