@@ -136,21 +136,30 @@ static int add_item(plan *P, const ulp_rbtensor *t, const ulp_rbblob *old, const
 	return 0;
 }
 
+/* 1 when t's content is a blob still to plan (not planned yet, indexed,
+ * its length and dtype sane), its row in *old; 0 when there is nothing to
+ * plan; < 0 an error */
+static int plannable(plan *P, const ulp_rbtensor *t, ulp_rbblob *old)
+{
+	if (planned(P, t->content))
+		return 0;
+	int rc = ulp_index_blob_ref(P->a, t->content, old);
+	if (rc == -ULP_E_NOENT)
+		return 0;
+	ULP_TRY(rc);
+	return old->raw == t->length && t->dtype >= 0 && t->dtype < ULP_DT__COUNT;
+}
+
 /* Plans tensor t: RB_MUST moves it off its reference (to the nearest other
  * step of its series that invariant 3 allows, else standalone); RB_IMPROVE
  * tries the nearest step only, when that is not its reference already. */
 static int plan_tensor(plan *P, const ulp_rbtensor *t, int mode)
 {
 	ulp_archive *a = P->a;
-	if (planned(P, t->content))
-		return 0;
 	ulp_rbblob old;
-	int rc = ulp_index_blob_ref(a, t->content, &old);
-	if (rc == -ULP_E_NOENT)
-		return 0;
-	ULP_TRY(rc);
-	if (old.raw != t->length || t->dtype < 0 || t->dtype >= ULP_DT__COUNT)
-		return 0;
+	int rc = plannable(P, t, &old);
+	if (rc <= 0)
+		return rc;
 	uint8_t cand[N_CANDIDATES][ULP_SHA256_LEN];
 	size_t nc = 0;
 	unsigned h = 0;
@@ -607,15 +616,10 @@ static int plan_layout(plan *P, tctx *c, const ulp_rbtensor *t)
 		c->file = t->file;
 		ULP_TRY(ulp_layout_target(a, t->series, t->step, t->path, &c->ref_file, NULL, 0));
 	}
-	if (planned(P, t->content))
-		return 0;
 	ulp_rbblob old;
-	int rc = ulp_index_blob_ref(a, t->content, &old);
-	if (rc == -ULP_E_NOENT)
-		return 0;
-	ULP_TRY(rc);
-	if (old.raw != t->length || t->dtype < 0 || t->dtype >= ULP_DT__COUNT)
-		return 0;
+	int rc = plannable(P, t, &old);
+	if (rc <= 0)
+		return rc;
 	uint8_t ref[ULP_SHA256_LEN];
 	ulp_blobrow row;
 	int has = c->ref_file >= 0 &&
