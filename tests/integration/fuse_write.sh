@@ -136,14 +136,15 @@ PYEOF
 # open or read of another file waits for the archiving of the large one
 "$ULPACK" synth "$T/big" --steps 1 --dim 1024 || fail synth
 "$PY" - "$T/big/checkpoint-100/model.safetensors" "$M/big.safetensors" "$M/run/checkpoint-500/config.json" \
-	"$R/checkpoint-500/config.json" <<'PYEOF' && ok "other files served while a large file is archived" || fail "reads during ingest"
-import os, shutil, sys, threading, time
-src, dst, other, want = sys.argv[1:5]
+	"$R/checkpoint-500/config.json" "$ULPACK" "$M" <<'PYEOF' && ok "other files served while a large file is archived" || fail "reads during ingest"
+import os, shutil, subprocess, sys, threading, time
+src, dst, other, want, ulpack, mnt = sys.argv[1:7]
 want = open(want, "rb").read()
 done, lat = [False], []
 def copy():
     t0 = time.time()
-    shutil.copyfile(src, dst)          # its close archives it
+    shutil.copyfile(src, dst)          # its close queues it for archiving
+    subprocess.run([ulpack, "sync", mnt], check=True, stdout=subprocess.DEVNULL)  # until archived
     done[0] = time.time() - t0
 th = threading.Thread(target=copy); th.start()
 while not done[0]:
