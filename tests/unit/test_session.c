@@ -6,8 +6,9 @@
  * an earlier close (and a rename), unlinked-while-open files (hidden nodes
  * and ghosts), backpressure with a tiny staging_max, writers on several
  * threads (ULP_TEST_ONLY=concurrency: for ThreadSanitizer), and a crash-point
- * test: a child runs a scripted workload and _exit()s after step k, for
- * every k; the parent recovers the archive and checks every name and content.
+ * test (ULP_TEST_ONLY=crash: it alone, to loop it under load): a child runs
+ * a scripted workload and _exit()s after step k, for every k; the parent
+ * recovers the archive and checks every name and content.
  */
 #include "tap.h"
 #include "ulpack.h"
@@ -571,7 +572,9 @@ int main(void)
 	snprintf(root, sizeof(root), "/tmp/ulp-session-XXXXXX");
 	REQUIRE(mkdtemp(root), "mkdtemp");
 	const char *only = getenv("ULP_TEST_ONLY");
-	if (!only || strcmp(only, "concurrency") != 0) {
+	if (only && !strcmp(only, "crash")) {
+		test_crash_points();
+	} else if (!only || strcmp(only, "concurrency") != 0) {
 		test_basics();
 		test_dup_close();
 		test_backpressure();
