@@ -223,11 +223,18 @@ echo "== C. cold reads: one file through a freshly started mount, page cache dro
 mkdir -p "$M"
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2> /dev/null || true; }
 can_drop=no; [ -w /proc/sys/vm/drop_caches ] && can_drop=yes
+# ULP_BENCH_RT=1 (root): each file system and dd run SCHED_FIFO, so that on a
+# machine other jobs keep busy the figures are those of the cores, not of
+# the share the scheduler gives (a measuring knob; figures say when it was on)
+RT=
+[ -n "${ULP_BENCH_RT:-}" ] && [ "$(id -u)" = 0 ] && command -v chrt > /dev/null && RT="chrt -f 10"
+rt_dd_ns() { LC_ALL=C $RT dd if="$1" of=/dev/null bs=1M 2>&1 | sed -n 's/.* copied, \([0-9.e-]*\) s,.*/\1/p' |
+	awk '{ printf "%.0f", $1 * 1e9 }'; }
 cold_dd() { # MOUNT_CMD UMOUNT_CMD FILE: MB/s of a cold read, median of 3
 	for i in 1 2 3; do
 		drop
-		eval "$1" > /dev/null 2>&1 || { echo "-"; return; }
-		t=$(dd_ns "$3")
+		eval "$RT $1" > /dev/null 2>&1 || { echo "-"; return; }
+		t=$(rt_dd_ns "$3")
 		eval "$2" > /dev/null 2>&1
 		echo "$t"
 	done | sort -n | sed -n 2p | { read -r t; [ -n "$t" ] && mbps "$(stat -c %s "$4")" "$t" || echo "-"; }
@@ -254,12 +261,12 @@ for c in "$@"; do
 			bo=$(cold_dd "borg mount '$T/borg::a' '$M' && sleep 0.3" "borg umount '$M'" "$M/$f" "$src/$f")
 	fi
 	drop
-	pl=$(dd_ns "$src/$f"); pl=$(mbps "$(stat -c %s "$src/$f")" "$pl")
+	pl=$(rt_dd_ns "$src/$f"); pl=$(mbps "$(stat -c %s "$src/$f")" "$pl")
 	printf '%-20s %9s | %9s %9s %9s %9s | %6s %6s\n' "$name" "$(stat -c %s "$src/$f")" "$u" "$sq" "$bo" "$pl" \
 		"$(echo "$u $sq" | awk '$2 != "-" && $1 != "-" { printf "%.2f", $1 / $2 }')" \
 		"$(echo "$u $bo" | awk '$2 != "-" && $1 != "-" { printf "%.2f", $1 / $2 }')"
 done
-echo "(MB/s, medians of 3; page cache dropped: $can_drop; targets: newest >= 0.8 x squashfuse, middle of 16 >= 0.4 x)"
+echo "(MB/s, medians of 3; page cache dropped: $can_drop; SCHED_FIFO: ${RT:+yes}${RT:-no}; targets: newest >= 0.8 x squashfuse, middle of 16 >= 0.4 x)"
 # every step in order: rsync -a of the 16-step run out of a fresh mount, cold
 A="$T/c-synthetic-16-middle" raw16=$(du -sb "$T/c16" | cut -f1)
 cold_rsync() { # MOUNT_CMD UMOUNT_CMD: MB/s, median of 3

@@ -57,6 +57,9 @@ void ulp_cache_retire(ulp_cache *c, const ulp_ckey *key);
 /* 1 and the entry pinned (*e, *data, *size) if key is loaded; else 0, and
  * nothing is created or waited for (a walk that only wants what is there). */
 int ulp_cache_peek(ulp_cache *c, const ulp_ckey *key, ulp_centry **e, void **data, size_t *size);
+/* 1 if key has an entry, loaded or being loaded; pins, creates and waits
+ * for nothing (a hint: the answer may be stale as soon as it returns). */
+int ulp_cache_has(ulp_cache *c, const ulp_ckey *key);
 /* Drops the loaded, unpinned entries for which drop() returns 1 (under the
  * cache's lock: drop must not call the cache). */
 void ulp_cache_purge(ulp_cache *c, int (*drop)(void *arg, const ulp_ckey *key, void *data), void *arg);

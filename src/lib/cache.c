@@ -351,6 +351,18 @@ int ulp_cache_peek(ulp_cache *c, const ulp_ckey *key, ulp_centry **out, void **d
 	return found;
 }
 
+int ulp_cache_has(ulp_cache *c, const ulp_ckey *key)
+{
+	uint64_t h = key_hash(key);
+	pthread_mutex_lock(&c->mu);
+	ulp_centry *e = c->tab[h & (c->tab_size - 1)];
+	while (e && (e->hash != h || memcmp(&e->key, key, sizeof(*key)) != 0))
+		e = e->next;
+	int found = e && e->state != ST_FAILED;
+	pthread_mutex_unlock(&c->mu);
+	return found;
+}
+
 /* How far from the oldest end ulp_cache_alloc looks for a cold buffer. */
 #define RECYCLE_SCAN 8
 

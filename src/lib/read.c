@@ -247,7 +247,7 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 		return 0;
 	}
 	__atomic_fetch_add(&a->misses, 1, __ATOMIC_RELAXED);
-	if (depth == 0)
+	if (depth == 0 && !(f && __atomic_load_n(&f->warmed, __ATOMIC_RELAXED))) /* else asked for whole */
 		willneed_chain(a, f, sha, k);
 	const ulp_blob *b;
 	ulp_centry *be = NULL, *re = NULL;
@@ -480,12 +480,22 @@ int ulp_read_content(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint8_t 
  *     failure is left for the reader that needs the chunk to report.
  *  3. ulp_readahead_stop joins the threads before the archive frees the cache
  *     and the index connections they use.
- *  4. A chunk already loading is waited for, not decoded twice (the cache's
- *     single-flight loading): a thread that takes a chunk another thread or
- *     the reader is decoding only waits for it.
+ *  4. A chunk is never decoded twice (the cache's single-flight loading),
+ *     and a read-ahead thread does not wait for one: a hint whose chunk is
+ *     already loaded or loading (by the reader or another thread) is
+ *     skipped, so the thread goes on to the next chunk instead of idling
+ *     while a long chain walk finishes elsewhere. (A chunk that starts
+ *     loading between the check and the get is waited for.)
+ *  5. The window ahead of a reader is ra_window chunks of at least
+ *     RA_BIG bytes, and the smaller chunks among them (at most RA_QUEUE
+ *     chunks in all): a checkpoint's small tensors (norms, biases) decode
+ *     in no time, and a window that counted them would leave the threads
+ *     idle while the reader waits for its next large chunk (a cold read of
+ *     a deep chain then ran on one core).
  */
 #define RA_QUEUE 16
 #define RA_THREADS 8
+#define RA_BIG ((uint64_t)256 << 10)
 
 typedef struct ra_item {
 	uint8_t sha[ULP_SHA256_LEN];
@@ -522,7 +532,10 @@ static void *ra_main(void *arg)
 		ulp_centry *e;
 		const uint8_t *d;
 		size_t l;
-		if (ulp_read_chunk(r->a, it.sha, it.k, &e, &d, &l, NULL) == 0) /* invariant 2 */
+		ulp_ckey key = {.chunk = it.k, .kind = ULP_CK_CHUNK};
+		memcpy(key.sha, it.sha, ULP_SHA256_LEN);
+		if (!ulp_cache_has(r->a->cache, &key) && /* invariant 4 */
+		    ulp_read_chunk(r->a, it.sha, it.k, &e, &d, &l, NULL) == 0) /* invariant 2 */
 			ulp_cache_put(r->a->cache, e);
 		pthread_mutex_lock(&r->mu);
 	}
@@ -769,13 +782,14 @@ static void read_ahead(ulp_file *f, uint64_t last)
 	uint64_t first = ((uint64_t)i << 32 | k) + 1;
 	if (__atomic_exchange_n(&f->ra_from, first, __ATOMIC_RELAXED) > first)
 		__atomic_store_n(&f->ra_mark, 0, __ATOMIC_RELAXED); /* went back */
-	unsigned w = ra_window(f->a);
-	for (unsigned j = 0; j < w; j++) {
+	unsigned w = ra_window(f->a), big = 0;
+	for (unsigned j = 0; j < RA_QUEUE; j++) {
 		uint64_t mark = ((uint64_t)i << 32 | k) + 1;
 		uint64_t m = __atomic_load_n(&f->ra_mark, __ATOMIC_RELAXED);
 		if (mark > m && __atomic_compare_exchange_n(&f->ra_mark, &m, mark, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 			ra_post(f->a, f->ext[i].content, (uint32_t)k);
-		if (j + 1 < w && !next_chunk(f, &i, &k, &cb))
+		big += ULP_MIN(cb, f->ext[i].length - k * cb) >= RA_BIG; /* invariant 5 of the read-ahead */
+		if (big >= w || !next_chunk(f, &i, &k, &cb))
 			break;
 	}
 }
@@ -783,21 +797,56 @@ static void read_ahead(ulp_file *f, uint64_t last)
 /* A small file's first read of its contents asks the kernel for the pages
  * of every blob of its chains at once (a cold read of many small tensors
  * otherwise faults each link's pages in, one after the other); a larger
- * file's chains are asked for chunk by chunk (willneed_chain). Only a hint. */
+ * file's chains are asked for chunk by chunk (willneed_chain). Blobs that
+ * lie side by side in a pack (a step's tensors are written in file order)
+ * are asked for in one call: a few large reads of the disk, and a few
+ * system calls, not one per blob. Only a hint. */
 #define WARM_MAX ((uint64_t)16 << 20)
+#define WARM_GAP ((uint64_t)64 << 10) /* a hole this small is read too */
+
+typedef struct span {
+	size_t slot;
+	uint64_t lo, hi;
+} span;
+
+static int span_cmp(const void *x, const void *y)
+{
+	const span *a = x, *b = y;
+	if (a->slot != b->slot)
+		return a->slot < b->slot ? -1 : 1;
+	return a->lo < b->lo ? -1 : a->lo > b->lo;
+}
+
+static void warm_span(ulp_file *f, const span *s)
+{
+	const uint8_t *p;
+	if (ulp_pack_slot_blob(f->a, s->slot, s->lo, s->hi - s->lo, &p) < 0)
+		return;
+	uintptr_t lo = (uintptr_t)p & ~(uintptr_t)4095;
+	madvise((void *)lo, (uintptr_t)p + (s->hi - s->lo) - lo, MADV_WILLNEED);
+}
 
 static void warm_chains(ulp_file *f)
 {
 	if (f->chain_stored > WARM_MAX || __atomic_exchange_n(&f->warmed, 1, __ATOMIC_RELAXED))
 		return;
-	for (size_t i = 0; i < f->n_locs; i++) {
-		const uint8_t *p;
-		if (ulp_pack_slot_blob(f->a, f->locs[i].slot, f->locs[i].offset, f->locs[i].stored, &p) < 0 ||
-		    !f->locs[i].stored)
-			continue;
-		uintptr_t lo = (uintptr_t)p & ~(uintptr_t)4095;
-		madvise((void *)lo, (uintptr_t)p + f->locs[i].stored - lo, MADV_WILLNEED);
+	span *sp = malloc((f->n_locs ? f->n_locs : 1) * sizeof(*sp));
+	size_t n = 0;
+	for (size_t i = 0; sp && i < f->n_locs; i++)
+		if (f->locs[i].stored)
+			sp[n++] = (span){f->locs[i].slot, f->locs[i].offset, f->locs[i].offset + f->locs[i].stored};
+	if (!sp)
+		return; /* a hint */
+	qsort(sp, n, sizeof(*sp), span_cmp);
+	for (size_t i = 0; i < n;) {
+		span run = sp[i++];
+		while (i < n && sp[i].slot == run.slot && sp[i].lo <= run.hi + WARM_GAP) {
+			run.hi = ULP_MAX(run.hi, sp[i].hi);
+			i++;
+		}
+		warm_span(f, &run);
 	}
+	free(sp);
 }
 
 int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)

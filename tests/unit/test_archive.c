@@ -916,6 +916,83 @@ static void test_readahead(void)
 	ulp_archive_close(a); /* joins the read-ahead threads */
 }
 
+/* A cold read's read-ahead keeps the threads on large chunks: the window
+ * counts chunks of RA_BIG bytes or more, small ones ride along (read.c,
+ * read-ahead invariant 5); and a read-ahead thread goes past a chunk that
+ * another thread is loading (a long chain walk) instead of waiting for it
+ * (invariant 4). Tensors in file order: "a" (one chunk of 2^20 elements),
+ * "b" (256 elements), "c" (one chunk). The test holds b's chunk loading.
+ * Before: the window was one chunk, b; the one read-ahead thread sat on it,
+ * and c was decoded only when the reader came to it. */
+static void test_readahead_busy(void)
+{
+	char dir[512], err[512], file[512];
+	snprintf(dir, sizeof(dir), "%s/rab", root);
+	snprintf(file, sizeof(file), "%s/rab.safetensors", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	ulp_archive *a;
+	ulp_archive_opts o = {.threads = 1, .cache_size = 64 << 20};
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "open");
+	const size_t n = (size_t)1 << 20;
+	uint16_t *va = malloc(n * 2), *vb = malloc(256 * 2), *vc = malloc(n * 2);
+	REQUIRE(va && vb && vc, "memory");
+	uint64_t r = 777;
+	for (size_t i = 0; i < n; i++) {
+		r = r * 6364136223846793005ull + 1442695040888963407ull;
+		va[i] = (uint16_t)(0x3c00 + ((r >> 33) % 3000));
+		vc[i] = (uint16_t)(0x3c00 + ((r >> 40) % 3000));
+	}
+	for (int i = 0; i < 256; i++)
+		vb[i] = (uint16_t)(0x3f80 + i % 5);
+	uint64_t sa[1] = {n}, sb[1] = {256};
+	ulp_st_wtensor t[3] = {{"a", ULP_DT_BF16, 1, sa, va}, {"b", ULP_DT_BF16, 1, sb, vb}, {"c", ULP_DT_BF16, 1, sa, vc}};
+	REQUIRE(ulp_st_write(file, t, 3, NULL) == 0, "write %s", file);
+	free(va);
+	free(vb);
+	free(vc);
+	REQUIRE(put_path(a, "rab/m.safetensors", file, NULL) == 0, "put");
+	ulp_archive_close(a);
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "reopen"); /* cold cache */
+	ulp_stat st;
+	uint8_t *hd;
+	size_t hl, nx;
+	ulp_extent *x;
+	REQUIRE(ulp_index_file(a, "rab/m.safetensors", &st, &hd, &hl, &x, &nx) == 0 && nx == 3, "extents");
+	REQUIRE(x[0].offset < x[1].offset && x[1].length == 512 && x[1].offset < x[2].offset, "a, b, c in file order");
+	ulp_ckey key = {.chunk = 0, .kind = ULP_CK_CHUNK};
+	memcpy(key.sha, x[1].content, ULP_SHA256_LEN);
+	uint64_t c_at = x[2].offset;
+	free(hd);
+	free(x);
+	ulp_centry *busy;
+	void *d;
+	int must;
+	REQUIRE(ulp_cache_get(a->cache, &key, &busy, &d, &must) == 0 && must, "hold b loading");
+	ulp_file *h;
+	REQUIRE(ulp_file_open(a, "rab/m.safetensors", &h) == 0, "open file");
+	uint8_t buf[4096];
+	ulp_counters c0, c;
+	ulp_archive_counters(a, &c0);
+	CHECK(ulp_file_pread(h, buf, sizeof(buf), 0) == 4096 && ulp_file_pread(h, buf, sizeof(buf), 4096) == 4096,
+	      "two reads in order");
+	for (int i = 0; i < 500; i++) { /* a's chunk by the reader, c's by the read-ahead */
+		ulp_archive_counters(a, &c);
+		if (c.chunks_decoded >= c0.chunks_decoded + 2)
+			break;
+		usleep(10000);
+	}
+	CHECK(c.chunks_decoded == c0.chunks_decoded + 2, "read-ahead went past b (loading) to c (%llu decoded)",
+	      (unsigned long long)(c.chunks_decoded - c0.chunks_decoded));
+	ulp_cache_fail(a->cache, busy, -ULP_E_IO); /* let b go: the next read loads it */
+	CHECK(ulp_file_pread(h, buf, sizeof(buf), c_at - 512) == 4096, "b and c read");
+	ulp_archive_counters(a, &c);
+	CHECK(c.chunks_decoded == c0.chunks_decoded + 3, "c not decoded twice (%llu decoded)",
+	      (unsigned long long)(c.chunks_decoded - c0.chunks_decoded));
+	ulp_file_close(h);
+	CHECK(ulp_cache_state_ok(a->cache), "cache invariants");
+	ulp_archive_close(a);
+}
+
 /* Steps read in order with a cache that holds one checkpoint but not two:
  * each chunk costs one delta decode, not a walk back to the anchor (the
  * reference's chunk is the first to go once the next step is decoded).
@@ -1556,6 +1633,7 @@ int main(void)
 	test_pool_nested();
 	test_concurrent_reads();
 	test_readahead();
+	test_readahead_busy();
 	char cmd[600];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	if (system(cmd) != 0)
