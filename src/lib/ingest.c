@@ -1281,6 +1281,9 @@ int ulp_putq_put(ulp_putq *q, const char *path, int fd, const ulp_meta *meta, ul
 		snprintf(why, sizeof(why), "%s", ulp_archive_errmsg(a));
 	int prc = settle(q);
 	if (prc < 0) { /* invariant 3: this file may refer to it */
+		char m[600];
+		snprintf(m, sizeof(m), "%s", ulp_archive_errmsg(a));
+		ulp_arch_err(a, prc, "%s (%s, put after it, not archived either)", m, c->path[0] ? c->path : path);
 		if (rc == 0) {
 			coded_free(c, 1);
 			if (res)
@@ -1302,7 +1305,7 @@ int ulp_putq_put(ulp_putq *q, const char *path, int fd, const ulp_meta *meta, ul
 		rc = put_rows(a, c);
 	}
 	if (rc == 0 && c->P.pw && (c->src = dup(fd)) < 0)
-		rc = ulp_arch_err(a, errno == EMFILE ? -ULP_E_NOMEM : -ULP_E_IO, "%s: dup: %s", c->path, strerror(errno));
+		rc = ulp_arch_err(a, -ULP_E_IO, "%s: dup: %s", c->path, strerror(errno));
 	if (rc == 0 && c->P.pw) {
 		if (pthread_create(&c->syncer, NULL, syncer_main, c) == 0)
 			c->syncing = 1;
