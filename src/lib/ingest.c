@@ -29,6 +29,7 @@
 #include "torchzip.h"
 #include <zstd.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -1207,6 +1208,12 @@ out0:
  *  4. Every call on a queue is made from the same thread (the transaction is
  *     that thread's connection's), and nothing else writes to the archive
  *     while a file is in flight (ulp_putq_flush first).
+ *  5. While a queue lives, its thread's index commits do not fsync the WAL
+ *     (synchronous=NORMAL: one disk flush a file less on the writing thread,
+ *     the costliest wait left there; a crash still leaves the old state or
+ *     the new, packs durable before any commit that names them, and a kill
+ *     keeps every commit); ulp_putq_free fsyncs the WAL, after which a power
+ *     loss loses none of the queue's files.
  */
 struct ulp_putq {
 	ulp_archive *a;
@@ -1262,6 +1269,12 @@ int ulp_putq_new(ulp_archive *a, ulp_putq **out)
 	if (!q)
 		return -ULP_E_NOMEM;
 	q->a = a;
+	/* invariant 5 */
+	int rc = ulp_db_exec(a, "PRAGMA synchronous=NORMAL");
+	if (rc < 0) {
+		free(q);
+		return rc;
+	}
 	*out = q;
 	return 0;
 }
@@ -1339,13 +1352,36 @@ unsigned ulp_putq_committed(const ulp_putq *q)
 	return q ? q->committed : 0;
 }
 
+/* The index's commits since ulp_putq_new, made durable: its WAL (and the
+ * directory that holds it) fsynced (invariant 5). */
+static int sync_wal(ulp_archive *a)
+{
+	char path[4200];
+	int rc = ulp_db_exec(a, "PRAGMA synchronous=FULL");
+	for (int k = 0; k < 2 && rc == 0; k++) {
+		snprintf(path, sizeof(path), k ? "%s" : "%s/ulpack.db-wal", a->dir);
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0 && errno == ENOENT && !k)
+			continue; /* no WAL: the commits are in the database file, synced by its checkpoint */
+		if (fd < 0 || fsync(fd) < 0)
+			rc = ulp_arch_err(a, errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: fsync: %s", path,
+			                  strerror(errno));
+		if (fd >= 0)
+			close(fd);
+	}
+	return rc;
+}
+
 int ulp_putq_free(ulp_putq *q)
 {
 	if (!q)
 		return 0;
 	int rc = ulp_putq_flush(q);
+	pthread_mutex_lock(&q->a->write_mu);
+	int src = sync_wal(q->a);
+	pthread_mutex_unlock(&q->a->write_mu);
 	free(q);
-	return rc;
+	return rc < 0 ? rc : src;
 }
 
 uint64_t ulp_archive_put_progress(const ulp_archive *a)

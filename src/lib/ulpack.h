@@ -372,7 +372,9 @@ int ulp_putq_new(ulp_archive *a, ulp_putq **out);
 int ulp_putq_put(ulp_putq *q, const char *path, int fd, const ulp_meta *meta, ulp_put_result *res);
 int ulp_putq_flush(ulp_putq *q);
 unsigned ulp_putq_committed(const ulp_putq *q);
-/** Flushes (its result) and frees q (NULL accepted). */
+/** Flushes (its result) and frees q (NULL accepted). A queue's commits are
+ *  made durable against power loss here, at the end (a crash before leaves
+ *  the archive as after one of them, not torn). */
 int ulp_putq_free(ulp_putq *q);
 /**
  * Tells the archive which files an import is about to put (paths inside the

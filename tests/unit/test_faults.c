@@ -601,8 +601,11 @@ static void *run_op(void *arg)
 				break;
 			rc = qput_file(r->q, s->p1, s->in);
 			break;
-		case S_QFLUSH:
-			rc = ulp_putq_flush(r->q);
+		case S_QFLUSH: /* the last commit, then the WAL's fsync */
+			if ((rc = ulp_putq_flush(r->q)) == 0) {
+				rc = ulp_putq_free(r->q);
+				r->q = NULL;
+			}
 			break;
 		case S_RENAME:
 			rc = ulp_archive_rename(r->a, s->p1, s->p2);
