@@ -1640,10 +1640,15 @@ int main(void)
 	snprintf(root, sizeof(root), "%s/ulp-arch-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
 	REQUIRE(mkdtemp(root), "mkdtemp");
 	/* ULP_TEST_ONLY=concurrency: the thread tests alone (for ThreadSanitizer);
-	 * ULP_TEST_ONLY=step-order: test_step_order alone (to loop it under load) */
+	 * ULP_TEST_ONLY=step-order: test_step_order alone (to loop it under load);
+	 * ULP_TEST_ONLY=putq: test_putq alone */
 	const char *only = getenv("ULP_TEST_ONLY");
 	if (only && !strcmp(only, "step-order")) {
 		test_step_order();
+		return tap_done();
+	}
+	if (only && !strcmp(only, "putq")) { /* the pipelined put alone (ThreadSanitizer) */
+		test_putq();
 		return tap_done();
 	}
 	int all = !only || strcmp(only, "concurrency") != 0;
