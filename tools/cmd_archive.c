@@ -412,6 +412,17 @@ int cmd_import(int argc, char **argv)
 	if (ims && ulp_parse_int(ims, 10, 1000, &iv) < 0)
 		iv = 200;
 	pg.interval_ms = (long)iv;
+	/* pipelined: a file's commit (its pack's fsync) overlaps the next file's
+	 * coding; pend is the file in flight, counted once committed */
+	ulp_putq *q = NULL;
+	ulp_put_result pend = {0};
+	int have_pend = 0;
+	unsigned committed = 0;
+	if ((rc = ulp_putq_new(a, &q)) < 0) {
+		cli_fail("%s", ulp_archive_errmsg(a));
+		ulp_archive_close(a);
+		return 1;
+	}
 	pthread_t pth;
 	int show = (pg.tty || ao.progress) && pg.files_total > 0;
 	if (show && pthread_create(&pth, NULL, prog_main, &pg) != 0)
@@ -419,6 +430,10 @@ int cmd_import(int argc, char **argv)
 	for (size_t i = 0; i < g_n && status == 0; i++) {
 		item *it = &g_items[i];
 		ulp_meta m = {it->sb.st_mode & 07777, it->sb.st_uid, it->sb.st_gid, time_of(&it->sb.st_mtim)};
+		if (it->type != 0 && (rc = ulp_putq_flush(q)) < 0) { /* nothing else writes while a file is in flight */
+			status = cli_fail("%s", ulp_archive_errmsg(a));
+			break;
+		}
 		ulp_stat old;
 		int have = ulp_archive_stat(a, it->dst, &old) == 0;
 		if (it->type == 1) {
@@ -461,8 +476,15 @@ int cmd_import(int argc, char **argv)
 		pg.in_put = 1;
 		pthread_mutex_unlock(&pg.mu);
 		ulp_put_result res;
-		rc = ulp_archive_put(a, it->dst, fd, &m, &res);
+		rc = ulp_putq_put(q, it->dst, fd, &m, &res);
 		close(fd);
+		if (ulp_putq_committed(q) > committed && have_pend) {
+			files++;
+			raw += pend.raw_bytes;
+			stored += pend.stored_bytes;
+			have_pend = 0;
+		}
+		committed = ulp_putq_committed(q);
 		pthread_mutex_lock(&pg.mu);
 		pg.in_put = 0;
 		pg.cur = NULL;
@@ -477,9 +499,15 @@ int cmd_import(int argc, char **argv)
 			status = cli_fail("%s", ulp_archive_errmsg(a));
 			break;
 		}
+		pend = res;
+		have_pend = 1;
+	}
+	if ((rc = ulp_putq_free(q)) < 0 && status == 0)
+		status = cli_fail("%s", ulp_archive_errmsg(a));
+	else if (rc == 0 && have_pend) {
 		files++;
-		raw += res.raw_bytes;
-		stored += res.stored_bytes;
+		raw += pend.raw_bytes;
+		stored += pend.stored_bytes;
 	}
 	if (show) {
 		pthread_mutex_lock(&pg.mu);

@@ -109,6 +109,9 @@ struct ulp_archive {
 	uint64_t chunks_decoded, deltas_decoded, hits, misses, max_walk;
 	uint64_t put_done;           /* atomic: bytes of the file being put that are coded
 	                                (ulp_archive_put_progress) */
+	struct coded *inflight;      /* a pipelined put's file whose commit is not over
+	                                (ulp_putq, ingest.c): set by the writer between
+	                                files, read by the jobs of the next file */
 };
 
 /* Records the thread's error message; returns code. */
@@ -182,6 +185,8 @@ typedef struct ulp_newblob {
 	int codec;
 	unsigned depth;
 	uint64_t raw, stored, offset; /* offset in the new pack */
+	size_t chunk;                 /* bytes of a chunk of its content (ingest.c: the
+	                                 cache's geometry for a pipelined put) */
 } ulp_newblob;
 typedef struct ulp_newext {
 	uint64_t offset, length;
@@ -354,6 +359,10 @@ uint64_t ulp_pack_size(const ulp_pack_writer *w);
 /* Makes the pack durable under its content name: write, fsync, rename,
  * fsync of the directory. name receives its file name. */
 int ulp_pack_commit(ulp_pack_writer *w, char name[80]);
+/* The pack's file name, final once called: no blob may be added after it.
+ * The index rows that name it may then be written in a transaction that
+ * commits only after ulp_pack_commit returns (a pipelined put, ingest.c). */
+void ulp_pack_seal(ulp_pack_writer *w, char name[80]);
 /* 1 if the commit's rename replaced a file of the same name (a pack of the
  * same bytes, which the index may name): not this writer's alone to remove. */
 int ulp_pack_replaced(const ulp_pack_writer *w);

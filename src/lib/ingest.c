@@ -29,6 +29,7 @@
 #include "torchzip.h"
 #include <zstd.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -88,10 +89,18 @@ static int read_at(put *p, uint8_t *buf, size_t len, uint64_t off)
 	return 0;
 }
 
-/* A blob already in the archive or made earlier in this put? */
+static const ulp_newblob *inflight_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN]);
+
+/* A blob already in the archive or made earlier in this put (or by the file
+ * in flight before it, ulp_putq)? */
 static int have_content(put *p, const uint8_t sha[ULP_SHA256_LEN], unsigned *depth, int locked)
 {
 	int found = 0;
+	const ulp_newblob *ib = inflight_blob(p->a, sha);
+	if (ib) {
+		*depth = ib->depth;
+		return 1;
+	}
 	if (!locked)
 		pthread_mutex_lock(&p->mu);
 	for (size_t i = 0; i < p->n_nb && !found; i++)
@@ -310,11 +319,17 @@ static int job_ref_chunk(void *arg, size_t k)
 	return 0;
 }
 
+static int inflight_ref(ulp_archive *a, ulp_pool *pool, const uint8_t sha[ULP_SHA256_LEN], uint8_t *dst,
+                        size_t len);
+
 static int read_ref(ulp_archive *a, ulp_pool *pool, const uint8_t sha[ULP_SHA256_LEN], uint8_t *dst,
                     size_t len)
 {
 	const ulp_blob *b;
 	ulp_centry *be;
+	int irc = inflight_ref(a, pool, sha, dst, len); /* a new blob of the file in flight */
+	if (irc <= 0)
+		return irc;
 	if (!pool)
 		return ulp_read_content(a, sha, dst, len);
 	ULP_TRY(ulp_read_blob(a, sha, &be, &b));
@@ -621,6 +636,9 @@ static int append_job(put *p, job *j)
 	}
 	p->n_nb++;
 	memcpy(nb->content, j->sha, ULP_SHA256_LEN);
+	/* header byte 7: log2 of the elements of a chunk (ulpack-format(5)) */
+	if (j->s->kind == SEG_TENSOR && j->blob_len > 8 && j->blob[7] < 40)
+		nb->chunk = ((size_t)1 << j->blob[7]) * ulp_dtype_size(j->s->dtype);
 	nb->codec = j->codec;
 	nb->raw = j->len;
 	nb->stored = j->blob_len;
@@ -905,14 +923,149 @@ static int stored_header(put *P, int kind, uint8_t **out, size_t *len, int *owne
 	return 0;
 }
 
-int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *meta,
-                    ulp_put_result *res)
+/*
+ * A file coded: its blobs in a pack not yet durable, the rows that will name
+ * them, and what they point into (the layout owns the tensor names of the
+ * extents). ulp_archive_put commits it at once; a pipelined put (ulp_putq)
+ * inserts its rows into a transaction left open and makes the pack durable
+ * on a thread of its own while the next file codes (the inflight file).
+ */
+typedef struct coded {
+	char path[4096];
+	put P;
+	layout L;
+	uint8_t *head;
+	size_t head_len;
+	int head_owned;
+	ulp_newfile nf;
+	/* pipelined: */
+	int src;                /* a dup of the file's fd: references of the next file
+	                           not in the cache are read back from it (inflight_ref) */
+	char pack_name[80];
+	pthread_t syncer;
+	int syncing;            /* syncer runs ulp_pack_commit */
+	int sync_rc;            /* its result, once joined */
+	char sync_err[600];
+} coded;
+
+/* ---- the file in flight (ulp_putq, invariant 2 there) ------------------- */
+
+static const ulp_newblob *inflight_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN])
 {
-	char p[4096];
+	const struct coded *c = a->inflight;
+	if (!c)
+		return NULL;
+	for (size_t i = 0; i < c->P.n_nb; i++)
+		if (memcmp(c->P.nb[i].content, sha, ULP_SHA256_LEN) == 0)
+			return &c->P.nb[i];
+	return NULL;
+}
+
+typedef struct iref {
+	ulp_archive *a;
+	const struct coded *c;
+	const uint8_t *sha;
+	uint8_t *dst;
+	size_t len, chunk;
+	uint64_t src_off;    /* where the content lies in the in-flight file's source */
+	int missed;          /* atomic: a chunk was read from the source */
+	int failed;          /* atomic */
+} iref;
+
+static int job_iref_chunk(void *arg, size_t k)
+{
+	iref *r = arg;
+	size_t off = k * r->chunk, l = ULP_MIN(r->chunk, r->len - off);
+	ulp_ckey key = {.chunk = (uint32_t)k, .kind = ULP_CK_CHUNK};
+	memcpy(key.sha, r->sha, ULP_SHA256_LEN);
+	ulp_centry *e;
+	void *d;
+	size_t size;
+	if (ulp_cache_peek(r->a->cache, &key, &e, &d, &size)) {
+		if (size == l)
+			memcpy(r->dst + off, d, l);
+		ulp_cache_put(r->a->cache, e);
+		if (size == l)
+			return 0;
+	}
+	__atomic_store_n(&r->missed, 1, __ATOMIC_RELAXED);
+	for (size_t got = 0; got < l;) {
+		ssize_t n = pread(r->c->src, r->dst + off + got, l - got, (off_t)(r->src_off + off + got));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			__atomic_store_n(&r->failed, 1, __ATOMIC_RELAXED);
+			return 0;
+		}
+		got += (size_t)n;
+	}
+	return 0;
+}
+
+/* A reference that is a new blob of the file in flight: its chunks from the
+ * cache (its coding seeded them), the rest read again from its source and
+ * the whole checked against its digest (the source may have changed since).
+ * 1: not in flight; 0: dst holds it; < 0: not available (coded standalone). */
+static int inflight_ref(ulp_archive *a, ulp_pool *pool, const uint8_t sha[ULP_SHA256_LEN], uint8_t *dst,
+                        size_t len)
+{
+	const ulp_newblob *nb = inflight_blob(a, sha);
+	if (!nb)
+		return 1;
+	const struct coded *c = a->inflight;
+	iref r = {a, c, sha, dst, len, nb->chunk, 0, 0, 0};
+	size_t i = 0;
+	while (i < c->P.n_nx && memcmp(c->P.nx[i].content, sha, ULP_SHA256_LEN) != 0)
+		i++;
+	if (nb->raw != len || !r.chunk || i == c->P.n_nx || c->P.nx[i].length != len || c->src < 0)
+		return -ULP_E_NOENT;
+	r.src_off = c->P.nx[i].offset;
+	run_jobs(pool, (len + r.chunk - 1) / r.chunk, job_iref_chunk, &r);
+	if (r.failed)
+		return -ULP_E_IO;
+	if (r.missed) {
+		uint8_t d[ULP_SHA256_LEN];
+		if (a->blob_version == 1)
+			ulp_sha256(dst, len, d);
+		else if (ulp_content_digest(pool, dst, len, d) < 0)
+			return -ULP_E_NOMEM;
+		if (memcmp(d, sha, ULP_SHA256_LEN) != 0)
+			return -ULP_E_CHECKSUM;
+	}
+	return 0;
+}
+
+
+static void coded_free(coded *c, int discard)
+{
+	if (discard && c->P.pw)
+		ulp_pack_discard(c->P.pw); /* invariant 2 */
+	else
+		ulp_pack_free(c->P.pw);
+	c->P.pw = NULL;
+	layout_free(&c->L);
+	if (c->head_owned)
+		free(c->head);
+	free(c->P.vb);
+	free(c->P.nb);
+	free(c->P.nx);
+	if (c->src >= 0)
+		close(c->src);
+	memset(c, 0, sizeof(*c));
+	c->src = -1;
+}
+
+/* Everything before the commit: layout, reference, coding (do_segments),
+ * the stored header and the file's row. On failure c holds nothing. The
+ * caller holds a->write_mu. */
+static int put_code(ulp_archive *a, const char *path, int fd, const ulp_meta *meta, ulp_put_result *res,
+                    coded *c)
+{
 	struct stat sb;
-	if (a->read_only)
-		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is open read-only", a->dir);
-	int prc = ulp_path_clean(path, p, sizeof(p));
+	memset(c, 0, sizeof(*c));
+	c->src = -1;
+	char *p = c->path;
+	int prc = ulp_path_clean(path, p, sizeof(c->path));
 	if (prc == -ULP_E_NAMETOOLONG)
 		return ulp_arch_err(a, prc, "%.200s...: a name over %d bytes or a path over %d bytes", path, ULP_NAME_MAX,
 		                    ULP_PATH_MAX);
@@ -923,23 +1076,20 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 	if (res)
 		memset(res, 0, sizeof(*res));
 	uint64_t size = (uint64_t)sb.st_size;
-	put P = {.a = a, .path = p, .fd = fd, .anchor = 1, .res = res};
-	layout L = {0};
+	c->P = (put){.a = a, .path = p, .fd = fd, .anchor = 1, .res = res};
+	put *P = &c->P;
 	EVP_MD_CTX *fsha = EVP_MD_CTX_new();
-	uint8_t *head = NULL;
-	size_t head_len = 0;
-	int rc = 0, in_tx = 0, head_owned = 0;
+	int rc = 0;
 	if (!fsha || !EVP_DigestInit_ex(fsha, EVP_sha256(), NULL)) {
 		EVP_MD_CTX_free(fsha);
 		return -ULP_E_NOMEM;
 	}
-	pthread_mutex_init(&P.mu, NULL);
-	pthread_mutex_init(&P.hmu, NULL);
-	pthread_mutex_lock(&a->write_mu);
+	pthread_mutex_init(&P->mu, NULL);
+	pthread_mutex_init(&P->hmu, NULL);
 	__atomic_store_n(&a->put_done, 0, __ATOMIC_RELAXED); /* this file's progress */
 
 	/* safetensors, torch zip or opaque: anything that does not parse is opaque */
-	if ((rc = layout_file(&P, size, &L)) < 0)
+	if ((rc = layout_file(P, size, &c->L)) < 0)
 		goto out;
 
 	/* the reference: the neighbour the layout of its series names (a new
@@ -947,71 +1097,291 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 	int64_t ref_file = -1;
 	char *series = NULL;
 	int64_t step = ulp_parse_step(p, &series);
-	if (L.kind && series)
+	if (c->L.kind && series)
 		rc = ulp_layout_target(a, series, step, p, &ref_file, res ? res->ref_path : (char[512]){0}, 512);
 	free(series);
 	if (rc < 0)
 		goto out;
-	if ((rc = do_segments(&P, L.segs, L.n, fsha, ref_file)) < 0)
+	if ((rc = do_segments(P, c->L.segs, c->L.n, fsha, ref_file)) < 0)
 		goto out;
-	if ((rc = stored_header(&P, L.kind, &head, &head_len, &head_owned)) < 0)
+	if ((rc = stored_header(P, c->L.kind, &c->head, &c->head_len, &c->head_owned)) < 0)
 		goto out;
-	if (L.kind == 2) /* its header is its own: counted (kind 1 keeps the old accounting) */
-		P.stored += head_len;
+	if (c->L.kind == 2) /* its header is its own: counted (kind 1 keeps the old accounting) */
+		P->stored += c->head_len;
 
-	ulp_newfile nf = {.path = p, .type = ULP_ENT_FILE, .kind = L.kind, .header = head,
-	                  .header_len = head_len, .size = size, .stored = P.stored, .depth = P.depth,
-	                  .anchor = P.anchor};
+	c->nf = (ulp_newfile){.path = p, .type = ULP_ENT_FILE, .kind = c->L.kind, .header = c->head,
+	                      .header_len = c->head_len, .size = size, .stored = P->stored, .depth = P->depth,
+	                      .anchor = P->anchor};
 	if (meta) {
-		nf.meta = *meta;
+		c->nf.meta = *meta;
 	} else {
-		nf.meta.mode = sb.st_mode & 07777;
-		nf.meta.uid = sb.st_uid;
-		nf.meta.gid = sb.st_gid;
-		nf.meta.mtime = ulp_time_make(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
+		c->nf.meta.mode = sb.st_mode & 07777;
+		c->nf.meta.uid = sb.st_uid;
+		c->nf.meta.gid = sb.st_gid;
+		c->nf.meta.mtime = ulp_time_make(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
 	}
 	unsigned int shalen;
-	EVP_DigestFinal_ex(fsha, nf.sha, &shalen);
+	EVP_DigestFinal_ex(fsha, c->nf.sha, &shalen);
+	if (res) {
+		res->raw_bytes = size;
+		res->stored_bytes = P->stored;
+	}
+out:
+	__atomic_store_n(&a->put_done, 0, __ATOMIC_RELAXED);
+	EVP_MD_CTX_free(fsha);
+	pthread_mutex_destroy(&P->mu);
+	pthread_mutex_destroy(&P->hmu);
+	if (rc < 0) {
+		coded_free(c, 1);
+		if (res) /* nothing was archived */
+			res->raw_bytes = res->stored_bytes = 0;
+	}
+	return rc;
+}
 
+/* The rows of c into the open transaction (its pack named, not yet durable). */
+static int put_rows(ulp_archive *a, coded *c)
+{
+	if (c->P.pw)
+		ulp_pack_seal(c->P.pw, c->pack_name);
+	return ulp_index_put_file(a, &c->nf, c->P.pw ? c->pack_name : NULL, c->P.pw ? ulp_pack_size(c->P.pw) : 0,
+	                          c->P.nb, c->P.n_nb, c->P.nx, c->P.n_nx);
+}
+
+int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *meta,
+                    ulp_put_result *res)
+{
+	if (a->read_only)
+		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is open read-only", a->dir);
+	coded *c = malloc(sizeof(*c));
+	if (!c)
+		return -ULP_E_NOMEM;
+	pthread_mutex_lock(&a->write_mu);
+	int rc = put_code(a, path, fd, meta, res, c), in_tx = 0;
+	if (rc < 0)
+		goto out0;
 	/* commit: pack durable first, then the index */
 	if ((rc = ulp_db_begin(a)) < 0)
 		goto out;
 	in_tx = 1;
-	char pack_name[80];
-	if (P.pw) {
-		if ((rc = ulp_pack_commit(P.pw, pack_name)) < 0)
-			goto out;
-	}
-	rc = ulp_index_put_file(a, &nf, P.pw ? pack_name : NULL, P.pw ? ulp_pack_size(P.pw) : 0, P.nb,
-	                        P.n_nb, P.nx, P.n_nx);
+	if (c->P.pw && (rc = ulp_pack_commit(c->P.pw, c->pack_name)) < 0)
+		goto out;
+	rc = put_rows(a, c);
 	if (rc == 0)
 		rc = ulp_db_commit(a);
-	if (rc == 0) {
+	if (rc == 0)
 		in_tx = 0;
-		if (res) {
-			res->raw_bytes = size;
-			res->stored_bytes = P.stored;
-		}
-	}
 out:
 	if (in_tx)
 		ulp_db_rollback(a);
-	if (rc < 0 && P.pw)
-		ulp_pack_discard(P.pw); /* invariant 2 */
-	else
-		ulp_pack_free(P.pw);
-	__atomic_store_n(&a->put_done, 0, __ATOMIC_RELAXED);
+	if (rc < 0 && res)
+		res->raw_bytes = res->stored_bytes = 0;
+	coded_free(c, rc < 0);
+out0:
 	pthread_mutex_unlock(&a->write_mu);
-	EVP_MD_CTX_free(fsha);
-	pthread_mutex_destroy(&P.mu);
-	pthread_mutex_destroy(&P.hmu);
-	layout_free(&L);
-	if (head_owned)
-		free(head);
-	free(P.vb);
-	free(P.nb);
-	free(P.nx);
+	free(c);
 	return rc;
+}
+
+/* ---- pipelined put ------------------------------------------------------- */
+
+/*
+ * ulp_putq: file n codes while file n - 1's pack is made durable.
+ *
+ * Invariants:
+ *  1. Invariant 2 holds per file: file n - 1's rows are in a transaction of
+ *     the writing thread's connection, which commits only after its pack's
+ *     ulp_pack_commit (fsync, rename, fsync of the directory) returned; if
+ *     that fails the transaction rolls back and the pack is removed.
+ *  2. File n sees file n - 1 as if it were committed: the writing thread's
+ *     own lookups (its reference, ulp_layout_target; its reference tensors,
+ *     prepare_job) read the open transaction; lookups on pool threads (other
+ *     connections) go to the inflight file first: have_content (deduplication
+ *     against its new blobs) and read_ref (a reference among its new blobs:
+ *     the chunks its coding left in the cache, or else its bytes read again
+ *     from its source and checked against their digest, inflight_ref). So
+ *     the stored bytes are those of ulp_archive_put one file after another.
+ *  3. At most one file is in flight; it is settled (committed or rolled back)
+ *     after file n's coding and before file n's rows are written, so files
+ *     commit in put order. If it fails, file n is not archived either (it
+ *     may refer to it): the archive is as before file n - 1.
+ *  4. Every call on a queue is made from the same thread (the transaction is
+ *     that thread's connection's), and nothing else writes to the archive
+ *     while a file is in flight (ulp_putq_flush first).
+ *  5. While a queue lives, its thread's index commits do not fsync the WAL
+ *     (synchronous=NORMAL: one disk flush a file less on the writing thread,
+ *     the costliest wait left there; a crash still leaves the old state or
+ *     the new, packs durable before any commit that names them, and a kill
+ *     keeps every commit); ulp_putq_free fsyncs the WAL, after which a power
+ *     loss loses none of the queue's files.
+ */
+struct ulp_putq {
+	ulp_archive *a;
+	coded *cur;             /* in flight (a->inflight), or NULL */
+	unsigned committed;     /* files committed so far */
+};
+
+static void *syncer_main(void *arg)
+{
+	coded *c = arg;
+	char name[80];
+	c->sync_rc = ulp_pack_commit(c->P.pw, name);
+	if (c->sync_rc < 0)
+		snprintf(c->sync_err, sizeof(c->sync_err), "%s", ulp_archive_errmsg(c->P.a));
+	return NULL;
+}
+
+/* The file in flight, committed or rolled back (invariant 3). */
+static int settle(ulp_putq *q)
+{
+	ulp_archive *a = q->a;
+	coded *c = q->cur;
+	if (!c)
+		return 0;
+	int rc = 0;
+	if (c->syncing) {
+		pthread_join(c->syncer, NULL);
+		c->syncing = 0;
+		if ((rc = c->sync_rc) < 0)
+			ulp_arch_err(a, rc, "%s: %s", c->path, c->sync_err);
+	}
+	if (rc == 0 && (rc = ulp_db_commit(a)) < 0) {
+		char m[600];
+		snprintf(m, sizeof(m), "%s", ulp_archive_errmsg(a));
+		ulp_arch_err(a, rc, "%s: %s", c->path, m);
+	}
+	if (rc < 0)
+		ulp_db_rollback(a);
+	else
+		q->committed++;
+	a->inflight = NULL;
+	coded_free(c, rc < 0);
+	free(c);
+	q->cur = NULL;
+	return rc;
+}
+
+int ulp_putq_new(ulp_archive *a, ulp_putq **out)
+{
+	if (a->read_only)
+		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is open read-only", a->dir);
+	ulp_putq *q = calloc(1, sizeof(*q));
+	if (!q)
+		return -ULP_E_NOMEM;
+	q->a = a;
+	/* invariant 5 */
+	int rc = ulp_db_exec(a, "PRAGMA synchronous=NORMAL");
+	if (rc < 0) {
+		free(q);
+		return rc;
+	}
+	*out = q;
+	return 0;
+}
+
+int ulp_putq_put(ulp_putq *q, const char *path, int fd, const ulp_meta *meta, ulp_put_result *res)
+{
+	ulp_archive *a = q->a;
+	coded *c = malloc(sizeof(*c));
+	if (!c)
+		return -ULP_E_NOMEM;
+	pthread_mutex_lock(&a->write_mu);
+	a->inflight = q->cur;
+	int rc = put_code(a, path, fd, meta, res, c);
+	/* the previous file settles now that nothing reads it any more */
+	char why[600] = "";
+	if (rc < 0)
+		snprintf(why, sizeof(why), "%s", ulp_archive_errmsg(a));
+	int prc = settle(q);
+	if (prc < 0) { /* invariant 3: this file may refer to it */
+		char m[600];
+		snprintf(m, sizeof(m), "%s", ulp_archive_errmsg(a));
+		ulp_arch_err(a, prc, "%s (%s, put after it, not archived either)", m, c->path[0] ? c->path : path);
+		if (rc == 0) {
+			coded_free(c, 1);
+			if (res)
+				res->raw_bytes = res->stored_bytes = 0;
+		}
+		free(c);
+		pthread_mutex_unlock(&a->write_mu);
+		return prc;
+	}
+	if (rc < 0) {
+		ulp_arch_err(a, rc, "%s", why);
+		free(c);
+		pthread_mutex_unlock(&a->write_mu);
+		return rc;
+	}
+	int in_tx = 0;
+	if ((rc = ulp_db_begin(a)) == 0) {
+		in_tx = 1;
+		rc = put_rows(a, c);
+	}
+	if (rc == 0 && c->P.pw && (c->src = dup(fd)) < 0)
+		rc = ulp_arch_err(a, -ULP_E_IO, "%s: dup: %s", c->path, strerror(errno));
+	if (rc == 0 && c->P.pw) {
+		if (pthread_create(&c->syncer, NULL, syncer_main, c) == 0)
+			c->syncing = 1;
+		else /* no thread: durable here */
+			rc = ulp_pack_commit(c->P.pw, c->pack_name);
+	}
+	if (rc < 0) {
+		if (in_tx)
+			ulp_db_rollback(a);
+		if (res)
+			res->raw_bytes = res->stored_bytes = 0;
+		coded_free(c, 1);
+		free(c);
+	} else {
+		q->cur = c;
+	}
+	pthread_mutex_unlock(&a->write_mu);
+	return rc;
+}
+
+int ulp_putq_flush(ulp_putq *q)
+{
+	pthread_mutex_lock(&q->a->write_mu);
+	int rc = settle(q);
+	pthread_mutex_unlock(&q->a->write_mu);
+	return rc;
+}
+
+unsigned ulp_putq_committed(const ulp_putq *q)
+{
+	return q ? q->committed : 0;
+}
+
+/* The index's commits since ulp_putq_new, made durable: its WAL (and the
+ * directory that holds it) fsynced (invariant 5). */
+static int sync_wal(ulp_archive *a)
+{
+	char path[4200];
+	int rc = ulp_db_exec(a, "PRAGMA synchronous=FULL");
+	for (int k = 0; k < 2 && rc == 0; k++) {
+		snprintf(path, sizeof(path), k ? "%s" : "%s/ulpack.db-wal", a->dir);
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0 && errno == ENOENT && !k)
+			continue; /* no WAL: the commits are in the database file, synced by its checkpoint */
+		if (fd < 0 || fsync(fd) < 0)
+			rc = ulp_arch_err(a, errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: fsync: %s", path,
+			                  strerror(errno));
+		if (fd >= 0)
+			close(fd);
+	}
+	return rc;
+}
+
+int ulp_putq_free(ulp_putq *q)
+{
+	if (!q)
+		return 0;
+	int rc = ulp_putq_flush(q);
+	pthread_mutex_lock(&q->a->write_mu);
+	int src = sync_wal(q->a);
+	pthread_mutex_unlock(&q->a->write_mu);
+	free(q);
+	return rc < 0 ? rc : src;
 }
 
 uint64_t ulp_archive_put_progress(const ulp_archive *a)

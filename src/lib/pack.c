@@ -47,6 +47,8 @@ struct ulp_pack_writer {
 	uint64_t size;
 	int renamed;        /* the file is final, no longer tmp */
 	int replaced;       /* a file of that final name was there before the rename */
+	int sealed;         /* name holds the final name: the digest is taken */
+	char name[80];
 	EVP_MD_CTX *sha;
 };
 
@@ -209,15 +211,24 @@ static int fsync_dir(ulp_archive *a, const char *dir)
 	return rc;
 }
 
+void ulp_pack_seal(ulp_pack_writer *w, char name[80])
+{
+	if (!w->sealed) {
+		uint8_t sha[32];
+		unsigned int n = 0;
+		char hex[65];
+		EVP_DigestFinal_ex(w->sha, sha, &n);
+		ulp_sha256_hex(sha, hex);
+		snprintf(w->name, sizeof(w->name), "%s.pack", hex);
+		snprintf(w->final, sizeof(w->final), "%s/packs/%s", w->a->dir, w->name);
+		w->sealed = 1;
+	}
+	memcpy(name, w->name, 80);
+}
+
 int ulp_pack_commit(ulp_pack_writer *w, char name[80])
 {
-	uint8_t sha[32];
-	unsigned int n = 0;
-	char hex[65];
-	EVP_DigestFinal_ex(w->sha, sha, &n);
-	ulp_sha256_hex(sha, hex);
-	snprintf(name, 80, "%s.pack", hex);
-	snprintf(w->final, sizeof(w->final), "%s/packs/%s", w->a->dir, name);
+	ulp_pack_seal(w, name);
 	if (fsync(w->fd) < 0)
 		return io_err(w->a, w->tmp, "fsync");
 	if (close(w->fd) < 0) {

@@ -356,6 +356,27 @@ typedef struct ulp_put_result {
 int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *meta,
                     ulp_put_result *res);
 /**
+ * A pipelined put (import): ulp_putq_put codes a file like ulp_archive_put
+ * (the same stored bytes) and returns with it in flight: its pack is made
+ * durable on a thread of its own while the next file codes, and its index
+ * transaction commits at the start of the next ulp_putq_put, ulp_putq_flush
+ * or ulp_putq_free, each of which fails with the in-flight file's error if
+ * that commit fails (the message names it; the file being put then is not
+ * archived either). On any error the archive holds exactly the files
+ * committed before: ulp_putq_committed counts them. Call every function of
+ * a queue from one thread, and flush before any other change to the archive
+ * (mkdir, symlink, remove, another writer).
+ */
+typedef struct ulp_putq ulp_putq;
+int ulp_putq_new(ulp_archive *a, ulp_putq **out);
+int ulp_putq_put(ulp_putq *q, const char *path, int fd, const ulp_meta *meta, ulp_put_result *res);
+int ulp_putq_flush(ulp_putq *q);
+unsigned ulp_putq_committed(const ulp_putq *q);
+/** Flushes (its result) and frees q (NULL accepted). A queue's commits are
+ *  made durable against power loss here, at the end (a crash before leaves
+ *  the archive as after one of them, not torn). */
+int ulp_putq_free(ulp_putq *q);
+/**
  * Tells the archive which files an import is about to put (paths inside the
  * archive), so that each is coded where the final layout of its series puts
  * it (ulpack-format(5): the newest step an anchor, deltas at most about

@@ -1595,15 +1595,137 @@ static void test_private_modes(void)
 	umask(old);
 }
 
+/* The pack files of an archive, their names sorted and joined: names are the
+ * packs' content digests, so equal lists mean equal stored bytes. */
+static void pack_names(const char *dir, char *out, size_t cap)
+{
+	char pd[600], names[64][260];
+	size_t n = 0;
+	snprintf(pd, sizeof(pd), "%s/packs", dir);
+	DIR *d = opendir(pd);
+	REQUIRE(d, "opendir %s", pd);
+	for (struct dirent *e; (e = readdir(d)) && n < 64;)
+		if (e->d_name[0] != '.')
+			snprintf(names[n++], sizeof(names[0]), "%s", e->d_name);
+	closedir(d);
+	qsort(names, n, sizeof(names[0]), (int (*)(const void *, const void *))strcmp);
+	out[0] = 0;
+	for (size_t i = 0; i < n; i++)
+		snprintf(out + strlen(out), cap - strlen(out), "%s%s", i ? " " : "", names[i]);
+}
+
+/* The pipelined put (ulp_putq, import's): the same stored bytes as
+ * ulp_archive_put file after file (with references found in the cache, and
+ * with a cache too small for them: read again from the source), every file
+ * reads back, and a file failing while the one before it is in flight keeps
+ * that one and leaves no trace of itself. */
+static void test_putq(void)
+{
+	enum { N = 6 };
+	char file[N][512], ap[N][128], dir[4][512], err[512], packs[4][64 * 100];
+	const char *paths[N];
+	uint32_t rank[N];
+	size_t order[N];
+	for (int i = 0; i < N; i++) {
+		snprintf(file[i], sizeof(file[i]), "%s/q%d.safetensors", root, i);
+		write_step(file[i], i + 1, 200000);
+		snprintf(ap[i], sizeof(ap[i]), "run/checkpoint-%d/model.safetensors", (i + 1) * 100);
+		paths[i] = ap[i];
+	}
+	/* 0: ulp_archive_put; 1: ulp_putq; 2: ulp_putq with a 64 KiB cache */
+	for (int v = 0; v < 3; v++) {
+		snprintf(dir[v], sizeof(dir[v]), "%s/putq%d", root, v);
+		REQUIRE(ulp_archive_init(dir[v], err, sizeof(err)) == 0, "init: %s", err);
+		ulp_archive *a;
+		ulp_archive_opts o = {.cache_size = v == 2 ? 64 << 10 : 16 << 20, .threads = 2};
+		REQUIRE(ulp_archive_open(dir[v], &o, &a, err, sizeof(err)) == 0, "open: %s", err);
+		REQUIRE(ulp_archive_expect(a, paths, N, rank) == 0, "expect: %s", ulp_archive_errmsg(a));
+		for (size_t i = 0; i < N; i++) /* import's order: every reference before its users */
+			order[i] = i;
+		for (size_t i = 1; i < N; i++)
+			for (size_t k = i; k > 0 && rank[order[k - 1]] > rank[order[k]]; k--) {
+				size_t t = order[k];
+				order[k] = order[k - 1];
+				order[k - 1] = t;
+			}
+		ulp_putq *q = NULL;
+		if (v > 0)
+			REQUIRE(ulp_putq_new(a, &q) == 0, "putq: %s", ulp_archive_errmsg(a));
+		for (size_t k = 0; k < N; k++) {
+			size_t i = order[k];
+			int fd = open(file[i], O_RDONLY);
+			REQUIRE(fd >= 0, "open %s", file[i]);
+			ulp_meta m = {0644, 0, 0, {1700000000, 0}};
+			int rc = q ? ulp_putq_put(q, ap[i], fd, &m, NULL) : ulp_archive_put(a, ap[i], fd, &m, NULL);
+			close(fd);
+			CHECK(rc == 0, "variant %d: put %s: %s", v, ap[i], ulp_archive_errmsg(a));
+			CHECK(!q || ulp_putq_committed(q) == k, "variant %d: %zu files committed after %zu puts", v,
+			      (size_t)ulp_putq_committed(q), k + 1);
+		}
+		CHECK(ulp_putq_free(q) == 0, "variant %d: flush: %s", v, ulp_archive_errmsg(a));
+		CHECK(ulp_archive_verify(a, "", NULL, NULL) == 0, "variant %d: verify", v);
+		for (int i = 0; i < N; i++)
+			CHECK(same_bytes(a, ap[i], file[i]), "variant %d: %s reads back", v, ap[i]);
+		ulp_archive_close(a);
+		pack_names(dir[v], packs[v], sizeof(packs[v]));
+	}
+	CHECK(packs[0][0] && !strcmp(packs[0], packs[1]), "pipelined put stores the same packs: %s | %s", packs[0],
+	      packs[1]);
+	CHECK(!strcmp(packs[0], packs[2]), "the same with references read again from their source: %s | %s",
+	      packs[0], packs[2]);
+
+	/* a failing second file while the first is in flight */
+	snprintf(dir[3], sizeof(dir[3]), "%s/putq3", root);
+	REQUIRE(ulp_archive_init(dir[3], err, sizeof(err)) == 0, "init: %s", err);
+	ulp_archive *a;
+	ulp_archive_opts o = {.cache_size = 16 << 20, .threads = 2};
+	REQUIRE(ulp_archive_open(dir[3], &o, &a, err, sizeof(err)) == 0, "open: %s", err);
+	ulp_putq *q;
+	REQUIRE(ulp_putq_new(a, &q) == 0, "putq");
+	ulp_meta m = {0644, 0, 0, {1700000000, 0}};
+	int fd = open(file[5], O_RDONLY), bad = open(file[4], O_WRONLY); /* reads fail: EBADF */
+	REQUIRE(fd >= 0 && bad >= 0, "open");
+	CHECK(ulp_putq_put(q, ap[5], fd, &m, NULL) == 0, "first put: %s", ulp_archive_errmsg(a));
+	close(fd);
+	ulp_put_result res;
+	int rc = ulp_putq_put(q, ap[4], bad, &m, &res);
+	close(bad);
+	CHECK(rc == -ULP_E_IO && strstr(ulp_archive_errmsg(a), ap[4]), "second put fails naming its file: %d %s", rc,
+	      ulp_archive_errmsg(a));
+	CHECK(res.raw_bytes == 0 && res.stored_bytes == 0, "nothing counted for the failed file");
+	CHECK(ulp_putq_committed(q) == 1, "the first file is committed");
+	CHECK(ulp_putq_free(q) == 0, "flush after the failure");
+	ulp_stat st;
+	CHECK(ulp_archive_stat(a, ap[5], &st) == 0 && same_bytes(a, ap[5], file[5]), "first file kept");
+	CHECK(ulp_archive_stat(a, ap[4], &st) == -ULP_E_NOENT, "second file absent");
+	CHECK(ulp_archive_verify(a, "", NULL, NULL) == 0, "verify after the failure");
+	ulp_archive_close(a);
+	char pd[600];
+	snprintf(pd, sizeof(pd), "%s/packs", dir[3]);
+	DIR *d = opendir(pd);
+	int tmp = 0, n = 0;
+	for (struct dirent *e; d && (e = readdir(d));)
+		if (e->d_name[0] != '.')
+			n++, tmp += !strncmp(e->d_name, "tmp-", 4);
+	if (d)
+		closedir(d);
+	CHECK(n == 1 && tmp == 0, "one pack (the first file's), no temporary pack left: %d, %d", n, tmp);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "%s/ulp-arch-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
 	REQUIRE(mkdtemp(root), "mkdtemp");
 	/* ULP_TEST_ONLY=concurrency: the thread tests alone (for ThreadSanitizer);
-	 * ULP_TEST_ONLY=step-order: test_step_order alone (to loop it under load) */
+	 * ULP_TEST_ONLY=step-order: test_step_order alone (to loop it under load);
+	 * ULP_TEST_ONLY=putq: test_putq alone */
 	const char *only = getenv("ULP_TEST_ONLY");
 	if (only && !strcmp(only, "step-order")) {
 		test_step_order();
+		return tap_done();
+	}
+	if (only && !strcmp(only, "putq")) { /* the pipelined put alone (ThreadSanitizer) */
+		test_putq();
 		return tap_done();
 	}
 	int all = !only || strcmp(only, "concurrency") != 0;
@@ -1628,6 +1750,7 @@ int main(void)
 		test_header_checksum();
 		test_header_upgrade();
 		test_private_modes();
+		test_putq();
 	}
 	test_thread_churn();
 	test_pool_nested();

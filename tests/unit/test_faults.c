@@ -63,10 +63,16 @@ static struct {
 	int err_code;
 } F;
 
+/* A thread the operation's thread started while armed (the pipelined put's
+ * syncer, ingest.c): its fsync and rename calls count too (it makes no other
+ * wrapped call unless one of those failed, so the numbering stays
+ * deterministic: one syncer at a time, its calls in order). */
+static __thread int op_child;
+
 static int fault_now(int kind)
 {
-	if (!__atomic_load_n(&F.armed, __ATOMIC_ACQUIRE) || !pthread_equal(pthread_self(), F.thread) ||
-	    kind != F.kind)
+	if (!__atomic_load_n(&F.armed, __ATOMIC_ACQUIRE) || kind != F.kind ||
+	    !(pthread_equal(pthread_self(), F.thread) || (op_child && (kind == F_FSYNC || kind == F_RENAME))))
 		return 0;
 	if (++F.count != F.target && !(F.persist && F.count > F.target))
 		return 0;
@@ -97,6 +103,34 @@ WRAP_PROTO(int, sqlite3_prepare_v3, sqlite3 *, const char *, int, unsigned, sqli
            const char **);
 WRAP_PROTO(int, sqlite3_errcode, sqlite3 *);
 WRAP_PROTO(const char *, sqlite3_errmsg, sqlite3 *);
+WRAP_PROTO(int, pthread_create, pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+
+typedef struct child {
+	void *(*fn)(void *);
+	void *arg;
+} child;
+
+static void *child_main(void *arg)
+{
+	child c = *(child *)arg;
+	free(arg);
+	op_child = 1;
+	return c.fn(c.arg);
+}
+
+int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+	if (!__atomic_load_n(&F.armed, __ATOMIC_ACQUIRE) || !pthread_equal(pthread_self(), F.thread))
+		return __real_pthread_create(t, attr, fn, arg);
+	child *c = __real_malloc(sizeof(*c));
+	if (!c)
+		return EAGAIN;
+	*c = (child){fn, arg};
+	int rc = __real_pthread_create(t, attr, child_main, c);
+	if (rc != 0)
+		free(c);
+	return rc;
+}
 
 void *__wrap_malloc(size_t n)
 {
@@ -457,7 +491,7 @@ static void m_free(model *m)
 
 /* ---- operations ---------------------------------------------------------------- */
 
-enum { S_PUT, S_MOUNT_PUT, S_RENAME, S_REMOVE, S_RMDIR_BUSY, S_GC, S_VERIFY, S_FORGET };
+enum { S_PUT, S_MOUNT_PUT, S_RENAME, S_REMOVE, S_RMDIR_BUSY, S_GC, S_VERIFY, S_FORGET, S_QPUT, S_QFLUSH };
 
 /* S_FORGET p1: ulp_archive_forget(p1, keep the last step and step 100),
  * which in these runs forgets checkpoint-200 alone */
@@ -488,6 +522,20 @@ static int put_file(ulp_archive *a, const char *apath, const char *in)
 	if (fd < 0)
 		return -999;
 	int rc = ulp_archive_put(a, apath, fd, &meta, NULL);
+	close(fd);
+	return rc;
+}
+
+/* The same through a pipelined put (import's): the file's commit completes
+ * at the next call on q. */
+static int qput_file(ulp_putq *q, const char *apath, const char *in)
+{
+	char path[600];
+	snprintf(path, sizeof(path), "%s/in/%s", root, in);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -999;
+	int rc = ulp_putq_put(q, apath, fd, &meta, NULL);
 	close(fd);
 	return rc;
 }
@@ -528,6 +576,7 @@ typedef struct run {
 	int64_t damaged;      /* S_VERIFY's count */
 	ulp_gc_result gc;
 	char msg[1024];       /* the failed step's message */
+	ulp_putq *q;          /* S_QPUT's queue */
 } run;
 
 static void *run_op(void *arg)
@@ -546,6 +595,17 @@ static void *run_op(void *arg)
 			break;
 		case S_MOUNT_PUT:
 			rc = mount_put(r->a, s->p1, in_get(s->in), r->old_sizes[r->done]);
+			break;
+		case S_QPUT: /* a queue's steps come first in an op: done counts its commits */
+			if (!r->q && (rc = ulp_putq_new(r->a, &r->q)) < 0)
+				break;
+			rc = qput_file(r->q, s->p1, s->in);
+			break;
+		case S_QFLUSH: /* the last commit, then the WAL's fsync */
+			if ((rc = ulp_putq_flush(r->q)) == 0) {
+				rc = ulp_putq_free(r->q);
+				r->q = NULL;
+			}
 			break;
 		case S_RENAME:
 			rc = ulp_archive_rename(r->a, s->p1, s->p2);
@@ -578,6 +638,18 @@ static void *run_op(void *arg)
 			snprintf(r->msg, sizeof(r->msg), "%s", ulp_archive_errmsg(r->a));
 			break;
 		}
+	}
+	if (r->q) { /* after a failure the file in flight, if any, commits or not */
+		int frc = ulp_putq_flush(r->q);
+		size_t done = ulp_putq_committed(r->q);
+		if (r->rc < 0 && (done + 1 < r->done || done > r->done))
+			r->rc = -1002; /* a file before the one in flight was lost, or a failed one kept */
+		else if (r->rc < 0)
+			r->done = done;
+		else if (frc < 0)
+			r->rc = -1003; /* the last file was still in flight */
+		ulp_putq_free(r->q);
+		r->q = NULL;
 	}
 	__atomic_store_n(&F.armed, 0, __ATOMIC_RELEASE);
 	return NULL;
@@ -772,7 +844,7 @@ static void expected(const opdef *op, size_t done, const uint64_t *old_sizes, mo
 	(void)old_sizes;
 	for (size_t i = 0; i < done; i++) {
 		const step *s = &op->s[i];
-		if (s->op == S_PUT) {
+		if (s->op == S_PUT || s->op == S_QPUT) {
 			const input *in = in_get(s->in);
 			m_set(m, s->p1, in->data, in->len, NULL, 0);
 		} else if (s->op == S_MOUNT_PUT) {
@@ -992,6 +1064,16 @@ int main(void)
 		 * step 100, then drops step 200's blobs */
 		{"rebase-gc", 3, {{S_GC, NULL, NULL, NULL}}, 1},
 		{"forget", 2, {{S_FORGET, "run", NULL, NULL}, {S_GC, NULL, NULL, NULL}}, 2},
+		/* import's pipelined put: each file's pack made durable on a thread
+		 * of its own while the next one codes (a fault there fails the next
+		 * call, and the archive holds exactly the files committed before) */
+		{"pipelined import", 0, {
+			{S_QPUT, "run/checkpoint-300/model.safetensors", NULL, "s300"}, /* a delta */
+			{S_QPUT, "run/checkpoint-400/model.safetensors", NULL, "s300"}, /* dedup of the one in flight */
+			{S_QPUT, "run/config.json", NULL, "cfg2"},
+			{S_QPUT, "notes/b.txt", NULL, "notes"},
+			{S_QFLUSH, NULL, NULL, NULL},
+		}, 5},
 	};
 	const char *only = getenv("ULP_FAULT_OP");
 	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
