@@ -755,6 +755,9 @@ int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)
 	for (unsigned c = 0; d.rowb_ok && c < t->n_ctx; c++)
 		if (t->ctx_row[c] != ULP_CTX_UNUSED)
 			d.rowb[c] = (uint8_t)t->ctx_row[c];
+	for (unsigned c = 0; d.rowb_ok && c < 256; c++)
+		if (d.rowb[c] != 0xff)
+			d.rowb_hi |= 1u << (c >> 4);
 	for (unsigned s = 0; s < 256; s++) {
 		d.nraw[s] = (uint8_t)sym_nraw(s);
 		d.base[s] = sym_base(s);

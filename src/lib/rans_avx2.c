@@ -9,14 +9,15 @@
  * Symbol pass: 8 to 32 lanes as one to four vectors of eight states, each
  * in its own register; for eight
  * consecutive elements (eight consecutive lanes) it takes each element's
- * row offset (looked up for the whole call beforehand), loads the slot
+ * row offset (looked up for the whole call beforehand, 32 contexts at a
+ * time by byte shuffles of d->rowb), loads the slot
  * entries, updates the states, and renormalizes the lanes that fell below
  * 2^15 from the next words, which go to those lanes in lane order (the
  * scalar order), spread by a permutation looked up from the lane mask.
  * With 8 lanes the one vector is one serial chain of about 40 cycles a
- * step: 16-bit DELTA then looks up the row offsets inside the loop and
- * runs the previous block's reconstruction (a ulp_rb16_job) beside the
- * chain, work that would otherwise be two more passes over the block.
+ * step: 16-bit DELTA then runs the previous block's reconstruction (a
+ * ulp_rb16_job) beside the chain, work that would otherwise be another
+ * pass over the block.
  * Table lookups are scalar loads, not AVX2 gathers: gathers are slower on
  * Zen 2/3, the AVX2-only CPUs this path is for (measured on an EPYC: an
  * 8-wide gather of independent indices costs 2.3x eight scalar loads).
@@ -105,6 +106,61 @@ static inline __attribute__((always_inline)) uint64_t rb16_8(const uint8_t *syms
 	return p + total;
 }
 
+/* Row offsets (row << pb) of n elements (a multiple of 32) from their
+ * references' contexts, 32 at a time: the contexts as bytes, their rows from
+ * d->rowb by byte shuffles of its 16-entry pieces (only the pieces
+ * d->rowb_hi names: a tensor's exponents span few of them), widened and
+ * shifted. Needs d->rowb_ok. Returns nonzero if some context has no row
+ * (the scalar twin: the row_off loop of ulp_rans_syms_avx2). */
+static int row_offsets(const ulp_fmt *f, const ulp_dtab *d, const void *ref, size_t n, int32_t *offs)
+{
+	const __m128i shv = _mm_cvtsi32_si128((int)f->mshift), pbv = _mm_cvtsi32_si128((int)d->prob_bits);
+	const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi8(-1);
+	__m128i lut[16];
+	__m256i hsel[16];
+	unsigned nh = 0;
+	for (unsigned h = 0; h < 16; h++)
+		if (d->rowb_hi >> h & 1) {
+			lut[nh] = _mm_loadu_si128((const __m128i *)(d->rowb + 16 * h));
+			hsel[nh++] = _mm256_set1_epi8((char)h);
+		}
+	__m256i bad = _mm256_setzero_si256();
+	for (size_t i = 0; i < n; i += 32) {
+		__m256i cb;
+		if (f->w == 16) {
+			const uint16_t *r = (const uint16_t *)ref + i;
+			const __m256i em = _mm256_set1_epi16((short)((1u << f->ebits) - 1));
+			__m256i a = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)r), shv), em);
+			__m256i b = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(r + 16)), shv), em);
+			cb = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);
+		} else {
+			const uint32_t *r = (const uint32_t *)ref + i;
+			const __m256i em = _mm256_set1_epi32((int)((1u << f->ebits) - 1));
+			__m256i c0 = _mm256_and_si256(_mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)r), shv), em);
+			__m256i c1 = _mm256_and_si256(_mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)(r + 8)), shv), em);
+			__m256i c2 = _mm256_and_si256(_mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)(r + 16)), shv), em);
+			__m256i c3 = _mm256_and_si256(_mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)(r + 24)), shv), em);
+			__m256i p01 = _mm256_permute4x64_epi64(_mm256_packus_epi32(c0, c1), 0xD8);
+			__m256i p23 = _mm256_permute4x64_epi64(_mm256_packus_epi32(c2, c3), 0xD8);
+			cb = _mm256_permute4x64_epi64(_mm256_packus_epi16(p01, p23), 0xD8);
+		}
+		__m256i lo = _mm256_and_si256(cb, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(cb, 4), lo4);
+		__m256i rows = ones;
+		for (unsigned k = 0; k < nh; k++)
+			rows = _mm256_blendv_epi8(rows, _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(lut[k]), lo),
+			                          _mm256_cmpeq_epi8(hi, hsel[k]));
+		bad = _mm256_or_si256(bad, _mm256_cmpeq_epi8(rows, ones));
+		__m128i r0 = _mm256_castsi256_si128(rows), r1 = _mm256_extracti128_si256(rows, 1);
+		_mm256_storeu_si256((__m256i *)(offs + i), _mm256_sll_epi32(_mm256_cvtepu8_epi32(r0), pbv));
+		_mm256_storeu_si256((__m256i *)(offs + i + 8),
+		                    _mm256_sll_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(r0, 8)), pbv));
+		_mm256_storeu_si256((__m256i *)(offs + i + 16), _mm256_sll_epi32(_mm256_cvtepu8_epi32(r1), pbv));
+		_mm256_storeu_si256((__m256i *)(offs + i + 24),
+		                    _mm256_sll_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(r1, 8)), pbv));
+	}
+	return !_mm256_testz_si256(bad, bad);
+}
+
 size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, uint32_t *x,
                           const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms,
                           ulp_rb16_job *bg)
@@ -122,12 +178,12 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, u
 	const int *slots = (const int *)d->slots;
 	const __m256i pack_lo = _mm256_setr_epi8(3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
 	                                         3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-	/* each element's row offset, in scalar code before any state changes:
-	 * an unused context stops here and the scalar path reports it */
-	/* 8 lanes, 16 bits: the offsets are looked up inside the loop, beside
-	 * the serial chain (see below) */
-	const int inl = nv == 1 && ref && f->w == 16;
-	if (ref && !inl) {
+	/* each element's row offset before any state changes: an unused
+	 * context stops here and the scalar path reports it */
+	if (ref && d->rowb_ok) {
+		if (row_offsets(f, d, ref, n, offs))
+			return SIZE_MAX;
+	} else if (ref) {
 		const unsigned sh = f->mshift, em = (1u << f->ebits) - 1;
 		const int32_t *row_off = d->row_off;
 		int32_t bad = 0;
@@ -140,6 +196,9 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, u
 		if (bad < 0)
 			return SIZE_MAX;
 	}
+	/* 8 lanes, 16 bits: the previous block's reconstruction runs beside
+	 * the serial chain (see below) */
+	const int inl = nv == 1 && ref && f->w == 16;
 	const __m256i off0 = _mm256_set1_epi32(d->row_off[0]);
 	const uint8_t *wp = *wpp;
 	__m256i x0 = _mm256_loadu_si256((const __m256i *)x), x1 = x0, x2 = x0, x3 = x0;
@@ -172,16 +231,8 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, u
 	/* one register a state vector (an array would live in memory and add a
 	 * store-forwarding delay to every state update) */
 	if (inl) {
-		/* each step's row offsets from its eight references (8 loads off
-		 * the chain); an unused context (-1) is clamped to row 0 for the
-		 * loads and makes the call return SIZE_MAX at the end, x and *wpp
-		 * untouched (syms and bg's progress may have moved: the scalar
-		 * path redoes the block's symbols, bg's work stands) */
-		const __m128i shv = _mm_cvtsi32_si128((int)f->mshift);
-		const __m256i emv = _mm256_set1_epi32((int)((1u << f->ebits) - 1)), zero = _mm256_setzero_si256();
-		const int *row_off = d->row_off;
-		const uint16_t *r16 = ref;
-		__m256i badv = zero;
+		/* bg (the previous block's pass B) eight elements a step, off the
+		 * chain, while its raw window fits */
 		ulp_rb16_job nobg = {0};
 		ulp_rb16_job *j = bg ? bg : &nobg;
 		const uint8_t *bs = j->syms, *braw = j->raw;
@@ -191,11 +242,7 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, u
 		size_t bj = j->done;
 		uint64_t bp = j->pos;
 		for (size_t i = 0; i < n; i += 8) {
-			__m256i ctx = _mm256_and_si256(_mm256_srl_epi32(_mm256_cvtepu16_epi32(
-			                  _mm_loadu_si128((const __m128i *)(r16 + i))), shv), emv);
-			__m256i o = lookup8(row_off, ctx);
-			badv = _mm256_or_si256(badv, o);
-			DSTEPO(x0, i, _mm256_max_epi32(o, zero))
+			DSTEP(x0, i)
 			if (bj + 8 <= bn && bp / 8 + 16 <= blen) {
 				bp = rb16_8(bs + bj, br + bj, braw, bp, bo + bj);
 				bj += 8;
@@ -203,8 +250,6 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, u
 		}
 		j->done = bj;
 		j->pos = bp;
-		if (_mm256_movemask_ps(_mm256_castsi256_ps(badv)))
-			return SIZE_MAX;
 	} else if (nv == 1)
 		for (size_t i = 0; i < n; i += 8)
 			DSTEP(x0, i)
