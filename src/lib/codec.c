@@ -120,6 +120,21 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 	return v;
 }
 
+/* Four 16-bit DELTA elements at once, one a 16-bit field of a 64-bit word
+ * (element k in bits 16k..16k+15: a little-endian host): from references r4
+ * and zigzag values z4, phi_inv(phi(r) + unzigzag(z)) per field, as
+ * phi_inv16/phi16/unzz16 below do one at a time. Sums are taken without
+ * the top bit of each field, which is then set by XOR, so no carry crosses
+ * a field. */
+static inline uint64_t swar16(uint64_t r4, uint64_t z4)
+{
+	const uint64_t h = 0x8000800080008000ull, l1 = 0x0001000100010001ull;
+	uint64_t phir = r4 ^ (((r4 >> 15) & l1) * 0xffff | h);
+	uint64_t dz = ((z4 >> 1) & ~h) ^ ((z4 & l1) * 0xffff);
+	uint64_t key = ((phir & ~h) + (dz & ~h)) ^ ((phir ^ dz) & h);
+	return key ^ ((((key >> 15) & l1) ^ l1) * 0xffff | h);
+}
+
 /* ---- per-width transforms ------------------------------------------------ */
 
 #define DEFINE_WIDTH(W, T)                                                              \
@@ -297,6 +312,22 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 		 * bytes (W - 3 raw bits at most an element), one unchecked             \
 		 * 64-bit load an element */                                            \
 		if (W <= 32 && q / 8 + ((uint64_t)(bn - i) * (W - 3) + 7) / 8 + 8 <= raw_len) { \
+			/* 16 bits: four elements a 64-bit word (swar16) */             \
+			for (; W == 16 && i + 4 <= bn; i += 4) {                        \
+				uint64_t z4 = 0;                                        \
+				_Pragma("GCC unroll 4")                                 \
+				for (unsigned g = 0; g < 4; g++) {                      \
+					unsigned s = syms[i + g], nr = d->nraw[s];      \
+					uint64_t w64 = ulp_ld64(raw + (q >> 3)) >> (q & 7); \
+					uint64_t z = d->base[s] | (w64 & ((1ull << nr) - 1)); \
+					q += nr;                                        \
+					z4 |= (uint64_t)(uint16_t)z << (16 * g);        \
+				}                                                       \
+				uint64_t r4;                                            \
+				memcpy(&r4, rb + i, 8);                                 \
+				r4 = swar16(r4, z4);                                    \
+				memcpy(ob + i, &r4, 8);                                 \
+			}                                                               \
 			for (; i < bn; i++) {                                           \
 				unsigned s = syms[i], nr = d->nraw[s];                  \
 				uint64_t w64 = ulp_ld64(raw + (q >> 3)) >> (q & 7);     \
