@@ -274,6 +274,38 @@ static inline uint64_t swar16(uint64_t r4, uint64_t z4)
 		}                                                                       \
 		*pp = p;                                                                \
 	}                                                                               \
+	/* pass A of decode##W with references, scalar, in rounds of L lanes      \
+	 * (elements i..i + L - 1 of a round are lanes 0..L - 1: i starts at a  \
+	 * multiple of L), L and pb constants where inlined: the states stay in \
+	 * locals, no lane index a step. Stops at the round holding an unused  \
+	 * context (the caller's loop reports it); returns where it stopped. */  \
+	static inline __attribute__((always_inline)) size_t passa##W(           \
+	        const ulp_dtab *d, unsigned L, unsigned pb, unsigned sh, T em,     \
+	        uint32_t *x, const T *rb, uint8_t *syms, size_t i, size_t bn,      \
+	        const uint8_t **wpp)                                               \
+	{                                                                       \
+		uint32_t xs[ULP_LANES_MAX];                                     \
+		const uint8_t *w = *wpp;                                        \
+		const uint32_t *slots = d->slots;                               \
+		const int32_t *row_off = d->row_off;                            \
+		for (unsigned l = 0; l < L; l++)                                \
+			xs[l] = x[l];                                           \
+		for (; i + L <= bn; i += L) {                                   \
+			int32_t o[ULP_LANES_MAX], bad = 0;                      \
+			_Pragma("GCC unroll 32")                                \
+			for (unsigned l = 0; l < L; l++)                        \
+				bad |= o[l] = row_off[(rb[i + l] >> sh) & em];  \
+			if (bad < 0)                                            \
+				break;                                          \
+			_Pragma("GCC unroll 32")                                \
+			for (unsigned l = 0; l < L; l++)                        \
+				syms[i + l] = rans_step(&xs[l], slots + o[l], (1u << pb) - 1, pb, &w); \
+		}                                                               \
+		for (unsigned l = 0; l < L; l++)                                \
+			x[l] = xs[l];                                           \
+		*wpp = w;                                                       \
+		return i;                                                       \
+	}                                                                       \
 	/* pass B of decode##W, DELTA: elements start..bn - 1 of a block from           \
 	 * their symbols and the raw tail at bit *posp, which advances */               \
 	static void passb##W(const ulp_dtab *d, const uint8_t *syms, const T *rb, T *ob, \
@@ -308,12 +340,16 @@ static inline uint64_t swar16(uint64_t r4, uint64_t z4)
 			                         (uint32_t *)(void *)ob + j0);          \
 		size_t i = j0;                                                          \
 		uint64_t q = pos; /* a register copy */                                 \
-		/* while the rest of the block cannot reach the tail's last 8           \
-		 * bytes (W - 3 raw bits at most an element), one unchecked             \
-		 * 64-bit load an element */                                            \
-		if (W <= 32 && q / 8 + ((uint64_t)(bn - i) * (W - 3) + 7) / 8 + 8 <= raw_len) { \
+		/* 64 elements at a time while they cannot reach the tail's last 8    \
+		 * bytes (W - 3 raw bits at most an element): one unchecked 64-bit     \
+		 * load an element; the checked loop below does the rest (the last    \
+		 * few dozen elements of the tail) */                                  \
+		for (size_t e; W <= 32 && i < bn; ) {                                   \
+			e = i + ULP_MIN(bn - i, (size_t)64);                            \
+			if (q / 8 + ((uint64_t)(e - i) * (W - 3) + 7) / 8 + 8 > raw_len) \
+				break;                                                  \
 			/* 16 bits: four elements a 64-bit word (swar16) */             \
-			for (; W == 16 && i + 4 <= bn; i += 4) {                        \
+			for (; W == 16 && i + 4 <= e; i += 4) {                         \
 				uint64_t z4 = 0;                                        \
 				_Pragma("GCC unroll 4")                                 \
 				for (unsigned g = 0; g < 4; g++) {                      \
@@ -328,7 +364,7 @@ static inline uint64_t swar16(uint64_t r4, uint64_t z4)
 				r4 = swar16(r4, z4);                                    \
 				memcpy(ob + i, &r4, 8);                                 \
 			}                                                               \
-			for (; i < bn; i++) {                                           \
+			for (; i < e; i++) {                                            \
 				unsigned s = syms[i], nr = d->nraw[s];                  \
 				uint64_t w64 = ulp_ld64(raw + (q >> 3)) >> (q & 7);     \
 				uint64_t z = d->base[s] | (w64 & ((1ull << nr) - 1));   \
@@ -406,6 +442,17 @@ static inline uint64_t swar16(uint64_t r4, uint64_t z4)
 				/* w: a register copy (wp's address goes to the SIMD \
 				 * kernels, so wp itself lives in memory) */            \
 				const uint8_t *w = wp;                                  \
+				if (rb && W <= 32 && (lanes == 8 || lanes == 32) &&    \
+				    i0 % lanes == 0) {                                  \
+					if (lanes == 8 && pb == ULP_PROB_BITS_MAX)      \
+						i0 = passa##W(d, 8, ULP_PROB_BITS_MAX, sh, em, x, rb, syms, i0, bn, &w); \
+					else if (lanes == 8)                            \
+						i0 = passa##W(d, 8, pb, sh, em, x, rb, syms, i0, bn, &w); \
+					else if (pb == ULP_PROB_BITS_MAX)               \
+						i0 = passa##W(d, 32, ULP_PROB_BITS_MAX, sh, em, x, rb, syms, i0, bn, &w); \
+					else                                            \
+						i0 = passa##W(d, 32, pb, sh, em, x, rb, syms, i0, bn, &w); \
+				}                                                       \
 				if (rb && pb == ULP_PROB_BITS_MAX) {                    \
 					for (size_t i = i0; i < bn; i++) {              \
 						const uint32_t *row = d->row[(rb[i] >> sh) & em]; \
