@@ -25,6 +25,7 @@
  */
 #include "config.h"
 #include "codec.h"
+#include <pthread.h>
 #include <stdlib.h>
 
 #define ULP_DEC_BLOCK 2048 /* elements a decode block; a multiple of 32 lanes */
@@ -808,6 +809,19 @@ int ulp_use_neon(void)
 	return use_kernels(ULP_CPU_NEON);
 }
 
+/* every table's nraw and base (built once) */
+static uint8_t sym_nraw_tab[256];
+static uint64_t sym_base_tab[256];
+static pthread_once_t sym_once = PTHREAD_ONCE_INIT;
+
+static void sym_init(void)
+{
+	for (unsigned s = 0; s < 256; s++) {
+		sym_nraw_tab[s] = (uint8_t)sym_nraw(s);
+		sym_base_tab[s] = sym_base(s);
+	}
+}
+
 int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)
 {
 	ulp_dtab d = {0};
@@ -836,10 +850,9 @@ int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)
 	for (unsigned c = 0; d.rowb_ok && c < 256; c++)
 		if (d.rowb[c] != 0xff)
 			d.rowb_hi |= 1u << (c >> 4);
-	for (unsigned s = 0; s < 256; s++) {
-		d.nraw[s] = (uint8_t)sym_nraw(s);
-		d.base[s] = sym_base(s);
-	}
+	pthread_once(&sym_once, sym_init);
+	memcpy(d.nraw, sym_nraw_tab, sizeof(d.nraw));
+	memcpy(d.base, sym_base_tab, sizeof(d.base));
 	*out = d;
 	return 0;
 }

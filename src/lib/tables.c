@@ -134,6 +134,24 @@ static uint32_t tbr_eg(tbr *r, unsigned k)
 {
 	if (r->over)
 		return 0;
+	size_t byte = (size_t)(r->bits >> 3);
+	if (byte + 8 <= (size_t)(r->len_bits >> 3) && k <= ULP_PROB_BITS_MAX) {
+		/* one 64-bit window holds the whole code: at most 7 bits of
+		 * offset, 16 zeros, the one, 16 bits of q and k <= 12 bits */
+		uint64_t w = ulp_ld64(r->p + byte) >> (r->bits & 7);
+		uint32_t lead = (uint32_t)w & 0x1ffff;
+		if (!lead) { /* 17 zeros */
+			r->over = 1;
+			r->bits = r->len_bits;
+			return 0;
+		}
+		unsigned m = (unsigned)__builtin_ctz(lead);
+		w >>= m + 1;
+		uint32_t q = (1u << m) | ((uint32_t)w & ((1u << m) - 1));
+		w >>= m;
+		r->bits += 2 * m + 1 + k;
+		return ((q - 1) << k) | ((uint32_t)w & ((1u << k) - 1));
+	}
 	uint64_t avail = r->len_bits - r->bits;
 	unsigned t = avail < 17 ? (unsigned)avail : 17;
 	uint32_t peek = t ? tbr_get(r, t) : 0;
