@@ -176,7 +176,7 @@ static inline uint64_t swar16(uint64_t r4, uint64_t z4)
 			 * runs of one symbol would otherwise chain every increment   \
 			 * through one memory word (measured: half of this loop) */  \
 			const size_t cells = (size_t)f->n_ctx * a;                      \
-			uint32_t *sub = n >= 65536 ? ulp_scratch(ULP_SCRATCH_COUNTS, 4 * cells * sizeof(uint32_t)) : NULL; \
+			uint32_t *sub = n >= 32768 ? ulp_scratch(ULP_SCRATCH_COUNTS, 4 * cells * sizeof(uint32_t)) : NULL; \
 			if (sub)                                                        \
 				memset(sub, 0, 4 * cells * sizeof(uint32_t));          \
 			while (n - i >= 16) {                                           \

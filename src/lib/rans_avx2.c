@@ -106,49 +106,72 @@ static inline __attribute__((always_inline)) uint64_t rb16_8(const uint8_t *syms
 	return p + total;
 }
 
+/* 16-entry pieces of a 256-entry byte table of rows by context: the
+ * pieces some context of mask hi (bit h: contexts 16h..16h+15) uses. */
+typedef struct rowlut {
+	__m128i lut[16];
+	__m256i hsel[16];
+	unsigned nh;
+} rowlut;
+
+static void rowlut_init(rowlut *L, const uint8_t *rowb, unsigned hi)
+{
+	L->nh = 0;
+	for (unsigned h = 0; h < 16; h++)
+		if (hi >> h & 1) {
+			L->lut[L->nh] = _mm_loadu_si128((const __m128i *)(rowb + 16 * h));
+			L->hsel[L->nh++] = _mm256_set1_epi8((char)h);
+		}
+}
+
+/* The rows (bytes, in element order) of elements i..i + 31 from their
+ * references' contexts (16 or 32 bits): the contexts as bytes, looked up by
+ * byte shuffles of the used pieces; a context outside them gets none. */
+static inline __m256i ctx_rows32(const ulp_fmt *f, const void *ref, size_t i, const rowlut *L,
+                                 __m256i none)
+{
+	const __m128i shv = _mm_cvtsi32_si128((int)f->mshift);
+	const __m256i lo4 = _mm256_set1_epi8(0x0f);
+	__m256i cb;
+	if (f->w == 16) {
+		const uint16_t *r = (const uint16_t *)ref + i;
+		const __m256i em = _mm256_set1_epi16((short)((1u << f->ebits) - 1));
+		__m256i a = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)r), shv), em);
+		__m256i b = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(r + 16)), shv), em);
+		cb = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);
+	} else {
+		const uint32_t *r = (const uint32_t *)ref + i;
+		const __m256i em = _mm256_set1_epi32((int)((1u << f->ebits) - 1));
+		__m256i c0 = _mm256_and_si256(_mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)r), shv), em);
+		__m256i c1 = _mm256_and_si256(_mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)(r + 8)), shv), em);
+		__m256i c2 = _mm256_and_si256(_mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)(r + 16)), shv), em);
+		__m256i c3 = _mm256_and_si256(_mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)(r + 24)), shv), em);
+		__m256i p01 = _mm256_permute4x64_epi64(_mm256_packus_epi32(c0, c1), 0xD8);
+		__m256i p23 = _mm256_permute4x64_epi64(_mm256_packus_epi32(c2, c3), 0xD8);
+		cb = _mm256_permute4x64_epi64(_mm256_packus_epi16(p01, p23), 0xD8);
+	}
+	__m256i lo = _mm256_and_si256(cb, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(cb, 4), lo4);
+	__m256i rows = none;
+	for (unsigned k = 0; k < L->nh; k++)
+		rows = _mm256_blendv_epi8(rows, _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(L->lut[k]), lo),
+		                          _mm256_cmpeq_epi8(hi, L->hsel[k]));
+	return rows;
+}
+
 /* Row offsets (row << pb) of n elements (a multiple of 32) from their
- * references' contexts, 32 at a time: the contexts as bytes, their rows from
- * d->rowb by byte shuffles of its 16-entry pieces (only the pieces
- * d->rowb_hi names: a tensor's exponents span few of them), widened and
- * shifted. Needs d->rowb_ok. Returns nonzero if some context has no row
+ * references' contexts, 32 at a time by ctx_rows32 from d->rowb (only the
+ * pieces d->rowb_hi names: a tensor's exponents span few of them), widened
+ * and shifted. Needs d->rowb_ok. Returns nonzero if some context has no row
  * (the scalar twin: the row_off loop of ulp_rans_syms_avx2). */
 static int row_offsets(const ulp_fmt *f, const ulp_dtab *d, const void *ref, size_t n, int32_t *offs)
 {
-	const __m128i shv = _mm_cvtsi32_si128((int)f->mshift), pbv = _mm_cvtsi32_si128((int)d->prob_bits);
-	const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi8(-1);
-	__m128i lut[16];
-	__m256i hsel[16];
-	unsigned nh = 0;
-	for (unsigned h = 0; h < 16; h++)
-		if (d->rowb_hi >> h & 1) {
-			lut[nh] = _mm_loadu_si128((const __m128i *)(d->rowb + 16 * h));
-			hsel[nh++] = _mm256_set1_epi8((char)h);
-		}
+	const __m128i pbv = _mm_cvtsi32_si128((int)d->prob_bits);
+	const __m256i ones = _mm256_set1_epi8(-1);
+	rowlut L;
+	rowlut_init(&L, d->rowb, d->rowb_hi);
 	__m256i bad = _mm256_setzero_si256();
 	for (size_t i = 0; i < n; i += 32) {
-		__m256i cb;
-		if (f->w == 16) {
-			const uint16_t *r = (const uint16_t *)ref + i;
-			const __m256i em = _mm256_set1_epi16((short)((1u << f->ebits) - 1));
-			__m256i a = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)r), shv), em);
-			__m256i b = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(r + 16)), shv), em);
-			cb = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);
-		} else {
-			const uint32_t *r = (const uint32_t *)ref + i;
-			const __m256i em = _mm256_set1_epi32((int)((1u << f->ebits) - 1));
-			__m256i c0 = _mm256_and_si256(_mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)r), shv), em);
-			__m256i c1 = _mm256_and_si256(_mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)(r + 8)), shv), em);
-			__m256i c2 = _mm256_and_si256(_mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)(r + 16)), shv), em);
-			__m256i c3 = _mm256_and_si256(_mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)(r + 24)), shv), em);
-			__m256i p01 = _mm256_permute4x64_epi64(_mm256_packus_epi32(c0, c1), 0xD8);
-			__m256i p23 = _mm256_permute4x64_epi64(_mm256_packus_epi32(c2, c3), 0xD8);
-			cb = _mm256_permute4x64_epi64(_mm256_packus_epi16(p01, p23), 0xD8);
-		}
-		__m256i lo = _mm256_and_si256(cb, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(cb, 4), lo4);
-		__m256i rows = ones;
-		for (unsigned k = 0; k < nh; k++)
-			rows = _mm256_blendv_epi8(rows, _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(lut[k]), lo),
-			                          _mm256_cmpeq_epi8(hi, hsel[k]));
+		__m256i rows = ctx_rows32(f, ref, i, &L, ones);
 		bad = _mm256_or_si256(bad, _mm256_cmpeq_epi8(rows, ones));
 		__m128i r0 = _mm256_castsi256_si128(rows), r1 = _mm256_extracti128_si256(rows, 1);
 		_mm256_storeu_si256((__m256i *)(offs + i), _mm256_sll_epi32(_mm256_cvtepu8_epi32(r0), pbv));
@@ -509,6 +532,19 @@ void ulp_rans_enc_avx2(const ulp_fmt *f, unsigned pb, const uint16_t *ctx_row, u
 	const unsigned nc = n_ctx < 256 ? n_ctx : 256;
 	for (unsigned c = 0; c < 256; c++)
 		rowa[c] = c < nc && ctx_row[c] != ULP_CTX_UNUSED ? ctx_row[c] * alphabet : 0;
+	/* the same rows as bytes for ctx_rows32 (rows < 255, alphabet <= 252:
+	 * indices fit 16 bits; ulp_esyms_pack gives es64 only then) */
+	uint8_t rowb[256];
+	unsigned hi = 0;
+	for (unsigned c = 0; c < 256; c++) {
+		rowb[c] = (uint8_t)(rowa[c] / (alphabet ? alphabet : 1));
+		if (rowb[c])
+			hi |= 1u << (c >> 4);
+	}
+	rowlut L;
+	rowlut_init(&L, rowb, hi);
+	const int lut_ok = n_ctx <= 256 && alphabet <= 256;
+	uint16_t eix[EB];
 	const unsigned nv = lanes / 8;
 	const unsigned sh = f->mshift, em = ((1u << f->ebits) - 1) & 255;
 	const __m256i m13 = _mm256_set1_epi32(0x1fff), one_n = _mm256_set1_epi32(1 << pb);
@@ -534,14 +570,37 @@ void ulp_rans_enc_avx2(const ulp_fmt *f, unsigned pb, const uint16_t *ctx_row, u
 		/* the block's table entries, looked up in scalar code: AVX2
 		 * gathers are slower than scalar loads on Zen 2/3 */
 		const uint64_t *row0 = es64 + rowa[0];
+		size_t jv = 0; /* entries looked up by vector indices */
+		if (ref && lut_ok) {
+			/* entry indices row * alphabet + symbol, 32 at a time (rows
+			 * by ctx_rows32: a context without a row takes row 0, as
+			 * rowa gives), then the entries by scalar loads */
+			const __m256i av = _mm256_set1_epi16((short)alphabet), zero = _mm256_setzero_si256();
+			jv = bn & ~(size_t)31;
+			for (size_t j = 0; j < jv; j += 32) {
+				__m256i rows = ctx_rows32(f, ref, b0 + j, &L, zero);
+				__m256i sy = _mm256_loadu_si256((const __m256i *)(syms + b0 + j));
+				__m256i i0 = _mm256_add_epi16(_mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(rows)), av),
+				                              _mm256_cvtepu8_epi16(_mm256_castsi256_si128(sy)));
+				__m256i i1 = _mm256_add_epi16(_mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(rows, 1)), av),
+				                              _mm256_cvtepu8_epi16(_mm256_extracti128_si256(sy, 1)));
+				_mm256_storeu_si256((__m256i *)(eix + j), i0);
+				_mm256_storeu_si256((__m256i *)(eix + j + 16), i1);
+			}
+			for (size_t j = 0; j < jv; j++) {
+				uint64_t e = es64[eix[j]];
+				erc[j] = (uint32_t)e;
+				epk[j] = (uint32_t)(e >> 32);
+			}
+		}
 		if (r16)
-			for (size_t j = 0; j < bn; j++) {
+			for (size_t j = jv; j < bn; j++) {
 				uint64_t e = es64[rowa[(r16[b0 + j] >> sh) & em] + syms[b0 + j]];
 				erc[j] = (uint32_t)e;
 				epk[j] = (uint32_t)(e >> 32);
 			}
 		else if (r32)
-			for (size_t j = 0; j < bn; j++) {
+			for (size_t j = jv; j < bn; j++) {
 				uint64_t e = es64[rowa[(r32[b0 + j] >> sh) & em] + syms[b0 + j]];
 				erc[j] = (uint32_t)e;
 				epk[j] = (uint32_t)(e >> 32);
