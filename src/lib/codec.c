@@ -356,7 +356,7 @@ static inline uint64_t swar16(uint64_t r4, uint64_t z4)
 				for (unsigned g = 0; g < 4; g++) {                      \
 					unsigned s = syms[i + g], nr = d->nraw[s];      \
 					uint64_t w64 = ulp_ld64(raw + (q >> 3)) >> (q & 7); \
-					uint64_t z = d->base[s] | (w64 & ((1ull << nr) - 1)); \
+					uint64_t z = d->base[s] | (w64 & d->rmask[s]);    \
 					q += nr;                                        \
 					z4 |= (uint64_t)(uint16_t)z << (16 * g);        \
 				}                                                       \
@@ -368,7 +368,7 @@ static inline uint64_t swar16(uint64_t r4, uint64_t z4)
 			for (; i < e; i++) {                                            \
 				unsigned s = syms[i], nr = d->nraw[s];                  \
 				uint64_t w64 = ulp_ld64(raw + (q >> 3)) >> (q & 7);     \
-				uint64_t z = d->base[s] | (w64 & ((1ull << nr) - 1));   \
+				uint64_t z = d->base[s] | (w64 & d->rmask[s]);        \
 				q += nr;                                                \
 				ob[i] = phi_inv##W((T)(phi##W(rb[i]) + unzz##W((T)z))); \
 			}                                                               \
@@ -812,6 +812,7 @@ int ulp_use_neon(void)
 /* every table's nraw and base (built once) */
 static uint8_t sym_nraw_tab[256];
 static uint64_t sym_base_tab[256];
+static uint64_t sym_rmask_tab[256];
 static pthread_once_t sym_once = PTHREAD_ONCE_INIT;
 
 static void sym_init(void)
@@ -819,6 +820,7 @@ static void sym_init(void)
 	for (unsigned s = 0; s < 256; s++) {
 		sym_nraw_tab[s] = (uint8_t)sym_nraw(s);
 		sym_base_tab[s] = sym_base(s);
+		sym_rmask_tab[s] = (1ull << sym_nraw(s)) - 1;
 	}
 }
 
@@ -853,6 +855,7 @@ int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)
 	pthread_once(&sym_once, sym_init);
 	memcpy(d.nraw, sym_nraw_tab, sizeof(d.nraw));
 	memcpy(d.base, sym_base_tab, sizeof(d.base));
+	memcpy(d.rmask, sym_rmask_tab, sizeof(d.rmask));
 	*out = d;
 	return 0;
 }

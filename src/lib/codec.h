@@ -38,6 +38,7 @@ typedef struct ulp_dtab {
 	                         other 16-entry pieces of rowb */
 	uint8_t nraw[256];    /* DELTA: raw-tail bits of each symbol */
 	uint64_t base[256];   /* DELTA: z with its raw tail zeroed */
+	uint64_t rmask[256];  /* DELTA: 2^nraw - 1 */
 } ulp_dtab;
 
 int ulp_dtab_build(const ulp_table *t, ulp_dtab *out);
