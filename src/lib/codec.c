@@ -443,14 +443,19 @@ static inline uint64_t swar16(uint64_t r4, uint64_t z4)
 				/* w: a register copy (wp's address goes to the SIMD \
 				 * kernels, so wp itself lives in memory) */            \
 				const uint8_t *w = wp;                                  \
-				if (rb && W <= 32 && (lanes == 8 || lanes == 32) &&    \
+				/* precisions 12 and 10 (the common ones) as constants */ \
+				if (rb && (W == 16 || W == 32) && (lanes == 8 || lanes == 32) && \
 				    i0 % lanes == 0) {                                  \
-					if (lanes == 8 && pb == ULP_PROB_BITS_MAX)      \
-						i0 = passa##W(d, 8, ULP_PROB_BITS_MAX, sh, em, x, rb, syms, i0, bn, &w); \
+					if (lanes == 8 && pb == 12)                     \
+						i0 = passa##W(d, 8, 12, sh, em, x, rb, syms, i0, bn, &w); \
+					else if (lanes == 8 && pb == 10)                \
+						i0 = passa##W(d, 8, 10, sh, em, x, rb, syms, i0, bn, &w); \
 					else if (lanes == 8)                            \
 						i0 = passa##W(d, 8, pb, sh, em, x, rb, syms, i0, bn, &w); \
-					else if (pb == ULP_PROB_BITS_MAX)               \
-						i0 = passa##W(d, 32, ULP_PROB_BITS_MAX, sh, em, x, rb, syms, i0, bn, &w); \
+					else if (pb == 12)                              \
+						i0 = passa##W(d, 32, 12, sh, em, x, rb, syms, i0, bn, &w); \
+					else if (pb == 10)                              \
+						i0 = passa##W(d, 32, 10, sh, em, x, rb, syms, i0, bn, &w); \
 					else                                            \
 						i0 = passa##W(d, 32, pb, sh, em, x, rb, syms, i0, bn, &w); \
 				}                                                       \
