@@ -65,15 +65,15 @@ static inline __m256i lookup8(const int *t, __m256i ix)
 	return _mm256_inserti128_si256(_mm256_castsi128_si256(r0), r1, 1);
 }
 
-/* Eight 16-bit DELTA elements of ulp_rebuild16_avx2 from bit p of raw
- * (p / 8 + 16 <= raw_len); returns p after their raw bits. */
-static inline __attribute__((always_inline)) uint64_t rb16_8(const uint8_t *syms, const uint16_t *ref,
-                                                             const uint8_t *raw, uint64_t p, uint16_t *out)
+/* The zigzag values z (32-bit lanes) of eight 16-bit DELTA elements from
+ * their symbols and bit p of raw (p / 8 + 16 <= raw_len); *np gets p after
+ * their raw bits. */
+static inline __attribute__((always_inline)) __m256i rb16_z8(const uint8_t *syms, const uint8_t *raw,
+                                                             uint64_t p, uint64_t *np)
 {
 	const __m256i one = _mm256_set1_epi32(1), three = _mm256_set1_epi32(3),
 	              four = _mm256_set1_epi32(4), seven = _mm256_set1_epi32(7),
-	              zero = _mm256_setzero_si256(), h = _mm256_set1_epi32(0x8000),
-	              ffff = _mm256_set1_epi32(0xffff), b0123 = _mm256_set1_epi32(0x03020100),
+	              zero = _mm256_setzero_si256(), b0123 = _mm256_set1_epi32(0x03020100),
 	              bcast = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
 	                                       0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
 	const __m256i hi_half = _mm256_setr_epi32(0, 0, 0, 0, -1, -1, -1, -1);
@@ -92,18 +92,49 @@ static inline __attribute__((always_inline)) uint64_t rb16_8(const uint8_t *syms
 	__m256i rmask = _mm256_sub_epi32(_mm256_sllv_epi32(one, nr), one);
 	__m256i lead = _mm256_or_si256(four, _mm256_and_si256(s, three));
 	__m256i base = _mm256_blendv_epi8(_mm256_sllv_epi32(lead, nr), s, _mm256_cmpgt_epi32(four, s));
-	__m256i z = _mm256_or_si256(base, _mm256_and_si256(bits, rmask));
-	/* d = unzigzag(z); key = phi(r) + d; x = phi_inv(key), 16 bits */
-	__m256i d = _mm256_xor_si256(_mm256_srli_epi32(z, 1), _mm256_sub_epi32(zero, _mm256_and_si256(z, one)));
-	__m256i r = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(ref)));
-	__m256i rs = _mm256_srli_epi32(r, 15);
-	__m256i phir = _mm256_xor_si256(r, _mm256_or_si256(_mm256_sub_epi32(zero, rs), h));
-	__m256i key = _mm256_and_si256(_mm256_add_epi32(phir, d), ffff);
-	__m256i ks = _mm256_srli_epi32(key, 15);
-	__m256i x = _mm256_and_si256(_mm256_xor_si256(key, _mm256_or_si256(_mm256_sub_epi32(ks, one), h)), ffff);
-	__m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
-	_mm_storeu_si128((__m128i *)(out), packed);
-	return p + total;
+	*np = p + total;
+	return _mm256_or_si256(base, _mm256_and_si256(bits, rmask));
+}
+
+/* x = phi_inv(phi(r) + unzigzag(z)) of 16 elements in 16-bit lanes (z and
+ * r in element order): phi(r) = r ^ (0xffff or 0x8000 by r's sign), the sum
+ * wraps mod 2^16, phi_inv(k) = k ^ (0x8000 or 0xffff by k's top bit). */
+static inline __attribute__((always_inline)) __m256i rb16_x16(__m256i z, __m256i r)
+{
+	const __m256i one = _mm256_set1_epi16(1), h = _mm256_set1_epi16((short)0x8000),
+	              zero = _mm256_setzero_si256(), ffff = _mm256_set1_epi16(-1);
+	__m256i d = _mm256_xor_si256(_mm256_srli_epi16(z, 1), _mm256_sub_epi16(zero, _mm256_and_si256(z, one)));
+	__m256i phir = _mm256_xor_si256(r, _mm256_or_si256(_mm256_srai_epi16(r, 15), h));
+	__m256i key = _mm256_add_epi16(phir, d);
+	return _mm256_xor_si256(key, _mm256_or_si256(_mm256_xor_si256(_mm256_srai_epi16(key, 15), ffff), h));
+}
+
+/* Eight 16-bit DELTA elements of ulp_rebuild16_avx2 from bit p of raw
+ * (p / 8 + 16 <= raw_len); returns p after their raw bits. */
+static inline __attribute__((always_inline)) uint64_t rb16_8(const uint8_t *syms, const uint16_t *ref,
+                                                             const uint8_t *raw, uint64_t p, uint16_t *out)
+{
+	uint64_t np;
+	__m256i z = rb16_z8(syms, raw, p, &np);
+	__m128i z16 = _mm_packus_epi32(_mm256_castsi256_si128(z), _mm256_extracti128_si256(z, 1));
+	__m128i r = _mm_loadu_si128((const __m128i *)ref);
+	_mm_storeu_si128((__m128i *)out, _mm256_castsi256_si128(rb16_x16(_mm256_castsi128_si256(z16),
+	                                                                 _mm256_castsi128_si256(r))));
+	return np;
+}
+
+/* Sixteen of them: the arithmetic after z once for both groups of eight. */
+static inline __attribute__((always_inline)) uint64_t rb16_16(const uint8_t *syms, const uint16_t *ref,
+                                                              const uint8_t *raw, uint64_t p, uint16_t *out)
+{
+	uint64_t p1, p2;
+	__m256i za = rb16_z8(syms, raw, p, &p1);
+	__m256i zb = rb16_z8(syms + 8, raw, p1, &p2);
+	/* packus per 128-bit half: a0-3 b0-3 | a4-7 b4-7, then in order */
+	__m256i z16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(za, zb), 0xD8);
+	__m256i r = _mm256_loadu_si256((const __m256i *)ref);
+	_mm256_storeu_si256((__m256i *)out, rb16_x16(z16, r));
+	return p2;
 }
 
 /* 16-entry pieces of a 256-entry byte table of rows by context: the
@@ -318,6 +349,10 @@ size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, co
 {
 	uint64_t p = *pos;
 	size_t i = 0;
+	/* sixteen at a time while the second window (at most 111 bits past p)
+	 * also fits */
+	for (; i + 16 <= n && p / 8 + 14 + 16 <= raw_len; i += 16)
+		p = rb16_16(syms + i, ref + i, raw, p, out + i);
 	for (; i + 8 <= n && p / 8 + 16 <= raw_len; i += 8)
 		p = rb16_8(syms + i, ref + i, raw, p, out + i);
 	*pos = p;
