@@ -831,37 +831,40 @@ static void sym_init(void)
 
 int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)
 {
-	ulp_dtab d = {0};
-	d.prob_bits = t->prob_bits;
-	d.n_ctx = t->n_ctx;
-	d.n_rows = t->n_rows;
-	ULP_TRY(ulp_table_dslots(t, &d.slots));
-	d.row = calloc(t->n_ctx, sizeof(*d.row));
-	d.row_off = malloc(t->n_ctx * sizeof(*d.row_off));
-	if (!d.row || !d.row_off) {
-		ulp_dtab_free(&d);
+	/* built in place (the struct holds 5 KiB of arrays), without branches
+	 * on used contexts (they mispredict) */
+	ulp_dtab *d = out;
+	const unsigned pb = t->prob_bits;
+	d->prob_bits = pb;
+	d->n_ctx = t->n_ctx;
+	d->n_rows = t->n_rows;
+	d->slots = NULL;
+	d->row = NULL;
+	d->row_off = NULL;
+	ULP_TRY(ulp_table_dslots(t, &d->slots));
+	d->row = malloc(t->n_ctx * sizeof(*d->row));
+	d->row_off = malloc(t->n_ctx * sizeof(*d->row_off));
+	if (!d->row || !d->row_off) {
+		ulp_dtab_free(d);
 		return -ULP_E_NOMEM;
 	}
+	d->rowb_ok = t->n_ctx <= 256 && t->n_rows < 255;
+	d->rowb_hi = 0;
+	memset(d->rowb, 0xff, sizeof(d->rowb));
 	for (unsigned c = 0; c < t->n_ctx; c++) {
-		d.row_off[c] = -1;
-		if (t->ctx_row[c] != ULP_CTX_UNUSED) {
-			d.row[c] = d.slots + ((size_t)t->ctx_row[c] << t->prob_bits);
-			d.row_off[c] = (int32_t)((uint32_t)t->ctx_row[c] << t->prob_bits);
+		const unsigned r = t->ctx_row[c];
+		const int used = r != ULP_CTX_UNUSED;
+		d->row[c] = used ? d->slots + ((size_t)r << pb) : NULL;
+		d->row_off[c] = used ? (int32_t)((uint32_t)r << pb) : -1;
+		if (d->rowb_ok) {
+			d->rowb[c] = (uint8_t)(used ? r : 0xff);
+			d->rowb_hi |= (unsigned)used << (c >> 4);
 		}
 	}
-	d.rowb_ok = t->n_ctx <= 256 && t->n_rows < 255;
-	memset(d.rowb, 0xff, sizeof(d.rowb));
-	for (unsigned c = 0; d.rowb_ok && c < t->n_ctx; c++)
-		if (t->ctx_row[c] != ULP_CTX_UNUSED)
-			d.rowb[c] = (uint8_t)t->ctx_row[c];
-	for (unsigned c = 0; d.rowb_ok && c < 256; c++)
-		if (d.rowb[c] != 0xff)
-			d.rowb_hi |= 1u << (c >> 4);
 	pthread_once(&sym_once, sym_init);
-	memcpy(d.nraw, sym_nraw_tab, sizeof(d.nraw));
-	memcpy(d.base, sym_base_tab, sizeof(d.base));
-	memcpy(d.rmask, sym_rmask_tab, sizeof(d.rmask));
-	*out = d;
+	memcpy(d->nraw, sym_nraw_tab, sizeof(d->nraw));
+	memcpy(d->base, sym_base_tab, sizeof(d->base));
+	memcpy(d->rmask, sym_rmask_tab, sizeof(d->rmask));
 	return 0;
 }
 

@@ -664,7 +664,7 @@ int ulp_table_dslots(const ulp_table *t, uint32_t **out)
 		const uint16_t *f = t->freq + (size_t)r * 256;
 		uint32_t *row = d + (size_t)r * m;
 		uint32_t cum = 0;
-		for (unsigned s = 0; s < 256; s++) {
+		for (unsigned s = 0; s < t->alphabet && s < 256; s++) { /* f[s] = 0 beyond */
 			const uint32_t fs = f[s];
 			if (!fs)
 				continue;
