@@ -25,6 +25,7 @@
  */
 #include "config.h"
 #include "codec.h"
+#include <pthread.h>
 #include <stdlib.h>
 
 #define ULP_DEC_BLOCK 2048 /* elements a decode block; a multiple of 32 lanes */
@@ -120,6 +121,21 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 	return v;
 }
 
+/* Four 16-bit DELTA elements at once, one a 16-bit field of a 64-bit word
+ * (element k in bits 16k..16k+15: a little-endian host): from references r4
+ * and zigzag values z4, phi_inv(phi(r) + unzigzag(z)) per field, as
+ * phi_inv16/phi16/unzz16 below do one at a time. Sums are taken without
+ * the top bit of each field, which is then set by XOR, so no carry crosses
+ * a field. */
+static inline uint64_t swar16(uint64_t r4, uint64_t z4)
+{
+	const uint64_t h = 0x8000800080008000ull, l1 = 0x0001000100010001ull;
+	uint64_t phir = r4 ^ (((r4 >> 15) & l1) * 0xffff | h);
+	uint64_t dz = ((z4 >> 1) & ~h) ^ ((z4 & l1) * 0xffff);
+	uint64_t key = ((phir & ~h) + (dz & ~h)) ^ ((phir ^ dz) & h);
+	return key ^ ((((key >> 15) & l1) ^ l1) * 0xffff | h);
+}
+
 /* ---- per-width transforms ------------------------------------------------ */
 
 #define DEFINE_WIDTH(W, T)                                                              \
@@ -160,7 +176,7 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 			 * runs of one symbol would otherwise chain every increment   \
 			 * through one memory word (measured: half of this loop) */  \
 			const size_t cells = (size_t)f->n_ctx * a;                      \
-			uint32_t *sub = n >= 65536 ? ulp_scratch(ULP_SCRATCH_COUNTS, 4 * cells * sizeof(uint32_t)) : NULL; \
+			uint32_t *sub = n >= 32768 ? ulp_scratch(ULP_SCRATCH_COUNTS, 4 * cells * sizeof(uint32_t)) : NULL; \
 			if (sub)                                                        \
 				memset(sub, 0, 4 * cells * sizeof(uint32_t));          \
 			while (n - i >= 16) {                                           \
@@ -259,6 +275,38 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 		}                                                                       \
 		*pp = p;                                                                \
 	}                                                                               \
+	/* pass A of decode##W with references, scalar, in rounds of L lanes      \
+	 * (elements i..i + L - 1 of a round are lanes 0..L - 1: i starts at a  \
+	 * multiple of L), L and pb constants where inlined: the states stay in \
+	 * locals, no lane index a step. Stops at the round holding an unused  \
+	 * context (the caller's loop reports it); returns where it stopped. */  \
+	static inline __attribute__((always_inline)) size_t passa##W(           \
+	        const ulp_dtab *d, unsigned L, unsigned pb, unsigned sh, T em,     \
+	        uint32_t *x, const T *rb, uint8_t *syms, size_t i, size_t bn,      \
+	        const uint8_t **wpp)                                               \
+	{                                                                       \
+		uint32_t xs[ULP_LANES_MAX];                                     \
+		const uint8_t *w = *wpp;                                        \
+		const uint32_t *slots = d->slots;                               \
+		const int32_t *row_off = d->row_off;                            \
+		for (unsigned l = 0; l < L; l++)                                \
+			xs[l] = x[l];                                           \
+		for (; i + L <= bn; i += L) {                                   \
+			int32_t o[ULP_LANES_MAX], bad = 0;                      \
+			_Pragma("GCC unroll 32")                                \
+			for (unsigned l = 0; l < L; l++)                        \
+				bad |= o[l] = row_off[(rb[i + l] >> sh) & em];  \
+			if (bad < 0)                                            \
+				break;                                          \
+			_Pragma("GCC unroll 32")                                \
+			for (unsigned l = 0; l < L; l++)                        \
+				syms[i + l] = rans_step(&xs[l], slots + o[l], (1u << pb) - 1, pb, &w); \
+		}                                                               \
+		for (unsigned l = 0; l < L; l++)                                \
+			x[l] = xs[l];                                           \
+		*wpp = w;                                                       \
+		return i;                                                       \
+	}                                                                       \
 	/* pass B of decode##W, DELTA: elements start..bn - 1 of a block from           \
 	 * their symbols and the raw tail at bit *posp, which advances */               \
 	static void passb##W(const ulp_dtab *d, const uint8_t *syms, const T *rb, T *ob, \
@@ -293,14 +341,34 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 			                         (uint32_t *)(void *)ob + j0);          \
 		size_t i = j0;                                                          \
 		uint64_t q = pos; /* a register copy */                                 \
-		/* while the rest of the block cannot reach the tail's last 8           \
-		 * bytes (W - 3 raw bits at most an element), one unchecked             \
-		 * 64-bit load an element */                                            \
-		if (W <= 32 && q / 8 + ((uint64_t)(bn - i) * (W - 3) + 7) / 8 + 8 <= raw_len) { \
-			for (; i < bn; i++) {                                           \
+		/* 64 elements at a time while they cannot reach the tail's last 8    \
+		 * bytes (W - 3 raw bits at most an element): one unchecked 64-bit     \
+		 * load an element; the checked loop below does the rest (the last    \
+		 * few dozen elements of the tail) */                                  \
+		for (size_t e; W <= 32 && i < bn; ) {                                   \
+			e = i + ULP_MIN(bn - i, (size_t)64);                            \
+			if (q / 8 + ((uint64_t)(e - i) * (W - 3) + 7) / 8 + 8 > raw_len) \
+				break;                                                  \
+			/* 16 bits: four elements a 64-bit word (swar16) */             \
+			for (; W == 16 && i + 4 <= e; i += 4) {                         \
+				uint64_t z4 = 0;                                        \
+				_Pragma("GCC unroll 4")                                 \
+				for (unsigned g = 0; g < 4; g++) {                      \
+					unsigned s = syms[i + g], nr = d->nraw[s];      \
+					uint64_t w64 = ulp_ld64(raw + (q >> 3)) >> (q & 7); \
+					uint64_t z = d->base[s] | (w64 & d->rmask[s]);    \
+					q += nr;                                        \
+					z4 |= (uint64_t)(uint16_t)z << (16 * g);        \
+				}                                                       \
+				uint64_t r4;                                            \
+				memcpy(&r4, rb + i, 8);                                 \
+				r4 = swar16(r4, z4);                                    \
+				memcpy(ob + i, &r4, 8);                                 \
+			}                                                               \
+			for (; i < e; i++) {                                            \
 				unsigned s = syms[i], nr = d->nraw[s];                  \
 				uint64_t w64 = ulp_ld64(raw + (q >> 3)) >> (q & 7);     \
-				uint64_t z = d->base[s] | (w64 & ((1ull << nr) - 1));   \
+				uint64_t z = d->base[s] | (w64 & d->rmask[s]);        \
 				q += nr;                                                \
 				ob[i] = phi_inv##W((T)(phi##W(rb[i]) + unzz##W((T)z))); \
 			}                                                               \
@@ -375,6 +443,22 @@ static inline uint64_t raw_bits_at(const uint8_t *raw, size_t len, uint64_t pos,
 				/* w: a register copy (wp's address goes to the SIMD \
 				 * kernels, so wp itself lives in memory) */            \
 				const uint8_t *w = wp;                                  \
+				/* precisions 12 and 10 (the common ones) as constants */ \
+				if (rb && (W == 16 || W == 32) && (lanes == 8 || lanes == 32) && \
+				    i0 % lanes == 0) {                                  \
+					if (lanes == 8 && pb == 12)                     \
+						i0 = passa##W(d, 8, 12, sh, em, x, rb, syms, i0, bn, &w); \
+					else if (lanes == 8 && pb == 10)                \
+						i0 = passa##W(d, 8, 10, sh, em, x, rb, syms, i0, bn, &w); \
+					else if (lanes == 8)                            \
+						i0 = passa##W(d, 8, pb, sh, em, x, rb, syms, i0, bn, &w); \
+					else if (pb == 12)                              \
+						i0 = passa##W(d, 32, 12, sh, em, x, rb, syms, i0, bn, &w); \
+					else if (pb == 10)                              \
+						i0 = passa##W(d, 32, 10, sh, em, x, rb, syms, i0, bn, &w); \
+					else                                            \
+						i0 = passa##W(d, 32, pb, sh, em, x, rb, syms, i0, bn, &w); \
+				}                                                       \
 				if (rb && pb == ULP_PROB_BITS_MAX) {                    \
 					for (size_t i = i0; i < bn; i++) {              \
 						const uint32_t *row = d->row[(rb[i] >> sh) & em]; \
@@ -730,36 +814,57 @@ int ulp_use_neon(void)
 	return use_kernels(ULP_CPU_NEON);
 }
 
+/* every table's nraw and base (built once) */
+static uint8_t sym_nraw_tab[256];
+static uint64_t sym_base_tab[256];
+static uint64_t sym_rmask_tab[256];
+static pthread_once_t sym_once = PTHREAD_ONCE_INIT;
+
+static void sym_init(void)
+{
+	for (unsigned s = 0; s < 256; s++) {
+		sym_nraw_tab[s] = (uint8_t)sym_nraw(s);
+		sym_base_tab[s] = sym_base(s);
+		sym_rmask_tab[s] = (1ull << sym_nraw(s)) - 1;
+	}
+}
+
 int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)
 {
-	ulp_dtab d = {0};
-	d.prob_bits = t->prob_bits;
-	d.n_ctx = t->n_ctx;
-	d.n_rows = t->n_rows;
-	ULP_TRY(ulp_table_dslots(t, &d.slots));
-	d.row = calloc(t->n_ctx, sizeof(*d.row));
-	d.row_off = malloc(t->n_ctx * sizeof(*d.row_off));
-	if (!d.row || !d.row_off) {
-		ulp_dtab_free(&d);
+	/* built in place (the struct holds 5 KiB of arrays), without branches
+	 * on used contexts (they mispredict) */
+	ulp_dtab *d = out;
+	const unsigned pb = t->prob_bits;
+	d->prob_bits = pb;
+	d->n_ctx = t->n_ctx;
+	d->n_rows = t->n_rows;
+	d->slots = NULL;
+	d->row = NULL;
+	d->row_off = NULL;
+	ULP_TRY(ulp_table_dslots(t, &d->slots));
+	d->row = malloc(t->n_ctx * sizeof(*d->row));
+	d->row_off = malloc(t->n_ctx * sizeof(*d->row_off));
+	if (!d->row || !d->row_off) {
+		ulp_dtab_free(d);
 		return -ULP_E_NOMEM;
 	}
+	d->rowb_ok = t->n_ctx <= 256 && t->n_rows < 255;
+	d->rowb_hi = 0;
+	memset(d->rowb, 0xff, sizeof(d->rowb));
 	for (unsigned c = 0; c < t->n_ctx; c++) {
-		d.row_off[c] = -1;
-		if (t->ctx_row[c] != ULP_CTX_UNUSED) {
-			d.row[c] = d.slots + ((size_t)t->ctx_row[c] << t->prob_bits);
-			d.row_off[c] = (int32_t)((uint32_t)t->ctx_row[c] << t->prob_bits);
+		const unsigned r = t->ctx_row[c];
+		const int used = r != ULP_CTX_UNUSED;
+		d->row[c] = used ? d->slots + ((size_t)r << pb) : NULL;
+		d->row_off[c] = used ? (int32_t)((uint32_t)r << pb) : -1;
+		if (d->rowb_ok) {
+			d->rowb[c] = (uint8_t)(used ? r : 0xff);
+			d->rowb_hi |= (unsigned)used << (c >> 4);
 		}
 	}
-	d.rowb_ok = t->n_ctx <= 256 && t->n_rows < 255;
-	memset(d.rowb, 0xff, sizeof(d.rowb));
-	for (unsigned c = 0; d.rowb_ok && c < t->n_ctx; c++)
-		if (t->ctx_row[c] != ULP_CTX_UNUSED)
-			d.rowb[c] = (uint8_t)t->ctx_row[c];
-	for (unsigned s = 0; s < 256; s++) {
-		d.nraw[s] = (uint8_t)sym_nraw(s);
-		d.base[s] = sym_base(s);
-	}
-	*out = d;
+	pthread_once(&sym_once, sym_init);
+	memcpy(d->nraw, sym_nraw_tab, sizeof(d->nraw));
+	memcpy(d->base, sym_base_tab, sizeof(d->base));
+	memcpy(d->rmask, sym_rmask_tab, sizeof(d->rmask));
 	return 0;
 }
 

@@ -33,8 +33,12 @@ typedef struct ulp_dtab {
 	uint8_t rowb[256];    /* row of each context as a byte, 0xff unused; valid
 	                         when rowb_ok (n_ctx <= 256 and n_rows < 255) */
 	int rowb_ok;
+	unsigned rowb_hi;     /* bit h set: some context 16h..16h+15 has a row
+	                         (when rowb_ok): the SIMD row lookups skip the
+	                         other 16-entry pieces of rowb */
 	uint8_t nraw[256];    /* DELTA: raw-tail bits of each symbol */
 	uint64_t base[256];   /* DELTA: z with its raw tail zeroed */
+	uint64_t rmask[256];  /* DELTA: 2^nraw - 1 */
 } ulp_dtab;
 
 int ulp_dtab_build(const ulp_table *t, ulp_dtab *out);

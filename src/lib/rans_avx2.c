@@ -9,14 +9,15 @@
  * Symbol pass: 8 to 32 lanes as one to four vectors of eight states, each
  * in its own register; for eight
  * consecutive elements (eight consecutive lanes) it takes each element's
- * row offset (looked up for the whole call beforehand), loads the slot
+ * row offset (looked up for the whole call beforehand, 32 contexts at a
+ * time by byte shuffles of d->rowb), loads the slot
  * entries, updates the states, and renormalizes the lanes that fell below
  * 2^15 from the next words, which go to those lanes in lane order (the
  * scalar order), spread by a permutation looked up from the lane mask.
  * With 8 lanes the one vector is one serial chain of about 40 cycles a
- * step: 16-bit DELTA then looks up the row offsets inside the loop and
- * runs the previous block's reconstruction (a ulp_rb16_job) beside the
- * chain, work that would otherwise be two more passes over the block.
+ * step: 16-bit DELTA then runs the previous block's reconstruction (a
+ * ulp_rb16_job) beside the chain, work that would otherwise be another
+ * pass over the block.
  * Table lookups are scalar loads, not AVX2 gathers: gathers are slower on
  * Zen 2/3, the AVX2-only CPUs this path is for (measured on an EPYC: an
  * 8-wide gather of independent indices costs 2.3x eight scalar loads).
@@ -64,15 +65,15 @@ static inline __m256i lookup8(const int *t, __m256i ix)
 	return _mm256_inserti128_si256(_mm256_castsi128_si256(r0), r1, 1);
 }
 
-/* Eight 16-bit DELTA elements of ulp_rebuild16_avx2 from bit p of raw
- * (p / 8 + 16 <= raw_len); returns p after their raw bits. */
-static inline __attribute__((always_inline)) uint64_t rb16_8(const uint8_t *syms, const uint16_t *ref,
-                                                             const uint8_t *raw, uint64_t p, uint16_t *out)
+/* The zigzag values z (32-bit lanes) of eight 16-bit DELTA elements from
+ * their symbols and bit p of raw (p / 8 + 16 <= raw_len); *np gets p after
+ * their raw bits. */
+static inline __attribute__((always_inline)) __m256i rb16_z8(const uint8_t *syms, const uint8_t *raw,
+                                                             uint64_t p, uint64_t *np)
 {
 	const __m256i one = _mm256_set1_epi32(1), three = _mm256_set1_epi32(3),
 	              four = _mm256_set1_epi32(4), seven = _mm256_set1_epi32(7),
-	              zero = _mm256_setzero_si256(), h = _mm256_set1_epi32(0x8000),
-	              ffff = _mm256_set1_epi32(0xffff), b0123 = _mm256_set1_epi32(0x03020100),
+	              zero = _mm256_setzero_si256(), b0123 = _mm256_set1_epi32(0x03020100),
 	              bcast = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
 	                                       0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
 	const __m256i hi_half = _mm256_setr_epi32(0, 0, 0, 0, -1, -1, -1, -1);
@@ -91,18 +92,127 @@ static inline __attribute__((always_inline)) uint64_t rb16_8(const uint8_t *syms
 	__m256i rmask = _mm256_sub_epi32(_mm256_sllv_epi32(one, nr), one);
 	__m256i lead = _mm256_or_si256(four, _mm256_and_si256(s, three));
 	__m256i base = _mm256_blendv_epi8(_mm256_sllv_epi32(lead, nr), s, _mm256_cmpgt_epi32(four, s));
-	__m256i z = _mm256_or_si256(base, _mm256_and_si256(bits, rmask));
-	/* d = unzigzag(z); key = phi(r) + d; x = phi_inv(key), 16 bits */
-	__m256i d = _mm256_xor_si256(_mm256_srli_epi32(z, 1), _mm256_sub_epi32(zero, _mm256_and_si256(z, one)));
-	__m256i r = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(ref)));
-	__m256i rs = _mm256_srli_epi32(r, 15);
-	__m256i phir = _mm256_xor_si256(r, _mm256_or_si256(_mm256_sub_epi32(zero, rs), h));
-	__m256i key = _mm256_and_si256(_mm256_add_epi32(phir, d), ffff);
-	__m256i ks = _mm256_srli_epi32(key, 15);
-	__m256i x = _mm256_and_si256(_mm256_xor_si256(key, _mm256_or_si256(_mm256_sub_epi32(ks, one), h)), ffff);
-	__m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
-	_mm_storeu_si128((__m128i *)(out), packed);
-	return p + total;
+	*np = p + total;
+	return _mm256_or_si256(base, _mm256_and_si256(bits, rmask));
+}
+
+/* x = phi_inv(phi(r) + unzigzag(z)) of 16 elements in 16-bit lanes (z and
+ * r in element order): phi(r) = r ^ (0xffff or 0x8000 by r's sign), the sum
+ * wraps mod 2^16, phi_inv(k) = k ^ (0x8000 or 0xffff by k's top bit). */
+static inline __attribute__((always_inline)) __m256i rb16_x16(__m256i z, __m256i r)
+{
+	const __m256i one = _mm256_set1_epi16(1), h = _mm256_set1_epi16((short)0x8000),
+	              zero = _mm256_setzero_si256(), ffff = _mm256_set1_epi16(-1);
+	__m256i d = _mm256_xor_si256(_mm256_srli_epi16(z, 1), _mm256_sub_epi16(zero, _mm256_and_si256(z, one)));
+	__m256i phir = _mm256_xor_si256(r, _mm256_or_si256(_mm256_srai_epi16(r, 15), h));
+	__m256i key = _mm256_add_epi16(phir, d);
+	return _mm256_xor_si256(key, _mm256_or_si256(_mm256_xor_si256(_mm256_srai_epi16(key, 15), ffff), h));
+}
+
+/* Eight 16-bit DELTA elements of ulp_rebuild16_avx2 from bit p of raw
+ * (p / 8 + 16 <= raw_len); returns p after their raw bits. */
+static inline __attribute__((always_inline)) uint64_t rb16_8(const uint8_t *syms, const uint16_t *ref,
+                                                             const uint8_t *raw, uint64_t p, uint16_t *out)
+{
+	uint64_t np;
+	__m256i z = rb16_z8(syms, raw, p, &np);
+	__m128i z16 = _mm_packus_epi32(_mm256_castsi256_si128(z), _mm256_extracti128_si256(z, 1));
+	__m128i r = _mm_loadu_si128((const __m128i *)ref);
+	_mm_storeu_si128((__m128i *)out, _mm256_castsi256_si128(rb16_x16(_mm256_castsi128_si256(z16),
+	                                                                 _mm256_castsi128_si256(r))));
+	return np;
+}
+
+/* Sixteen of them: the arithmetic after z once for both groups of eight. */
+static inline __attribute__((always_inline)) uint64_t rb16_16(const uint8_t *syms, const uint16_t *ref,
+                                                              const uint8_t *raw, uint64_t p, uint16_t *out)
+{
+	uint64_t p1, p2;
+	__m256i za = rb16_z8(syms, raw, p, &p1);
+	__m256i zb = rb16_z8(syms + 8, raw, p1, &p2);
+	/* packus per 128-bit half: a0-3 b0-3 | a4-7 b4-7, then in order */
+	__m256i z16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(za, zb), 0xD8);
+	__m256i r = _mm256_loadu_si256((const __m256i *)ref);
+	_mm256_storeu_si256((__m256i *)out, rb16_x16(z16, r));
+	return p2;
+}
+
+/* 16-entry pieces of a 256-entry byte table of rows by context: the
+ * pieces some context of mask hi (bit h: contexts 16h..16h+15) uses. */
+typedef struct rowlut {
+	__m128i lut[16];
+	__m256i hsel[16];
+	unsigned nh;
+} rowlut;
+
+static void rowlut_init(rowlut *L, const uint8_t *rowb, unsigned hi)
+{
+	L->nh = 0;
+	for (unsigned h = 0; h < 16; h++)
+		if (hi >> h & 1) {
+			L->lut[L->nh] = _mm_loadu_si128((const __m128i *)(rowb + 16 * h));
+			L->hsel[L->nh++] = _mm256_set1_epi8((char)h);
+		}
+}
+
+/* The rows (bytes, in element order) of elements i..i + 31 from their
+ * references' contexts (16 or 32 bits): the contexts as bytes, looked up by
+ * byte shuffles of the used pieces; a context outside them gets none. */
+static inline __m256i ctx_rows32(const ulp_fmt *f, const void *ref, size_t i, const rowlut *L,
+                                 __m256i none)
+{
+	const __m128i shv = _mm_cvtsi32_si128((int)f->mshift);
+	const __m256i lo4 = _mm256_set1_epi8(0x0f);
+	__m256i cb;
+	if (f->w == 16) {
+		const uint16_t *r = (const uint16_t *)ref + i;
+		const __m256i em = _mm256_set1_epi16((short)((1u << f->ebits) - 1));
+		__m256i a = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)r), shv), em);
+		__m256i b = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(r + 16)), shv), em);
+		cb = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);
+	} else {
+		const uint32_t *r = (const uint32_t *)ref + i;
+		const __m256i em = _mm256_set1_epi32((int)((1u << f->ebits) - 1));
+		__m256i c0 = _mm256_and_si256(_mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)r), shv), em);
+		__m256i c1 = _mm256_and_si256(_mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)(r + 8)), shv), em);
+		__m256i c2 = _mm256_and_si256(_mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)(r + 16)), shv), em);
+		__m256i c3 = _mm256_and_si256(_mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)(r + 24)), shv), em);
+		__m256i p01 = _mm256_permute4x64_epi64(_mm256_packus_epi32(c0, c1), 0xD8);
+		__m256i p23 = _mm256_permute4x64_epi64(_mm256_packus_epi32(c2, c3), 0xD8);
+		cb = _mm256_permute4x64_epi64(_mm256_packus_epi16(p01, p23), 0xD8);
+	}
+	__m256i lo = _mm256_and_si256(cb, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(cb, 4), lo4);
+	__m256i rows = none;
+	for (unsigned k = 0; k < L->nh; k++)
+		rows = _mm256_blendv_epi8(rows, _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(L->lut[k]), lo),
+		                          _mm256_cmpeq_epi8(hi, L->hsel[k]));
+	return rows;
+}
+
+/* Row offsets (row << pb) of n elements (a multiple of 32) from their
+ * references' contexts, 32 at a time by ctx_rows32 from d->rowb (only the
+ * pieces d->rowb_hi names: a tensor's exponents span few of them), widened
+ * and shifted. Needs d->rowb_ok. Returns nonzero if some context has no row
+ * (the scalar twin: the row_off loop of ulp_rans_syms_avx2). */
+static int row_offsets(const ulp_fmt *f, const ulp_dtab *d, const void *ref, size_t n, int32_t *offs)
+{
+	const __m128i pbv = _mm_cvtsi32_si128((int)d->prob_bits);
+	const __m256i ones = _mm256_set1_epi8(-1);
+	rowlut L;
+	rowlut_init(&L, d->rowb, d->rowb_hi);
+	__m256i bad = _mm256_setzero_si256();
+	for (size_t i = 0; i < n; i += 32) {
+		__m256i rows = ctx_rows32(f, ref, i, &L, ones);
+		bad = _mm256_or_si256(bad, _mm256_cmpeq_epi8(rows, ones));
+		__m128i r0 = _mm256_castsi256_si128(rows), r1 = _mm256_extracti128_si256(rows, 1);
+		_mm256_storeu_si256((__m256i *)(offs + i), _mm256_sll_epi32(_mm256_cvtepu8_epi32(r0), pbv));
+		_mm256_storeu_si256((__m256i *)(offs + i + 8),
+		                    _mm256_sll_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(r0, 8)), pbv));
+		_mm256_storeu_si256((__m256i *)(offs + i + 16), _mm256_sll_epi32(_mm256_cvtepu8_epi32(r1), pbv));
+		_mm256_storeu_si256((__m256i *)(offs + i + 24),
+		                    _mm256_sll_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(r1, 8)), pbv));
+	}
+	return !_mm256_testz_si256(bad, bad);
 }
 
 size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, uint32_t *x,
@@ -122,12 +232,12 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, u
 	const int *slots = (const int *)d->slots;
 	const __m256i pack_lo = _mm256_setr_epi8(3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
 	                                         3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-	/* each element's row offset, in scalar code before any state changes:
-	 * an unused context stops here and the scalar path reports it */
-	/* 8 lanes, 16 bits: the offsets are looked up inside the loop, beside
-	 * the serial chain (see below) */
-	const int inl = nv == 1 && ref && f->w == 16;
-	if (ref && !inl) {
+	/* each element's row offset before any state changes: an unused
+	 * context stops here and the scalar path reports it */
+	if (ref && d->rowb_ok) {
+		if (row_offsets(f, d, ref, n, offs))
+			return SIZE_MAX;
+	} else if (ref) {
 		const unsigned sh = f->mshift, em = (1u << f->ebits) - 1;
 		const int32_t *row_off = d->row_off;
 		int32_t bad = 0;
@@ -140,6 +250,9 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, u
 		if (bad < 0)
 			return SIZE_MAX;
 	}
+	/* 8 lanes, 16 bits: the previous block's reconstruction runs beside
+	 * the serial chain (see below) */
+	const int inl = nv == 1 && ref && f->w == 16;
 	const __m256i off0 = _mm256_set1_epi32(d->row_off[0]);
 	const uint8_t *wp = *wpp;
 	__m256i x0 = _mm256_loadu_si256((const __m256i *)x), x1 = x0, x2 = x0, x3 = x0;
@@ -172,16 +285,8 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, u
 	/* one register a state vector (an array would live in memory and add a
 	 * store-forwarding delay to every state update) */
 	if (inl) {
-		/* each step's row offsets from its eight references (8 loads off
-		 * the chain); an unused context (-1) is clamped to row 0 for the
-		 * loads and makes the call return SIZE_MAX at the end, x and *wpp
-		 * untouched (syms and bg's progress may have moved: the scalar
-		 * path redoes the block's symbols, bg's work stands) */
-		const __m128i shv = _mm_cvtsi32_si128((int)f->mshift);
-		const __m256i emv = _mm256_set1_epi32((int)((1u << f->ebits) - 1)), zero = _mm256_setzero_si256();
-		const int *row_off = d->row_off;
-		const uint16_t *r16 = ref;
-		__m256i badv = zero;
+		/* bg (the previous block's pass B) eight elements a step, off the
+		 * chain, while its raw window fits */
 		ulp_rb16_job nobg = {0};
 		ulp_rb16_job *j = bg ? bg : &nobg;
 		const uint8_t *bs = j->syms, *braw = j->raw;
@@ -191,11 +296,7 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, u
 		size_t bj = j->done;
 		uint64_t bp = j->pos;
 		for (size_t i = 0; i < n; i += 8) {
-			__m256i ctx = _mm256_and_si256(_mm256_srl_epi32(_mm256_cvtepu16_epi32(
-			                  _mm_loadu_si128((const __m128i *)(r16 + i))), shv), emv);
-			__m256i o = lookup8(row_off, ctx);
-			badv = _mm256_or_si256(badv, o);
-			DSTEPO(x0, i, _mm256_max_epi32(o, zero))
+			DSTEP(x0, i)
 			if (bj + 8 <= bn && bp / 8 + 16 <= blen) {
 				bp = rb16_8(bs + bj, br + bj, braw, bp, bo + bj);
 				bj += 8;
@@ -203,8 +304,6 @@ size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, u
 		}
 		j->done = bj;
 		j->pos = bp;
-		if (_mm256_movemask_ps(_mm256_castsi256_ps(badv)))
-			return SIZE_MAX;
 	} else if (nv == 1)
 		for (size_t i = 0; i < n; i += 8)
 			DSTEP(x0, i)
@@ -250,6 +349,10 @@ size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, co
 {
 	uint64_t p = *pos;
 	size_t i = 0;
+	/* sixteen at a time while the second window (at most 111 bits past p)
+	 * also fits */
+	for (; i + 16 <= n && p / 8 + 14 + 16 <= raw_len; i += 16)
+		p = rb16_16(syms + i, ref + i, raw, p, out + i);
 	for (; i + 8 <= n && p / 8 + 16 <= raw_len; i += 8)
 		p = rb16_8(syms + i, ref + i, raw, p, out + i);
 	*pos = p;
@@ -464,6 +567,19 @@ void ulp_rans_enc_avx2(const ulp_fmt *f, unsigned pb, const uint16_t *ctx_row, u
 	const unsigned nc = n_ctx < 256 ? n_ctx : 256;
 	for (unsigned c = 0; c < 256; c++)
 		rowa[c] = c < nc && ctx_row[c] != ULP_CTX_UNUSED ? ctx_row[c] * alphabet : 0;
+	/* the same rows as bytes for ctx_rows32 (rows < 255, alphabet <= 252:
+	 * indices fit 16 bits; ulp_esyms_pack gives es64 only then) */
+	uint8_t rowb[256];
+	unsigned hi = 0;
+	for (unsigned c = 0; c < 256; c++) {
+		rowb[c] = (uint8_t)(rowa[c] / (alphabet ? alphabet : 1));
+		if (rowb[c])
+			hi |= 1u << (c >> 4);
+	}
+	rowlut L;
+	rowlut_init(&L, rowb, hi);
+	const int lut_ok = n_ctx <= 256 && alphabet <= 256;
+	uint16_t eix[EB];
 	const unsigned nv = lanes / 8;
 	const unsigned sh = f->mshift, em = ((1u << f->ebits) - 1) & 255;
 	const __m256i m13 = _mm256_set1_epi32(0x1fff), one_n = _mm256_set1_epi32(1 << pb);
@@ -489,14 +605,37 @@ void ulp_rans_enc_avx2(const ulp_fmt *f, unsigned pb, const uint16_t *ctx_row, u
 		/* the block's table entries, looked up in scalar code: AVX2
 		 * gathers are slower than scalar loads on Zen 2/3 */
 		const uint64_t *row0 = es64 + rowa[0];
+		size_t jv = 0; /* entries looked up by vector indices */
+		if (ref && lut_ok) {
+			/* entry indices row * alphabet + symbol, 32 at a time (rows
+			 * by ctx_rows32: a context without a row takes row 0, as
+			 * rowa gives), then the entries by scalar loads */
+			const __m256i av = _mm256_set1_epi16((short)alphabet), zero = _mm256_setzero_si256();
+			jv = bn & ~(size_t)31;
+			for (size_t j = 0; j < jv; j += 32) {
+				__m256i rows = ctx_rows32(f, ref, b0 + j, &L, zero);
+				__m256i sy = _mm256_loadu_si256((const __m256i *)(syms + b0 + j));
+				__m256i i0 = _mm256_add_epi16(_mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(rows)), av),
+				                              _mm256_cvtepu8_epi16(_mm256_castsi256_si128(sy)));
+				__m256i i1 = _mm256_add_epi16(_mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(rows, 1)), av),
+				                              _mm256_cvtepu8_epi16(_mm256_extracti128_si256(sy, 1)));
+				_mm256_storeu_si256((__m256i *)(eix + j), i0);
+				_mm256_storeu_si256((__m256i *)(eix + j + 16), i1);
+			}
+			for (size_t j = 0; j < jv; j++) {
+				uint64_t e = es64[eix[j]];
+				erc[j] = (uint32_t)e;
+				epk[j] = (uint32_t)(e >> 32);
+			}
+		}
 		if (r16)
-			for (size_t j = 0; j < bn; j++) {
+			for (size_t j = jv; j < bn; j++) {
 				uint64_t e = es64[rowa[(r16[b0 + j] >> sh) & em] + syms[b0 + j]];
 				erc[j] = (uint32_t)e;
 				epk[j] = (uint32_t)(e >> 32);
 			}
 		else if (r32)
-			for (size_t j = 0; j < bn; j++) {
+			for (size_t j = jv; j < bn; j++) {
 				uint64_t e = es64[rowa[(r32[b0 + j] >> sh) & em] + syms[b0 + j]];
 				erc[j] = (uint32_t)e;
 				epk[j] = (uint32_t)(e >> 32);

@@ -104,27 +104,65 @@ typedef struct tbr {
 	int over;
 } tbr;
 
+/* n <= 32 bits, LSB-first; reading past the end sets over and gives 0 */
 static uint32_t tbr_get(tbr *r, unsigned n)
 {
-	uint32_t v = 0;
-	for (unsigned i = 0; i < n; i++, r->bits++) {
-		if (r->bits >= r->len_bits) {
-			r->over = 1;
-			return 0;
-		}
-		v |= (uint32_t)((r->p[r->bits >> 3] >> (r->bits & 7)) & 1) << i;
+	if (n == 0)
+		return 0;
+	if (r->bits + n > r->len_bits) {
+		r->over = 1;
+		r->bits = r->len_bits;
+		return 0;
 	}
-	return v;
+	size_t byte = (size_t)(r->bits >> 3), len = (size_t)(r->len_bits >> 3);
+	unsigned sh = (unsigned)(r->bits & 7);
+	uint64_t w;
+	if (byte + 8 <= len) {
+		w = ulp_ld64(r->p + byte) >> sh;
+	} else { /* the last bytes: one at a time (sh + n <= 39 bits needed) */
+		w = 0;
+		for (size_t b = byte; b < len && b < byte + 8; b++)
+			w |= (uint64_t)r->p[b] << (8 * (b - byte));
+		w >>= sh;
+	}
+	r->bits += n;
+	return (uint32_t)(w & ((1ull << n) - 1));
 }
 
+/* Exp-Golomb of order k (tbw_eg): at most 16 leading zeros */
 static uint32_t tbr_eg(tbr *r, unsigned k)
 {
-	unsigned m = 0;
-	while (!r->over && tbr_get(r, 1) == 0)
-		if (++m > 16) {
+	if (r->over)
+		return 0;
+	size_t byte = (size_t)(r->bits >> 3);
+	if (byte + 8 <= (size_t)(r->len_bits >> 3) && k <= ULP_PROB_BITS_MAX) {
+		/* one 64-bit window holds the whole code: at most 7 bits of
+		 * offset, 16 zeros, the one, 16 bits of q and k <= 12 bits */
+		uint64_t w = ulp_ld64(r->p + byte) >> (r->bits & 7);
+		uint32_t lead = (uint32_t)w & 0x1ffff;
+		if (!lead) { /* 17 zeros */
 			r->over = 1;
+			r->bits = r->len_bits;
 			return 0;
 		}
+		unsigned m = (unsigned)__builtin_ctz(lead);
+		w >>= m + 1;
+		uint32_t q = (1u << m) | ((uint32_t)w & ((1u << m) - 1));
+		w >>= m;
+		r->bits += 2 * m + 1 + k;
+		return ((q - 1) << k) | ((uint32_t)w & ((1u << k) - 1));
+	}
+	uint64_t avail = r->len_bits - r->bits;
+	unsigned t = avail < 17 ? (unsigned)avail : 17;
+	uint32_t peek = t ? tbr_get(r, t) : 0;
+	r->bits -= t; /* a peek: nothing consumed yet */
+	if (!peek) { /* 17 zeros, or the end before a one */
+		r->over = 1;
+		r->bits = r->len_bits;
+		return 0;
+	}
+	unsigned m = (unsigned)__builtin_ctz(peek);
+	r->bits += m + 1;
 	uint32_t q = (1u << m) | tbr_get(r, m);
 	return ((q - 1) << k) | tbr_get(r, k);
 }
@@ -610,20 +648,33 @@ int ulp_table_esyms(const ulp_table *t, ulp_rans_esym **out)
 	return 0;
 }
 
+/* Four slots a store (portable vector extension: SSE2 or NEON): a symbol's
+ * run may spill up to three entries past its end, which the next symbol
+ * overwrites, or the padding after the last row absorbs. */
+typedef uint32_t slot4 __attribute__((vector_size(16)));
+
 int ulp_table_dslots(const ulp_table *t, uint32_t **out)
 {
 	const uint32_t m = 1u << t->prob_bits;
-	uint32_t *d = malloc((size_t)t->n_rows * m * sizeof(uint32_t));
+	uint32_t *d = malloc(((size_t)t->n_rows * m + 4) * sizeof(uint32_t));
 	if (!d)
 		return -ULP_E_NOMEM;
+	const slot4 iota = {0, 1, 2, 3}, four = {4, 4, 4, 4};
 	for (unsigned r = 0; r < t->n_rows; r++) {
 		const uint16_t *f = t->freq + (size_t)r * 256;
 		uint32_t *row = d + (size_t)r * m;
 		uint32_t cum = 0;
-		for (unsigned s = 0; s < 256; s++) {
-			for (uint32_t j = 0; j < f[s]; j++)
-				row[cum + j] = (uint32_t)s << 24 | (uint32_t)(f[s] - 1) << 12 | j;
-			cum += f[s];
+		for (unsigned s = 0; s < t->alphabet && s < 256; s++) { /* f[s] = 0 beyond */
+			const uint32_t fs = f[s];
+			if (!fs)
+				continue;
+			const uint32_t v = (uint32_t)s << 24 | (fs - 1) << 12;
+			slot4 e = iota + v;
+			for (uint32_t j = 0; j < fs; j += 4) {
+				memcpy(row + cum + j, &e, sizeof(e));
+				e += four;
+			}
+			cum += fs;
 		}
 	}
 	*out = d;

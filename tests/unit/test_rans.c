@@ -354,6 +354,23 @@ static void test_delta_streams(void)
 				                       r, n, y, &err);
 				CHECK(rcd < 0 && strstr(msg, "element 3001: reference exponent"),
 				      "w%u, %u lanes, mask %u: unused context reported (%s)", f.w, lanes, masks[m], msg);
+				/* the same with an unused context next to used ones (one
+				 * 16-context piece of the SIMD row lookups) */
+				unsigned cu = ULP_CTX_MAX;
+				for (unsigned c = 0; c < f.n_ctx && c < 256 && cu == ULP_CTX_MAX; c++)
+					if (t.ctx_row[c] == ULP_CTX_UNUSED)
+						for (unsigned c2 = c & ~15u; c2 < (c | 15u) && c2 < f.n_ctx; c2++)
+							if (t.ctx_row[c2] != ULP_CTX_UNUSED)
+								cu = c;
+				if (cu != ULP_CTX_MAX) {
+					bad = (uint64_t)cu << f.mshift;
+					memcpy(r + 3001 * es_, &bad, es_);
+					rcd = ulp_chunk_decode(&f, &d, lanes, rb, rl, wb, (size_t)((bits + 7) / 8),
+					                       bits, r, n, y, &err);
+					CHECK(rcd < 0 && strstr(msg, "element 3001: reference exponent"),
+					      "w%u, %u lanes, mask %u: unused context %u beside used ones reported (%s)",
+					      f.w, lanes, masks[m], cu, msg);
+				}
 				memcpy(r + 3001 * es_, save, es_);
 				ulp_set_cpu_mask(old);
 			}
