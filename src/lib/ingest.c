@@ -666,15 +666,9 @@ static int append_job(put *p, job *j)
 
 static uint64_t stream_min(void)
 {
-	static uint64_t v;
-	uint64_t m = __atomic_load_n(&v, __ATOMIC_RELAXED);
-	if (!m) {
-		const char *e = getenv("ULP_STREAM_MIN");
-		m = e && *e ? strtoull(e, NULL, 0) : 0;
-		m = m ? m : ULP_STREAM_MIN_DEFAULT;
-		__atomic_store_n(&v, m, __ATOMIC_RELAXED);
-	}
-	return m;
+	const char *e = getenv("ULP_STREAM_MIN"); /* read each time: tests change it */
+	uint64_t m = e && *e ? strtoull(e, NULL, 0) : 0;
+	return m ? m : ULP_STREAM_MIN_DEFAULT;
 }
 
 static int streamed(const seg *s)
@@ -799,6 +793,11 @@ static int sio_get(void *arg, uint64_t off, size_t len, uint8_t *src, uint8_t *r
 		size_t n = ULP_MIN(len, l - in);
 		memcpy(ref, d + in, n);
 		ulp_cache_put(a->cache, e);
+		/* not kept: a cache of the reference would grow with the tensor (each
+		 * pass decodes its chunk again; chain links above it stay cached) */
+		ulp_ckey key = {.chunk = k, .kind = ULP_CK_CHUNK};
+		memcpy(key.sha, x->j->ref_sha, ULP_SHA256_LEN);
+		ulp_cache_retire(a->cache, &key);
 		ref += n;
 		off += n;
 		len -= n;
