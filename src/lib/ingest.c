@@ -664,7 +664,7 @@ static int append_job(put *p, job *j)
 #define ULP_STREAM_MIN_DEFAULT ((uint64_t)64 << 20)
 #define ULP_STREAM_PIECE ((size_t)2 << 20) /* bytes a job of the hashing pass: whole leaves */
 
-static uint64_t stream_min(void)
+uint64_t ulp_stream_min(void)
 {
 	const char *e = getenv("ULP_STREAM_MIN"); /* read each time: tests change it */
 	uint64_t m = e && *e ? strtoull(e, NULL, 0) : 0;
@@ -673,7 +673,7 @@ static uint64_t stream_min(void)
 
 static int streamed(const seg *s)
 {
-	return s->kind == SEG_TENSOR && s->length > stream_min();
+	return s->kind == SEG_TENSOR && s->length > ulp_stream_min();
 }
 
 /* the hashing pass: a window of pieces read and their leaves hashed in
@@ -763,12 +763,48 @@ out:
 	return rc;
 }
 
+/* The contents a chunk of sha decodes through: sha, its reference, ... (at
+ * most ULP_CHAIN_MAX); fewer when a blob cannot be read (its reader reports). */
+size_t ulp_chain_of(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint8_t (*out)[ULP_SHA256_LEN])
+{
+	size_t n = 0;
+	memcpy(out[n++], sha, ULP_SHA256_LEN);
+	while (n < ULP_CHAIN_MAX) {
+		const ulp_blob *b;
+		ulp_centry *be;
+		if (ulp_read_blob(a, out[n - 1], &be, &b) < 0)
+			break;
+		const ulp_blob_info *in = ulp_blob_get_info(b);
+		int more = in->has_ref;
+		if (more)
+			memcpy(out[n++], in->ref_sha256, ULP_SHA256_LEN);
+		ulp_cache_put(a->cache, be);
+		if (!more)
+			break;
+	}
+	return n;
+}
+
+/* Lets chunk k of every content of a chain go from the cache: a streamed
+ * tensor's reference (and the links it was decoded through) would otherwise
+ * stay cached whole. Each pass decodes its chunks again. */
+void ulp_chain_retire(ulp_archive *a, const uint8_t (*chain)[ULP_SHA256_LEN], size_t n, uint32_t k)
+{
+	for (size_t i = 0; i < n; i++) {
+		ulp_ckey key = {.chunk = k, .kind = ULP_CK_CHUNK};
+		memcpy(key.sha, chain[i], ULP_SHA256_LEN);
+		ulp_cache_retire(a->cache, &key);
+	}
+}
+
 /* The encoder's view of the tensor, its reference (chunk by chunk through
  * the cache) and the spill. */
 typedef struct sio {
 	put *p;
 	const job *j;
 	size_t ref_cb;            /* bytes a chunk of the reference's blob */
+	uint8_t (*chain)[ULP_SHA256_LEN]; /* the reference's chain (ulp_chain_of) */
+	size_t n_chain;
 	int spill;                /* fd */
 	int ref_failed;           /* atomic */
 } sio;
@@ -793,11 +829,7 @@ static int sio_get(void *arg, uint64_t off, size_t len, uint8_t *src, uint8_t *r
 		size_t n = ULP_MIN(len, l - in);
 		memcpy(ref, d + in, n);
 		ulp_cache_put(a->cache, e);
-		/* not kept: a cache of the reference would grow with the tensor (each
-		 * pass decodes its chunk again; chain links above it stay cached) */
-		ulp_ckey key = {.chunk = k, .kind = ULP_CK_CHUNK};
-		memcpy(key.sha, x->j->ref_sha, ULP_SHA256_LEN);
-		ulp_cache_retire(a->cache, &key);
+		ulp_chain_retire(a, x->chain, x->n_chain, k); /* not kept */
 		ref += n;
 		off += n;
 		len -= n;
@@ -805,7 +837,7 @@ static int sio_get(void *arg, uint64_t off, size_t len, uint8_t *src, uint8_t *r
 	return 0;
 }
 
-static int spill_io(int fd, uint64_t off, void *p, size_t len, int wr)
+int ulp_spill_io(int fd, uint64_t off, void *p, size_t len, int wr)
 {
 	uint8_t *b = p;
 	while (len) {
@@ -823,16 +855,16 @@ static int spill_io(int fd, uint64_t off, void *p, size_t len, int wr)
 
 static int sio_put(void *arg, uint64_t off, const void *p, size_t len)
 {
-	return spill_io(((sio *)arg)->spill, off, (void *)p, len, 1);
+	return ulp_spill_io(((sio *)arg)->spill, off, (void *)p, len, 1);
 }
 
 static int sio_read(void *arg, uint64_t off, void *p, size_t len)
 {
-	return spill_io(((sio *)arg)->spill, off, p, len, 0);
+	return ulp_spill_io(((sio *)arg)->spill, off, p, len, 0);
 }
 
 /* an unnamed file beside the packs (same file system, gone at close) */
-static int open_spill(ulp_archive *a)
+int ulp_spill_open(ulp_archive *a)
 {
 	char d[4200];
 	snprintf(d, sizeof(d), "%s/packs", a->dir);
@@ -851,55 +883,63 @@ static int open_spill(ulp_archive *a)
 
 /* the blob to the pack leaf by leaf, its digest's leaves on the way */
 typedef struct swrite {
-	put *p;
-	job *j;
+	ulp_pack_writer *pw;
+	uint64_t at;              /* the blob's offset in the pack */
 	const ulp_senc *s;
 	const ulp_senc_io *io;
 	uint8_t *leaves;
-	int failed;               /* atomic: first error */
+	int rc;                   /* first error (atomic) */
 } swrite;
 
 static int job_stream_leaf(void *arg, size_t k)
 {
 	swrite *w = arg;
-	job *j = w->j;
 	size_t off = k * ULP_DIGEST_LEAF, len = (size_t)ULP_MIN((uint64_t)ULP_DIGEST_LEAF, w->s->blob_len - off);
 	uint8_t *b = ulp_scratch(ULP_SCRATCH_CHECK, ULP_DIGEST_LEAF);
 	int rc = b ? ulp_senc_read(w->s, w->io, off, len, b) : -ULP_E_NOMEM;
 	if (rc == 0) {
 		ulp_digest_leaves(b, len, w->leaves + k * ULP_SHA256_LEN);
-		rc = ulp_pack_write_at(w->p->pw, j->pack_off + off, b, len);
+		rc = ulp_pack_write_at(w->pw, w->at + off, b, len);
 	}
-	if (rc < 0 && !__atomic_exchange_n(&w->failed, 1, __ATOMIC_ACQ_REL)) {
-		j->rc = rc;
-		snprintf(j->err, sizeof(j->err), "%s: writing a streamed blob: %s", w->p->path, ulp_strerror(rc));
+	if (rc < 0) {
+		int zero = 0;
+		__atomic_compare_exchange_n(&w->rc, &zero, rc, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
 	}
 	return 0;
 }
 
-static int write_stream(put *p, job *j, const ulp_senc *s, const ulp_senc_io *io, ulp_pool *pool)
+int ulp_senc_to_pack(ulp_pool *pool, ulp_pack_writer *pw, uint64_t at, const ulp_senc *s,
+                     const ulp_senc_io *io, uint8_t blob_sha[ULP_SHA256_LEN])
 {
 	size_t m = ulp_digest_n_leaves(s->blob_len);
-	swrite w = {p, j, s, io, malloc(ULP_MAX(m, 1) * ULP_SHA256_LEN), 0};
-	int rc = w.leaves ? 0 : -ULP_E_NOMEM;
+	swrite w = {pw, at, s, io, malloc(ULP_MAX(m, 1) * ULP_SHA256_LEN), 0};
+	if (!w.leaves)
+		return -ULP_E_NOMEM;
+	ulp_pool_run(pool, m, job_stream_leaf, &w);
+	ulp_digest_root(w.leaves, s->blob_len, blob_sha);
+	free(w.leaves);
+	return w.rc;
+}
+
+static int write_stream(put *p, job *j, const ulp_senc *s, const ulp_senc_io *io, ulp_pool *pool)
+{
+	int rc = 0;
 	pthread_mutex_lock(&p->mu);
-	if (rc == 0 && !p->pw)
+	if (!p->pw)
 		rc = ulp_pack_writer_new(p->a, &p->pw);
 	if (rc == 0)
 		rc = ulp_pack_reserve(p->pw, (size_t)s->blob_len, &j->pack_off);
 	pthread_mutex_unlock(&p->mu);
+	if (rc == 0) {
+		j->prewritten = 1;
+		rc = ulp_senc_to_pack(pool, p->pw, j->pack_off, s, io, j->blob_sha);
+	}
 	if (rc < 0) {
 		j->rc = rc;
-		snprintf(j->err, sizeof(j->err), "%s: %s", p->path,
-		         rc == -ULP_E_NOMEM ? "out of memory writing a blob" : ulp_archive_errmsg(p->a));
-		free(w.leaves);
-		return rc;
+		snprintf(j->err, sizeof(j->err), "%s: writing a streamed blob: %s", p->path,
+		         rc == -ULP_E_IO || rc == -ULP_E_NOSPC ? ulp_archive_errmsg(p->a) : ulp_strerror(rc));
 	}
-	j->prewritten = 1;
-	ulp_pool_run(pool, m, job_stream_leaf, &w);
-	ulp_digest_root(w.leaves, s->blob_len, j->blob_sha);
-	free(w.leaves);
-	return w.failed ? j->rc : 0;
+	return rc;
 }
 
 /* Phase B of a streamed tensor (a lone job). */
@@ -923,7 +963,8 @@ static void code_stream(batch *bt, size_t i)
 		j->reuse = 1;
 		return;
 	}
-	sio x = {p, j, 0, open_spill(a), 0};
+	uint8_t chain[ULP_CHAIN_MAX][ULP_SHA256_LEN];
+	sio x = {p, j, 0, chain, 0, ulp_spill_open(a), 0};
 	if (x.spill < 0) {
 		j->rc = -ULP_E_IO;
 		snprintf(j->err, sizeof(j->err), "%s: a spill file in %s/packs: %s", p->path, a->dir, strerror(errno));
@@ -938,6 +979,7 @@ static void code_stream(batch *bt, size_t i)
 			x.ref_cb = (size_t)in->chunk_elems * ulp_dtype_size(in->dtype);
 			has_ref = in->raw_bytes == j->len && x.ref_cb > 0;
 			ulp_cache_put(a->cache, be);
+			x.n_chain = ulp_chain_of(a, j->ref_sha, chain);
 		}
 	}
 	ulp_senc_io io = {&x, sio_get, sio_put, sio_read};

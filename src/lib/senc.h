@@ -57,4 +57,11 @@ int ulp_encode_stream(const ulp_enc_opts *opts, ulp_pool *pool, ulp_dtype dt, ui
 int ulp_senc_read(const ulp_senc *s, const ulp_senc_io *io, uint64_t off, size_t len, uint8_t *dst);
 void ulp_senc_free(ulp_senc *s);
 
+/* The blob of s written to pack pw at offset at (reserved by the caller),
+ * leaf by leaf on the pool, its pack digest (ulpack-format(5) 9) into
+ * blob_sha (ingest.c). */
+typedef struct ulp_pack_writer ulp_pack_writer;
+int ulp_senc_to_pack(ulp_pool *pool, ulp_pack_writer *pw, uint64_t at, const ulp_senc *s,
+                     const ulp_senc_io *io, uint8_t blob_sha[ULP_SHA256_LEN]);
+
 #endif

@@ -10,7 +10,9 @@
 #    peak anonymous memory (RssAnon, sampled) below the tensor's size: it is
 #    streamed a window of chunks at a time (the whole-tensor path peaked at
 #    406 MB here), and reads back (cat with a 16 MiB cache, verify);
-#  - streamed tensors (ULP_STREAM_MIN) give the very packs of the whole path.
+#  - streamed tensors (ULP_STREAM_MIN) give the very packs of the whole path;
+#  - forget re-codes the kept step's 96 MiB tensor (recode.c) streamed too,
+#    into the very packs of the whole path.
 . "$(dirname "$0")/lib.sh"
 
 A="$T/arch"
@@ -76,6 +78,21 @@ echo "cat of it with a 16 MiB cache: peak RssAnon $cat_big KiB"
 [ "$cat_big" -lt $((64 * 1024)) ] && ok "cat of a 96 MiB tensor in under 64 MiB of anonymous memory" \
 	|| fail "cat of a 96 MiB tensor: peak RssAnon $cat_big KiB"
 "$ULPACK" verify "$A" big > /dev/null && ok "verify of the streamed tensors" || fail "verify big"
+# forget of the newest step re-codes the kept step's big tensor (a delta
+# against it: the newest step is the anchor) standalone (recode.c):
+# streamed too, and the same packs as the whole-tensor path
+cp -a "$A" "$T/arch-w"
+fg=$(peak_anon "$T/fg.out" "$ULPACK" forget "$A" big --keep 100 --threads 2) || fail "forget of the big run"
+echo "forget re-coding a 96 MiB tensor: peak RssAnon $fg KiB; $(cat "$T/fg.out")"
+grep -q " [1-9][0-9]* blobs re-based (1[0-9][0-9]\." "$T/fg.out" && ok "forget re-coded the big tensor" || fail "forget re-coded nothing"
+[ "$fg" -lt $((96 * 1024)) ] && ok "a 96 MiB tensor re-codes in under 96 MiB of anonymous memory" \
+	|| fail "forget of a 96 MiB tensor: peak RssAnon $fg KiB"
+ULP_STREAM_MIN=$((1 << 40)) "$ULPACK" forget "$T/arch-w" big --keep 100 --threads 2 > /dev/null || fail "forget, whole path"
+[ "$(ls "$A/packs")" = "$(ls "$T/arch-w/packs")" ] && ok "streamed re-coding: packs identical to the whole-tensor path" \
+	|| fail "re-coded packs differ"
+rm -rf "$T/arch-w"
+"$ULPACK" cat "$A" big/checkpoint-100/model.safetensors | cmp -s - "$T/big/checkpoint-100/model.safetensors" && ok "the re-coded tensor reads back" \
+	|| fail "re-coded tensor differs"
 "$ULPACK" stat "$A" big --json > "$T/stbig.json"
 "$PY" -c 'import json,sys; t=json.load(open(sys.argv[1]))["total"]; assert t["stored_bytes"] < t["raw_bytes"] * 0.9, t' \
 	"$T/stbig.json" && ok "the streamed tensors are coded (stored < 0.9 raw)" || fail "streamed tensors not compressed"
