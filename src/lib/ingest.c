@@ -977,7 +977,9 @@ static void code_stream(batch *bt, size_t i)
 		if (ulp_read_blob(a, j->ref_sha, &be, &b) == 0) {
 			const ulp_blob_info *in = ulp_blob_get_info(b);
 			x.ref_cb = (size_t)in->chunk_elems * ulp_dtype_size(in->dtype);
-			has_ref = in->raw_bytes == j->len && x.ref_cb > 0;
+			/* a delta's chunk k decodes against chunk k of its reference */
+			has_ref = in->raw_bytes == j->len &&
+			          x.ref_cb == ulp_dtype_size(j->s->dtype) << ULP_DEFAULT_CHUNK_LOG2;
 			ulp_cache_put(a->cache, be);
 			x.n_chain = ulp_chain_of(a, j->ref_sha, chain);
 		}
