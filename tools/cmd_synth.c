@@ -12,7 +12,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 typedef struct stensor {
 	char name[96];
@@ -83,6 +86,62 @@ static uint16_t to_f16(float f)
 	return (uint16_t)(sign | h);
 }
 
+static uint64_t mix64(uint64_t x)
+{
+	x += 0x9E3779B97F4A7C15ull;
+	x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+	x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+	return x ^ (x >> 31);
+}
+
+/* approximately N(0, 1) from the hash h: Irwin-Hall of its four 16-bit parts */
+static float hgauss(uint64_t h)
+{
+	float s = 0;
+	for (int i = 0; i < 4; i++, h >>= 16)
+		s += (float)(h & 0xffff) * (1.0f / 65536.0f);
+	return (s - 2.0f) * 1.7320508f;
+}
+
+/*
+ * --big-tensor-mb: element j at step index s of a tensor that drifts like a
+ * trained embedding (a fixed start, a steady direction, fresh noise each
+ * step), computed from j alone, so the tensor is written in blocks and never
+ * held. Its bytes go to a file of their own, mapped for ulp_st_write: file
+ * pages, not anonymous memory.
+ */
+static int big_tensor_file(const char *path, uint64_t bytes, uint64_t seed, int s, const void **map)
+{
+	enum { BLOCK = 1 << 22 };
+	uint16_t *blk = malloc(BLOCK);
+	int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	int rc = blk && fd >= 0 ? 0 : -1;
+	for (uint64_t off = 0; rc == 0 && off < bytes; off += BLOCK) {
+		size_t n = (size_t)(bytes - off < BLOCK ? bytes - off : BLOCK) / 2;
+		for (size_t k = 0; k < n; k++) {
+			uint64_t j = off / 2 + k, h = mix64(seed ^ j * 3);
+			float w = 0.02f * (hgauss(h) + 0.01f * (float)s * hgauss(mix64(h + 1)) +
+			                   0.003f * hgauss(mix64(h + 2 + (uint64_t)s)));
+			blk[k] = to_bf16(w);
+		}
+		if (pwrite(fd, blk, n * 2, (off_t)off) != (ssize_t)(n * 2))
+			rc = -1;
+	}
+	free(blk);
+	*map = NULL;
+	if (rc == 0 && bytes) {
+		void *m = mmap(NULL, (size_t)bytes, PROT_READ, MAP_SHARED, fd, 0);
+		if (m == MAP_FAILED)
+			rc = -1;
+		else
+			*map = m;
+	}
+	if (fd >= 0)
+		close(fd);
+	unlink(path);
+	return rc;
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -92,7 +151,10 @@ static void usage(FILE *f)
 	        "for steps K, 2K, ... NK (defaults: 8 steps, interval 100, bf16, D = 512: about\n"
 	        "8.4M parameters a checkpoint). --vocab sets the rows of the embedding and the\n"
 	        "lm_head (default 4D): --dim 8192 --vocab 131072 gives two 2 GiB bf16 tensors\n"
-	        "(synth itself then holds 12 bytes a parameter).\n");
+	        "(synth itself then holds 12 bytes a parameter).\n"
+	        "--big-tensor-mb N adds model.big_embed.weight, N MiB of bf16 made up afresh at\n"
+	        "each step (a drifting embedding: deltas like the other tensors'), written in\n"
+	        "blocks: a 2 GiB tensor costs synth no memory (--dim 64 --big-tensor-mb 2048).\n");
 }
 
 static int mkdir_p(const char *path)
@@ -118,6 +180,7 @@ int cmd_synth(int argc, char **argv)
 	const char *out = NULL, *dtype = "bf16";
 	int steps = 8, interval = 100, dim = 512;
 	int64_t vocab_rows = 0; /* 0: 4 * dim */
+	int64_t big_mb = 0;     /* --big-tensor-mb: 0 none */
 	unsigned long long seed = 20261130;
 	int64_t v;
 	for (int i = 1; i < argc; i++) {
@@ -126,7 +189,7 @@ int cmd_synth(int argc, char **argv)
 			return 0;
 		} else if ((!strcmp(argv[i], "--steps") || !strcmp(argv[i], "--interval") || !strcmp(argv[i], "--dtype") ||
 		            !strcmp(argv[i], "--dim") || !strcmp(argv[i], "--seed") ||
-		            !strcmp(argv[i], "--vocab")) && i + 1 == argc) {
+		            !strcmp(argv[i], "--vocab") || !strcmp(argv[i], "--big-tensor-mb")) && i + 1 == argc) {
 			return cli_opt_missing(argv[i]);
 		} else if (!strcmp(argv[i], "--steps")) {
 			if (cli_opt_int(argv[i], argv[i + 1], 1, 100000, &v))
@@ -152,6 +215,11 @@ int cmd_synth(int argc, char **argv)
 			if (cli_opt_int(argv[i], argv[i + 1], 1, (int64_t)1 << 24, &v))
 				return 2;
 			vocab_rows = v;
+			i++;
+		} else if (!strcmp(argv[i], "--big-tensor-mb")) {
+			if (cli_opt_int(argv[i], argv[i + 1], 0, (int64_t)1 << 20, &v))
+				return 2;
+			big_mb = v;
 			i++;
 		} else if (!strcmp(argv[i], "--seed")) {
 			if (cli_opt_int(argv[i], argv[i + 1], 0, INT64_MAX, &v))
@@ -240,7 +308,8 @@ int cmd_synth(int argc, char **argv)
 			max_n = t->n;
 	}
 	uint8_t *conv = malloc(max_n * 4 * nt);
-	ulp_st_wtensor *wt = calloc(nt, sizeof(*wt));
+	ulp_st_wtensor *wt = calloc(nt + 1, sizeof(*wt));
+	const uint64_t big_bytes = (uint64_t)big_mb << 20, big_shape[2] = {big_bytes / 2 / d, d};
 	if (!conv || !wt) {
 		free(conv);
 		free(wt);
@@ -295,8 +364,20 @@ int cmd_synth(int argc, char **argv)
 				}
 			}
 		}
+		const void *big = NULL;
+		size_t nw = nt;
+		if (big_bytes) { /* rows of D elements: the size rounds down to a row */
+			snprintf(path, sizeof(path), "%s/.big-tensor.tmp", dir);
+			if (big_tensor_file(path, big_shape[0] * d * 2, seed, s, &big) < 0) {
+				status = cli_fail("%s: %s", path, strerror(errno));
+				break;
+			}
+			wt[nw++] = (ulp_st_wtensor){"model.big_embed.weight", ULP_DT_BF16, 2, big_shape, big};
+		}
 		snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-		int rc = ulp_st_write(path, wt, nt, "{\"format\":\"pt\",\"generator\":\"ulpack synth\"}");
+		int rc = ulp_st_write(path, wt, nw, "{\"format\":\"pt\",\"generator\":\"ulpack synth\"}");
+		if (big)
+			munmap((void *)big, (size_t)(big_shape[0] * d * 2));
 		if (rc < 0) {
 			status = cli_fail("%s: %s", path, ulp_strerror(rc));
 			break;

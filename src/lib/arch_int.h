@@ -144,6 +144,17 @@ int ulp_db_stmt(ulp_archive *a, const char *sql, sqlite3_stmt **out);
 int ulp_db_err(ulp_archive *a, const char *what);
 void ulp_tstate_free_all(ulp_archive *a);
 void ulp_ingest_free_spare(ulp_archive *a); /* ingest.c */
+/* Streamed tensors (ingest.c, also used by recode.c): the size above which a
+ * tensor is coded a window at a time (ULP_STREAM_MIN, default 64 MiB); an
+ * unnamed spill file beside the packs (fd, or -1 and errno) and its I/O. */
+uint64_t ulp_stream_min(void);
+int ulp_spill_open(ulp_archive *a);
+int ulp_spill_io(int fd, uint64_t off, void *p, size_t len, int wr);
+/* The chain a content decodes through (itself first; at most ULP_CHAIN_MAX),
+ * and chunk k of each let go from the cache (ingest.c). */
+#define ULP_CHAIN_MAX (ULP_MAX_CHAIN + 2)
+size_t ulp_chain_of(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint8_t (*out)[ULP_SHA256_LEN]);
+void ulp_chain_retire(ulp_archive *a, const uint8_t (*chain)[ULP_SHA256_LEN], size_t n, uint32_t k);
 void ulp_readahead_stop(ulp_archive *a);    /* read.c: joins its thread */
 void ulp_tstate_exit(void *tstate); /* the thread-state key's destructor */
 size_t ulp_tstate_count(ulp_archive *a); /* live thread states (tests) */

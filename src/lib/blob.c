@@ -19,6 +19,7 @@
  *     leaves; only the root (32 bytes a MiB) is hashed serially.
  */
 #include "codec.h"
+#include "senc.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -782,11 +783,22 @@ const ulp_blob_info *ulp_blob_get_info(const ulp_blob *b)
 	return &b->info;
 }
 
+static int blob_open(const void *data, size_t avail, size_t len, ulp_blob **out, char *errbuf,
+                     size_t errcap);
+
 int ulp_blob_open(const void *data, size_t len, ulp_blob **out, char *errbuf, size_t errcap)
+{
+	return blob_open(data, len, len, out, errbuf, errcap);
+}
+
+/* A blob of len bytes of which the first avail (at least its header) are at
+ * data: avail < len parses the header alone (payloads are not to be read). */
+static int blob_open(const void *data, size_t avail, size_t len, ulp_blob **out, char *errbuf,
+                     size_t errcap)
 {
 #define FAIL(...) do { rc = ULP_CORRUPT(&err, __VA_ARGS__); goto fail; } while (0)
 	ulp_err err = {errbuf, errcap};
-	const uint8_t *p = data, *end = p + len;
+	const uint8_t *p = data, *end = p + avail;
 	ulp_blob *b;
 	uint64_t v;
 	int rc;
@@ -914,9 +926,9 @@ int ulp_blob_open(const void *data, size_t len, ulp_blob **out, char *errbuf, si
 		goto fail;
 	}
 	p += 4;
-	if (payload != (uint64_t)(end - p)) {
+	if (payload != (uint64_t)(len - (size_t)(p - (const uint8_t *)data))) {
 		rc = ULP_CORRUPT(&err, "blob payloads need %llu bytes, %zu follow the header",
-		                 (unsigned long long)payload, (size_t)(end - p));
+		                 (unsigned long long)payload, len - (size_t)(p - (const uint8_t *)data));
 		goto fail;
 	}
 	for (uint64_t k = 0; k < nch; k++)
@@ -950,22 +962,31 @@ void ulp_blob_chunk_payload(const ulp_blob *b, uint32_t k, const uint8_t **p, si
 	*len = b->ch[k].len;
 }
 
+static int64_t decode_payload(const ulp_blob *b, uint32_t k, const blob_chunk *c, const uint8_t *p,
+                              uint8_t *dst, size_t cap, const uint8_t *ref, size_t ref_len, ulp_err *err);
+
 static int64_t decode_chunk(const ulp_blob *b, uint32_t k, uint8_t *dst, size_t cap,
                             const uint8_t *ref, size_t ref_len, ulp_err *err)
 {
-	uint64_t off, len;
 	if (b->info.codec == ULP_CODEC_IDENT)
 		return -ULP_E_INVAL; /* callers copy the reference */
 	if (k >= b->info.n_chunks)
 		return -ULP_E_INVAL;
+	return decode_payload(b, k, &b->ch[k], b->data + b->ch[k].off, dst, cap, ref, ref_len, err);
+}
+
+/* Chunk k of b from its payload p, described by c (b->ch and b->data are
+ * not used: the streaming encoder checks payloads that are not in a blob). */
+static int64_t decode_payload(const ulp_blob *b, uint32_t k, const blob_chunk *c, const uint8_t *p,
+                              uint8_t *dst, size_t cap, const uint8_t *ref, size_t ref_len, ulp_err *err)
+{
+	uint64_t off, len;
 	ulp_blob_chunk_range(b, k, &off, &len);
 	if (cap < len)
 		return -ULP_E_OVERFLOW;
 	if (b->info.has_ref && (!ref || ref_len != len))
 		return ULP_ERR(err, -ULP_E_INVAL, "chunk %u needs %llu reference bytes", k,
 		               (unsigned long long)len);
-	const blob_chunk *c = &b->ch[k];
-	const uint8_t *p = b->data + c->off;
 	size_t n = (size_t)(len / b->esize);
 	switch (b->info.codec) {
 	case ULP_CODEC_RAW:
@@ -1119,4 +1140,481 @@ int ulp_blob_validate(const void *data, size_t len, const void *ref, size_t ref_
 	}
 	ulp_blob_close(b);
 	return rc;
+}
+
+/* ---- streaming encoder (senc.h) ------------------------------------------- */
+
+typedef struct sslot {     /* the buffers of one chunk of the window */
+	uint8_t *src, *ref, *syms, *region, *check;
+	uint64_t *counts;
+} sslot;
+
+typedef struct scand {
+	cand c;
+	int slot;               /* spill slot of its payloads, -1: none (raw, ident) */
+	uint64_t *phash;        /* payload hashes, one a chunk */
+} scand;
+
+typedef struct senc {
+	enc e;                  /* geometry, digests, checksums; e.src and e.ref unused */
+	const ulp_senc_io *io;
+	int has_ref;
+	size_t window, k0;      /* chunks a window, first chunk of this one */
+	sslot *slot;
+	uint8_t *mem;           /* the slots' buffers */
+	size_t cells;           /* count cells of the model being counted */
+	uint64_t *merged;       /* its counts, all chunks */
+	uint64_t stride;        /* spill bytes a chunk */
+	int want_sums;          /* counting pass: checksums, raw payload hashes, ident check */
+	int want_counts;
+	int differs;            /* atomic: a chunk differs from its reference */
+	uint64_t *raw_phash;
+	uint64_t *ph[2];        /* payload hashes of spill slots 0 and 1 */
+	scand *c;               /* the candidate being coded */
+	ulp_blob dec;           /* its decoder, for invariant 2 */
+} senc;
+
+static int sget(senc *S, size_t k, sslot *sl, int with_ref, size_t *count)
+{
+	size_t first;
+	chunk_span(&S->e, k, &first, count);
+	return S->io->get(S->io->arg, (uint64_t)first * S->e.esize, *count * S->e.esize, sl->src,
+	                  with_ref ? sl->ref : NULL);
+}
+
+/* counting pass: chunk S->k0 + i read, its checksums and its symbol counts */
+static int job_s_count(void *arg, size_t i)
+{
+	senc *S = arg;
+	enc *e = &S->e;
+	size_t k = S->k0 + i, count;
+	sslot *sl = &S->slot[i];
+	int with_ref = S->has_ref && (S->want_sums || !e->anchor);
+	ULP_TRY(sget(S, k, sl, with_ref, &count));
+	size_t bytes = count * e->esize;
+	if (S->want_sums) {
+		e->sum[k] = ulp_xxh64(sl->src, bytes);
+		S->raw_phash[k] = payload_hash(sl->src, bytes);
+		if (S->has_ref && memcmp(sl->src, sl->ref, bytes) != 0)
+			__atomic_store_n(&S->differs, 1, __ATOMIC_RELAXED);
+	}
+	if (S->want_counts) {
+		uint64_t raw_bits;
+		memset(sl->counts, 0, S->cells * sizeof(uint64_t));
+		ulp_pass1(&e->f, e->anchor, sl->src, e->anchor ? NULL : sl->ref, count, sl->syms, sl->counts,
+		          sl->region, ulp_chunk_raw_bound(&e->f, count), &raw_bits);
+	}
+	return 0;
+}
+
+/* Invariant 2 for one payload, then to the spill. */
+static int s_finish(senc *S, size_t k, sslot *sl, const uint8_t *payload, size_t count)
+{
+	enc *e = &S->e;
+	scand *c = S->c;
+	size_t bytes = count * e->esize, plen = c->c.ch[k].len;
+	uint64_t ph = payload_hash(payload, plen);
+	c->phash[k] = ph;
+	blob_chunk bc = {0, plen, c->c.ch[k].rans_len, c->c.ch[k].raw_bits, e->sum[k] ^ ph};
+	int64_t d = decode_payload(&S->dec, (uint32_t)k, &bc, payload, sl->check, bytes,
+	                           S->dec.info.has_ref ? sl->ref : NULL, bytes, NULL);
+	if (d == -ULP_E_NOMEM)
+		return (int)d;
+	if (d != (int64_t)bytes || memcmp(sl->check, sl->src, bytes) != 0)
+		return -ULP_E_CHECKSUM;
+	return S->io->spill_put(S->io->arg, ((uint64_t)c->slot * e->n_chunks + k) * S->stride, payload, plen);
+}
+
+static int job_s_rans(void *arg, size_t i)
+{
+	senc *S = arg;
+	enc *e = &S->e;
+	cand *c = &S->c->c;
+	size_t k = S->k0 + i, count, rans_len;
+	sslot *sl = &S->slot[i];
+	ULP_TRY(sget(S, k, sl, !e->anchor, &count));
+	unsigned lanes = 1u << c->lanes_log2;
+	size_t rb = ulp_chunk_rans_bound(count, lanes);
+	uint64_t raw_bits;
+	ulp_pass1(&e->f, e->anchor, sl->src, e->anchor ? NULL : sl->ref, count, sl->syms, sl->counts,
+	          sl->region + rb, ulp_chunk_raw_bound(&e->f, count), &raw_bits);
+	ULP_TRY(ulp_chunk_encode(&e->f, e->t, e->es, e->es64, lanes, sl->syms, e->anchor ? NULL : sl->ref,
+	                         count, sl->region, rb, &rans_len));
+	size_t raw_len = (size_t)((raw_bits + 7) / 8);
+	memmove(sl->region + rans_len, sl->region + rb, raw_len);
+	c->ch[k] = (enc_chunk){NULL, rans_len, raw_bits, rans_len + raw_len};
+	return s_finish(S, k, sl, sl->region, count);
+}
+
+static int job_s_zstd(void *arg, size_t i)
+{
+	senc *S = arg;
+	enc *e = &S->e;
+	cand *c = &S->c->c;
+	size_t k = S->k0 + i, count;
+	sslot *sl = &S->slot[i];
+	ULP_TRY(sget(S, k, sl, c->codec == ULP_CODEC_ZSTD_XOR, &count));
+	size_t bytes = count * e->esize, cap = ZSTD_compressBound(bytes);
+	uint8_t *tmp = malloc(bytes ? bytes : 1), *grp = malloc(bytes ? bytes : 1);
+	int rc = -ULP_E_NOMEM;
+	if (!tmp || !grp)
+		goto done;
+	const uint8_t *s = sl->src;
+	if (c->codec == ULP_CODEC_ZSTD_XOR) {
+		for (size_t b = 0; b < bytes; b++)
+			tmp[b] = s[b] ^ sl->ref[b];
+		s = tmp;
+	}
+	ulp_byte_group(grp, s, count, e->esize);
+	ZSTD_CCtx *cc = tls_cctx();
+	size_t z = cc ? ZSTD_compressCCtx(cc, sl->region, cap, grp, bytes, (int)e->zlevel)
+	              : ZSTD_compress(sl->region, cap, grp, bytes, (int)e->zlevel);
+	if (ZSTD_isError(z))
+		goto done;
+	c->ch[k] = (enc_chunk){NULL, 0, 0, z};
+	rc = s_finish(S, k, sl, sl->region, count);
+done:
+	free(tmp);
+	free(grp);
+	return rc;
+}
+
+/* One pass over the chunks, a window at a time; counting passes merge the
+ * window's counts in chunk order (sums of integers: any order gives the
+ * table ulp_encode chooses). */
+static int s_pass(senc *S, ulp_pool *pool, int (*fn)(void *, size_t))
+{
+	for (size_t k0 = 0; k0 < S->e.n_chunks; k0 += S->window) {
+		size_t m = ULP_MIN(S->window, S->e.n_chunks - k0);
+		S->k0 = k0;
+		ULP_TRY(ulp_pool_run(pool, m, fn, S));
+		if (fn == job_s_count && S->want_counts)
+			for (size_t i = 0; i < m; i++)
+				for (size_t x = 0; x < S->cells; x++)
+					S->merged[x] += S->slot[i].counts[x];
+	}
+	return 0;
+}
+
+static void s_model(senc *S, int anchor)
+{
+	enc *e = &S->e;
+	e->anchor = anchor;
+	e->n_ctx = anchor ? 1 : e->f.n_ctx;
+	e->alphabet = anchor ? 1u << e->f.a_bits : e->f.alphabet;
+	S->cells = (size_t)e->n_ctx * e->alphabet;
+	memset(S->merged, 0, S->cells * sizeof(uint64_t));
+}
+
+static void s_dec_init(senc *S, int codec, unsigned lanes_log2)
+{
+	ulp_blob *b = &S->dec;
+	memset(b, 0, sizeof(*b));
+	b->info.codec = codec;
+	b->info.dtype = S->e.dt;
+	b->info.n_elems = S->e.n;
+	b->info.chunk_elems = 1u << S->e.chunk_log2;
+	b->info.n_chunks = (uint32_t)S->e.n_chunks;
+	b->info.has_ref = codec_has_ref(codec);
+	b->esize = S->e.esize;
+	b->lanes = 1u << lanes_log2;
+	b->f = S->e.f;
+}
+
+/* make_rans, streamed: counted (the model's counts are in S->merged) or not */
+static int s_rans(senc *S, ulp_pool *pool, int anchor, int counted, scand *sc)
+{
+	enc *e = &S->e;
+	cand *c = &sc->c;
+	ulp_table t = {0};
+	ulp_rans_esym *es = NULL;
+	uint64_t cost_bits = 0, *es64 = NULL;
+	int rc;
+	c->codec = anchor ? ULP_CODEC_ANCHOR : ULP_CODEC_DELTA;
+	if (!counted) {
+		s_model(S, anchor);
+		S->want_sums = 0;
+		S->want_counts = 1;
+		ULP_TRY(s_pass(S, pool, job_s_count));
+	}
+	c->lanes_log2 = lanes_log2_for(ULP_MIN(e->n, (size_t)1 << e->chunk_log2));
+	if ((rc = cand_alloc_chunks(e, c)) < 0 ||
+	    (rc = ulp_table_choose(S->merged, e->n_ctx, e->alphabet, &t, &cost_bits)) < 0 ||
+	    (rc = ulp_table_esyms(&t, &es)) < 0)
+		goto out;
+	c->prob_bits = t.prob_bits;
+	rc = -ULP_E_NOMEM;
+	if (!(c->table = malloc(ulp_table_bound(&t))))
+		goto out;
+	int64_t tl = ulp_table_write(&t, c->table, ulp_table_bound(&t));
+	if (tl < 0) {
+		rc = (int)tl;
+		goto out;
+	}
+	c->table_len = (size_t)tl;
+	s_dec_init(S, c->codec, c->lanes_log2);
+	if ((rc = ulp_dtab_build(&t, &S->dec.dtab)) < 0)
+		goto out;
+	e->t = &t;
+	e->es = es;
+	e->es64 = es64 = ulp_esyms_pack(&t, es);
+	S->c = sc;
+	rc = s_pass(S, pool, job_s_rans);
+	e->t = NULL;
+	e->es = NULL;
+	e->es64 = NULL;
+	if (rc == 0)
+		cand_size(e, c);
+out:
+	ulp_dtab_free(&S->dec.dtab);
+	free(es64);
+	ulp_table_free(&t);
+	free(es);
+	if (rc < 0)
+		cand_free(c);
+	return rc;
+}
+
+static int s_zstd(senc *S, ulp_pool *pool, int codec, scand *sc)
+{
+	cand *c = &sc->c;
+	c->codec = codec;
+	ULP_TRY(cand_alloc_chunks(&S->e, c));
+	s_dec_init(S, codec, 0);
+	S->c = sc;
+	int rc = s_pass(S, pool, job_s_zstd);
+	if (rc < 0)
+		cand_free(c);
+	else
+		cand_size(&S->e, c);
+	return rc;
+}
+
+/* keep_smaller for streamed candidates: other takes the spill slot best
+ * does not hold */
+static void s_keep_smaller(senc *S, scand *best, scand *other)
+{
+	if (other->c.size < best->c.size) {
+		cand_free(&best->c);
+		*best = *other;
+	} else {
+		cand_free(&other->c);
+	}
+	memset(other, 0, sizeof(*other));
+	other->slot = best->slot == 0 ? 1 : 0;
+	other->phash = S->ph[other->slot];
+}
+
+/* the header parsed back must describe the payloads checked (invariant 2) */
+static int s_check_header(const senc *S, const scand *b, const uint8_t *h, size_t hl)
+{
+	ulp_blob *p;
+	int rc = blob_open(h, hl, b->c.size, &p, NULL, 0);
+	if (rc < 0)
+		return rc == -ULP_E_NOMEM ? rc : -ULP_E_CHECKSUM;
+	if (p->info.codec != b->c.codec || p->info.n_elems != S->e.n ||
+	    memcmp(p->info.content_sha256, S->e.sha, 32) != 0)
+		rc = -ULP_E_CHECKSUM;
+	for (size_t k = 0; rc == 0 && b->c.codec != ULP_CODEC_IDENT && k < S->e.n_chunks; k++)
+		if (p->ch[k].len != b->c.ch[k].len || p->ch[k].sum != (S->e.sum[k] ^ b->phash[k]) ||
+		    (codec_is_rans(b->c.codec) &&
+		     (p->ch[k].rans_len != b->c.ch[k].rans_len || p->ch[k].raw_bits != b->c.ch[k].raw_bits)))
+			rc = -ULP_E_CHECKSUM;
+	ulp_blob_close(p);
+	return rc;
+}
+
+int ulp_encode_stream(const ulp_enc_opts *opts, ulp_pool *pool, ulp_dtype dt, uint64_t src_len,
+                      int has_ref, size_t window, const ulp_senc_io *io, ulp_senc *out)
+{
+	static const ulp_enc_opts defaults = {0};
+	const ulp_enc_opts *o = opts ? opts : &defaults;
+	senc S;
+	enc *e = &S.e;
+	scand best, other;
+	int rc;
+	memset(&S, 0, sizeof(S));
+	memset(&best, 0, sizeof(best));
+	memset(&other, 0, sizeof(other));
+	memset(out, 0, sizeof(*out));
+	if ((unsigned)dt >= ULP_DT__COUNT || !o->src_sha256 || (has_ref && !o->ref_sha256) || o->force_codec)
+		return -ULP_E_INVAL;
+	e->o = o;
+	e->dt = dt;
+	e->esize = ulp_dtype_size(dt);
+	e->chunk_log2 = o->chunk_log2 ? o->chunk_log2 : ULP_DEFAULT_CHUNK_LOG2;
+	e->zlevel = o->zstd_level ? (unsigned)o->zstd_level : 3;
+	e->version = o->format_version ? o->format_version : BLOB_VERSION;
+	if (e->chunk_log2 < CHUNK_LOG2_MIN || e->chunk_log2 > CHUNK_LOG2_MAX || src_len % e->esize ||
+	    e->version < 1 || e->version > BLOB_VERSION || src_len / e->esize > SIZE_MAX / 2)
+		return -ULP_E_INVAL;
+	S.io = io;
+	S.has_ref = has_ref;
+	e->n = (size_t)(src_len / e->esize);
+	e->n_chunks = (size_t)n_chunks_for(e->n, e->chunk_log2);
+	int is_float = ulp_fmt_get(dt, &e->f) == 0;
+	memcpy(e->sha, o->src_sha256, 32);
+	if (has_ref)
+		memcpy(e->ref_sha, o->ref_sha256, 32);
+	S.window = window ? window : 2 * (size_t)ULP_MAX(1, ulp_pool_threads(pool));
+	S.window = ULP_MAX(1, ULP_MIN(S.window, e->n_chunks));
+	/* a window's buffers: each chunk its source, reference, symbols, coding
+	 * region (the larger of a rANS and a zstd payload), decoding check and counts */
+	size_t ce = ULP_MIN(e->n, (size_t)1 << e->chunk_log2), cb = ce * e->esize;
+	size_t cells = is_float ? ULP_MAX((size_t)e->f.n_ctx * e->f.alphabet, (size_t)1 << e->f.a_bits) : 1;
+	size_t region = ULP_MAX(is_float ? region_size(e) : 0, ZSTD_compressBound(cb)) + 64;
+	S.stride = (ULP_MAX((uint64_t)region, (uint64_t)cb) + 4095) & ~(uint64_t)4095;
+	size_t a64 = 63, per = ((cb + a64) & ~a64) * (has_ref ? 3 : 2) + ((ce + a64) & ~a64) +
+	                      ((region + a64) & ~a64) + cells * sizeof(uint64_t);
+	size_t nk = e->n_chunks ? e->n_chunks : 1;
+	e->sum = calloc(nk, sizeof(uint64_t));
+	S.raw_phash = calloc(nk, sizeof(uint64_t));
+	S.ph[0] = calloc(nk, sizeof(uint64_t));
+	S.ph[1] = calloc(nk, sizeof(uint64_t));
+	S.merged = calloc(cells, sizeof(uint64_t));
+	S.slot = calloc(S.window, sizeof(sslot));
+	S.mem = ulp_alloc_big(per * S.window);
+	rc = -ULP_E_NOMEM;
+	if (!e->sum || !S.raw_phash || !S.ph[0] || !S.ph[1] || !S.merged || !S.slot || !S.mem)
+		goto out;
+	for (size_t i = 0; i < S.window; i++) {
+		uint8_t *m = S.mem + i * per;
+		sslot *sl = &S.slot[i];
+#define TAKE(ptr, sz) do { ptr = (void *)m; m += ((sz) + a64) & ~a64; } while (0)
+		TAKE(sl->src, cb);
+		if (has_ref)
+			TAKE(sl->ref, cb);
+		TAKE(sl->check, cb);
+		TAKE(sl->syms, ce);
+		TAKE(sl->region, region);
+		TAKE(sl->counts, cells * sizeof(uint64_t));
+#undef TAKE
+	}
+
+	/* the first pass: checksums, identity with the reference, and the
+	 * counts of the first rANS candidate (ulp_encode's order) */
+	int primary = is_float ? (has_ref ? 0 : 1) : -1;
+	S.want_sums = 1;
+	S.want_counts = primary >= 0;
+	if (primary >= 0)
+		s_model(&S, primary);
+	if ((rc = s_pass(&S, pool, job_s_count)) < 0)
+		goto out;
+	if (has_ref && !S.differs &&
+	    (e->version != 1 || memcmp(o->ref_sha256, o->src_sha256, 32) == 0)) {
+		best.c.codec = ULP_CODEC_IDENT;
+		best.slot = -1;
+		cand_size(e, &best.c);
+		goto write;
+	}
+	/* raw: its payloads are the content's chunks */
+	best.c.codec = ULP_CODEC_RAW;
+	best.slot = -1;
+	best.phash = S.raw_phash;
+	if ((rc = cand_alloc_chunks(e, &best.c)) < 0)
+		goto out;
+	for (size_t k = 0; k < e->n_chunks; k++) {
+		size_t first, count;
+		chunk_span(e, k, &first, &count);
+		best.c.ch[k].len = count * e->esize;
+	}
+	cand_size(e, &best.c);
+	other.slot = 0;
+	other.phash = S.ph[0];
+	if (is_float) {
+		if (has_ref) {
+			if ((rc = s_rans(&S, pool, 0, 1, &other)) < 0)
+				goto out;
+			s_keep_smaller(&S, &best, &other);
+		}
+		if (!has_ref || o->effort || best.c.size * 4 > (size_t)src_len * 3) {
+			if ((rc = s_rans(&S, pool, 1, primary == 1, &other)) < 0)
+				goto out;
+			s_keep_smaller(&S, &best, &other);
+		}
+	}
+	if (!is_float || o->effort || src_len <= 4096 || best.c.size * 20 > (size_t)src_len * 17) {
+		for (int codec = ULP_CODEC_ZSTD; codec <= ULP_CODEC_ZSTD_XOR; codec++) {
+			if (codec == ULP_CODEC_ZSTD_XOR && !has_ref)
+				continue;
+			if (codec == ULP_CODEC_ZSTD && has_ref && is_float && !o->effort)
+				continue;
+			if ((rc = s_zstd(&S, pool, codec, &other)) < 0)
+				goto out;
+			s_keep_smaller(&S, &best, &other);
+		}
+	}
+write:
+	out->header_len = write_header(e, &best.c, NULL, NULL);
+	out->header = malloc(out->header_len);
+	out->pos = calloc(e->n_chunks + 1, sizeof(uint64_t));
+	rc = -ULP_E_NOMEM;
+	if (!out->header || !out->pos)
+		goto out;
+	write_header(e, &best.c, best.phash, out->header);
+	if ((rc = s_check_header(&S, &best, out->header, out->header_len)) < 0)
+		goto out;
+	out->codec = best.c.codec;
+	out->blob_len = best.c.size;
+	out->n_chunks = best.c.codec == ULP_CODEC_IDENT ? 0 : e->n_chunks;
+	out->pos[0] = out->header_len;
+	for (size_t k = 0; k < out->n_chunks; k++)
+		out->pos[k + 1] = out->pos[k] + best.c.ch[k].len;
+	out->stride = S.stride;
+	out->spill_base = best.slot > 0 ? (uint64_t)best.slot * e->n_chunks * S.stride : 0;
+	out->chunk_bytes = cb;
+	rc = out->pos[out->n_chunks] == out->blob_len ? 0 : -ULP_E_CHECKSUM;
+out:
+	cand_free(&best.c);
+	cand_free(&other.c);
+	free(e->sum);
+	free(S.raw_phash);
+	free(S.ph[0]);
+	free(S.ph[1]);
+	free(S.merged);
+	free(S.slot);
+	free(S.mem);
+	if (rc < 0)
+		ulp_senc_free(out);
+	return rc;
+}
+
+int ulp_senc_read(const ulp_senc *s, const ulp_senc_io *io, uint64_t off, size_t len, uint8_t *dst)
+{
+	if (off + len > s->blob_len)
+		return -ULP_E_INVAL;
+	while (len) {
+		size_t n;
+		if (off < s->header_len) {
+			n = (size_t)ULP_MIN((uint64_t)len, s->header_len - off);
+			memcpy(dst, s->header + off, n);
+		} else {
+			size_t lo = 0, hi = s->n_chunks; /* pos[lo] <= off < pos[hi] */
+			while (hi - lo > 1) {
+				size_t mid = lo + (hi - lo) / 2;
+				if (s->pos[mid] <= off)
+					lo = mid;
+				else
+					hi = mid;
+			}
+			uint64_t in = off - s->pos[lo];
+			n = (size_t)ULP_MIN((uint64_t)len, s->pos[lo + 1] - off);
+			int rc = s->codec == ULP_CODEC_RAW
+			             ? io->get(io->arg, lo * s->chunk_bytes + in, n, dst, NULL)
+			             : io->spill_get(io->arg, s->spill_base + lo * s->stride + in, dst, n);
+			if (rc < 0)
+				return rc;
+		}
+		off += n;
+		dst += n;
+		len -= n;
+	}
+	return 0;
+}
+
+void ulp_senc_free(ulp_senc *s)
+{
+	free(s->header);
+	free(s->pos);
+	memset(s, 0, sizeof(*s));
 }

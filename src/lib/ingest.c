@@ -26,6 +26,7 @@
  *     sha256 (kind 2: zstd-compressed, see ulpack-format(5)).
  */
 #include "arch_int.h"
+#include "senc.h"
 #include "torchzip.h"
 #include <zstd.h>
 #include <errno.h>
@@ -167,7 +168,9 @@ typedef struct job {
 	int codec, used_ref;
 	int rc;
 	int done;                          /* phase B over (under put.mu) */
-	int prewritten;                    /* the blob is in the pack at pack_off (write_lone) */
+	int prewritten;                    /* the blob is in the pack at pack_off (write_lone,
+	                                      code_stream) */
+	int stream;                        /* coded a window at a time (code_stream): no buf */
 	uint64_t pack_off;
 	char err[600];
 } job;
@@ -422,7 +425,7 @@ static void hash_in_order(batch *bt, size_t i, int rr)
 {
 	put *p = bt->p;
 	pthread_mutex_lock(&p->hmu);
-	bt->j[i].ready = rr < 0 ? 2 : 1;
+	bt->j[i].ready = rr < 0 ? 2 : bt->j[i].stream ? 3 : 1; /* 3: code_stream hashed it */
 	if (!bt->hashing) {
 		bt->hashing = 1;
 		while (bt->hashed < bt->n && bt->j[bt->hashed].ready) {
@@ -439,6 +442,7 @@ static void hash_in_order(batch *bt, size_t i, int rr)
 }
 
 static void code_rest(batch *bt, size_t i);
+static void code_stream(batch *bt, size_t i);
 
 /* A lone job: its part of the file's sha256 and its coding, side by side,
  * as two jobs of one loop. The thread that opened the loop codes (its
@@ -474,6 +478,10 @@ static void code_one(batch *bt, size_t i)
 	job *j = &bt->j[i];
 	ulp_archive *a = bt->p->a;
 	ulp_pool *pool = a->pool; /* nested (pool.c): idle threads take chunks of any job */
+	if (j->stream) {
+		code_stream(bt, i);
+		return;
+	}
 	/* phase B reads its own bytes: reads run in parallel too, and with
 	 * them the content's identity, its digest (ulpack-format(5) 2.4) */
 	int v2 = a->blob_version != 1 && j->s->kind != SEG_VERBATIM;
@@ -657,6 +665,373 @@ static int append_job(put *p, job *j)
 	return add_extent(p, j->s->offset, j->s->length, j->sha, name, dtype, nb->depth);
 }
 
+/*
+ * Tensors larger than ULP_STREAM_MIN bytes (64 MiB; the environment
+ * variable ULP_STREAM_MIN sets another, for tests) are coded a window of
+ * chunks at a time (senc.h), so that memory is bounded by the threads and
+ * the chunk size, not by the tensor: a pass reads the tensor in windows and
+ * takes its digest and the file's sha256 (in order), then the streaming
+ * encoder reads it again, with the reference's chunks through the cache,
+ * spills the coded payloads to an unnamed file beside the packs, and the
+ * blob is written to the pack leaf by leaf, its digest taken on the way.
+ * The blob is the one the whole-tensor path makes (senc.h invariant 1), and
+ * every payload was decoded and compared before it was spilled (invariant 1
+ * above, chunk by chunk).
+ */
+#define ULP_STREAM_MIN_DEFAULT ((uint64_t)64 << 20)
+#define ULP_STREAM_PIECE ((size_t)2 << 20) /* bytes a job of the hashing pass: whole leaves */
+
+uint64_t ulp_stream_min(void)
+{
+	const char *e = getenv("ULP_STREAM_MIN"); /* read each time: tests change it */
+	uint64_t m = e && *e ? strtoull(e, NULL, 0) : 0;
+	return m ? m : ULP_STREAM_MIN_DEFAULT;
+}
+
+static int streamed(const seg *s)
+{
+	return s->kind == SEG_TENSOR && s->length > ulp_stream_min();
+}
+
+/* the hashing pass: a window of pieces read and their leaves hashed in
+ * parallel while the previous window goes into the file's sha256 (and, for
+ * format v1, the content's) in order */
+typedef struct shash {
+	put *p;
+	job *j;
+	EVP_MD_CTX *fsha, *csha;  /* the file's; the content's (v1), or NULL */
+	uint8_t *buf[2];          /* windows, alternately */
+	uint8_t *leaves;          /* v2 */
+	size_t window, m;         /* pieces a window, pieces in this one */
+	unsigned w;               /* this window's number */
+	uint64_t base;            /* its first byte in the tensor */
+	size_t prev_len;          /* bytes of the previous window */
+	int failed;               /* atomic */
+} shash;
+
+static int job_shash(void *arg, size_t i)
+{
+	shash *h = arg;
+	job *j = h->j;
+	if (i == h->m) { /* the previous window, in order */
+		const uint8_t *b = h->buf[(h->w - 1) & 1];
+		EVP_DigestUpdate(h->fsha, b, h->prev_len);
+		if (h->csha)
+			EVP_DigestUpdate(h->csha, b, h->prev_len);
+		return 0;
+	}
+	uint64_t off = h->base + (uint64_t)i * ULP_STREAM_PIECE;
+	size_t len = (size_t)ULP_MIN((uint64_t)ULP_STREAM_PIECE, j->len - off);
+	uint8_t *d = h->buf[h->w & 1] + i * ULP_STREAM_PIECE;
+	int rc = read_at(h->p, d, len, j->s->offset + off);
+	if (rc < 0) {
+		if (!__atomic_exchange_n(&h->failed, 1, __ATOMIC_ACQ_REL)) {
+			j->rc = rc;
+			snprintf(j->err, sizeof(j->err), "%s", ulp_archive_errmsg(h->p->a));
+		}
+		return 0;
+	}
+	if (h->leaves)
+		ulp_digest_leaves(d, len, h->leaves + off / ULP_DIGEST_LEAF * ULP_SHA256_LEN);
+	return 0;
+}
+
+static int stream_hash(put *p, batch *bt, job *j, ulp_pool *pool)
+{
+	int v2 = p->a->blob_version != 1;
+	shash h = {.p = p, .j = j, .fsha = bt->file_sha};
+	h.window = (size_t)ULP_MAX(1, ulp_pool_threads(pool));
+	size_t wbytes = h.window * ULP_STREAM_PIECE;
+	h.buf[0] = ulp_alloc_big(wbytes);
+	h.buf[1] = ulp_alloc_big(wbytes);
+	if (v2)
+		h.leaves = malloc(ULP_MAX(ulp_digest_n_leaves(j->len), 1) * ULP_SHA256_LEN);
+	else if ((h.csha = EVP_MD_CTX_new()))
+		EVP_DigestInit_ex(h.csha, EVP_sha256(), NULL);
+	int rc = 0;
+	if (!h.buf[0] || !h.buf[1] || (v2 ? !h.leaves : !h.csha)) {
+		rc = j->rc = -ULP_E_NOMEM;
+		snprintf(j->err, sizeof(j->err), "%s: out of memory reading %zu bytes", p->path, j->len);
+		goto out;
+	}
+	for (h.base = 0; h.base < j->len && !h.failed; h.base += wbytes, h.w++) {
+		size_t left = j->len - (size_t)h.base;
+		h.m = (ULP_MIN(left, wbytes) + ULP_STREAM_PIECE - 1) / ULP_STREAM_PIECE;
+		ulp_pool_run(pool, h.m + (h.w > 0), job_shash, &h);
+		h.prev_len = ULP_MIN(left, wbytes);
+	}
+	if (h.failed) {
+		rc = j->rc;
+		goto out;
+	}
+	if (h.w > 0) { /* the last window */
+		h.m = 0;
+		job_shash(&h, 0);
+	}
+	if (v2)
+		ulp_digest_root(h.leaves, j->len, j->sha);
+	else
+		EVP_DigestFinal_ex(h.csha, j->sha, NULL);
+out:
+	free(h.buf[0]);
+	free(h.buf[1]);
+	free(h.leaves);
+	EVP_MD_CTX_free(h.csha);
+	return rc;
+}
+
+/* The contents a chunk of sha decodes through: sha, its reference, ... (at
+ * most ULP_CHAIN_MAX); fewer when a blob cannot be read (its reader reports). */
+size_t ulp_chain_of(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint8_t (*out)[ULP_SHA256_LEN])
+{
+	size_t n = 0;
+	memcpy(out[n++], sha, ULP_SHA256_LEN);
+	while (n < ULP_CHAIN_MAX) {
+		const ulp_blob *b;
+		ulp_centry *be;
+		if (ulp_read_blob(a, out[n - 1], &be, &b) < 0)
+			break;
+		const ulp_blob_info *in = ulp_blob_get_info(b);
+		int more = in->has_ref;
+		if (more)
+			memcpy(out[n++], in->ref_sha256, ULP_SHA256_LEN);
+		ulp_cache_put(a->cache, be);
+		if (!more)
+			break;
+	}
+	return n;
+}
+
+/* Lets chunk k of every content of a chain go from the cache: a streamed
+ * tensor's reference (and the links it was decoded through) would otherwise
+ * stay cached whole. Each pass decodes its chunks again. */
+void ulp_chain_retire(ulp_archive *a, const uint8_t (*chain)[ULP_SHA256_LEN], size_t n, uint32_t k)
+{
+	for (size_t i = 0; i < n; i++) {
+		ulp_ckey key = {.chunk = k, .kind = ULP_CK_CHUNK};
+		memcpy(key.sha, chain[i], ULP_SHA256_LEN);
+		ulp_cache_retire(a->cache, &key);
+	}
+}
+
+/* The encoder's view of the tensor, its reference (chunk by chunk through
+ * the cache) and the spill. */
+typedef struct sio {
+	put *p;
+	const job *j;
+	size_t ref_cb;            /* bytes a chunk of the reference's blob */
+	uint8_t (*chain)[ULP_SHA256_LEN]; /* the reference's chain (ulp_chain_of) */
+	size_t n_chain;
+	int spill;                /* fd */
+	int ref_failed;           /* atomic */
+} sio;
+
+static int sio_get(void *arg, uint64_t off, size_t len, uint8_t *src, uint8_t *ref)
+{
+	sio *x = arg;
+	ulp_archive *a = x->p->a;
+	ULP_TRY(read_at(x->p, src, len, x->j->s->offset + off));
+	while (ref && len) {
+		uint32_t k = (uint32_t)(off / x->ref_cb);
+		size_t in = (size_t)(off % x->ref_cb), l = 0;
+		ulp_centry *e;
+		const uint8_t *d;
+		int rc = ulp_read_chunk(a, x->j->ref_sha, k, &e, &d, &l, NULL);
+		if (rc < 0 || in >= l) {
+			if (rc == 0)
+				ulp_cache_put(a->cache, e);
+			__atomic_store_n(&x->ref_failed, 1, __ATOMIC_RELAXED);
+			return -ULP_E_CORRUPT;
+		}
+		size_t n = ULP_MIN(len, l - in);
+		memcpy(ref, d + in, n);
+		ulp_cache_put(a->cache, e);
+		ulp_chain_retire(a, x->chain, x->n_chain, k); /* not kept */
+		ref += n;
+		off += n;
+		len -= n;
+	}
+	return 0;
+}
+
+int ulp_spill_io(int fd, uint64_t off, void *p, size_t len, int wr)
+{
+	uint8_t *b = p;
+	while (len) {
+		ssize_t n = wr ? pwrite(fd, b, len, (off_t)off) : pread(fd, b, len, (off_t)off);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 && (errno == ENOSPC || errno == EDQUOT) ? -ULP_E_NOSPC : -ULP_E_IO;
+		b += n;
+		off += (uint64_t)n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+static int sio_put(void *arg, uint64_t off, const void *p, size_t len)
+{
+	return ulp_spill_io(((sio *)arg)->spill, off, (void *)p, len, 1);
+}
+
+static int sio_read(void *arg, uint64_t off, void *p, size_t len)
+{
+	return ulp_spill_io(((sio *)arg)->spill, off, p, len, 0);
+}
+
+/* an unnamed file beside the packs (same file system, gone at close) */
+int ulp_spill_open(ulp_archive *a)
+{
+	char d[4200];
+	snprintf(d, sizeof(d), "%s/packs", a->dir);
+#ifdef O_TMPFILE
+	int fd = open(d, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+	if (fd >= 0)
+		return fd;
+#endif
+	char t[4300];
+	snprintf(t, sizeof(t), "%s/spill-XXXXXX", d);
+	int fd2 = mkstemp(t);
+	if (fd2 >= 0)
+		unlink(t);
+	return fd2;
+}
+
+/* the blob to the pack leaf by leaf, its digest's leaves on the way */
+typedef struct swrite {
+	ulp_pack_writer *pw;
+	uint64_t at;              /* the blob's offset in the pack */
+	const ulp_senc *s;
+	const ulp_senc_io *io;
+	uint8_t *leaves;
+	int rc;                   /* first error (atomic) */
+} swrite;
+
+static int job_stream_leaf(void *arg, size_t k)
+{
+	swrite *w = arg;
+	size_t off = k * ULP_DIGEST_LEAF, len = (size_t)ULP_MIN((uint64_t)ULP_DIGEST_LEAF, w->s->blob_len - off);
+	uint8_t *b = ulp_scratch(ULP_SCRATCH_CHECK, ULP_DIGEST_LEAF);
+	int rc = b ? ulp_senc_read(w->s, w->io, off, len, b) : -ULP_E_NOMEM;
+	if (rc == 0) {
+		ulp_digest_leaves(b, len, w->leaves + k * ULP_SHA256_LEN);
+		rc = ulp_pack_write_at(w->pw, w->at + off, b, len);
+	}
+	if (rc < 0) {
+		int zero = 0;
+		__atomic_compare_exchange_n(&w->rc, &zero, rc, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+	}
+	return 0;
+}
+
+int ulp_senc_to_pack(ulp_pool *pool, ulp_pack_writer *pw, uint64_t at, const ulp_senc *s,
+                     const ulp_senc_io *io, uint8_t blob_sha[ULP_SHA256_LEN])
+{
+	size_t m = ulp_digest_n_leaves(s->blob_len);
+	swrite w = {pw, at, s, io, malloc(ULP_MAX(m, 1) * ULP_SHA256_LEN), 0};
+	if (!w.leaves)
+		return -ULP_E_NOMEM;
+	ulp_pool_run(pool, m, job_stream_leaf, &w);
+	ulp_digest_root(w.leaves, s->blob_len, blob_sha);
+	free(w.leaves);
+	return w.rc;
+}
+
+static int write_stream(put *p, job *j, const ulp_senc *s, const ulp_senc_io *io, ulp_pool *pool)
+{
+	int rc = 0;
+	pthread_mutex_lock(&p->mu);
+	if (!p->pw)
+		rc = ulp_pack_writer_new(p->a, &p->pw);
+	if (rc == 0)
+		rc = ulp_pack_reserve(p->pw, (size_t)s->blob_len, &j->pack_off);
+	pthread_mutex_unlock(&p->mu);
+	if (rc == 0) {
+		j->prewritten = 1;
+		rc = ulp_senc_to_pack(pool, p->pw, j->pack_off, s, io, j->blob_sha);
+	}
+	if (rc < 0) {
+		j->rc = rc;
+		snprintf(j->err, sizeof(j->err), "%s: writing a streamed blob: %s", p->path,
+		         rc == -ULP_E_IO || rc == -ULP_E_NOSPC ? ulp_archive_errmsg(p->a) : ulp_strerror(rc));
+	}
+	return rc;
+}
+
+/* Phase B of a streamed tensor (a lone job). */
+static void code_stream(batch *bt, size_t i)
+{
+	job *j = &bt->j[i];
+	put *p = bt->p;
+	ulp_archive *a = p->a;
+	ulp_pool *pool = a->pool;
+	int rc = stream_hash(p, bt, j, pool);
+	hash_in_order(bt, i, rc);
+	if (rc < 0)
+		return;
+	int have = have_content(p, j->sha, &j->depth, 0);
+	if (have < 0) {
+		j->rc = have;
+		snprintf(j->err, sizeof(j->err), "%s", ulp_archive_errmsg(a));
+		return;
+	}
+	if (have) {
+		j->reuse = 1;
+		return;
+	}
+	uint8_t chain[ULP_CHAIN_MAX][ULP_SHA256_LEN];
+	sio x = {p, j, 0, chain, 0, ulp_spill_open(a), 0};
+	if (x.spill < 0) {
+		j->rc = -ULP_E_IO;
+		snprintf(j->err, sizeof(j->err), "%s: a spill file in %s/packs: %s", p->path, a->dir, strerror(errno));
+		return;
+	}
+	int has_ref = 0;
+	if (j->try_ref) { /* the reference's chunk size, for sio_get */
+		const ulp_blob *b;
+		ulp_centry *be;
+		if (ulp_read_blob(a, j->ref_sha, &be, &b) == 0) {
+			const ulp_blob_info *in = ulp_blob_get_info(b);
+			x.ref_cb = (size_t)in->chunk_elems * ulp_dtype_size(in->dtype);
+			/* a delta's chunk k decodes against chunk k of its reference */
+			has_ref = in->raw_bytes == j->len &&
+			          x.ref_cb == ulp_dtype_size(j->s->dtype) << ULP_DEFAULT_CHUNK_LOG2;
+			ulp_cache_put(a->cache, be);
+			x.n_chain = ulp_chain_of(a, j->ref_sha, chain);
+		}
+	}
+	ulp_senc_io io = {&x, sio_get, sio_put, sio_read};
+	ulp_senc s;
+	for (;;) {
+		ulp_enc_opts o = {.ref_sha256 = has_ref ? j->ref_sha : NULL, .src_sha256 = j->sha,
+		                  .format_version = a->blob_version};
+		rc = ulp_encode_stream(&o, pool, j->s->dtype, j->len, has_ref, 0, &io, &s);
+		if (rc < 0 && has_ref && x.ref_failed) { /* an unreadable reference: standalone */
+			has_ref = 0;
+			x.ref_failed = 0;
+			continue;
+		}
+		break;
+	}
+	if (rc < 0) {
+		j->rc = rc;
+		if (rc == -ULP_E_CHECKSUM)
+			snprintf(j->err, sizeof(j->err), "%s: verification before commit failed: a decoded chunk differs from its input", p->path);
+		else if (rc == -ULP_E_IO)
+			snprintf(j->err, sizeof(j->err), "%s", ulp_archive_errmsg(a));
+		else
+			snprintf(j->err, sizeof(j->err), "%s: coding %zu bytes: %s", p->path, j->len, ulp_strerror(rc));
+	} else {
+		j->blob_len = (size_t)s.blob_len;
+		j->codec = s.codec;
+		j->used_ref = s.codec == ULP_CODEC_DELTA || s.codec == ULP_CODEC_ZSTD_XOR || s.codec == ULP_CODEC_IDENT;
+		write_stream(p, j, &s, &io, pool);
+		ulp_senc_free(&s);
+	}
+	close(x.spill);
+}
+
 /* Phase A for one segment: its buffer and its reference (reading, hashing
  * and deduplication happen in phase B). */
 static int prepare_job(put *p, const seg *s, int64_t ref_file, job *j)
@@ -669,14 +1044,20 @@ static int prepare_job(put *p, const seg *s, int64_t ref_file, job *j)
 	j->blob_cap = blob_cap;
 	j->s = s;
 	j->len = (size_t)s->length;
-	if (buf_cap < j->len || !buf) {
+	j->stream = streamed(s);
+	if (j->stream) { /* its buffers are a window's (code_stream) */
+		j->buf = buf;
+		j->buf_cap = buf_cap;
+	} else if (buf_cap < j->len || !buf) {
 		free(buf);
 		buf_cap = j->len ? j->len : 1;
 		buf = ulp_alloc_big(buf_cap);
 	}
-	j->buf = buf;
-	j->buf_cap = buf ? buf_cap : 0;
-	if (!j->buf)
+	if (!j->stream) {
+		j->buf = buf;
+		j->buf_cap = buf ? buf_cap : 0;
+	}
+	if (!j->buf && !j->stream)
 		return ulp_arch_err(a, -ULP_E_NOMEM, "%s: no memory for %zu bytes", p->path, j->len);
 	/* the bytes are read by the job itself, in phase B */
 	if (s->kind == SEG_TENSOR && p->res)
@@ -766,7 +1147,9 @@ static int do_segments(put *p, const seg *segs, size_t n_segs, EVP_MD_CTX *fsha,
 		return -ULP_E_NOMEM;
 	for (size_t i = 0; i < n_segs && rc == 0;) {
 		size_t n = 0, bytes = 0;
-		while (i < n_segs && n < max_jobs && (n == 0 || bytes + segs[i].length <= max_bytes) && rc == 0) {
+		/* a streamed tensor is a batch of its own (a lone job) */
+		while (i < n_segs && n < max_jobs && rc == 0 &&
+		       (n == 0 || (bytes + segs[i].length <= max_bytes && !streamed(&segs[i]) && !jobs[0].stream))) {
 			rc = prepare_job(p, &segs[i], ref_file, &jobs[n]);
 			bytes += (size_t)segs[i].length;
 			n++;

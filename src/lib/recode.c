@@ -37,6 +37,8 @@
  *     after the commit (decoded chunks are keyed by content and stay valid).
  */
 #include "arch_int.h"
+#include "senc.h"
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -59,6 +61,7 @@ typedef struct item {
 	size_t blob_len;
 	uint8_t blob_sha[ULP_SHA256_LEN]; /* the pack's per-blob digest, taken while coding */
 	int rc, keep;
+	int prewritten;    /* streamed (code_stream): in the pack already, at rb.offset */
 	char err[300];
 } item;
 
@@ -321,6 +324,150 @@ static int code_item(ulp_archive *a, item *x, int use_pool)
 	return 0;
 }
 
+/*
+ * A tensor over ULP_STREAM_MIN (ingest.c) is re-coded a window of chunks at
+ * a time (senc.h): its content and reference are read chunk by chunk
+ * through the cache (each chunk let go after use), the content's digest
+ * leaves hashed on the first pass, the payloads spilled, and a kept blob
+ * written straight to the pack; memory is a few chunks a thread, not the
+ * tensor. Format v2 contents with chunks of whole leaves only (else the
+ * whole-tensor path).
+ */
+typedef struct rsio {
+	ulp_archive *a;
+	const item *x;
+	size_t cb;                /* bytes a chunk, of the content and of the reference */
+	uint8_t *leaves;          /* the content's digest leaves */
+	uint8_t *hashed;          /* a chunk's leaves are in (atomic) */
+	int spill;
+	uint8_t (*chain[2])[ULP_SHA256_LEN]; /* the content's and the reference's chains */
+	size_t n_chain[2];
+} rsio;
+
+static int rs_chunks(rsio *r, int which, const uint8_t *sha, uint64_t off, size_t len, uint8_t *dst)
+{
+	while (len) {
+		uint32_t k = (uint32_t)(off / r->cb);
+		size_t in = (size_t)(off % r->cb), l = 0;
+		ulp_centry *e;
+		const uint8_t *d;
+		ULP_TRY(ulp_read_chunk(r->a, sha, k, &e, &d, &l, NULL));
+		if (in >= l) {
+			ulp_cache_put(r->a->cache, e);
+			return ulp_arch_err(r->a, -ULP_E_CORRUPT, "%s: chunks overrun their content", r->a->dir);
+		}
+		size_t n = ULP_MIN(len, l - in);
+		memcpy(dst, d + in, n);
+		ulp_cache_put(r->a->cache, e);
+		ulp_chain_retire(r->a, (const uint8_t (*)[ULP_SHA256_LEN])r->chain[which], r->n_chain[which], k); /* not kept */
+		dst += n;
+		off += n;
+		len -= n;
+	}
+	return 0;
+}
+
+static int rs_get(void *arg, uint64_t off, size_t len, uint8_t *src, uint8_t *ref)
+{
+	rsio *r = arg;
+	ULP_TRY(rs_chunks(r, 0, r->x->rb.content, off, len, src));
+	size_t k = (size_t)(off / r->cb);
+	if (off % r->cb == 0 && !__atomic_exchange_n(&r->hashed[k], 1, __ATOMIC_ACQ_REL))
+		ulp_digest_leaves(src, len, r->leaves + off / ULP_DIGEST_LEAF * ULP_SHA256_LEN);
+	return ref ? rs_chunks(r, 1, r->x->rb.ref, off, len, ref) : 0;
+}
+
+static int rs_put(void *arg, uint64_t off, const void *p, size_t len)
+{
+	return ulp_spill_io(((rsio *)arg)->spill, off, (void *)p, len, 1);
+}
+
+static int rs_read(void *arg, uint64_t off, void *p, size_t len)
+{
+	return ulp_spill_io(((rsio *)arg)->spill, off, p, len, 0);
+}
+
+/* 1 if x is streamed: large, format v2, chunks of whole leaves */
+static int streamable(ulp_archive *a, const item *x, uint32_t *ce)
+{
+	unsigned version = 0;
+	if (x->len <= ulp_stream_min() || chunk_elems_of(a, x->rb.content, ce, &version) < 0)
+		return 0;
+	size_t cb = (size_t)*ce * ulp_dtype_size((ulp_dtype)x->dtype);
+	uint32_t rce = 0;
+	if (x->rb.has_ref && (chunk_elems_of(a, x->rb.ref, &rce, NULL) < 0 || rce != *ce))
+		return 0; /* the whole path handles (and reports) it */
+	return version >= 2 && cb > 0 && cb % ULP_DIGEST_LEAF == 0;
+}
+
+/* code_item for a streamed tensor; a kept blob goes into the pack (*w) */
+static int code_stream(ulp_archive *a, item *x, uint32_t ce, ulp_pack_writer **w)
+{
+	size_t len = (size_t)x->len, cb = (size_t)ce * ulp_dtype_size((ulp_dtype)x->dtype);
+	size_t nk = (len + cb - 1) / cb;
+	rsio r = {a, x, cb, malloc(ULP_MAX(ulp_digest_n_leaves(len), 1) * ULP_SHA256_LEN), calloc(nk, 1),
+	          ulp_spill_open(a), {malloc(2 * ULP_CHAIN_MAX * ULP_SHA256_LEN), NULL}, {0, 0}};
+	if (r.chain[0]) {
+		r.chain[1] = r.chain[0] + ULP_CHAIN_MAX;
+		r.n_chain[0] = ulp_chain_of(a, x->rb.content, r.chain[0]);
+		r.n_chain[1] = x->rb.has_ref ? ulp_chain_of(a, x->rb.ref, r.chain[1]) : 0;
+	}
+	char hex[65];
+	ulp_sha256_hex(x->rb.content, hex);
+	int rc = !r.leaves || !r.hashed || !r.chain[0] ? -ULP_E_NOMEM : 0;
+	if (rc == 0 && r.spill < 0)
+		rc = ulp_arch_err(a, -ULP_E_IO, "%s/packs: a spill file: %s", a->dir, strerror(errno));
+	unsigned cl = 0;
+	while (ce > 1u && (1u << cl) < ce)
+		cl++;
+	ulp_enc_opts o = {.chunk_log2 = cl, .ref_sha256 = x->rb.has_ref ? x->rb.ref : NULL,
+	                  .src_sha256 = x->rb.content, .format_version = 2};
+	ulp_senc_io io = {&r, rs_get, rs_put, rs_read};
+	ulp_senc s = {0};
+	uint8_t sha[ULP_SHA256_LEN];
+	if (rc == 0 && (rc = ulp_encode_stream(&o, a->pool, (ulp_dtype)x->dtype, len, x->rb.has_ref, 0, &io, &s)) < 0)
+		rc = rc == -ULP_E_CHECKSUM
+		         ? ulp_arch_err(a, rc, "%s: re-coded blob %.16s failed its check before commit", a->dir, hex)
+		         : ulp_arch_err(a, rc, "%s: re-coding blob %.16s failed: %s", a->dir, hex,
+		                        rc == -ULP_E_IO ? ulp_archive_errmsg(a) : ulp_strerror(rc));
+	if (rc == 0) { /* invariant 2: the content read is the content named */
+		for (size_t k = 0; k < nk; k++)
+			if (!r.hashed[k])
+				rc = -ULP_E_CHECKSUM;
+		ulp_digest_root(r.leaves, len, sha);
+		if (rc < 0 || memcmp(sha, x->rb.content, ULP_SHA256_LEN) != 0)
+			rc = ulp_arch_err(a, -ULP_E_CHECKSUM, "%s: blob %.16s does not decode to its content", a->dir, hex);
+	}
+	if (rc == 0) {
+		x->rb.codec = s.codec;
+		if (s.codec != ULP_CODEC_DELTA && s.codec != ULP_CODEC_ZSTD_XOR && s.codec != ULP_CODEC_IDENT) {
+			x->rb.has_ref = 0; /* the encoder found a standalone coding smaller */
+			x->depth = 0;
+		}
+		x->blob_len = (size_t)s.blob_len;
+		x->keep = x->must || s.blob_len < x->rb.old.stored;
+	}
+	if (rc == 0 && x->keep) {
+		if (!*w)
+			rc = ulp_pack_writer_new(a, w);
+		if (rc == 0)
+			rc = ulp_pack_reserve(*w, x->blob_len, &x->rb.offset);
+		if (rc == 0 && (rc = ulp_senc_to_pack(a->pool, *w, x->rb.offset, &s, &io, x->blob_sha)) < 0)
+			rc = ulp_arch_err(a, rc, "%s: writing re-coded blob %.16s: %s", a->dir, hex, ulp_strerror(rc));
+		x->prewritten = rc == 0;
+	}
+	if (rc < 0)
+		snprintf(x->err, sizeof(x->err), "%s", ulp_archive_errmsg(a));
+	ulp_senc_free(&s);
+	free(r.leaves);
+	free(r.hashed);
+	free(r.chain[0]);
+	if (r.spill >= 0)
+		close(r.spill);
+	x->rc = rc;
+	return rc;
+}
+
 typedef struct batch {
 	ulp_archive *a;
 	item *it;
@@ -373,14 +520,22 @@ static int run_items(ulp_archive *a, item *it, size_t n, ulp_progress_fn progres
 	for (size_t i0 = 0; rc == 0 && i0 < n;) {
 		size_t i1 = i0;
 		uint64_t bytes = 0, big = 0;
-		while (i1 < n && (i1 == i0 || bytes + it[i1].len <= BATCH_BYTES)) {
+		/* a streamed tensor is a batch of its own */
+		while (i1 < n && (i1 == i0 || (bytes + it[i1].len <= BATCH_BYTES && it[i1].len <= ulp_stream_min() &&
+		                               it[i0].len <= ulp_stream_min()))) {
 			bytes += it[i1].len;
 			big = ULP_MAX(big, it[i1].len);
 			i1++;
 		}
 		size_t nb = i1 - i0;
+		uint32_t ce = 0;
 		/* many items: one a thread; few (large) ones: each on the whole pool */
-		if (nb >= (size_t)threads && threads > 1 && big <= bytes / 2) {
+		if (nb == 1 && streamable(a, &it[i0], &ce)) {
+			if (code_stream(a, &it[i0], ce, &w) < 0 && w && !it[i0].prewritten && it[i0].keep) {
+				/* a reserved region left unwritten: the pack is not usable */
+				rc = ulp_arch_err(a, it[i0].rc, "%s", it[i0].err);
+			}
+		} else if (nb >= (size_t)threads && threads > 1 && big <= bytes / 2) {
 			batch b = {a, it + i0};
 			ulp_pool_run(a->pool, nb, code_job, &b);
 		} else {
@@ -398,9 +553,11 @@ static int run_items(ulp_archive *a, item *it, size_t n, ulp_progress_fn progres
 				res->not_better++;
 				continue;
 			}
-			if (!w)
+			if (x->prewritten) /* in the pack already, at its place in order */
+				ulp_pack_reserved_digest(w, x->blob_len, x->blob_sha);
+			else if (!w)
 				rc = ulp_pack_writer_new(a, &w);
-			if (rc == 0)
+			if (rc == 0 && !x->prewritten)
 				rc = ulp_pack_append_digest(w, x->blob, x->blob_len, x->blob_sha, &x->rb.offset);
 			x->rb.stored = x->blob_len;
 		}

@@ -6,10 +6,12 @@
  * crash and never wrong bytes; a wrong reference gives a checksum error.
  * Format v2's content digest: its definition, the same from any thread
  * count and from chunks holding several leaves or parts of one, and a
- * reference named by a v1 identity.
+ * reference named by a v1 identity. The streaming encoder (senc.h) makes
+ * the very bytes ulp_encode makes, for every codec it may choose.
  */
 #include "tap.h"
 #include "ulpack.h"
+#include "senc.h"
 #include <string.h>
 
 typedef struct blob {
@@ -297,8 +299,131 @@ static void test_digest(void)
 	free(r);
 }
 
+/* ---- streaming encoder ---- */
+
+typedef struct memio {
+	const uint8_t *x, *r;
+	uint8_t *spill;
+	size_t spill_cap;
+	unsigned gets;
+} memio;
+
+static int m_get(void *arg, uint64_t off, size_t len, uint8_t *src, uint8_t *ref)
+{
+	memio *m = arg;
+	__atomic_add_fetch(&m->gets, 1, __ATOMIC_RELAXED);
+	memcpy(src, m->x + off, len);
+	if (ref)
+		memcpy(ref, m->r + off, len);
+	return 0;
+}
+
+static int m_put(void *arg, uint64_t off, const void *p, size_t len)
+{
+	memio *m = arg;
+	if (off + len > m->spill_cap)
+		return -ULP_E_OVERFLOW;
+	memcpy(m->spill + off, p, len);
+	return 0;
+}
+
+static int m_read(void *arg, uint64_t off, void *p, size_t len)
+{
+	memio *m = arg;
+	if (off + len > m->spill_cap)
+		return -ULP_E_OVERFLOW;
+	memcpy(p, m->spill + off, len);
+	return 0;
+}
+
+/* the streamed blob of (x, r) equals ulp_encode's; its codec into *codec */
+static int same_streamed(const char *what, ulp_enc_opts o, ulp_pool *pool, ulp_dtype dt, const void *x,
+                         size_t bytes, const void *r, size_t window, int *codec)
+{
+	uint8_t sha[32], rsha[32];
+	if (o.format_version == 1) {
+		ulp_sha256(x, bytes, sha);
+		if (r)
+			ulp_sha256(r, bytes, rsha);
+	} else {
+		ulp_content_digest(NULL, x, bytes, sha);
+		if (r)
+			ulp_content_digest(NULL, r, bytes, rsha);
+	}
+	o.src_sha256 = sha;
+	o.ref_sha256 = r ? rsha : NULL;
+	blob w = enc(&o, pool, dt, x, bytes, r);
+	memio m = {x, r, NULL, 0, 0};
+	m.spill_cap = 8 * bytes + (1u << 22);
+	m.spill = calloc(1, m.spill_cap);
+	ulp_senc_io io = {&m, m_get, m_put, m_read};
+	ulp_senc s;
+	int rc = ulp_encode_stream(&o, pool, dt, bytes, r != NULL, window, &io, &s);
+	int same = 0;
+	if (rc == 0 && s.blob_len == w.n) {
+		uint8_t *b = malloc(w.n);
+		/* read back in odd pieces, as pack leaves would cut it */
+		same = 1;
+		for (size_t off = 0; same && off < w.n; off += 777) {
+			size_t l = w.n - off < 777 ? w.n - off : 777;
+			same = ulp_senc_read(&s, &io, off, l, b + off) == 0;
+		}
+		same = same && memcmp(b, w.p, w.n) == 0;
+		free(b);
+	}
+	*codec = rc == 0 ? s.codec : -1;
+	CHECK(same, "stream %s: %s, %zu bytes as ulp_encode's (%zu) %s", what, rc < 0 ? ulp_strerror(rc) : "coded",
+	   (size_t)s.blob_len, w.n, ulp_codec_name(*codec));
+	if (rc == 0)
+		ulp_senc_free(&s);
+	free(m.spill);
+	free(w.p);
+	return same;
+}
+
+static void test_stream(void)
+{
+	const size_t n = 5000; /* 5 chunks of 2^10, the last short */
+	uint16_t *x = malloc(n * 2), *r = malloc(n * 2), *z = malloc(n * 2);
+	uint32_t *xf = malloc(n * 4), *rf = malloc(n * 4);
+	ulp_pool *pool;
+	int codec;
+	REQUIRE(ulp_pool_new(3, &pool) == 0, "pool");
+	make_pair(x, r, n);
+	for (size_t i = 0; i < n; i++) {
+		z[i] = (uint16_t)tap_rand();
+		rf[i] = 0x3f800000u + (uint32_t)(tap_rand() % 0x1000000);
+		xf[i] = rf[i] + (uint32_t)(tap_rand() % 4001) - 2000;
+	}
+	ulp_enc_opts o = {.chunk_log2 = 10};
+	same_streamed("delta bf16", o, pool, ULP_DT_BF16, x, n * 2, r, 2, &codec);
+	CHECK(codec == ULP_CODEC_DELTA, "stream: a close pair is a delta");
+	same_streamed("anchor bf16", o, pool, ULP_DT_BF16, x, n * 2, NULL, 3, &codec);
+	CHECK(codec == ULP_CODEC_ANCHOR, "stream: no reference: anchor");
+	same_streamed("ident", o, pool, ULP_DT_BF16, x, n * 2, x, 2, &codec);
+	CHECK(codec == ULP_CODEC_IDENT, "stream: equal to its reference: ident");
+	same_streamed("noise against a reference", o, pool, ULP_DT_BF16, z, n * 2, r, 4, &codec);
+	same_streamed("noise", o, NULL, ULP_DT_BF16, z, n * 2, NULL, 1, &codec);
+	same_streamed("f32 delta", o, pool, ULP_DT_F32, xf, n * 4, rf, 2, &codec);
+	same_streamed("i32 (zstd)", o, pool, ULP_DT_I32, xf, n * 4, rf, 2, &codec);
+	CHECK(codec == ULP_CODEC_ZSTD_XOR || codec == ULP_CODEC_ZSTD || codec == ULP_CODEC_RAW, "stream: integers: zstd or raw");
+	ulp_enc_opts e = {.chunk_log2 = 10, .effort = 1};
+	same_streamed("every codec tried", e, pool, ULP_DT_BF16, x, n * 2, r, 3, &codec);
+	ulp_enc_opts v1 = {.chunk_log2 = 11, .format_version = 1};
+	same_streamed("format v1", v1, pool, ULP_DT_BF16, x, n * 2, r, 0, &codec);
+	ulp_enc_opts def = {0};
+	same_streamed("default chunks, one chunk", def, pool, ULP_DT_BF16, x, n * 2, r, 0, &codec);
+	ulp_pool_free(pool);
+	free(x);
+	free(r);
+	free(z);
+	free(xf);
+	free(rf);
+}
+
 int main(void)
 {
+	test_stream();
 	test_digest();
 	test_choice();
 	test_threads();
