@@ -170,7 +170,9 @@ typedef struct job {
 	int done;                          /* phase B over (under put.mu) */
 	int prewritten;                    /* the blob is in the pack at pack_off (write_lone,
 	                                      code_stream) */
-	int stream;                        /* coded a window at a time (code_stream): no buf */
+	int stream;                        /* coded a window at a time (code_stream): no buf,
+	                                      no blob in memory */
+	uint64_t stream_chunk;             /* stream: raw bytes a chunk of its blob */
 	uint64_t pack_off;
 	char err[600];
 } job;
@@ -645,7 +647,9 @@ static int append_job(put *p, job *j)
 	p->n_nb++;
 	memcpy(nb->content, j->sha, ULP_SHA256_LEN);
 	/* header byte 7: log2 of the elements of a chunk (ulpack-format(5)) */
-	if (j->s->kind == SEG_TENSOR && j->blob_len > 8 && j->blob[7] < 40)
+	if (j->stream)
+		nb->chunk = (size_t)j->stream_chunk;
+	else if (j->s->kind == SEG_TENSOR && j->blob_len > 8 && j->blob[7] < 40)
 		nb->chunk = ((size_t)1 << j->blob[7]) * ulp_dtype_size(j->s->dtype);
 	nb->codec = j->codec;
 	nb->raw = j->len;
@@ -1024,6 +1028,7 @@ static void code_stream(batch *bt, size_t i)
 			snprintf(j->err, sizeof(j->err), "%s: coding %zu bytes: %s", p->path, j->len, ulp_strerror(rc));
 	} else {
 		j->blob_len = (size_t)s.blob_len;
+		j->stream_chunk = s.chunk_bytes;
 		j->codec = s.codec;
 		j->used_ref = s.codec == ULP_CODEC_DELTA || s.codec == ULP_CODEC_ZSTD_XOR || s.codec == ULP_CODEC_IDENT;
 		write_stream(p, j, &s, &io, pool);
@@ -1669,6 +1674,23 @@ int ulp_putq_put(ulp_putq *q, const char *path, int fd, const ulp_meta *meta, ul
 	if (!c)
 		return -ULP_E_NOMEM;
 	pthread_mutex_lock(&a->write_mu);
+	/* A file that may hold a streamed tensor (larger than ULP_STREAM_MIN)
+	 * codes with nothing in flight: the streaming encoder opens its
+	 * reference through the pool threads' index connections, which do not
+	 * see the in-flight file's rows, and would code it standalone. Such a
+	 * file codes for far longer than the fsync this gives up. */
+	struct stat sb;
+	if (q->cur && fstat(fd, &sb) == 0 && (uint64_t)sb.st_size > ulp_stream_min()) {
+		int prc = settle(q);
+		if (prc < 0) {
+			char m[600];
+			snprintf(m, sizeof(m), "%s", ulp_archive_errmsg(a));
+			ulp_arch_err(a, prc, "%s (%s, put after it, not archived either)", m, path);
+			free(c);
+			pthread_mutex_unlock(&a->write_mu);
+			return prc;
+		}
+	}
 	a->inflight = q->cur;
 	int rc = put_code(a, path, fd, meta, res, c);
 	/* the previous file settles now that nothing reads it any more */
