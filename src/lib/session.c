@@ -55,8 +55,13 @@
  *     and makes the next create or open for writing fail with its code;
  *     ulp_session_sync tries it again and names it if it fails again.
  *  9. Re-basing (recode.c) runs on the archiver thread only, when the queue
- *     is empty after an archiving or a rename queued work in the index, and
- *     once more at close; a queued file waits at most one re-basing pass.
+ *     is empty after an archiving or a rename queued work in the index and
+ *     writing pauses (no file open for writing, none released in the last
+ *     QUIET, no barrier waiting: rebase_wait; a file open for writing
+ *     holds it back REBASE_MAX at most), and once more at close; a
+ *     queued file waits at most one re-basing pass. So a re-basing pass
+ *     never runs between the files of a copy or a save, or ahead of a
+ *     barrier: it only changes how files are stored, never what they hold.
  * 10. A directory rename and the archiver never work below the same
  *     directory at once: the rename waits until the archiver's current path
  *     (cur_path) is outside both names, and the archiver starts no node below
@@ -174,6 +179,7 @@ struct ulp_session {
 	int hold;              /* ULP_SESSION_HOLD (measuring only): archive nothing until a sync or the close */
 	int syncing;           /* ulp_session_sync callers waiting */
 	int rebase_wanted;     /* the index may have queued re-basing work (recode.c) */
+	int64_t rebase_t;      /* CLOCK_MONOTONIC ns when rebase_wanted was set (invariant 9) */
 	int err;               /* code of a failed archiving not reported yet (invariant 8) */
 	pthread_t thread;
 	int thread_on;
@@ -342,7 +348,16 @@ static int node_record(ulp_session *s, snode *n, int how)
 	return rc;
 }
 
-#define QUIET 100000000LL /* 100 ms (invariant 11) */
+#define QUIET 100000000LL /* 100 ms (invariants 9 and 11) */
+#define REBASE_MAX 10000000000LL /* 10 s (invariant 9) */
+
+/* The index may have queued re-basing work (mu held; invariant 9). */
+static void want_rebase(ulp_session *s)
+{
+	if (!s->rebase_wanted)
+		s->rebase_t = mono_ns();
+	s->rebase_wanted = 1;
+}
 
 /*
  * Invariant 11: the niceness archiving takes for its next file (mu held):
@@ -433,7 +448,7 @@ static int archive_node(ulp_session *s, snode *n)
 	}
 	s->archived++;
 	s->archived_bytes += n->qbytes ? n->qbytes : node_size(n);
-	s->rebase_wanted = 1; /* the archiver re-bases when idle (invariant 9) */
+	want_rebase(s); /* the archiver re-bases when idle (invariant 9) */
 	/* what happened to the node meanwhile: the archive follows it */
 	for (;;) {
 		int gone = !n->path || ulp_session_hidden_name(n->path);
@@ -531,6 +546,20 @@ static int64_t release_wait(ulp_session *s)
 	return until > mono_ns() ? until : 0;
 }
 
+/* Invariant 9: 0 when a re-basing pass may start now, else -1 (wait for a
+ * change: a queued file, a barrier's end) or the CLOCK_MONOTONIC ns to wait
+ * until (mu held). A file held open for writing for long (a log) holds it
+ * back REBASE_MAX at most. */
+static int64_t rebase_wait(ulp_session *s)
+{
+	if (s->syncing)
+		return -1;
+	int64_t now = mono_ns(), until = s->rebase_t + REBASE_MAX;
+	if (s->writers == 0)
+		until = ULP_MIN(until, s->last_write_close + QUIET);
+	return until > now ? until : 0;
+}
+
 static void *archiver(void *arg)
 {
 	ulp_session *s = arg;
@@ -546,7 +575,15 @@ static void *archiver(void *arg)
 		while ((!s->qhead && !s->stop && !s->rebase_wanted) || (s->hold && !s->stop && !s->syncing))
 			pthread_cond_wait(&s->cv, &s->mu);
 		if (!s->qhead && !s->stop) { /* idle, and archivings or renames queued work */
-			rebase_pending(s);
+			int64_t until = rebase_wait(s);
+			if (until < 0) {
+				pthread_cond_wait(&s->cv, &s->mu);
+			} else if (until) {
+				struct timespec ts = {(time_t)(until / 1000000000), (long)(until % 1000000000)};
+				pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+			} else {
+				rebase_pending(s);
+			}
 			continue;
 		}
 		int64_t until = defer_until(s);
@@ -689,6 +726,7 @@ int ulp_session_sync(ulp_session *s, void (*failed)(void *arg, const char *path,
 	while (s->done_seq < target)
 		pthread_cond_wait(&s->cv, &s->mu);
 	s->syncing--;
+	pthread_cond_broadcast(&s->cv); /* re-basing may start (invariant 9) */
 	int bad = 0;
 	for (snode *n = s->nodes; n; n = n->next)
 		if (n->state == ST_FAILED && n->path && n->dirty) {
@@ -1378,7 +1416,7 @@ int ulp_session_rename(ulp_session *s, const char *f, const char *t, unsigned fl
 	int rc = rename_impl(s, f, t, flags);
 	if (rc == 0 && !ulp_session_hidden_name(t)) {
 		pthread_mutex_lock(&s->mu);
-		s->rebase_wanted = 1; /* the archiver re-bases when idle (invariant 9) */
+		want_rebase(s); /* the archiver re-bases when idle (invariant 9) */
 		pthread_cond_broadcast(&s->cv);
 		pthread_mutex_unlock(&s->mu);
 	}
