@@ -37,6 +37,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -57,9 +58,23 @@ int ulp_thread_set_nice(int nice)
 {
 	if (nice == thread_nice)
 		return 0;
-	/* Linux: PRIO_PROCESS with a thread id sets that thread alone */
-	if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice) < 0)
+	/* Linux: PRIO_PROCESS and sched_setscheduler with a thread id set that
+	 * thread alone. The lowest niceness also takes SCHED_IDLE where the
+	 * kernel has it: a thread of any other policy that wakes then takes the
+	 * core at once, where niceness alone lets the running thread finish its
+	 * slice first (a FUSE request waited up to a slice behind archiving) */
+	pid_t tid = (pid_t)syscall(SYS_gettid);
+	struct sched_param sp = {0};
+#ifdef SCHED_IDLE
+	if (thread_nice >= 19 && nice < 19 && sched_setscheduler(tid, SCHED_OTHER, &sp) < 0)
+		return -errno; /* (needs CAP_SYS_NICE or RLIMIT_NICE) */
+#endif
+	if (setpriority(PRIO_PROCESS, (id_t)tid, nice) < 0)
 		return -errno; /* (lowering it needs CAP_SYS_NICE or RLIMIT_NICE) */
+#ifdef SCHED_IDLE
+	if (nice >= 19)
+		(void)sched_setscheduler(tid, SCHED_IDLE, &sp); /* (refused: niceness alone) */
+#endif
 	thread_nice = nice;
 	return 0;
 }
