@@ -28,8 +28,9 @@
  *     (a parallel region, even when the pool has one thread) is added to
  *     one process-wide counter, for the serial fraction of `ulpack bench`.
  *  5. Every job runs at the scheduling niceness of the thread that opened
- *     its loop (ulp_thread_set_nice), whichever thread runs it, and a thread
- *     gets its own niceness back afterwards: background work (the write-back
+ *     its loop (ulp_thread_set_nice; the lowest, 19, also as SCHED_IDLE),
+ *     whichever thread runs it, and a thread gets its own niceness back
+ *     afterwards: background work (the write-back
  *     session's archiver) stays background on every thread, and a caller
  *     that helps with it does not stay background.
  */
