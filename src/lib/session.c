@@ -176,6 +176,7 @@ struct ulp_session {
 	int bg_nice;           /* the archiver's niceness while writers > 0 (invariant 11) */
 	int nice;              /* the niceness it takes now: 0 or bg_nice (atomic) */
 	int bg_on;             /* the archiver can go back and forth (invariant 11) */
+	int defer;             /* ULP_SESSION_DEFER (measuring only): wait for pauses even with bg_on */
 	int hold;              /* ULP_SESSION_HOLD (measuring only): archive nothing until a sync or the close */
 	int syncing;           /* ulp_session_sync callers waiting */
 	int rebase_wanted;     /* the index may have queued re-basing work (recode.c) */
@@ -513,7 +514,7 @@ static void rebase_pending(ulp_session *s)
 #define DEFER_MAX 1000000000LL /* 1 s */
 static int64_t defer_until(ulp_session *s)
 {
-	if (!s->qhead || s->stop || s->syncing || s->urgent || s->queued_bytes > s->o.staging_max / 2 || s->bg_on)
+	if (!s->qhead || s->stop || s->syncing || s->urgent || s->queued_bytes > s->o.staging_max / 2 || (s->bg_on && !s->defer))
 		return 0;
 	int64_t now = mono_ns(), until = s->qhead->qtime + DEFER_MAX;
 	if (s->writers == 0)
@@ -639,6 +640,8 @@ int ulp_session_open(ulp_archive *a, const ulp_session_opts *o, ulp_session **ou
 	const char *bg = getenv("ULP_SESSION_NICE"); /* (measuring: 0 turns it off) */
 	if (bg && bg[0] >= '0' && bg[0] <= '9')
 		s->bg_nice = atoi(bg) > 19 ? 19 : atoi(bg);
+	const char *defer = getenv("ULP_SESSION_DEFER"); /* (measuring: the wait for pauses of old) */
+	s->defer = defer && defer[0] == '1';
 	const char *hold = getenv("ULP_SESSION_HOLD");
 	s->hold = hold && hold[0] == '1';
 	pthread_mutex_init(&s->mu, NULL);
