@@ -28,8 +28,11 @@
  *     (a parallel region, even when the pool has one thread) is added to
  *     one process-wide counter, for the serial fraction of `ulpack bench`.
  *  5. Every job runs at the scheduling niceness of the thread that opened
- *     its loop (ulp_thread_set_nice), whichever thread runs it, and a thread
- *     gets its own niceness back afterwards: background work (the write-back
+ *     its loop (ulp_thread_set_nice; the lowest, 19, also as SCHED_IDLE),
+ *     or, where that thread follows one (ulp_thread_follow_nice), at the
+ *     niceness it follows as the job starts (so do the jobs of loops those
+ *     jobs open), whichever thread runs it, and a thread gets its own
+ *     niceness back afterwards: background work (the write-back
  *     session's archiver) stays background on every thread, and a caller
  *     that helps with it does not stay background.
  */
@@ -37,6 +40,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -46,6 +50,7 @@ static uint64_t region_ns;            /* invariant 4 (atomic) */
 static __thread unsigned region_depth; /* ulp_pool_run()s this thread is inside */
 static __thread int thread_nice;      /* what ulp_thread_set_nice last set (invariant 5) */
 static __thread const int *nice_src;  /* ulp_thread_follow_nice */
+static __thread const int *job_src;   /* the nice_src of the loop whose job this thread runs */
 static __thread unsigned job_depth;    /* loop jobs this thread is inside */
 
 void ulp_thread_follow_nice(const int *src)
@@ -57,9 +62,23 @@ int ulp_thread_set_nice(int nice)
 {
 	if (nice == thread_nice)
 		return 0;
-	/* Linux: PRIO_PROCESS with a thread id sets that thread alone */
-	if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice) < 0)
+	/* Linux: PRIO_PROCESS and sched_setscheduler with a thread id set that
+	 * thread alone. The lowest niceness also takes SCHED_IDLE where the
+	 * kernel has it: a thread of any other policy that wakes then takes the
+	 * core at once, where niceness alone lets the running thread finish its
+	 * slice first (a FUSE request waited up to a slice behind archiving) */
+	pid_t tid = (pid_t)syscall(SYS_gettid);
+	struct sched_param sp = {0};
+#ifdef SCHED_IDLE
+	if (thread_nice >= 19 && nice < 19 && sched_setscheduler(tid, SCHED_OTHER, &sp) < 0)
+		return -errno; /* (needs CAP_SYS_NICE or RLIMIT_NICE) */
+#endif
+	if (setpriority(PRIO_PROCESS, (id_t)tid, nice) < 0)
 		return -errno; /* (lowering it needs CAP_SYS_NICE or RLIMIT_NICE) */
+#ifdef SCHED_IDLE
+	if (nice >= 19)
+		(void)sched_setscheduler(tid, SCHED_IDLE, &sp); /* (refused: niceness alone) */
+#endif
 	thread_nice = nice;
 	return 0;
 }
@@ -82,6 +101,7 @@ typedef struct loop {
 	size_t n;
 	unsigned depth;         /* job_depth of its caller */
 	int nice;               /* its caller's niceness (invariant 5) */
+	const int *src;         /* or, read at each job, what its caller follows */
 	size_t next;            /* atomic: next index to claim */
 	size_t done;            /* atomic: jobs returned */
 	int rc;                 /* atomic: first error, 0 if none */
@@ -120,12 +140,18 @@ static void run_one(ulp_pool *p, loop *l, size_t i)
 	size_t n = l->n;
 	unsigned jd = job_depth;
 	int own_nice = thread_nice;
-	ulp_thread_set_nice(l->nice); /* invariant 5 (refused: the job runs as it can) */
+	const int *own_src = job_src;
+	/* invariant 5 (refused: the job runs as it can); a followed niceness
+	 * is read at each job, so a barrier that brings the archiver forward
+	 * reaches the jobs of a loop already open */
+	ulp_thread_set_nice(l->src ? __atomic_load_n(l->src, __ATOMIC_RELAXED) : l->nice);
+	job_src = l->src;
 	region_depth++;
 	job_depth = l->depth + 1;
 	int rc = l->fn(l->arg, i);
 	job_depth = jd;
 	region_depth--;
+	job_src = own_src;
 	ulp_thread_set_nice(own_nice);
 	if (rc < 0) {
 		int zero = 0;
@@ -241,7 +267,8 @@ static int pool_run(ulp_pool *p, size_t n, int (*fn)(void *, size_t), void *arg)
 		}
 		return first;
 	}
-	loop l = {.fn = fn, .arg = arg, .n = n, .depth = job_depth, .nice = thread_nice};
+	loop l = {.fn = fn, .arg = arg, .n = n, .depth = job_depth, .nice = thread_nice,
+	          .src = nice_src ? nice_src : job_src};
 	pthread_mutex_lock(&p->mu);
 	l.below = p->top;
 	p->top = &l;

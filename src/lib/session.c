@@ -55,8 +55,13 @@
  *     and makes the next create or open for writing fail with its code;
  *     ulp_session_sync tries it again and names it if it fails again.
  *  9. Re-basing (recode.c) runs on the archiver thread only, when the queue
- *     is empty after an archiving or a rename queued work in the index, and
- *     once more at close; a queued file waits at most one re-basing pass.
+ *     is empty after an archiving or a rename queued work in the index and
+ *     writing pauses (no file open for writing, none released in the last
+ *     QUIET, no barrier waiting: rebase_wait; a file open for writing
+ *     holds it back REBASE_MAX at most), and once more at close; a
+ *     queued file waits at most one re-basing pass. So a re-basing pass
+ *     never runs between the files of a copy or a save, or ahead of a
+ *     barrier: it only changes how files are stored, never what they hold.
  * 10. A directory rename and the archiver never work below the same
  *     directory at once: the rename waits until the archiver's current path
  *     (cur_path) is outside both names, and the archiver starts no node below
@@ -64,17 +69,23 @@
  *     put under the old name could commit after the index moved (the file
  *     would come back under the old directory and be missing from the new
  *     one). One directory rename at a time.
- * 11. Writers come first: while a handle is open for writing, the archiver
- *     and the pool threads coding for it run at niceness bg_nice (19), so
- *     that on a machine with few cores close() and write() keep the pace of
- *     a plain disk and archiving takes the CPU time they leave; once no file
- *     is open for writing it runs at niceness 0 again (at its next pool
- *     run). Only when the process may lower a niceness again (root, or
- *     RLIMIT_NICE): otherwise archiving keeps the default priority. And
- *     the archiver starts the next file only once writing pauses (no file
- *     open for writing, none closed in the last 100 ms) or the file has
- *     waited 1 s (defer_until): a trainer's save returns before its first
- *     file's archiving starts, and a long copy (rsync) is archived 1 s behind.
+ * 11. Writers come first: while a handle is open for writing, or one was
+ *     released less than QUIET (100 ms) ago (the gap between two files of
+ *     a copy or a save), the archiver and the pool threads coding for it
+ *     run at niceness bg_nice (19), so that on a machine with few cores
+ *     close() and write() keep the pace of a plain disk and archiving takes
+ *     the CPU time they leave. It is decided at each file's start
+ *     (archiving_nice) and each pool run takes it: a writer that opens
+ *     sends the archiver back at its next pool run, and a barrier
+ *     (ulp_session_sync) with no writer open brings it forward at once.
+ *     Only when the process may lower a niceness again (root, or
+ *     RLIMIT_NICE): then the archiver starts a closed file at once (bg_on),
+ *     so that archiving overlaps a long copy (rsync) instead of following
+ *     it. Otherwise archiving keeps the default priority, and the archiver
+ *     starts the next file only once writing pauses (no file open for
+ *     writing, none closed in the last QUIET) or the file has waited 1 s
+ *     (defer_until): a trainer's save returns before its first file's
+ *     archiving starts.
  * 12. A file is archived once it is closed for writing, never while a handle
  *     still writes it. FUSE calls flush at every close(2) of a descriptor and
  *     release only at the last, so the close of a dup'd descriptor (shell
@@ -164,9 +175,12 @@ struct ulp_session {
 	int urgent;            /* callers waiting for an archiving (invariant 11) */
 	int bg_nice;           /* the archiver's niceness while writers > 0 (invariant 11) */
 	int nice;              /* the niceness it takes now: 0 or bg_nice (atomic) */
+	int bg_on;             /* the archiver can go back and forth (invariant 11) */
+	int defer;             /* ULP_SESSION_DEFER (measuring only): wait for pauses even with bg_on */
 	int hold;              /* ULP_SESSION_HOLD (measuring only): archive nothing until a sync or the close */
 	int syncing;           /* ulp_session_sync callers waiting */
 	int rebase_wanted;     /* the index may have queued re-basing work (recode.c) */
+	int64_t rebase_t;      /* CLOCK_MONOTONIC ns when rebase_wanted was set (invariant 9) */
 	int err;               /* code of a failed archiving not reported yet (invariant 8) */
 	pthread_t thread;
 	int thread_on;
@@ -335,6 +349,29 @@ static int node_record(ulp_session *s, snode *n, int how)
 	return rc;
 }
 
+#define QUIET 100000000LL /* 100 ms (invariants 9 and 11) */
+#define REBASE_MAX 10000000000LL /* 10 s (invariant 9) */
+
+/* The index may have queued re-basing work (mu held; invariant 9). */
+static void want_rebase(ulp_session *s)
+{
+	if (!s->rebase_wanted)
+		s->rebase_t = mono_ns();
+	s->rebase_wanted = 1;
+}
+
+/*
+ * Invariant 11: the niceness archiving takes for its next file (mu held):
+ * background while a file is open for writing or one was released less than
+ * QUIET ago, unless nobody writes and someone waits for it.
+ */
+static void archiving_nice(ulp_session *s)
+{
+	int bg = s->writers > 0 ||
+	         (!s->syncing && !s->urgent && !s->stop && mono_ns() - s->last_write_close < QUIET);
+	__atomic_store_n(&s->nice, bg ? s->bg_nice : 0, __ATOMIC_RELAXED);
+}
+
 /* Queues n for the archiver (mu held; invariant 3). */
 static void enqueue(ulp_session *s, snode *n)
 {
@@ -385,6 +422,7 @@ static int archive_node(ulp_session *s, snode *n)
 		return -ULP_E_NOMEM;
 	ulp_meta m = node_meta(n);
 	uint64_t writes = n->writes, attrs = n->attrs;
+	archiving_nice(s);
 	s->archiving = 1;
 	s->cur = n;
 	s->cur_path = dst;
@@ -411,7 +449,7 @@ static int archive_node(ulp_session *s, snode *n)
 	}
 	s->archived++;
 	s->archived_bytes += n->qbytes ? n->qbytes : node_size(n);
-	s->rebase_wanted = 1; /* the archiver re-bases when idle (invariant 9) */
+	want_rebase(s); /* the archiver re-bases when idle (invariant 9) */
 	/* what happened to the node meanwhile: the archive follows it */
 	for (;;) {
 		int gone = !n->path || ulp_session_hidden_name(n->path);
@@ -459,6 +497,7 @@ static int archive_node(ulp_session *s, snode *n)
 static void rebase_pending(ulp_session *s)
 {
 	s->rebase_wanted = 0;
+	archiving_nice(s);
 	pthread_mutex_unlock(&s->mu);
 	if (ulp_archive_rebase_pending(s->a, NULL, NULL, NULL) < 0)
 		slog(s, "re-basing: %s", ulp_archive_errmsg(s->a));
@@ -466,21 +505,20 @@ static void rebase_pending(ulp_session *s)
 }
 
 /*
- * Invariant 11: the queue's head waits while a file is open for writing, or
- * one was closed less than DEFER_QUIET ago (a trainer's next file of the
+ * Invariant 11, without a background: the queue's head waits while a file is
+ * open for writing, or one was closed less than QUIET ago (a trainer's next file of the
  * same save), for at most DEFER_MAX after it was queued, unless someone waits
  * for it (sync, a reopen, the archive's xattrs), staging is half full, or the
  * session stops. Returns the CLOCK_MONOTONIC ns to wait until, or 0: go.
  */
-#define DEFER_QUIET 100000000LL  /* 100 ms */
-#define DEFER_MAX 1000000000LL   /* 1 s */
+#define DEFER_MAX 1000000000LL /* 1 s */
 static int64_t defer_until(ulp_session *s)
 {
-	if (!s->qhead || s->stop || s->syncing || s->urgent || s->queued_bytes > s->o.staging_max / 2)
+	if (!s->qhead || s->stop || s->syncing || s->urgent || s->queued_bytes > s->o.staging_max / 2 || (s->bg_on && !s->defer))
 		return 0;
 	int64_t now = mono_ns(), until = s->qhead->qtime + DEFER_MAX;
 	if (s->writers == 0)
-		until = ULP_MIN(until, s->last_write_close + DEFER_QUIET);
+		until = ULP_MIN(until, s->last_write_close + QUIET);
 	return until > now ? until : 0;
 }
 
@@ -509,20 +547,44 @@ static int64_t release_wait(ulp_session *s)
 	return until > mono_ns() ? until : 0;
 }
 
+/* Invariant 9: 0 when a re-basing pass may start now, else -1 (wait for a
+ * change: a queued file, a barrier's end) or the CLOCK_MONOTONIC ns to wait
+ * until (mu held). A file held open for writing for long (a log) holds it
+ * back REBASE_MAX at most. */
+static int64_t rebase_wait(ulp_session *s)
+{
+	if (s->syncing)
+		return -1;
+	int64_t now = mono_ns(), until = s->rebase_t + REBASE_MAX;
+	if (s->writers == 0)
+		until = ULP_MIN(until, s->last_write_close + QUIET);
+	return until > now ? until : 0;
+}
+
 static void *archiver(void *arg)
 {
 	ulp_session *s = arg;
 	/* invariant 11: background only if it can come back to the foreground */
 	struct rlimit rl; /* (RLIMIT_NICE 20: down to niceness 0) */
 	int may_lower = geteuid() == 0 || (getrlimit(RLIMIT_NICE, &rl) == 0 && rl.rlim_cur >= 20);
-	if (s->bg_nice > 0 && may_lower && ulp_thread_set_nice(0) == 0)
+	int bg_on = s->bg_nice > 0 && may_lower && ulp_thread_set_nice(0) == 0;
+	if (bg_on)
 		ulp_thread_follow_nice(&s->nice);
 	pthread_mutex_lock(&s->mu);
+	s->bg_on = bg_on;
 	for (;;) {
 		while ((!s->qhead && !s->stop && !s->rebase_wanted) || (s->hold && !s->stop && !s->syncing))
 			pthread_cond_wait(&s->cv, &s->mu);
 		if (!s->qhead && !s->stop) { /* idle, and archivings or renames queued work */
-			rebase_pending(s);
+			int64_t until = rebase_wait(s);
+			if (until < 0) {
+				pthread_cond_wait(&s->cv, &s->mu);
+			} else if (until) {
+				struct timespec ts = {(time_t)(until / 1000000000), (long)(until % 1000000000)};
+				pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+			} else {
+				rebase_pending(s);
+			}
 			continue;
 		}
 		int64_t until = defer_until(s);
@@ -578,6 +640,8 @@ int ulp_session_open(ulp_archive *a, const ulp_session_opts *o, ulp_session **ou
 	const char *bg = getenv("ULP_SESSION_NICE"); /* (measuring: 0 turns it off) */
 	if (bg && bg[0] >= '0' && bg[0] <= '9')
 		s->bg_nice = atoi(bg) > 19 ? 19 : atoi(bg);
+	const char *defer = getenv("ULP_SESSION_DEFER"); /* (measuring: the wait for pauses of old) */
+	s->defer = defer && defer[0] == '1';
 	const char *hold = getenv("ULP_SESSION_HOLD");
 	s->hold = hold && hold[0] == '1';
 	pthread_mutex_init(&s->mu, NULL);
@@ -659,10 +723,13 @@ int ulp_session_sync(ulp_session *s, void (*failed)(void *arg, const char *path,
 			enqueue(s, n);
 	uint64_t target = s->enq_seq;
 	s->syncing++;
+	if (s->writers == 0) /* someone waits, nobody writes: forward now (invariant 11) */
+		__atomic_store_n(&s->nice, 0, __ATOMIC_RELAXED);
 	pthread_cond_broadcast(&s->cv);
 	while (s->done_seq < target)
 		pthread_cond_wait(&s->cv, &s->mu);
 	s->syncing--;
+	pthread_cond_broadcast(&s->cv); /* re-basing may start (invariant 9) */
 	int bad = 0;
 	for (snode *n = s->nodes; n; n = n->next)
 		if (n->state == ST_FAILED && n->path && n->dirty) {
@@ -970,7 +1037,8 @@ int64_t ulp_session_read(ulp_sfile *h, void *dst, size_t dst_cap, uint64_t off)
 static void writer_in(ulp_session *s, int d)
 {
 	s->writers += d;
-	__atomic_store_n(&s->nice, s->writers > 0 ? s->bg_nice : 0, __ATOMIC_RELAXED);
+	if (s->writers > 0) /* (back at once; forward at the next file: archiving_nice) */
+		__atomic_store_n(&s->nice, s->bg_nice, __ATOMIC_RELAXED);
 	if (d < 0) {
 		s->last_write_close = mono_ns();
 		pthread_cond_broadcast(&s->cv); /* the archiver's wait is shorter now */
@@ -1351,7 +1419,7 @@ int ulp_session_rename(ulp_session *s, const char *f, const char *t, unsigned fl
 	int rc = rename_impl(s, f, t, flags);
 	if (rc == 0 && !ulp_session_hidden_name(t)) {
 		pthread_mutex_lock(&s->mu);
-		s->rebase_wanted = 1; /* the archiver re-bases when idle (invariant 9) */
+		want_rebase(s); /* the archiver re-bases when idle (invariant 9) */
 		pthread_cond_broadcast(&s->cv);
 		pthread_mutex_unlock(&s->mu);
 	}

@@ -4,7 +4,8 @@
  * mount, no root: close queues and returns, the barrier archives, state and
  * counters, rsync's temporary names, a dup'd descriptor that writes on after
  * an earlier close (and a rename), unlinked-while-open files (hidden nodes
- * and ghosts), backpressure with a tiny staging_max, writers on several
+ * and ghosts), re-basing held back while a file is open for writing,
+ * backpressure with a tiny staging_max, writers on several
  * threads (ULP_TEST_ONLY=concurrency: for ThreadSanitizer), and a crash-point
  * test (ULP_TEST_ONLY=crash: it alone, to loop it under load): a child runs
  * a scripted workload and _exit()s after step k, for every k; the parent
@@ -567,6 +568,72 @@ static void test_dup_close(void)
 	ulp_archive_close(a);
 }
 
+/* A step's model.safetensors: bf16 weights that drift a little each step. */
+static uint8_t *step_bytes(int step, size_t *len)
+{
+	size_t n = 32 * 1024;
+	uint16_t *w = malloc(n * 2);
+	uint64_t r = 777;
+	REQUIRE(w, "malloc");
+	for (size_t i = 0; i < n; i++) {
+		r = r * 6364136223846793005ull + 1442695040888963407ull;
+		w[i] = (uint16_t)(0x3c00 + ((r >> 33) % 3000) + (uint16_t)(step * ((r >> 20) % 7)));
+	}
+	uint64_t sw[2] = {n / 256, 256};
+	ulp_st_wtensor t[1] = {{"w", ULP_DT_BF16, 2, sw, w}};
+	char p[300];
+	snprintf(p, sizeof(p), "%s/step.safetensors", root);
+	REQUIRE(ulp_st_write(p, t, 1, NULL) == 0, "write %s", p);
+	free(w);
+	FILE *f = fopen(p, "rb");
+	REQUIRE(f, "open %s", p);
+	fseek(f, 0, SEEK_END);
+	*len = (size_t)ftell(f);
+	rewind(f);
+	uint8_t *b = malloc(*len);
+	REQUIRE(b && fread(b, 1, *len, f) == *len, "read %s", p);
+	fclose(f);
+	return b;
+}
+
+static unsigned depth_of(ulp_archive *a, const char *path)
+{
+	ulp_stat st;
+	return ulp_archive_stat(a, path, &st) == 0 ? st.chain_depth : 99;
+}
+
+/* Invariant 9: re-basing waits while a file is open for writing (it would
+ * delay the next file of a copy or a save) and runs once writing pauses. */
+static void test_rebase_waits(void)
+{
+	char dir[300];
+	ulp_archive *a = fresh(dir, sizeof(dir));
+	ulp_session *s = NULL;
+	REQUIRE(ulp_session_open(a, NULL, &s) == 0, "session");
+	const char *p1 = "run/checkpoint-1/model.safetensors", *p2 = "run/checkpoint-2/model.safetensors";
+	size_t n1, n2;
+	uint8_t *b1 = step_bytes(1, &n1), *b2 = step_bytes(2, &n2);
+	CHECK(put_file(s, p1, b1, n1) == 0 && ulp_session_sync(s, NULL, NULL) == 0, "step 1");
+	CHECK(depth_of(a, p1) == 0, "step 1 alone: an anchor (%u)", depth_of(a, p1));
+	ulp_sfile *log;
+	REQUIRE(ulp_session_open_file(s, "train.log", O_WRONLY, &M644, &log) == 0, "create train.log");
+	CHECK(ulp_session_write(log, "step 2\n", 7, 0) == 7, "write train.log");
+	CHECK(put_file(s, p2, b2, n2) == 0 && ulp_session_sync(s, NULL, NULL) == 0, "step 2, the newest");
+	CHECK(depth_of(a, p2) == 0, "step 2: an anchor (%u)", depth_of(a, p2));
+	usleep(500 * 1000); /* (before the fix the pass ran at once) */
+	CHECK(depth_of(a, p1) == 0, "step 1 not re-based while train.log is open for writing (%u)", depth_of(a, p1));
+	CHECK(ulp_session_flush(log) == 0, "close train.log");
+	ulp_session_release(log);
+	for (int i = 0; i < 600 && depth_of(a, p1) != 1; i++) /* (a bound, not a timing) */
+		usleep(50 * 1000);
+	CHECK(depth_of(a, p1) == 1, "step 1 re-based against step 2 once writing paused (%u)", depth_of(a, p1));
+	CHECK(archived_is(a, p1, b1, n1) && archived_is(a, p2, b2, n2), "both steps whole");
+	free(b1);
+	free(b2);
+	CHECK(ulp_session_close(s) == 0, "close");
+	ulp_archive_close(a);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "/tmp/ulp-session-XXXXXX");
@@ -577,6 +644,7 @@ int main(void)
 	} else if (!only || strcmp(only, "concurrency") != 0) {
 		test_basics();
 		test_dup_close();
+		test_rebase_waits();
 		test_backpressure();
 		test_dir_rename_race();
 		test_crash_points();
