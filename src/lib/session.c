@@ -77,7 +77,9 @@
  *     the CPU time they leave. It is decided at each file's start
  *     (archiving_nice) and each pool run takes it: a writer that opens
  *     sends the archiver back at its next pool run, and a barrier
- *     (ulp_session_sync) with no writer open brings it forward at once.
+ *     (ulp_session_sync) with no writer open brings it forward at once, as
+ *     does a writer that waits in backpressure (invariant 7: it waits on
+ *     archiving, which must not take only the CPU the writers leave).
  *     Only when the process may lower a niceness again (root, or
  *     RLIMIT_NICE): then the archiver starts a closed file at once (bg_on),
  *     so that archiving overlaps a long copy (rsync) instead of following
@@ -179,6 +181,7 @@ struct ulp_session {
 	int defer;             /* ULP_SESSION_DEFER (measuring only): wait for pauses even with bg_on */
 	int hold;              /* ULP_SESSION_HOLD (measuring only): archive nothing until a sync or the close */
 	int syncing;           /* ulp_session_sync callers waiting */
+	int pressed;           /* writers waiting in backpressure (invariant 11) */
 	int rebase_wanted;     /* the index may have queued re-basing work (recode.c) */
 	int64_t rebase_t;      /* CLOCK_MONOTONIC ns when rebase_wanted was set (invariant 9) */
 	int err;               /* code of a failed archiving not reported yet (invariant 8) */
@@ -367,8 +370,8 @@ static void want_rebase(ulp_session *s)
  */
 static void archiving_nice(ulp_session *s)
 {
-	int bg = s->writers > 0 ||
-	         (!s->syncing && !s->urgent && !s->stop && mono_ns() - s->last_write_close < QUIET);
+	int bg = !s->pressed && (s->writers > 0 || (!s->syncing && !s->urgent && !s->stop &&
+	                                            mono_ns() - s->last_write_close < QUIET));
 	__atomic_store_n(&s->nice, bg ? s->bg_nice : 0, __ATOMIC_RELAXED);
 }
 
@@ -759,6 +762,7 @@ void ulp_session_counters(ulp_session *s, ulp_session_stats *c)
 		}
 	c->bytes_per_s = s->busy_ns ? (uint64_t)((double)s->archived_bytes * 1e9 / (double)s->busy_ns) : 0;
 	c->staging_max = s->o.staging_max;
+	c->archiving_nice = __atomic_load_n(&s->nice, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&s->mu);
 }
 
@@ -1037,7 +1041,7 @@ int64_t ulp_session_read(ulp_sfile *h, void *dst, size_t dst_cap, uint64_t off)
 static void writer_in(ulp_session *s, int d)
 {
 	s->writers += d;
-	if (s->writers > 0) /* (back at once; forward at the next file: archiving_nice) */
+	if (s->writers > 0 && !s->pressed) /* (back at once; forward at the next file: archiving_nice) */
 		__atomic_store_n(&s->nice, s->bg_nice, __ATOMIC_RELAXED);
 	if (d < 0) {
 		s->last_write_close = mono_ns();
@@ -1048,8 +1052,17 @@ static void writer_in(ulp_session *s, int d)
 /* Waits while the queue holds more than staging_max bytes (invariant 7). */
 static void backpressure(ulp_session *s)
 {
+	if (!(s->queued_bytes > s->o.staging_max && s->qhead && !s->stop))
+		return;
+	/* a writer waits for archiving: archiving comes forward, or it would
+	 * take only what the writers leave while they wait on it (invariant 11) */
+	s->pressed++;
+	__atomic_store_n(&s->nice, 0, __ATOMIC_RELAXED);
+	pthread_cond_broadcast(&s->cv);
 	while (s->queued_bytes > s->o.staging_max && s->qhead && !s->stop)
 		pthread_cond_wait(&s->cv, &s->mu);
+	s->pressed--;
+	archiving_nice(s);
 }
 
 int64_t ulp_session_write(ulp_sfile *h, const void *src, size_t len, uint64_t off)

@@ -569,6 +569,8 @@ typedef struct ulp_session_counters {
 	uint64_t failed;                    /* background archivings that failed */
 	uint64_t bytes_per_s;               /* archived bytes per second of archiving */
 	uint64_t staging_max;
+	int archiving_nice;                 /* niceness archiving takes now: 0, or 19 while writers
+	                                       come first (ulpackfs(1)) */
 } ulp_session_stats;
 enum { ULP_RENAME_NOREPLACE = 1 };
 /** Starts a session (and its archiver thread) on an archive open for writing. */

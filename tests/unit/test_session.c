@@ -634,6 +634,60 @@ static void test_rebase_waits(void)
 	ulp_archive_close(a);
 }
 
+typedef struct presser {
+	ulp_sfile *h;
+	int64_t rc;
+} presser;
+
+static void *press_write(void *arg)
+{
+	presser *w = arg;
+	w->rc = ulp_session_write(w->h, "more log\n", 9, 0); /* waits in backpressure */
+	return NULL;
+}
+
+/* A writer that waits in backpressure brings archiving forward: before, the
+ * archiver stayed at the background niceness (a file is open for writing)
+ * while the writer waited on it, with only the CPU the other writers left. */
+static void test_pressure_forward(void)
+{
+	char dir[300];
+	ulp_archive *a = fresh(dir, sizeof(dir));
+	ulp_session *s = NULL;
+	ulp_session_opts o = {1, NULL, NULL}; /* one byte: a queued file holds writes back */
+	setenv("ULP_SESSION_HOLD", "1", 1);   /* archive nothing until the sync below */
+	REQUIRE(ulp_session_open(a, &o, &s) == 0, "session");
+	unsetenv("ULP_SESSION_HOLD");
+	ulp_sfile *log;
+	REQUIRE(ulp_session_open_file(s, "train.log", O_WRONLY, &M644, &log) == 0, "create train.log");
+	uint8_t buf[20000];
+	fill(buf, sizeof(buf), 7);
+	CHECK(put_file(s, "f0", buf, sizeof(buf)) == 0, "f0 closed, queued");
+	ulp_session_stats c;
+	ulp_session_counters(s, &c);
+	CHECK(c.archiving_nice == 19, "background while train.log is open for writing (%d)", c.archiving_nice);
+	presser w = {log, 0};
+	pthread_t th;
+	REQUIRE(pthread_create(&th, NULL, press_write, &w) == 0, "thread");
+	for (int i = 0; i < 200; i++) { /* (a bound, not a timing) */
+		ulp_session_counters(s, &c);
+		if (c.archiving_nice == 0)
+			break;
+		usleep(10 * 1000);
+	}
+	CHECK(c.archiving_nice == 0, "a writer waiting in backpressure brings archiving forward (%d)", c.archiving_nice);
+	CHECK(ulp_session_sync(s, NULL, NULL) == 0, "sync");
+	pthread_join(th, NULL);
+	CHECK(w.rc == 9, "the waiting write went through (%lld)", (long long)w.rc);
+	ulp_session_counters(s, &c);
+	CHECK(c.archiving_nice == 19, "background again once it no longer waits (%d)", c.archiving_nice);
+	CHECK(archived_is(a, "f0", buf, sizeof(buf)), "f0 archived");
+	CHECK(ulp_session_flush(log) == 0, "close train.log");
+	ulp_session_release(log);
+	CHECK(ulp_session_close(s) == 0, "close");
+	ulp_archive_close(a);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "/tmp/ulp-session-XXXXXX");
@@ -646,6 +700,7 @@ int main(void)
 		test_dup_close();
 		test_rebase_waits();
 		test_backpressure();
+		test_pressure_forward();
 		test_dir_rename_race();
 		test_crash_points();
 	}
