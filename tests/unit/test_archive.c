@@ -1599,7 +1599,7 @@ static void test_private_modes(void)
  * packs' content digests, so equal lists mean equal stored bytes. */
 static void pack_names(const char *dir, char *out, size_t cap)
 {
-	char pd[600], names[64][260];
+	char pd[2100], names[64][260];
 	size_t n = 0;
 	snprintf(pd, sizeof(pd), "%s/packs", dir);
 	DIR *d = opendir(pd);
