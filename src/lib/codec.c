@@ -93,10 +93,11 @@ static inline __attribute__((always_inline)) uint8_t rans_step(uint32_t *xp, con
 	uint32_t xs = *xp;
 	uint32_t e = row[xs & mask];
 	xs = ((e >> 12 & 0xfff) + 1) * (xs >> pb) + (e & 0xfff);
-	uint32_t nw = xs < ULP_RANS_L;
-	uint32_t w16 = ulp_ld16(*wp) & (0u - nw);
-	*xp = (xs << (nw << 4)) | w16;
-	*wp += nw << 1;
+	/* m: all ones when the state needs a word: xs < 2^31, so bit 31 of
+	 * xs - L (modulo 2^32) is set exactly when xs < L */
+	uint32_t m = 0u - ((xs - ULP_RANS_L) >> 31);
+	*xp = (xs << (m & 16)) | (ulp_ld16(*wp) & m);
+	*wp += m & 2;
 	return (uint8_t)(e >> 24);
 }
 
