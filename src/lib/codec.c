@@ -439,7 +439,9 @@ static inline __attribute__((always_inline)) size_t fused16(
 	 * A decodes the block's symbols (one rANS step per element, lanes     \
 	 * independent), B pulls each element's raw bits at a position known   \
 	 * from a running sum, and rebuilds the element. Splitting keeps both  \
-	 * loops short and free of serial bit-reader dependencies. */          \
+	 * loops short and free of serial bit-reader dependencies. The scalar  \
+	 * 16-bit path with references runs both a round of lanes at a time   \
+	 * (fused16) as far as it can, then the two passes do the rest. */     \
 	static int decode##W(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes,         \
 	                     uint32_t *x, const uint8_t **wpp, const uint8_t *wend,      \
 	                     const uint8_t *raw, size_t raw_len, uint64_t raw_bits,      \
