@@ -170,13 +170,15 @@ static inline __attribute__((always_inline)) size_t fused16(
 			break;
 		_Pragma("GCC unroll 8")
 		for (unsigned g = 0; g < L; g += 4) {
-			uint64_t z4 = 0, r4;
+			/* one load for four elements: at most 7 + 4 * 13 bits */
+			uint64_t z4 = 0, r4, w64 = ulp_ld64(raw + (q >> 3)) >> (q & 7);
 			_Pragma("GCC unroll 4")
 			for (unsigned k = 0; k < 4; k++) {
 				unsigned s = rans_step(&xs[g + k], slots + o[g + k], (1u << pb) - 1, pb, &w);
-				uint64_t w64 = ulp_ld64(raw + (q >> 3)) >> (q & 7);
+				unsigned nr = d->nraw[s];
 				z4 |= (d->base[s] | (w64 & d->rmask[s])) << (16 * k);
-				q += d->nraw[s];
+				w64 >>= nr;
+				q += nr;
 			}
 			memcpy(&r4, rb + i + g, 8);
 			r4 = swar16(r4, z4);
