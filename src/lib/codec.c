@@ -93,10 +93,11 @@ static inline __attribute__((always_inline)) uint8_t rans_step(uint32_t *xp, con
 	uint32_t xs = *xp;
 	uint32_t e = row[xs & mask];
 	xs = ((e >> 12 & 0xfff) + 1) * (xs >> pb) + (e & 0xfff);
-	uint32_t nw = xs < ULP_RANS_L;
-	uint32_t w16 = ulp_ld16(*wp) & (0u - nw);
-	*xp = (xs << (nw << 4)) | w16;
-	*wp += nw << 1;
+	/* m: all ones when the state needs a word: xs < 2^31, so bit 31 of
+	 * xs - L (modulo 2^32) is set exactly when xs < L */
+	uint32_t m = 0u - ((xs - ULP_RANS_L) >> 31);
+	*xp = (xs << (m & 16)) | (ulp_ld16(*wp) & m);
+	*wp += m & 2;
 	return (uint8_t)(e >> 24);
 }
 
@@ -134,6 +135,61 @@ static inline uint64_t swar16(uint64_t r4, uint64_t z4)
 	uint64_t dz = ((z4 >> 1) & ~h) ^ ((z4 & l1) * 0xffff);
 	uint64_t key = ((phir & ~h) + (dz & ~h)) ^ ((phir ^ dz) & h);
 	return key ^ ((((key >> 15) & l1) ^ l1) * 0xffff | h);
+}
+
+/* Scalar DELTA decode of 16-bit elements with references, both passes fused:
+ * in rounds of L lanes (elements i..i + L - 1 are lanes 0..L - 1; i starts at
+ * a multiple of L), each round's symbols are decoded as pass A does and its
+ * elements rebuilt at once as pass B does (four at a time with swar16), so
+ * symbols and references stay in registers and the rANS steps and the raw
+ * reads of a round overlap. L, pb, sh and em are constants where inlined.
+ * Stops before a round that holds an unused context or that could read
+ * within 8 bytes of the raw tail's end (the caller's two-pass loops do the
+ * rest); returns where it stopped, the word pointer and bit position
+ * advanced to there. */
+static inline __attribute__((always_inline)) size_t fused16(
+        const ulp_dtab *d, unsigned L, unsigned pb, unsigned sh, unsigned em,
+        uint32_t *x, const uint16_t *rb, uint16_t *ob, size_t i, size_t bn,
+        const uint8_t **wpp, const uint8_t *raw, size_t raw_len, uint64_t *posp)
+{
+	uint32_t xs[ULP_LANES_MAX];
+	const uint8_t *w = *wpp;
+	uint64_t q = *posp;
+	const uint32_t *slots = d->slots;
+	const int32_t *row_off = d->row_off;
+	/* a round reads raw bytes below q / 8 + (13 L + 7) / 8 + 8 */
+	const uint64_t qmax = raw_len >= (13 * L + 7) / 8 + 8 ? (raw_len - (13 * L + 7) / 8 - 8) * 8 : 0;
+	for (unsigned l = 0; l < L; l++)
+		xs[l] = x[l];
+	for (; i + L <= bn && q < qmax; i += L) {
+		int32_t o[ULP_LANES_MAX], bad = 0;
+		_Pragma("GCC unroll 32")
+		for (unsigned l = 0; l < L; l++)
+			bad |= o[l] = row_off[(rb[i + l] >> sh) & em];
+		if (bad < 0)
+			break;
+		_Pragma("GCC unroll 8")
+		for (unsigned g = 0; g < L; g += 4) {
+			/* one load for four elements: at most 7 + 4 * 13 bits */
+			uint64_t z4 = 0, r4, w64 = ulp_ld64(raw + (q >> 3)) >> (q & 7);
+			_Pragma("GCC unroll 4")
+			for (unsigned k = 0; k < 4; k++) {
+				unsigned s = rans_step(&xs[g + k], slots + o[g + k], (1u << pb) - 1, pb, &w);
+				unsigned nr = d->nraw[s];
+				z4 |= (d->base[s] | (w64 & d->rmask[s])) << (16 * k);
+				w64 >>= nr;
+				q += nr;
+			}
+			memcpy(&r4, rb + i + g, 8);
+			r4 = swar16(r4, z4);
+			memcpy(ob + i + g, &r4, 8);
+		}
+	}
+	for (unsigned l = 0; l < L; l++)
+		x[l] = xs[l];
+	*wpp = w;
+	*posp = q;
+	return i;
 }
 
 /* ---- per-width transforms ------------------------------------------------ */
@@ -385,7 +441,9 @@ static inline uint64_t swar16(uint64_t r4, uint64_t z4)
 	 * A decodes the block's symbols (one rANS step per element, lanes     \
 	 * independent), B pulls each element's raw bits at a position known   \
 	 * from a running sum, and rebuilds the element. Splitting keeps both  \
-	 * loops short and free of serial bit-reader dependencies. */          \
+	 * loops short and free of serial bit-reader dependencies. The scalar  \
+	 * 16-bit path with references runs both a round of lanes at a time   \
+	 * (fused16) as far as it can, then the two passes do the rest. */     \
 	static int decode##W(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes,         \
 	                     uint32_t *x, const uint8_t **wpp, const uint8_t *wend,      \
 	                     const uint8_t *raw, size_t raw_len, uint64_t raw_bits,      \
@@ -402,6 +460,7 @@ static inline uint64_t swar16(uint64_t r4, uint64_t z4)
 		 * the core idle), pend while it is not finished */                     \
 		uint8_t symbuf[2][ULP_DEC_BLOCK];                                       \
 		const int fuse = W == 16 && r && lanes == 8 && USE_AVX2() && !USE_AVX512(); \
+		const int scalar16 = W == 16 && !USE_AVX2() && !USE_AVX512() && !USE_NEON(); \
 		ulp_rb16_job bg = {0};                                                      \
 		int pend = 0;                                                           \
 		uint8_t wtail[2 * ULP_DEC_BLOCK + 32]; /* see pass A */                 \
@@ -425,7 +484,7 @@ static inline uint64_t swar16(uint64_t r4, uint64_t z4)
 				wreal = wp;                                             \
 				wp = wtail;                                             \
 			}                                                               \
-			size_t i0 = 0, m = SIZE_MAX;                                    \
+			size_t i0 = 0, m = SIZE_MAX, bstart = 0; /* pass B from bstart */ \
 			if (W == 16 || W == 32) {                                       \
 				if (lanes >= 16 && bn >= 64 && (!rb || d->rowb_ok) &&   \
 				    USE_AVX512())                                   \
@@ -443,6 +502,19 @@ static inline uint64_t swar16(uint64_t r4, uint64_t z4)
 				/* w: a register copy (wp's address goes to the SIMD \
 				 * kernels, so wp itself lives in memory) */            \
 				const uint8_t *w = wp;                                  \
+				/* scalar 16-bit: passes A and B fused as far as they go \
+				 * (bf16's context field and precision 12 constant) */  \
+				if (W == 16 && rb && scalar16 && (lanes == 8 || lanes == 32) && i0 == 0) { \
+					const uint16_t *rb16 = (const uint16_t *)(const void *)rb; \
+					uint16_t *ob16 = (uint16_t *)(void *)ob;        \
+					if (sh == 7 && em == 0xff && pb == 12)          \
+						i0 = lanes == 8 ? fused16(d, 8, 12, 7, 0xff, x, rb16, ob16, 0, bn, &w, raw, raw_len, &pos) \
+						                : fused16(d, 32, 12, 7, 0xff, x, rb16, ob16, 0, bn, &w, raw, raw_len, &pos); \
+					else                                            \
+						i0 = lanes == 8 ? fused16(d, 8, pb, sh, em, x, rb16, ob16, 0, bn, &w, raw, raw_len, &pos) \
+						                : fused16(d, 32, pb, sh, em, x, rb16, ob16, 0, bn, &w, raw, raw_len, &pos); \
+					bstart = i0;                                    \
+				}                                                       \
 				/* precisions 12 and 10 (the common ones) as constants */ \
 				if (rb && (W == 16 || W == 32) && (lanes == 8 || lanes == 32) && \
 				    i0 % lanes == 0) {                                  \
@@ -506,7 +578,7 @@ static inline uint64_t swar16(uint64_t r4, uint64_t z4)
 				                    (uint16_t *)(void *)ob, bn, 0, raw, raw_len, pos}; \
 				pend = 1;                                               \
 			} else if (rb) {                                                \
-				passb##W(d, syms, rb, ob, bn, 0, raw, raw_len, &pos);   \
+				passb##W(d, syms, rb, ob, bn, bstart, raw, raw_len, &pos); \
 			} else {                                                        \
 				const unsigned nb = W - ab;                             \
 				const uint64_t lo = ((uint64_t)1 << ash) - 1;           \
