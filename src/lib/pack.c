@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PACK_MAGIC "ULPpack1"
@@ -201,12 +202,31 @@ uint64_t ulp_pack_size(const ulp_pack_writer *w)
 	return w->size;
 }
 
+/* Nanoseconds spent in the fsyncs below, process-wide (ulp_pack_sync_ns). */
+static uint64_t sync_ns;
+
+uint64_t ulp_pack_sync_ns(void)
+{
+	return __atomic_load_n(&sync_ns, __ATOMIC_RELAXED);
+}
+
+static int timed_fsync(int fd)
+{
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	int rc = fsync(fd);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	__atomic_fetch_add(&sync_ns, (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec)),
+	                   __ATOMIC_RELAXED);
+	return rc;
+}
+
 static int fsync_dir(ulp_archive *a, const char *dir)
 {
 	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0)
 		return io_err(a, dir, "open");
-	int rc = fsync(fd) < 0 ? io_err(a, dir, "fsync") : 0;
+	int rc = timed_fsync(fd) < 0 ? io_err(a, dir, "fsync") : 0;
 	close(fd);
 	return rc;
 }
@@ -229,7 +249,7 @@ void ulp_pack_seal(ulp_pack_writer *w, char name[80])
 int ulp_pack_commit(ulp_pack_writer *w, char name[80])
 {
 	ulp_pack_seal(w, name);
-	if (fsync(w->fd) < 0)
+	if (timed_fsync(w->fd) < 0)
 		return io_err(w->a, w->tmp, "fsync");
 	if (close(w->fd) < 0) {
 		w->fd = -1;

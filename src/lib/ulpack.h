@@ -99,6 +99,12 @@ int ulp_pool_run(ulp_pool *pool, size_t n, int (*fn)(void *arg, size_t i), void 
  * run's time outside them is its serial part (`ulpack bench` serial_fraction).
  */
 uint64_t ulp_pool_parallel_ns(void);
+/**
+ * Nanoseconds spent so far, process-wide, waiting in the fsyncs that make a
+ * pack durable (the pack and its directory): the disk's part of a serial
+ * share, which `ulpack import` overlaps with the next file's coding.
+ */
+uint64_t ulp_pack_sync_ns(void);
 
 /* ---- blobs: the codec --------------------------------------------------- */
 
