@@ -173,7 +173,9 @@ static void test_trajectory(void)
 		write_step(file, steps[i] / 100, n);
 		snprintf(ap, sizeof(ap), "run/checkpoint-%d/model.safetensors", steps[i]);
 		ulp_put_result res;
+		uint64_t synced = ulp_pack_sync_ns();
 		REQUIRE(put_path(a, ap, file, &res) == 0, "put %s: %s", ap, ulp_archive_errmsg(a));
+		CHECK(ulp_pack_sync_ns() > synced, "%s: the pack's fsyncs are counted (ulp_pack_sync_ns)", ap);
 		/* the step the layout of the series names among those archived
 		 * and this one (layout.c): the newest an anchor */
 		int sorted[10], me = 0, best = -1;
