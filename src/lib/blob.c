@@ -21,6 +21,7 @@
 #include "codec.h"
 #include "senc.h"
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <xxhash.h>
@@ -758,24 +759,68 @@ struct ulp_blob {
 	unsigned esize;
 	unsigned lanes;
 	ulp_fmt f;
+	/* rANS codecs: the table, and its decoder view without slots; each
+	 * decoding thread binds it to its own scratch (blob_dtab) */
+	ulp_table t;
 	ulp_dtab dtab;
+	uint64_t id; /* unique for the process's life (never a pointer: reused) */
 	blob_chunk *ch;
 };
+
+static atomic_uint_fast64_t blob_ids;
+
+/* The slot table of the thread's current scratch level was last built for
+ * blob bound_id[level] (0: none). Invariant: the ULP_SCRATCH_DTAB slot is
+ * asked only here, so while the id matches, its buffer is unmoved and holds
+ * that blob's bound table; a blob's size never changes, so asking the same
+ * size again returns the same buffer. */
+static __thread uint64_t bound_id[ULP_SCRATCH_LEVELS];
+
+/* The decoder table of b for this thread; NULL: no memory. The slots live in
+ * one scratch buffer a thread and level, not in b: a cold read opens every
+ * blob of a chain, and tables of their own were fresh pages (about 100 KiB a
+ * blob, a fifth of a cold read's page faults), which cost this machine's
+ * kernel more than building the slots does.
+ * A chain walk decodes chunk k of each link in turn, so the table is rebuilt
+ * once a chunk of a link rather than once a blob: measured at under 1% of a
+ * cold read's CPU (ulp_table_dslots_into). A per-thread cache of 18 bound
+ * tables, to build each once a walk, measured slower: read-ahead spreads a
+ * blob's chunks over its threads, so about 10% of builds were saved while
+ * each thread touched 18 buffers of fresh pages. */
+static const ulp_dtab *blob_dtab(const ulp_blob *b)
+{
+	if (b->dtab.slots) /* the encoder's check: built with its slots */
+		return &b->dtab;
+	const unsigned lv = ulp_scratch_level();
+	void *mem = ulp_scratch(ULP_SCRATCH_DTAB, ulp_dtab_bind_size(&b->t));
+	if (!mem) {
+		bound_id[lv] = 0;
+		return NULL;
+	}
+	if (bound_id[lv] != b->id) {
+		ulp_dtab_bind(&b->dtab, &b->t, mem);
+		bound_id[lv] = b->id;
+	}
+	return mem;
+}
 
 void ulp_blob_close(ulp_blob *b)
 {
 	if (!b)
 		return;
 	ulp_dtab_free(&b->dtab);
+	ulp_table_free(&b->t);
 	free(b->ch);
 	free(b);
 }
 
 size_t ulp_blob_footprint(const ulp_blob *b)
 {
-	size_t slots = b->dtab.slots ? ((size_t)b->dtab.n_rows << b->dtab.prob_bits) * sizeof(uint32_t) : 0;
-	return sizeof(*b) + (size_t)b->info.n_chunks * sizeof(blob_chunk) + slots +
-	       (size_t)b->dtab.n_ctx * (sizeof(*b->dtab.row) + sizeof(*b->dtab.row_off));
+	size_t tab = b->t.freq ? (size_t)b->t.n_rows * 256 * sizeof(*b->t.freq) +
+	                                 (size_t)b->t.n_ctx * sizeof(*b->t.ctx_row)
+	                       : 0;
+	return sizeof(*b) + (size_t)b->info.n_chunks * sizeof(blob_chunk) + tab +
+	       (size_t)b->dtab.n_ctx * sizeof(*b->dtab.row_off);
 }
 
 const ulp_blob_info *ulp_blob_get_info(const ulp_blob *b)
@@ -814,6 +859,7 @@ static int blob_open(const void *data, size_t avail, size_t len, ulp_blob **out,
 		return -ULP_E_NOMEM;
 	b->data = data;
 	b->len = len;
+	b->id = atomic_fetch_add(&blob_ids, 1) + 1;
 	b->info.version = p[4];
 	b->info.codec = p[5];
 	b->info.dtype = (ulp_dtype)p[6];
@@ -849,7 +895,6 @@ static int blob_open(const void *data, size_t avail, size_t len, ulp_blob **out,
 		goto fail;
 	}
 	if (codec_is_rans(codec)) {
-		ulp_table t;
 		if (ulp_fmt_get(b->info.dtype, &b->f) < 0) {
 			rc = ULP_CORRUPT(&err, "codec %s on non-float dtype %s", ulp_codec_name(codec),
 			                 ulp_dtype_name(b->info.dtype));
@@ -869,11 +914,10 @@ static int blob_open(const void *data, size_t avail, size_t len, ulp_blob **out,
 			FAIL("blob table length runs past the blob");
 		int anchor = codec == ULP_CODEC_ANCHOR;
 		rc = ulp_table_read(p, (size_t)tlen, pb, anchor ? 1u << b->f.a_bits : b->f.alphabet,
-		                    anchor ? 1 : b->f.n_ctx, &t, &err);
+		                    anchor ? 1 : b->f.n_ctx, &b->t, &err);
 		if (rc < 0)
 			goto fail;
-		rc = ulp_dtab_build(&t, &b->dtab);
-		ulp_table_free(&t);
+		rc = ulp_dtab_build_unbound(&b->t, &b->dtab);
 		if (rc < 0)
 			goto fail;
 		p += tlen;
@@ -1017,7 +1061,10 @@ static int64_t decode_payload(const ulp_blob *b, uint32_t k, const blob_chunk *c
 		break;
 	}
 	default: { /* DELTA, ANCHOR */
-		int rc = ulp_chunk_decode(&b->f, &b->dtab, b->lanes, p, c->rans_len, p + c->rans_len,
+		const ulp_dtab *d = blob_dtab(b);
+		if (!d)
+			return -ULP_E_NOMEM;
+		int rc = ulp_chunk_decode(&b->f, d, b->lanes, p, c->rans_len, p + c->rans_len,
 		                          c->len - c->rans_len, c->raw_bits,
 		                          b->info.codec == ULP_CODEC_DELTA ? ref : NULL, n, dst, err);
 		if (rc < 0)

@@ -944,7 +944,9 @@ static void sym_init(void)
 	}
 }
 
-int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)
+/* Everything but the slots: row_off, rowb and the symbol arrays; slots and
+ * row stay NULL unless with_slots. */
+static int dtab_build(const ulp_table *t, ulp_dtab *out, int with_slots)
 {
 	/* built in place (the struct holds 5 KiB of arrays), without branches
 	 * on used contexts (they mispredict) */
@@ -956,10 +958,15 @@ int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)
 	d->slots = NULL;
 	d->row = NULL;
 	d->row_off = NULL;
-	ULP_TRY(ulp_table_dslots(t, &d->slots));
-	d->row = malloc(t->n_ctx * sizeof(*d->row));
+	if (with_slots) {
+		ULP_TRY(ulp_table_dslots(t, &d->slots));
+		if (!(d->row = malloc(t->n_ctx * sizeof(*d->row)))) {
+			ulp_dtab_free(d);
+			return -ULP_E_NOMEM;
+		}
+	}
 	d->row_off = malloc(t->n_ctx * sizeof(*d->row_off));
-	if (!d->row || !d->row_off) {
+	if (!d->row_off) {
 		ulp_dtab_free(d);
 		return -ULP_E_NOMEM;
 	}
@@ -969,7 +976,8 @@ int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)
 	for (unsigned c = 0; c < t->n_ctx; c++) {
 		const unsigned r = t->ctx_row[c];
 		const int used = r != ULP_CTX_UNUSED;
-		d->row[c] = used ? d->slots + ((size_t)r << pb) : NULL;
+		if (with_slots)
+			d->row[c] = used ? d->slots + ((size_t)r << pb) : NULL;
 		d->row_off[c] = used ? (int32_t)((uint32_t)r << pb) : -1;
 		if (d->rowb_ok) {
 			d->rowb[c] = (uint8_t)(used ? r : 0xff);
@@ -981,6 +989,38 @@ int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)
 	memcpy(d->base, sym_base_tab, sizeof(d->base));
 	memcpy(d->rmask, sym_rmask_tab, sizeof(d->rmask));
 	return 0;
+}
+
+int ulp_dtab_build(const ulp_table *t, ulp_dtab *out)
+{
+	return dtab_build(t, out, 1);
+}
+
+int ulp_dtab_build_unbound(const ulp_table *t, ulp_dtab *out)
+{
+	return dtab_build(t, out, 0);
+}
+
+#define DTAB_HEAD ((sizeof(ulp_dtab) + 63) & ~(size_t)63)
+
+size_t ulp_dtab_bind_size(const ulp_table *t)
+{
+	return DTAB_HEAD + ((ulp_table_dslots_size(t) + 7) & ~(size_t)7) +
+	       (size_t)t->n_ctx * sizeof(uint32_t *);
+}
+
+ulp_dtab *ulp_dtab_bind(const ulp_dtab *u, const ulp_table *t, void *mem)
+{
+	ulp_dtab *d = mem;
+	memcpy(d, u, sizeof(*d));
+	d->slots = (uint32_t *)((uint8_t *)mem + DTAB_HEAD);
+	const uint32_t **row =
+	        (const uint32_t **)((uint8_t *)d->slots + ((ulp_table_dslots_size(t) + 7) & ~(size_t)7));
+	ulp_table_dslots_into(t, d->slots);
+	for (unsigned c = 0; c < d->n_ctx; c++)
+		row[c] = d->row_off[c] >= 0 ? d->slots + d->row_off[c] : NULL;
+	d->row = row;
+	return d;
 }
 
 void ulp_dtab_free(ulp_dtab *d)

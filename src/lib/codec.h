@@ -43,6 +43,16 @@ typedef struct ulp_dtab {
 
 int ulp_dtab_build(const ulp_table *t, ulp_dtab *out);
 void ulp_dtab_free(ulp_dtab *d);
+/*
+ * A table kept without slots (slots and row NULL, the rest as
+ * ulp_dtab_build), bound at decode time to a buffer of ulp_dtab_bind_size(t)
+ * bytes the caller owns (a per-thread scratch): ulp_dtab_bind copies u into
+ * mem and builds the slots and row there; the result is valid while mem is.
+ * ulp_dtab_free frees u as any other.
+ */
+int ulp_dtab_build_unbound(const ulp_table *t, ulp_dtab *out);
+size_t ulp_dtab_bind_size(const ulp_table *t);
+ulp_dtab *ulp_dtab_bind(const ulp_dtab *u, const ulp_table *t, void *mem);
 
 /*
  * Pass 1 of a chunk (DELTA, or ANCHOR when anchor != 0 and ref is NULL):

@@ -31,6 +31,11 @@ int ulp_scratch_can_push(void)
 	return level + 1 < ULP_SCRATCH_LEVELS;
 }
 
+unsigned ulp_scratch_level(void)
+{
+	return level;
+}
+
 void ulp_scratch_push(void)
 {
 	level++;

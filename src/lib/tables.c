@@ -655,10 +655,22 @@ typedef uint32_t slot4 __attribute__((vector_size(16)));
 
 int ulp_table_dslots(const ulp_table *t, uint32_t **out)
 {
-	const uint32_t m = 1u << t->prob_bits;
-	uint32_t *d = malloc(((size_t)t->n_rows * m + 4) * sizeof(uint32_t));
+	uint32_t *d = malloc(ulp_table_dslots_size(t));
 	if (!d)
 		return -ULP_E_NOMEM;
+	ulp_table_dslots_into(t, d);
+	*out = d;
+	return 0;
+}
+
+size_t ulp_table_dslots_size(const ulp_table *t)
+{
+	return ((size_t)t->n_rows * ((size_t)1 << t->prob_bits) + 4) * sizeof(uint32_t);
+}
+
+void ulp_table_dslots_into(const ulp_table *t, uint32_t *d)
+{
+	const uint32_t m = 1u << t->prob_bits;
 	const slot4 iota = {0, 1, 2, 3}, four = {4, 4, 4, 4};
 	for (unsigned r = 0; r < t->n_rows; r++) {
 		const uint16_t *f = t->freq + (size_t)r * 256;
@@ -677,8 +689,6 @@ int ulp_table_dslots(const ulp_table *t, uint32_t **out)
 			cum += fs;
 		}
 	}
-	*out = d;
-	return 0;
 }
 
 double ulp_counts_entropy_bits(const uint64_t *counts, unsigned n_ctx, unsigned a)

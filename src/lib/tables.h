@@ -54,6 +54,9 @@ int ulp_table_esyms(const ulp_table *t, ulp_rans_esym **out);
  * (slot - cum). Caller frees.
  */
 int ulp_table_dslots(const ulp_table *t, uint32_t **out);
+/* Bytes of t's slot array (with its padding), and filling one the caller owns. */
+size_t ulp_table_dslots_size(const ulp_table *t);
+void ulp_table_dslots_into(const ulp_table *t, uint32_t *d);
 
 /* Shannon bits of the counts (sum c * log2(total/c)) per context, summed. */
 double ulp_counts_entropy_bits(const uint64_t *counts, unsigned n_ctx, unsigned alphabet);

@@ -61,6 +61,7 @@ enum {
 	ULP_SCRATCH_SYMS, ULP_SCRATCH_ARENA0, ULP_SCRATCH_ARENA1, /* encoder */
 	ULP_SCRATCH_COUNTS,                                   /* encoder pass 1 */
 	ULP_SCRATCH_WALK0, ULP_SCRATCH_WALK1,                 /* read.c: a chain's links */
+	ULP_SCRATCH_DTAB,                                     /* blob.c: decode slot table */
 	ULP_SCRATCH_SLOTS
 };
 void *ulp_scratch(unsigned slot, size_t size);
@@ -71,6 +72,8 @@ void *ulp_scratch(unsigned slot, size_t size);
 int ulp_scratch_can_push(void);
 void ulp_scratch_push(void);
 void ulp_scratch_pop(void);
+/* The calling thread's current level, 0 .. ULP_SCRATCH_LEVELS - 1. */
+unsigned ulp_scratch_level(void);
 /* Buffers above this size are not kept between calls (a thread would hold
  * on to them for good): ulp_scratch_or_malloc mallocs them instead. */
 #define ULP_SCRATCH_KEEP_MAX ((size_t)64 << 20)
