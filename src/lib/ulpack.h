@@ -577,6 +577,9 @@ typedef struct ulp_session_counters {
 	uint64_t staging_max;
 	int archiving_nice;                 /* niceness archiving takes now: 0, or 19 while writers
 	                                       come first (ulpackfs(1)) */
+	int archiving_overlaps;             /* 1: a closed file's archiving may start while others
+	                                       are written (4 threads or more); 0: it waits for
+	                                       writing to pause (ulpackfs(1)) */
 } ulp_session_stats;
 enum { ULP_RENAME_NOREPLACE = 1 };
 /** Starts a session (and its archiver thread) on an archive open for writing. */

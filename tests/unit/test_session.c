@@ -688,6 +688,43 @@ static void test_pressure_forward(void)
 	ulp_archive_close(a);
 }
 
+/* Archiving overlaps writing only with cores to spare (invariant 11): with
+ * 2 threads a closed file waits for writing to pause, with 4 it may start at
+ * once; ULP_SESSION_DEFER overrides either way. */
+static void test_overlap_policy(void)
+{
+	const struct {
+		int threads;
+		const char *env;
+		int overlaps;
+	} cases[] = {{2, NULL, 0}, {4, NULL, 1}, {2, "0", 1}, {4, "1", 0}};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char dir[300], err[512];
+		snprintf(dir, sizeof(dir), "%s/a%d", root, n_archives++);
+		REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init: %s", err);
+		ulp_archive_opts ao = {64 << 20, 0, cases[i].threads, 0};
+		ulp_archive *a = NULL;
+		REQUIRE(ulp_archive_open(dir, &ao, &a, err, sizeof(err)) == 0, "open: %s", err);
+		if (cases[i].env)
+			setenv("ULP_SESSION_DEFER", cases[i].env, 1);
+		ulp_session *s = NULL;
+		ulp_session_opts o = {0, NULL, NULL};
+		REQUIRE(ulp_session_open(a, &o, &s) == 0, "session");
+		unsetenv("ULP_SESSION_DEFER");
+		ulp_session_stats c;
+		ulp_session_counters(s, &c);
+		CHECK(c.archiving_overlaps == cases[i].overlaps, "%d threads, ULP_SESSION_DEFER=%s: overlaps %d",
+		      cases[i].threads, cases[i].env ? cases[i].env : "(unset)", c.archiving_overlaps);
+		uint8_t buf[5000];
+		fill(buf, sizeof(buf), (unsigned)i);
+		CHECK(put_file(s, "f", buf, sizeof(buf)) == 0, "f closed");
+		CHECK(ulp_session_sync(s, NULL, NULL) == 0, "sync");
+		CHECK(archived_is(a, "f", buf, sizeof(buf)), "f archived either way");
+		CHECK(ulp_session_close(s) == 0, "close");
+		ulp_archive_close(a);
+	}
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "/tmp/ulp-session-XXXXXX");
@@ -701,6 +738,7 @@ int main(void)
 		test_rebase_waits();
 		test_backpressure();
 		test_pressure_forward();
+		test_overlap_policy();
 		test_dir_rename_race();
 		test_crash_points();
 	}
