@@ -1152,10 +1152,12 @@ static int do_segments(put *p, const seg *segs, size_t n_segs, EVP_MD_CTX *fsha,
 	 * few threads want several tensors a batch: on 2 threads, batches of
 	 * 8 MiB held one 8 MiB tensor each and import of bench 1b's run took
 	 * 0.87-0.93 s (1.43-1.57x one thread); with 32 MiB, 0.78-0.82 s (1.84x).
-	 * Opaque segments (zstd, one job each) keep 4 MiB a thread. */
-	const size_t max_jobs = MAX_JOBS,
-	             seg_bytes = (size_t)ULP_MAX(2, ulp_pool_threads(p->a->pool)) * ((size_t)4 << 20),
-	             tensor_bytes = ULP_MAX(ULP_BATCH_MIN, seg_bytes);
+	 * Opaque segments (zstd, one job each) keep 4 MiB a thread, and so
+	 * does one thread (no one waits at its barriers; the larger batch cost
+	 * it 5 %: more buffers live). */
+	const int threads = ulp_pool_threads(p->a->pool);
+	const size_t max_jobs = MAX_JOBS, seg_bytes = (size_t)ULP_MAX(2, threads) * ((size_t)4 << 20),
+	             tensor_bytes = threads > 1 ? ULP_MAX(ULP_BATCH_MIN, seg_bytes) : seg_bytes;
 	job *jobs = take_jobs(p->a);
 	int rc = 0;
 	if (!jobs)
