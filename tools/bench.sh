@@ -122,7 +122,7 @@ rebase_case() {
 	rbs=$(jget "$T/rb-$name.json" rebase_seconds) n=$(jget "$T/rb-$name.json" blobs_rebased)
 	echo "$name: pack bytes $before -> $after after forget + gc; kept steps alone $kept" \
 		"= $(echo "$after $kept" | awk '{ printf "%.4f", $1 / $2 }') x (target <= 1.1)"
-	echo "  re-based $n blobs, $rbraw bytes in $rbs s: $(echo "$rbraw $rbs" | awk '{ printf "%.1f", $2 > 0 ? $1 / $2 / 1e6 : 0 }') MB/s" \
+	echo "  re-based $n blobs, $rbraw bytes in $rbs s: $(echo "$rbraw $rbs" | awk '{ printf "%.1f", ($2 > 0 ? $1 / $2 / 1e6 : 0) }') MB/s" \
 		"= $(echo "$rbraw $rbs $raw $t_imp" | awk '{ printf "%.3f", ($2 > 0 ? $1 / $2 : 0) / ($3 / ($4 / 1e9)) }') x ulpack import of the run ($(mbps "$raw" "$t_imp") MB/s)"
 }
 "$ULPACK" synth "$T/rbsyn" --steps 12 --interval 100 --dim 256 > /dev/null
