@@ -49,4 +49,8 @@ assert t["ulpack_bytes"] < t["raw_bytes"] and t["ulpack_bytes"] < 1.02 * t["zstd
 PYEOF
 "$ULPACK" bench "$TD/checkpoint-20/optimizer.pt" "$top_srcdir/tests/data/torch/make.py" > /dev/null 2>&1 \
 	&& fail "bench accepted a file that is neither format" || ok "bench refuses other files"
+# make bench's awk programs: an unparenthesized > after printf's arguments is a
+# redirection (section R once wrote its MB/s to a file named 0 and printed none)
+grep -nE 'printf "[^"]*", *[$][0-9]+ *> *[0-9]' "$top_srcdir/tools/bench.sh" \
+	&& fail "bench.sh: printf ... > N redirects to a file" || ok "bench.sh's printf comparisons are parenthesized"
 finish
