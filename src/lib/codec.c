@@ -297,18 +297,21 @@ static inline __attribute__((always_inline)) size_t fused16(
 		const uint64_t lo = ((uint64_t)1 << sh) - 1;                            \
 		/* G elements' raw bits (at most 56) a bit-writer call, and the     \
 		 * counts in four tables (a run of one exponent would chain every    \
-		 * increment through one word): the bytes of one put an element */  \
-		const unsigned G = nb == 0 ? 8 : ULP_MIN(8u, 56u / nb);                 \
+		 * increment through one word): the bytes of one put an element     \
+		 * (nb > 0: every format keeps mantissa bits) */                     \
+		const unsigned G = ULP_MIN(8u, 56u / nb);                               \
+		const int whole = nb % 8 == 0 && nb <= 32 && bw->fill == 0;             \
 		uint32_t sub[4][256];                                                   \
 		size_t i = 0;                                                           \
-		if (nb % 8 == 0 && nb <= 32 && bw->fill == 0 && ab <= 8) {             \
+		if (ab <= 8 && (whole || G >= 2))                                       \
+			memset(sub, 0, sizeof(sub));                                    \
+		if (ab <= 8 && whole) {                                                 \
 			/* whole bytes an element (bf16: 1, f32: 3) from a byte        \
 			 * boundary: the raw tail is stored, not shifted in (the same  \
 			 * bytes: LSB-first, the bit writer's order; a 4-byte store    \
 			 * within the 8 bytes of slack it always has) */             \
 			const unsigned nby = nb / 8;                                    \
 			uint8_t *o = bw->p;                                             \
-			memset(sub, 0, sizeof(sub));                                    \
 			for (; i < n; i++) {                                            \
 				uint64_t u = x[i];                                      \
 				unsigned s = (unsigned)((u >> sh) & am);                \
@@ -318,10 +321,7 @@ static inline __attribute__((always_inline)) size_t fused16(
 				o += nby;                                               \
 			}                                                               \
 			bw->p = o;                                                      \
-			for (unsigned c = 0; c <= am; c++)                              \
-				counts[c] += (uint64_t)sub[0][c] + sub[1][c] + sub[2][c] + sub[3][c]; \
-		} else if (G >= 2 && ab <= 8) {                                         \
-			memset(sub, 0, sizeof(sub));                                    \
+		} else if (ab <= 8 && G >= 2) {                                         \
 			ulp_bitw lw = *bw;                                              \
 			for (; i + G <= n; i += G) {                                    \
 				uint64_t acc = 0;                                       \
@@ -335,9 +335,10 @@ static inline __attribute__((always_inline)) size_t fused16(
 				ulp_bitw_put(&lw, acc, G * nb);                         \
 			}                                                               \
 			*bw = lw;                                                       \
+		}                                                                       \
+		if (ab <= 8 && (whole || G >= 2))                                       \
 			for (unsigned c = 0; c <= am; c++)                              \
 				counts[c] += (uint64_t)sub[0][c] + sub[1][c] + sub[2][c] + sub[3][c]; \
-		}                                                                       \
 		for (; i < n; i++) {                                                    \
 			uint64_t u = x[i];                                              \
 			unsigned s = (unsigned)((x[i] >> sh) & am);                     \
