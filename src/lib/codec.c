@@ -86,7 +86,7 @@ static inline uint64_t sym_base(unsigned s)
 
 /* One rANS decode step of a lane: symbol out, state renormalized from the
  * 16-bit words at *wp without a branch. The caller guarantees a word is there. */
-static inline __attribute__((always_inline)) uint8_t rans_step(uint32_t *xp, const uint32_t *row,
+static ULP_FORCE_INLINE uint8_t rans_step(uint32_t *xp, const uint32_t *row,
                                                                uint32_t mask, unsigned pb,
                                                                const uint8_t **wp)
 {
@@ -147,7 +147,7 @@ static inline uint64_t swar16(uint64_t r4, uint64_t z4)
  * within 8 bytes of the raw tail's end (the caller's two-pass loops do the
  * rest); returns where it stopped, the word pointer and bit position
  * advanced to there. */
-static inline __attribute__((always_inline)) size_t fused16(
+static ULP_FORCE_INLINE size_t fused16(
         const ulp_dtab *d, unsigned L, unsigned pb, unsigned sh, unsigned em,
         uint32_t *x, const uint16_t *rb, uint16_t *ob, size_t i, size_t bn,
         const uint8_t **wpp, const uint8_t *raw, size_t raw_len, uint64_t *posp)
@@ -380,7 +380,7 @@ static inline __attribute__((always_inline)) size_t fused16(
 	 * multiple of L), L and pb constants where inlined: the states stay in \
 	 * locals, no lane index a step. Stops at the round holding an unused  \
 	 * context (the caller's loop reports it); returns where it stopped. */  \
-	static inline __attribute__((always_inline)) size_t passa##W(           \
+	static ULP_FORCE_INLINE size_t passa##W(           \
 	        const ulp_dtab *d, unsigned L, unsigned pb, unsigned sh, T em,     \
 	        uint32_t *x, const T *rb, uint8_t *syms, size_t i, size_t bn,      \
 	        const uint8_t **wpp)                                               \

@@ -102,7 +102,7 @@ static inline void ulp_bitw_init(ulp_bitw *w, uint8_t *p, uint8_t *end)
 
 /* v < 2^n, n <= 56. Branch-free: always stores 8 bytes at p, so the buffer
  * must extend 8 bytes past the last whole byte written (ulp_chunk_raw_bound). */
-static inline __attribute__((always_inline)) void ulp_bitw_put(ulp_bitw *w, uint64_t v, unsigned n)
+static ULP_FORCE_INLINE void ulp_bitw_put(ulp_bitw *w, uint64_t v, unsigned n)
 {
 	w->acc |= v << w->fill; /* fill < 8 */
 	w->fill += n;
@@ -112,7 +112,7 @@ static inline __attribute__((always_inline)) void ulp_bitw_put(ulp_bitw *w, uint
 	w->fill &= 7;
 }
 
-static inline __attribute__((always_inline)) void ulp_bitw_put64(ulp_bitw *w, uint64_t v, unsigned n)
+static ULP_FORCE_INLINE void ulp_bitw_put64(ulp_bitw *w, uint64_t v, unsigned n)
 {
 	if (n > 32) {
 		ulp_bitw_put(w, v & 0xffffffffu, 32);

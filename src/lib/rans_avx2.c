@@ -68,7 +68,7 @@ static inline __m256i lookup8(const int *t, __m256i ix)
 /* The zigzag values z (32-bit lanes) of eight 16-bit DELTA elements from
  * their symbols and bit p of raw (p / 8 + 16 <= raw_len); *np gets p after
  * their raw bits. */
-static inline __attribute__((always_inline)) __m256i rb16_z8(const uint8_t *syms, const uint8_t *raw,
+static ULP_FORCE_INLINE __m256i rb16_z8(const uint8_t *syms, const uint8_t *raw,
                                                              uint64_t p, uint64_t *np)
 {
 	const __m256i one = _mm256_set1_epi32(1), three = _mm256_set1_epi32(3),
@@ -99,7 +99,7 @@ static inline __attribute__((always_inline)) __m256i rb16_z8(const uint8_t *syms
 /* x = phi_inv(phi(r) + unzigzag(z)) of 16 elements in 16-bit lanes (z and
  * r in element order): phi(r) = r ^ (0xffff or 0x8000 by r's sign), the sum
  * wraps mod 2^16, phi_inv(k) = k ^ (0x8000 or 0xffff by k's top bit). */
-static inline __attribute__((always_inline)) __m256i rb16_x16(__m256i z, __m256i r)
+static ULP_FORCE_INLINE __m256i rb16_x16(__m256i z, __m256i r)
 {
 	const __m256i one = _mm256_set1_epi16(1), h = _mm256_set1_epi16((short)0x8000),
 	              zero = _mm256_setzero_si256(), ffff = _mm256_set1_epi16(-1);
@@ -111,7 +111,7 @@ static inline __attribute__((always_inline)) __m256i rb16_x16(__m256i z, __m256i
 
 /* Eight 16-bit DELTA elements of ulp_rebuild16_avx2 from bit p of raw
  * (p / 8 + 16 <= raw_len); returns p after their raw bits. */
-static inline __attribute__((always_inline)) uint64_t rb16_8(const uint8_t *syms, const uint16_t *ref,
+static ULP_FORCE_INLINE uint64_t rb16_8(const uint8_t *syms, const uint16_t *ref,
                                                              const uint8_t *raw, uint64_t p, uint16_t *out)
 {
 	uint64_t np;
@@ -124,7 +124,7 @@ static inline __attribute__((always_inline)) uint64_t rb16_8(const uint8_t *syms
 }
 
 /* Sixteen of them: the arithmetic after z once for both groups of eight. */
-static inline __attribute__((always_inline)) uint64_t rb16_16(const uint8_t *syms, const uint16_t *ref,
+static ULP_FORCE_INLINE uint64_t rb16_16(const uint8_t *syms, const uint16_t *ref,
                                                               const uint8_t *raw, uint64_t p, uint16_t *out)
 {
 	uint64_t p1, p2;
