@@ -13,6 +13,11 @@
  *     cv until it is loaded or failed.
  *  6. Cold entries (released by ulp_cache_put_cold) sit at the oldest end of
  *     the LRU: eviction and ulp_cache_alloc's recycling take them first.
+ *
+ * Chunk buffers of 128 KiB to 2 MiB are carved from shared huge-page slabs
+ * (slab.c), larger ones get huge pages of their own (ulp_alloc_big): a cold
+ * read through a delta chain fills one fresh buffer per link. bytes counts
+ * the buffers, not the slab space their neighbours' eviction leaves unused.
  */
 #include "arch_int.h"
 #include <stdlib.h>
@@ -48,13 +53,23 @@ struct ulp_cache {
 	void *free_buf[FREE_BUFS]; /* buffers of free_size bytes, for reuse */
 	size_t free_size;
 	int n_free;
+	ulp_carver carver;         /* buffers under 2 MiB share huge pages (slab.c) */
 };
 
-/* Buffers carry their size in front, so a freed one can be reused. */
+/* Buffers carry their size in front, so a freed one can be reused, and the
+ * slab they were carved from (NULL: malloc'd). */
 typedef struct bufhdr {
 	size_t size;
-	size_t pad;
+	ulp_slab *slab;
 } bufhdr;
+
+static void buf_free(bufhdr *h)
+{
+	if (h && h->slab)
+		ulp_slab_put(h->slab);
+	else
+		free(h);
+}
 
 static uint64_t key_hash(const ulp_ckey *k)
 {
@@ -78,6 +93,7 @@ int ulp_cache_new(uint64_t cap, ulp_cache **out)
 	pthread_cond_init(&c->cv, NULL);
 	c->lru.lru_next = c->lru.lru_prev = &c->lru;
 	c->cap = cap;
+	ulp_carver_init(&c->carver);
 	*out = c;
 	return 0;
 }
@@ -181,7 +197,8 @@ void ulp_cache_free(ulp_cache *c)
 		}
 	}
 	for (int i = 0; i < c->n_free; i++)
-		free(c->free_buf[i]);
+		buf_free(c->free_buf[i]);
+	ulp_carver_done(&c->carver);
 	free(c->tab);
 	pthread_cond_destroy(&c->cv);
 	pthread_mutex_destroy(&c->mu);
@@ -392,10 +409,13 @@ void *ulp_cache_alloc(ulp_cache *c, size_t size)
 		}
 	pthread_mutex_unlock(&c->mu);
 	if (!h) {
-		h = ulp_alloc_big(sizeof(bufhdr) + (size ? size : 1));
-		if (!h)
+		size_t total = sizeof(bufhdr) + (size ? size : 1);
+		ulp_slab *slab = NULL;
+		h = ulp_carve(&c->carver, total, &slab);
+		if (!h && !(h = ulp_alloc_big(total)))
 			return NULL;
 		h->size = size;
+		h->slab = slab;
 	}
 	return h + 1;
 }
@@ -403,7 +423,7 @@ void *ulp_cache_alloc(ulp_cache *c, size_t size)
 void ulp_cache_free_buf(void *p)
 {
 	if (p)
-		free((bufhdr *)p - 1);
+		buf_free((bufhdr *)p - 1);
 }
 
 void ulp_cache_mark_served(ulp_centry *e)

@@ -10,6 +10,7 @@
 #define ULP_INT_H
 
 #include "ulpack.h"
+#include <pthread.h>
 #include <stdarg.h>
 #include <string.h>
 
@@ -97,6 +98,23 @@ unsigned ulp_scratch_level(void);
  * aligned and asks for transparent huge pages, so that its first touch costs
  * one page fault per 2 MiB instead of 512 (scratch.c). */
 void *ulp_alloc_big(size_t size);
+/* Buffers carved side by side from shared 2 MiB huge-page slabs (slab.c):
+ * ulp_carve returns NULL for a size outside ULP_SLAB_MIN..ULP_SLAB_BYTES or
+ * without memory (then malloc), else the buffer and its slab, whose
+ * reference the buffer holds: ulp_slab_put(*slab) frees it, from any thread.
+ * A carver (its own lock) is set up and torn down by its owner; buffers may
+ * outlive it. */
+#define ULP_SLAB_BYTES ((size_t)2 << 20)
+#define ULP_SLAB_MIN ((size_t)128 << 10)
+typedef struct ulp_slab ulp_slab;
+typedef struct ulp_carver {
+	pthread_mutex_t mu;
+	ulp_slab *cur;
+} ulp_carver;
+void ulp_carver_init(ulp_carver *c);
+void ulp_carver_done(ulp_carver *c);
+void *ulp_carve(ulp_carver *c, size_t size, ulp_slab **slab);
+void ulp_slab_put(ulp_slab *s);
 /* ulp_scratch(slot, size) for sizes up to ULP_SCRATCH_KEEP_MAX (*owned = 0),
  * else malloc(size) (*owned = 1: the caller frees it). */
 void *ulp_scratch_or_malloc(unsigned slot, size_t size, int *owned);

@@ -392,6 +392,92 @@ static void test_cache(void)
 	ulp_cache_free(c);
 }
 
+/* slab.c: buffers of 128 KiB - 2 MiB carved from shared 2 MiB slabs, freed
+ * in any order from any thread (run under ThreadSanitizer too) */
+typedef struct sthr {
+	ulp_carver *cv;
+	int bad;
+} sthr;
+
+static void *slab_worker(void *arg)
+{
+	sthr *t = arg;
+	uint64_t rng = (uint64_t)(uintptr_t)&rng | 1;
+	enum { LIVE = 6 };
+	uint8_t *p[LIVE] = {0};
+	size_t n[LIVE] = {0};
+	ulp_slab *s[LIVE] = {0};
+	for (int i = 0; i < 400; i++) {
+		rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+		int j = (int)(rng % LIVE);
+		if (p[j]) { /* check what this thread wrote, then free it */
+			for (size_t o = 0; o < n[j]; o += 4093)
+				if (p[j][o] != (uint8_t)(j + o))
+					t->bad = 1;
+			ulp_slab_put(s[j]);
+		}
+		n[j] = ULP_SLAB_MIN + (size_t)(rng >> 20) % (ULP_SLAB_BYTES - ULP_SLAB_MIN + 1);
+		p[j] = ulp_carve(t->cv, n[j], &s[j]);
+		if (!p[j] || (uintptr_t)p[j] % 64) {
+			t->bad = 1;
+			p[j] = NULL;
+			continue;
+		}
+		uintptr_t base = (uintptr_t)p[j] & ~(uintptr_t)(ULP_SLAB_BYTES - 1);
+		if ((uintptr_t)p[j] + n[j] > base + ULP_SLAB_BYTES) /* invariant 2 */
+			t->bad = 1;
+		for (size_t o = 0; o < n[j]; o += 4093)
+			p[j][o] = (uint8_t)(j + o);
+	}
+	for (int j = 0; j < LIVE; j++)
+		if (p[j])
+			ulp_slab_put(s[j]);
+	return NULL;
+}
+
+static void test_slab(void)
+{
+	ulp_carver cv;
+	ulp_carver_init(&cv);
+	ulp_slab *s1, *s2, *s3;
+	CHECK(!ulp_carve(&cv, ULP_SLAB_MIN - 1, &s1) && !ulp_carve(&cv, ULP_SLAB_BYTES + 1, &s1),
+	      "sizes outside 128 KiB - 2 MiB are not carved");
+	uint8_t *a = ulp_carve(&cv, 300000, &s1), *b = ulp_carve(&cv, 300000, &s2);
+	CHECK(a && b && s1 == s2 && (uintptr_t)a % ULP_SLAB_BYTES == 0 && b >= a + 300000 && b < a + 300064,
+	      "two buffers side by side in one 2 MiB aligned slab");
+	uint8_t *c = ulp_carve(&cv, ULP_SLAB_BYTES - 300000, &s3);
+	CHECK(c && s3 != s1 && (uintptr_t)c % ULP_SLAB_BYTES == 0, "one that does not fit starts a new slab");
+	memset(a, 1, 300000);
+	memset(c, 3, ULP_SLAB_BYTES - 300000);
+	ulp_carver_done(&cv);      /* buffers outlive their carver (invariant 1) */
+	ulp_slab_put(s1);
+	memset(b, 2, 300000);      /* still there: b holds the slab */
+	ulp_slab_put(s2);
+	ulp_slab_put(s3);          /* the last references: LeakSanitizer sees the rest */
+
+	ulp_carver_init(&cv);
+	sthr t = {&cv, 0};
+	pthread_t th[4];
+	for (int i = 0; i < 4; i++)
+		pthread_create(&th[i], NULL, slab_worker, &t);
+	for (int i = 0; i < 4; i++)
+		pthread_join(th[i], NULL);
+	ulp_carver_done(&cv);
+	CHECK(!t.bad, "4 threads carve, fill and free: every buffer kept its bytes and its bounds");
+
+	/* the decode cache carves its chunk buffers in that range */
+	ulp_cache *cache;
+	REQUIRE(ulp_cache_new((uint64_t)64 << 20, &cache) == 0, "cache");
+	uint8_t *x = ulp_cache_alloc(cache, 1536 << 10), *y = ulp_cache_alloc(cache, 100 << 10);
+	CHECK(x && (uintptr_t)x % ULP_SLAB_BYTES == 16, "a 1.5 MiB chunk buffer opens a slab (its 16-byte header first)");
+	REQUIRE(y, "a 100 KiB one (malloc'd)");
+	memset(x, 7, 1536 << 10);
+	memset(y, 7, 100 << 10);
+	ulp_cache_free_buf(x);
+	ulp_cache_free_buf(y);
+	ulp_cache_free(cache);
+}
+
 static void test_default_cache(void)
 {
 	uint64_t mem = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
@@ -1734,6 +1820,7 @@ int main(void)
 	if (all)
 		test_steps();
 	test_cache();
+	test_slab();
 	if (all) {
 		test_open_errors();
 		test_bad_paths_and_numbers();

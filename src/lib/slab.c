@@ -1,0 +1,90 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * slab.c - buffers of 128 KiB to 2 MiB carved from shared 2 MiB slabs that
+ * ask for transparent huge pages.
+ *
+ * The first touch of a fresh 4 KiB page costs 5-25 us on the virtual
+ * machines we measure on (a guest page fault each), more than decoding the
+ * bytes that fill it; a huge page costs one fault and its zeroing. Buffers
+ * from 2 MiB up already get huge pages of their own (ulp_alloc_big). Smaller
+ * ones, the last chunk of a tensor or a tensor under 2 MiB, would fault page
+ * by page: a cold read through a delta chain fills one such buffer per link.
+ * Carved side by side from 2 MiB slabs, they fault once per slab.
+ *
+ * Invariants:
+ *  1. A slab's refs is the number of its live buffers, plus one while it is
+ *     its carver's current slab. Whoever drops the last reference frees it,
+ *     so buffers may outlive their carver, and any thread may free them.
+ *  2. Buffers are carved in address order and never cross the slab's end;
+ *     a slab's space is reused only once all of it is free (it is then
+ *     freed, and malloc or the kernel hands out its pages again).
+ *  3. Only sizes from ULP_SLAB_MIN to ULP_SLAB_BYTES are carved: a live
+ *     buffer keeps at most ULP_SLAB_BYTES / ULP_SLAB_MIN (16) times its own
+ *     size resident. Buffers are freed roughly in the order they were carved
+ *     (the decode cache's LRU), so a slab is usually freed soon after its last
+ *     buffer ages out.
+ */
+#include "ulp_int.h"
+#include <stdint.h>
+#include <stdlib.h>
+
+struct ulp_slab {
+	uint8_t *base;  /* ULP_SLAB_BYTES, 2 MiB aligned */
+	size_t used;    /* bytes carved so far (carver's mu) */
+	int refs;       /* invariant 1 (atomic) */
+};
+
+#define CARVE_ALIGN 64 /* a cache line: buffers never share one */
+
+void ulp_carver_init(ulp_carver *c)
+{
+	pthread_mutex_init(&c->mu, NULL);
+	c->cur = NULL;
+}
+
+void ulp_slab_put(ulp_slab *s)
+{
+	if (s && __atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+		free(s->base);
+		free(s);
+	}
+}
+
+void ulp_carver_done(ulp_carver *c)
+{
+	ulp_slab_put(c->cur);
+	c->cur = NULL;
+	pthread_mutex_destroy(&c->mu);
+}
+
+void *ulp_carve(ulp_carver *c, size_t size, ulp_slab **slab)
+{
+	if (size < ULP_SLAB_MIN || size > ULP_SLAB_BYTES)
+		return NULL;
+	size_t take = (size + CARVE_ALIGN - 1) & ~(size_t)(CARVE_ALIGN - 1);
+	pthread_mutex_lock(&c->mu);
+	ulp_slab *s = c->cur;
+	if (!s || s->used + take > ULP_SLAB_BYTES) {
+		/* a new slab: the memory is untouched, so this holds the lock
+		 * for an allocation, not for its page faults */
+		ulp_slab *n = malloc(sizeof(*n));
+		void *base = n ? ulp_alloc_big(ULP_SLAB_BYTES) : NULL;
+		if (!base) {
+			free(n);
+			pthread_mutex_unlock(&c->mu);
+			return NULL; /* the caller falls back to malloc */
+		}
+		n->base = base;
+		n->used = 0;
+		n->refs = 1; /* the carver's (invariant 1) */
+		c->cur = n;
+		ulp_slab_put(s); /* the old one lives on while its buffers do */
+		s = n;
+	}
+	void *p = s->base + s->used;
+	s->used += take;
+	__atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&c->mu);
+	*slab = s;
+	return p;
+}
