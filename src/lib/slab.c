@@ -15,11 +15,16 @@
  *  1. A slab's refs is the number of its live buffers, plus one while it is
  *     its carver's current slab. Whoever drops the last reference frees it,
  *     so buffers may outlive their carver, and any thread may free them.
- *  2. Buffers are carved in address order and never cross the slab's end;
- *     a slab's space is reused only once all of it is free (it is then
- *     freed, and malloc or the kernel hands out its pages again).
+ *  2. Buffers are carved in address order and never cross the slab's end
+ *     (ULP_SLAB_SPAN: the huge page and one small page after it, so that
+ *     buffers of 512 KiB or 1.5 MiB plus a small header still pack a huge
+ *     page exactly); a slab's space is reused only once all of it is free
+ *     (it is then freed, and malloc or the kernel hands out its pages again).
+ *  4. A carver keeps two slabs open and carves from the one that fits with
+ *     the least room left (best fit), so a request that does not fit one
+ *     slab does not end the other's use; a new slab replaces the fuller.
  *  3. Only sizes from ULP_SLAB_MIN to ULP_SLAB_BYTES are carved: a live
- *     buffer keeps at most ULP_SLAB_BYTES / ULP_SLAB_MIN (16) times its own
+ *     buffer keeps at most ULP_SLAB_SPAN / ULP_SLAB_MIN (about 16) times its own
  *     size resident. Buffers are freed roughly in the order they were carved
  *     (the decode cache's LRU), so a slab is usually freed soon after its last
  *     buffer ages out.
@@ -29,17 +34,17 @@
 #include <stdlib.h>
 
 struct ulp_slab {
-	uint8_t *base;  /* ULP_SLAB_BYTES, 2 MiB aligned */
+	uint8_t *base;  /* ULP_SLAB_SPAN bytes, 2 MiB aligned */
 	size_t used;    /* bytes carved so far (carver's mu) */
 	int refs;       /* invariant 1 (atomic) */
 };
 
-#define CARVE_ALIGN 64 /* a cache line: buffers never share one */
+#define CARVE_ALIGN 16 /* as malloc's */
 
 void ulp_carver_init(ulp_carver *c)
 {
 	pthread_mutex_init(&c->mu, NULL);
-	c->cur = NULL;
+	c->open[0] = c->open[1] = NULL;
 }
 
 void ulp_slab_put(ulp_slab *s)
@@ -52,9 +57,15 @@ void ulp_slab_put(ulp_slab *s)
 
 void ulp_carver_done(ulp_carver *c)
 {
-	ulp_slab_put(c->cur);
-	c->cur = NULL;
+	ulp_slab_put(c->open[0]);
+	ulp_slab_put(c->open[1]);
+	c->open[0] = c->open[1] = NULL;
 	pthread_mutex_destroy(&c->mu);
+}
+
+static size_t room(const ulp_slab *s)
+{
+	return s ? ULP_SLAB_SPAN - s->used : 0;
 }
 
 void *ulp_carve(ulp_carver *c, size_t size, ulp_slab **slab)
@@ -63,12 +74,15 @@ void *ulp_carve(ulp_carver *c, size_t size, ulp_slab **slab)
 		return NULL;
 	size_t take = (size + CARVE_ALIGN - 1) & ~(size_t)(CARVE_ALIGN - 1);
 	pthread_mutex_lock(&c->mu);
-	ulp_slab *s = c->cur;
-	if (!s || s->used + take > ULP_SLAB_BYTES) {
-		/* a new slab: the memory is untouched, so this holds the lock
-		 * for an allocation, not for its page faults */
+	/* invariant 4: the open slab that fits with the least room left */
+	int i = room(c->open[0]) >= take ? 0 : -1;
+	if (room(c->open[1]) >= take && (i < 0 || room(c->open[1]) < room(c->open[0])))
+		i = 1;
+	if (i < 0) {
+		/* a new slab in place of the fuller one: the memory is untouched,
+		 * so this holds the lock for an allocation, not for its faults */
 		ulp_slab *n = malloc(sizeof(*n));
-		void *base = n ? ulp_alloc_big(ULP_SLAB_BYTES) : NULL;
+		void *base = n ? ulp_alloc_big(ULP_SLAB_SPAN) : NULL;
 		if (!base) {
 			free(n);
 			pthread_mutex_unlock(&c->mu);
@@ -77,10 +91,11 @@ void *ulp_carve(ulp_carver *c, size_t size, ulp_slab **slab)
 		n->base = base;
 		n->used = 0;
 		n->refs = 1; /* the carver's (invariant 1) */
-		c->cur = n;
-		ulp_slab_put(s); /* the old one lives on while its buffers do */
-		s = n;
+		i = room(c->open[0]) <= room(c->open[1]) ? 0 : 1;
+		ulp_slab_put(c->open[i]); /* it lives on while its buffers do */
+		c->open[i] = n;
 	}
+	ulp_slab *s = c->open[i];
 	void *p = s->base + s->used;
 	s->used += take;
 	__atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);

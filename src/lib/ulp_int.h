@@ -106,10 +106,11 @@ void *ulp_alloc_big(size_t size);
  * outlive it. */
 #define ULP_SLAB_BYTES ((size_t)2 << 20)
 #define ULP_SLAB_MIN ((size_t)128 << 10)
+#define ULP_SLAB_SPAN (ULP_SLAB_BYTES + 4096) /* a slab: its huge page and a small one */
 typedef struct ulp_slab ulp_slab;
 typedef struct ulp_carver {
 	pthread_mutex_t mu;
-	ulp_slab *cur;
+	ulp_slab *open[2];
 } ulp_carver;
 void ulp_carver_init(ulp_carver *c);
 void ulp_carver_done(ulp_carver *c);

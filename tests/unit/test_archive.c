@@ -418,13 +418,13 @@ static void *slab_worker(void *arg)
 		}
 		n[j] = ULP_SLAB_MIN + (size_t)(rng >> 20) % (ULP_SLAB_BYTES - ULP_SLAB_MIN + 1);
 		p[j] = ulp_carve(t->cv, n[j], &s[j]);
-		if (!p[j] || (uintptr_t)p[j] % 64) {
+		if (!p[j] || (uintptr_t)p[j] % 16) {
 			t->bad = 1;
 			p[j] = NULL;
 			continue;
 		}
 		uintptr_t base = (uintptr_t)p[j] & ~(uintptr_t)(ULP_SLAB_BYTES - 1);
-		if ((uintptr_t)p[j] + n[j] > base + ULP_SLAB_BYTES) /* invariant 2 */
+		if ((uintptr_t)p[j] + n[j] > base + ULP_SLAB_SPAN) /* invariant 2 */
 			t->bad = 1;
 		for (size_t o = 0; o < n[j]; o += 4093)
 			p[j][o] = (uint8_t)(j + o);
@@ -443,12 +443,20 @@ static void test_slab(void)
 	CHECK(!ulp_carve(&cv, ULP_SLAB_MIN - 1, &s1) && !ulp_carve(&cv, ULP_SLAB_BYTES + 1, &s1),
 	      "sizes outside 128 KiB - 2 MiB are not carved");
 	uint8_t *a = ulp_carve(&cv, 300000, &s1), *b = ulp_carve(&cv, 300000, &s2);
-	CHECK(a && b && s1 == s2 && (uintptr_t)a % ULP_SLAB_BYTES == 0 && b >= a + 300000 && b < a + 300064,
+	CHECK(a && b && s1 == s2 && (uintptr_t)a % ULP_SLAB_BYTES == 0 && b == a + 300000,
 	      "two buffers side by side in one 2 MiB aligned slab");
 	uint8_t *c = ulp_carve(&cv, ULP_SLAB_BYTES - 300000, &s3);
 	CHECK(c && s3 != s1 && (uintptr_t)c % ULP_SLAB_BYTES == 0, "one that does not fit starts a new slab");
+	ulp_slab *s4, *s5;
+	uint8_t *d = ulp_carve(&cv, 1000000, &s4), *e = ulp_carve(&cv, 200000, &s5);
+	CHECK(d == b + 300000 && s4 == s1 && s5 == s3 && e == c + ULP_SLAB_BYTES - 300000,
+	      "both slabs stay open: each buffer goes where it fits with the least room left");
 	memset(a, 1, 300000);
 	memset(c, 3, ULP_SLAB_BYTES - 300000);
+	memset(d, 4, 1000000);
+	memset(e, 5, 200000);
+	ulp_slab_put(s4);
+	ulp_slab_put(s5);
 	ulp_carver_done(&cv);      /* buffers outlive their carver (invariant 1) */
 	ulp_slab_put(s1);
 	memset(b, 2, 300000);      /* still there: b holds the slab */
@@ -469,7 +477,11 @@ static void test_slab(void)
 	ulp_cache *cache;
 	REQUIRE(ulp_cache_new((uint64_t)64 << 20, &cache) == 0, "cache");
 	uint8_t *x = ulp_cache_alloc(cache, 1536 << 10), *y = ulp_cache_alloc(cache, 100 << 10);
+	uint8_t *z = ulp_cache_alloc(cache, 512 << 10);
 	CHECK(x && (uintptr_t)x % ULP_SLAB_BYTES == 16, "a 1.5 MiB chunk buffer opens a slab (its 16-byte header first)");
+	CHECK(z == x + (1536 << 10) + 16, "a 512 KiB one fills the rest of that huge page (and its header a few bytes past it)");
+	memset(z, 7, 512 << 10);
+	ulp_cache_free_buf(z);
 	REQUIRE(y, "a 100 KiB one (malloc'd)");
 	memset(x, 7, 1536 << 10);
 	memset(y, 7, 100 << 10);
