@@ -13,21 +13,21 @@
  *
  * Invariants:
  *  1. A slab's refs is the number of its live buffers, plus one while it is
- *     its carver's current slab. Whoever drops the last reference frees it,
+ *     one of its carver's open slabs. Whoever drops the last reference frees it,
  *     so buffers may outlive their carver, and any thread may free them.
  *  2. Buffers are carved in address order and never cross the slab's end
  *     (ULP_SLAB_SPAN: the huge page and one small page after it, so that
  *     buffers of 512 KiB or 1.5 MiB plus a small header still pack a huge
  *     page exactly); a slab's space is reused only once all of it is free
  *     (it is then freed, and malloc or the kernel hands out its pages again).
- *  4. A carver keeps two slabs open and carves from the one that fits with
- *     the least room left (best fit), so a request that does not fit one
- *     slab does not end the other's use; a new slab replaces the fuller.
  *  3. Only sizes from ULP_SLAB_MIN to ULP_SLAB_BYTES are carved: a live
  *     buffer keeps at most ULP_SLAB_SPAN / ULP_SLAB_MIN (about 16) times its own
  *     size resident. Buffers are freed roughly in the order they were carved
  *     (the decode cache's LRU), so a slab is usually freed soon after its last
  *     buffer ages out.
+ *  4. A carver keeps two slabs open and carves from the one that fits with
+ *     the least room left (best fit), so a request that does not fit one
+ *     slab does not end the other's use; a new slab replaces the fuller.
  */
 #include "ulp_int.h"
 #include <stdint.h>
