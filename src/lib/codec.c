@@ -87,8 +87,8 @@ static inline uint64_t sym_base(unsigned s)
 /* One rANS decode step of a lane: symbol out, state renormalized from the
  * 16-bit words at *wp without a branch. The caller guarantees a word is there. */
 static ULP_FORCE_INLINE uint8_t rans_step(uint32_t *xp, const uint32_t *row,
-                                                               uint32_t mask, unsigned pb,
-                                                               const uint8_t **wp)
+                                          uint32_t mask, unsigned pb,
+                                          const uint8_t **wp)
 {
 	uint32_t xs = *xp;
 	uint32_t e = row[xs & mask];

@@ -30,7 +30,7 @@ static inline T WN(unzz)(T z)
 }
 /* pass 1 of DELTA: symbols, counts, and the raw tail (forward) */
 static void WN(delta_pass1)(const ulp_fmt *f, const T *x, const T *r, size_t n,
-                           uint8_t *syms, uint64_t *counts, ulp_bitw *bw)
+                            uint8_t *syms, uint64_t *counts, ulp_bitw *bw)
 {
 	const unsigned a = f->alphabet, sh = f->mshift;
 	const T em = (T)((1u << f->ebits) - 1);
@@ -106,7 +106,7 @@ static void WN(delta_pass1)(const ulp_fmt *f, const T *x, const T *r, size_t n,
 }
 /* pass 1 of ANCHOR */
 static void WN(anchor_pass1)(const ulp_fmt *f, const T *x, size_t n,
-                            uint8_t *syms, uint64_t *counts, ulp_bitw *bw)
+                             uint8_t *syms, uint64_t *counts, ulp_bitw *bw)
 {
 	const unsigned sh = f->a_shift, ab = f->a_bits, nb = W - ab;
 	const T am = (T)((1u << ab) - 1);
@@ -165,9 +165,9 @@ static void WN(anchor_pass1)(const ulp_fmt *f, const T *x, size_t n,
 }
 /* rANS, backward; row of each element from its reference */
 static void WN(put_rans)(const ulp_fmt *f, const ulp_table *t,
-                        const ulp_rans_esym *es, unsigned lanes,
-                        const uint8_t *syms, const T *r, size_t n, uint32_t *x,
-                        uint16_t **pp)
+                         const ulp_rans_esym *es, unsigned lanes,
+                         const uint8_t *syms, const T *r, size_t n, uint32_t *x,
+                         uint16_t **pp)
 {
 	const unsigned sh = f->mshift, pb = t->prob_bits, A = t->alphabet;
 	const T em = (T)((1u << f->ebits) - 1);
@@ -226,8 +226,8 @@ static ULP_FORCE_INLINE size_t WN(passa)(
 /* pass B of decode<W>, DELTA: elements start..bn - 1 of a block from
  * their symbols and the raw tail at bit *posp, which advances */
 static void WN(passb)(const ulp_dtab *d, const uint8_t *syms, const T *rb, T *ob,
-                     size_t bn, size_t start, const uint8_t *raw, size_t raw_len,
-                     uint64_t *posp)
+                      size_t bn, size_t start, const uint8_t *raw, size_t raw_len,
+                      uint64_t *posp)
 {
 	uint64_t pos = *posp;
 	size_t j0 = start;
@@ -305,9 +305,9 @@ static void WN(passb)(const ulp_dtab *d, const uint8_t *syms, const T *rb, T *ob
  * 16-bit path with references runs both a round of lanes at a time
  * (fused16) as far as it can, then the two passes do the rest. */
 static int WN(decode)(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes,
-                     uint32_t *x, const uint8_t **wpp, const uint8_t *wend,
-                     const uint8_t *raw, size_t raw_len, uint64_t raw_bits,
-                     const T *r, size_t n, T *out, ulp_err *err)
+                      uint32_t *x, const uint8_t **wpp, const uint8_t *wend,
+                      const uint8_t *raw, size_t raw_len, uint64_t raw_bits,
+                      const T *r, size_t n, T *out, ulp_err *err)
 {
 	const unsigned pb = d->prob_bits, lm = lanes - 1;
 	const uint32_t mask = (1u << pb) - 1;

@@ -69,7 +69,7 @@ static inline __m256i lookup8(const int *t, __m256i ix)
  * their symbols and bit p of raw (p / 8 + 16 <= raw_len); *np gets p after
  * their raw bits. */
 static ULP_FORCE_INLINE __m256i rb16_z8(const uint8_t *syms, const uint8_t *raw,
-                                                             uint64_t p, uint64_t *np)
+                                        uint64_t p, uint64_t *np)
 {
 	const __m256i one = _mm256_set1_epi32(1), three = _mm256_set1_epi32(3),
 	              four = _mm256_set1_epi32(4), seven = _mm256_set1_epi32(7),
@@ -112,7 +112,7 @@ static ULP_FORCE_INLINE __m256i rb16_x16(__m256i z, __m256i r)
 /* Eight 16-bit DELTA elements of ulp_rebuild16_avx2 from bit p of raw
  * (p / 8 + 16 <= raw_len); returns p after their raw bits. */
 static ULP_FORCE_INLINE uint64_t rb16_8(const uint8_t *syms, const uint16_t *ref,
-                                                             const uint8_t *raw, uint64_t p, uint16_t *out)
+                                        const uint8_t *raw, uint64_t p, uint16_t *out)
 {
 	uint64_t np;
 	__m256i z = rb16_z8(syms, raw, p, &np);
@@ -125,7 +125,7 @@ static ULP_FORCE_INLINE uint64_t rb16_8(const uint8_t *syms, const uint16_t *ref
 
 /* Sixteen of them: the arithmetic after z once for both groups of eight. */
 static ULP_FORCE_INLINE uint64_t rb16_16(const uint8_t *syms, const uint16_t *ref,
-                                                              const uint8_t *raw, uint64_t p, uint16_t *out)
+                                         const uint8_t *raw, uint64_t p, uint16_t *out)
 {
 	uint64_t p1, p2;
 	__m256i za = rb16_z8(syms, raw, p, &p1);
