@@ -413,19 +413,19 @@ static void *slab_worker(void *arg)
 		if (p[j]) { /* check what this thread wrote, then free it */
 			for (size_t o = 0; o < n[j]; o += 4093)
 				if (p[j][o] != (uint8_t)(j + o))
-					t->bad = 1;
+					__atomic_store_n(&t->bad, 1, __ATOMIC_RELAXED);
 			ulp_slab_put(s[j]);
 		}
 		n[j] = ULP_SLAB_MIN + (size_t)(rng >> 20) % (ULP_SLAB_BYTES - ULP_SLAB_MIN + 1);
 		p[j] = ulp_carve(t->cv, n[j], &s[j]);
 		if (!p[j] || (uintptr_t)p[j] % 16) {
-			t->bad = 1;
+			__atomic_store_n(&t->bad, 1, __ATOMIC_RELAXED);
 			p[j] = NULL;
 			continue;
 		}
 		uintptr_t base = (uintptr_t)p[j] & ~(uintptr_t)(ULP_SLAB_BYTES - 1);
 		if ((uintptr_t)p[j] + n[j] > base + ULP_SLAB_SPAN) /* invariant 2 */
-			t->bad = 1;
+			__atomic_store_n(&t->bad, 1, __ATOMIC_RELAXED);
 		for (size_t o = 0; o < n[j]; o += 4093)
 			p[j][o] = (uint8_t)(j + o);
 	}
