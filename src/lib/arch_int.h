@@ -254,7 +254,8 @@ int ulp_index_mkdirs(ulp_archive *a, const char *path, ulp_time mtime);
 int ulp_index_files(ulp_archive *a, const char *prefix,
                     int (*cb)(void *arg, const char *path, const ulp_stat *st), void *arg);
 /* gc support: drop unreachable blobs; list packs with their live bytes;
- * list a pack's blobs; add a pack; move a blob; drop an empty pack. */
+ * list a pack's blobs; add a pack (or find the row of a pack of that name:
+ * the same bytes); move a blob; drop an empty pack. */
 int ulp_index_gc_sweep(ulp_archive *a, uint64_t *removed);
 int ulp_index_packs(ulp_archive *a, int (*cb)(void *arg, int64_t id, const char *name, uint64_t size,
                                               uint64_t live_bytes, uint64_t live_blobs), void *arg);
@@ -266,6 +267,11 @@ int ulp_index_blob_move(ulp_archive *a, const uint8_t *content, int64_t pack, ui
 int ulp_index_pack_drop(ulp_archive *a, int64_t pack);
 /* 1 if the index names pack file name, 0 if not, or a negative error. */
 int ulp_index_has_pack(ulp_archive *a, const char *name);
+/* The index's share of ulp_archive_space: packs, live bytes (gc invariant
+ * 1), packs with nothing live or under pct live, pending re-codes. */
+int ulp_index_space(ulp_archive *a, unsigned pct, ulp_space *sp);
+/* Truncates the write-ahead log if no reader holds it (else nothing). */
+void ulp_index_checkpoint(ulp_archive *a);
 
 /* Every blob of the chains of file path (its extents' blobs and their
  * references, transitively): content, pack, offset, stored size. */

@@ -1489,14 +1489,22 @@ int ulp_index_pack_blobs(ulp_archive *a, int64_t pack,
 
 int ulp_index_pack_add(ulp_archive *a, const char *name, uint64_t size, int64_t *id)
 {
-	static const char sql[] = "INSERT INTO packs(name, size) VALUES(?, ?)";
+	/* a pack's name is a digest of its blobs' digests and lengths in order:
+	 * a row of that name is a pack of the same bytes (same blobs at the
+	 * same offsets), which the caller's rows may name as well */
+	static const char sql[] = "INSERT INTO packs(name, size) VALUES(?, ?) ON CONFLICT(name) DO NOTHING";
+	static const char sql_id[] = "SELECT id FROM packs WHERE name = ?";
 	sqlite3_stmt *st;
 	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
 	sqlite3_bind_int64(st, 2, (sqlite3_int64)size);
 	ULP_TRY(step_rc(a, st, "insert pack"));
-	*id = sqlite3_last_insert_rowid(ulp_db(a));
-	return 0;
+	ULP_TRY(ulp_db_stmt(a, sql_id, &st));
+	sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+	int r = sqlite3_step(st);
+	*id = r == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
+	sqlite3_reset(st);
+	return r == SQLITE_ROW ? 0 : ulp_db_err(a, "pack lookup");
 }
 
 int ulp_index_blob_move(ulp_archive *a, const uint8_t *content, int64_t pack, uint64_t offset)
@@ -1957,4 +1965,52 @@ int ulp_index_forget_steps(ulp_archive *a, const char *run, const int64_t *steps
 		ULP_TRY(rc);
 	}
 	return 0;
+}
+
+/* ---- space (ulp_archive_space, maint.c) ------------------------------------ */
+
+/* The blobs a file or a chain needs: gc invariant 1 (maint.c). */
+#define LIVE_CTE \
+	"WITH RECURSIVE live(content) AS (SELECT b.content FROM extents e JOIN blobs b ON b.id = e.blob" \
+	" UNION SELECT b.ref FROM blobs b JOIN live l ON b.content = l.content WHERE b.ref IS NOT NULL)"
+
+int ulp_index_space(ulp_archive *a, unsigned pct, ulp_space *sp)
+{
+	static const char sql_packs[] =
+		LIVE_CTE " SELECT p.size, coalesce(sum(b.stored_size), 0) FROM packs p LEFT JOIN"
+		" (SELECT pack, stored_size FROM blobs WHERE content IN live) b ON b.pack = p.id GROUP BY p.id";
+	static const char sql_pending[] =
+		"SELECT (SELECT count(*) FROM rebase_queue) + (SELECT count(*) FROM blobs d JOIN blobs r"
+		" ON r.content = d.ref WHERE EXISTS (SELECT 1 FROM extents x WHERE x.blob = d.id)"
+		" AND NOT EXISTS (SELECT 1 FROM extents y WHERE y.blob = r.id))";
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *st;
+	if (!db || sqlite3_prepare_v2(db, sql_packs, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "pack space");
+	int r;
+	while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+		uint64_t size = (uint64_t)sqlite3_column_int64(st, 0), live = (uint64_t)sqlite3_column_int64(st, 1);
+		sp->packs++;
+		sp->pack_bytes += size;
+		sp->live_bytes += live;
+		sp->dead_packs += live == 0;
+		sp->sparse_packs += live > 0 && live * 100 < size * pct;
+	}
+	sqlite3_finalize(st);
+	if (r != SQLITE_DONE)
+		return ulp_db_err(a, "pack space");
+	if (sqlite3_prepare_v2(db, sql_pending, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "pending re-codes");
+	r = sqlite3_step(st);
+	if (r == SQLITE_ROW)
+		sp->pending_recodes = (uint64_t)sqlite3_column_int64(st, 0);
+	sqlite3_finalize(st);
+	return r == SQLITE_ROW ? 0 : ulp_db_err(a, "pending re-codes");
+}
+
+void ulp_index_checkpoint(ulp_archive *a)
+{
+	sqlite3 *db = ulp_db(a);
+	if (db) /* busy (a reader holds an older snapshot) is fine: next time */
+		sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
 }

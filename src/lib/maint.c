@@ -13,9 +13,23 @@
  *     rename and the index commit) and temporary files of dead processes are
  *     removed while gc holds the index's write lock, when no import can be
  *     between those two steps.
+ *  4. Reclaiming (ulp_archive_reclaim: gc without re-basing, which a mount
+ *     runs by itself when idle) is gc in bounded steps: one transaction
+ *     drops the rows nothing reaches and the packs left with no blob, then
+ *     each pack whose live share is under the threshold is rewritten in a
+ *     transaction of its own, which leaves the old pack with no blob for
+ *     the next such drop. A pack file is removed after the commit that
+ *     drops its row, with write_mu still held, so that no re-coding or
+ *     rewrite of this process can commit a pack of that name (the same
+ *     bytes, which ulp_index_pack_add would name again) in between; a
+ *     crash or an error in between leaves a file the index does not name,
+ *     which the next full pass removes (invariant 3).
+ *  5. A removed pack stays readable to whoever mapped it (pack.c invariant
+ *     2: open files pin the packs of their chains), and its disk space
+ *     comes back once nobody does (ulp_archive_trim).
  *
  * verify invariant:
- *  4. Every file under the prefix is decoded and its sha256 compared, in
+ *  6. Every file under the prefix is decoded and its sha256 compared, in
  *     whatever order the threads take them; damage is reported in the
  *     index's order (step order), after all are checked.
  */
@@ -25,13 +39,14 @@
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #define VERIFY_BLOCK ((size_t)8 << 20)
 
-/* verify: the files under a prefix, listed first, then checked (invariant 5) */
+/* verify: the files under a prefix, listed first, then checked (invariant 6) */
 typedef struct vfile {
 	char *path;
 	uint64_t size;
@@ -137,7 +152,7 @@ static int verify_job(void *arg, size_t i)
 }
 
 /*
- * Invariant 4. Many files, none dominant: one file a thread (each decodes on its thread);
+ * Invariant 6. Many files, none dominant: one file a thread (each decodes on its thread);
  * otherwise one file at a time, its chunks decoded on the pool and its
  * SHA-256 on a thread beside them.
  */
@@ -390,11 +405,176 @@ static uint64_t sweep_files(ulp_archive *a)
 	return freed;
 }
 
-int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res)
+/* Removes the file of a pack whose row was dropped (invariant 4): 1 if it
+ * was there. */
+static int unlink_pack(ulp_archive *a, const packinfo *pi)
+{
+	char path[4400];
+	snprintf(path, sizeof(path), "%s/packs/%s", a->dir, pi->name);
+	ulp_pack_forget(a, pi->id);
+	return unlink(path) == 0;
+}
+
+static int want_rewrite(const packinfo *pi, unsigned pct)
+{
+	return pi->blobs > 0 && pi->live * 100 < pi->size * pct;
+}
+
+/* Rewrites one sparse pack (invariant 2) in a transaction of its own; its
+ * old pack is left with no blob, for drop_dead. write_mu held. */
+static int rewrite_one(ulp_archive *a, packinfo *pi, ulp_gc_result *r)
+{
+	rctx rx = {.a = a, .pack = pi->id};
+	char name[80];
+	int64_t nid;
+	int same = 0;
+	int rc = ulp_db_begin(a);
+	if (rc < 0)
+		return rc;
+	rc = ulp_pack_writer_new(a, &rx.w);
+	if (rc == 0)
+		rc = rewrite_pack(&rx);
+	if (rc == 0 && rx.n == 0) { /* nothing live any more: drop_dead's */
+		ulp_db_rollback(a);
+		ulp_pack_discard(rx.w);
+		free(rx.m);
+		return 0;
+	}
+	if (rc == 0)
+		rc = ulp_pack_commit(rx.w, name);
+	if (rc == 0 && (same = ulp_index_has_pack(a, name)) < 0)
+		rc = same;
+	if (rc == 0)
+		rc = ulp_index_pack_add(a, name, ulp_pack_size(rx.w), &nid);
+	for (size_t k = 0; rc == 0 && k < rx.n; k++)
+		rc = ulp_index_blob_move(a, rx.m[k].content, nid, rx.m[k].offset);
+	if (rc == 0)
+		rc = ulp_db_commit(a);
+	if (rc == 0) {
+		r->packs_rewritten++;
+		ulp_pack_free(rx.w);
+	} else {
+		ulp_db_rollback(a);
+		/* a file of the same bytes that the index names stays */
+		if (rx.w && (same > 0 || (same < 0 && ulp_pack_replaced(rx.w))))
+			ulp_pack_free(rx.w);
+		else if (rx.w)
+			ulp_pack_discard(rx.w);
+	}
+	free(rx.m);
+	return rc;
+}
+
+/* One transaction drops the rows nothing reaches (sweep) and the rows of
+ * the packs left with no blob, whose files go after it (invariant 4).
+ * Lists the packs into g. write_mu held. */
+static int drop_dead(ulp_archive *a, int sweep, gctx *g, ulp_gc_result *r)
+{
+	uint64_t removed = 0, packs = 0, bytes = 0;
+	g->n = 0;
+	int rc = ulp_db_begin(a);
+	if (rc < 0)
+		return rc;
+	if (sweep)
+		rc = ulp_index_gc_sweep(a, &removed);
+	if (rc == 0)
+		rc = ulp_index_packs(a, collect_pack, g);
+	for (size_t i = 0; rc == 0 && i < g->n; i++)
+		if (g->p[i].blobs == 0 && (rc = ulp_index_pack_drop(a, g->p[i].id)) == 0)
+			g->p[i].new_name[0] = 'x'; /* its row dropped */
+	if (rc == 0)
+		rc = ulp_db_commit(a);
+	if (rc < 0) {
+		ulp_db_rollback(a);
+		return rc;
+	}
+	for (size_t i = 0; i < g->n; i++)
+		if (g->p[i].new_name[0] && unlink_pack(a, &g->p[i])) {
+			packs++;
+			bytes += g->p[i].size;
+		}
+	r->blobs_removed += removed;
+	r->packs_removed += packs;
+	r->bytes_reclaimed += bytes;
+	return 0;
+}
+
+static int ask_stop(const ulp_reclaim_opts *o)
+{
+	return o && o->stop && o->stop(o->stop_arg);
+}
+
+/*
+ * Invariants 4 and 5: one short transaction drops what nothing reaches and
+ * the packs left with nothing live; then each sparse pack is rewritten in a
+ * transaction of its own, the stop callback asked before each, write_mu
+ * released between them; then the packs they emptied go as the first ones.
+ */
+int ulp_archive_reclaim(ulp_archive *a, const ulp_reclaim_opts *o, ulp_gc_result *res)
 {
 	ulp_gc_result r = {0};
 	gctx g = {a, NULL, 0, 0};
-	char path[4400];
+	unsigned pct = o && o->live_percent ? ULP_MIN(o->live_percent, 100u) : ULP_RECLAIM_LIVE_PERCENT;
+	if (a->read_only)
+		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is open read-only", a->dir);
+	pthread_mutex_lock(&a->write_mu);
+	int rc = drop_dead(a, 1, &g, &r);
+	pthread_mutex_unlock(&a->write_mu);
+	uint64_t rewritten = r.packs_rewritten;
+	for (size_t i = 0; rc == 0 && i < g.n; i++) {
+		if (g.p[i].new_name[0] || !want_rewrite(&g.p[i], pct))
+			continue;
+		if (ask_stop(o))
+			break;
+		pthread_mutex_lock(&a->write_mu);
+		/* its live share again, inside the lock: a put or a re-coding may
+		 * have moved rows meanwhile */
+		gctx one = {a, NULL, 0, 0};
+		rc = ulp_index_packs(a, collect_pack, &one);
+		packinfo *now = NULL;
+		for (size_t k = 0; rc == 0 && k < one.n; k++)
+			if (one.p[k].id == g.p[i].id)
+				now = &one.p[k];
+		if (rc == 0 && now && want_rewrite(now, pct)) {
+			rc = rewrite_one(a, now, &r);
+			if (rc == 0)
+				r.bytes_reclaimed += now->size - now->live;
+		}
+		pthread_mutex_unlock(&a->write_mu);
+		free(one.p);
+	}
+	if (rc == 0 && r.packs_rewritten > rewritten) { /* the packs they left empty */
+		pthread_mutex_lock(&a->write_mu);
+		ulp_gc_result r2 = {0};
+		rc = drop_dead(a, 0, &g, &r2);
+		r.packs_removed += r2.packs_removed; /* (their bytes counted as rewritten) */
+		pthread_mutex_unlock(&a->write_mu);
+	}
+	if (rc == 0 && o && o->full && !ask_stop(o)) {
+		pthread_mutex_lock(&a->write_mu);
+		if (ulp_db_begin(a) == 0) { /* invariant 3 */
+			r.bytes_reclaimed += sweep_files(a);
+			ulp_db_commit(a);
+		}
+		pthread_mutex_unlock(&a->write_mu);
+	}
+	if (rc == 0)
+		ulp_index_checkpoint(a); /* the -wal file back to nothing when no reader holds it */
+	free(g.p);
+	if (res) {
+		res->blobs_removed += r.blobs_removed;
+		res->packs_removed += r.packs_removed;
+		res->packs_rewritten += r.packs_rewritten;
+		res->bytes_reclaimed += r.bytes_reclaimed;
+	}
+	if (r.packs_removed || r.packs_rewritten)
+		ulp_archive_trim(a); /* the mappings of removed packs nobody pins */
+	return rc;
+}
+
+int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res)
+{
+	ulp_gc_result r = {0};
 	if (a->read_only)
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is open read-only", a->dir);
 	/* re-base first: what removed steps still hold for kept ones can go */
@@ -405,74 +585,61 @@ int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res)
 	if (rc < 0)
 		return rc;
 	r.blobs_rebased = rb1.recoded + rb2.recoded;
-	pthread_mutex_lock(&a->write_mu);
-	rc = ulp_db_begin(a);
-	if (rc == 0)
-		rc = ulp_index_gc_sweep(a, &r.blobs_removed);
-	if (rc == 0)
-		rc = ulp_index_packs(a, collect_pack, &g);
-	for (size_t i = 0; rc == 0 && i < g.n; i++) {
-		packinfo *pi = &g.p[i];
-		if (pi->blobs == 0) {
-			rc = ulp_index_pack_drop(a, pi->id);
-			continue;
-		}
-		if (pi->live * 2 >= pi->size)
-			continue; /* mostly live: keep */
-		rctx rx = {.a = a, .pack = pi->id};
-		char name[80];
-		int64_t nid;
-		rc = ulp_pack_writer_new(a, &rx.w);
-		if (rc == 0)
-			rc = rewrite_pack(&rx);
-		if (rc == 0)
-			rc = ulp_pack_commit(rx.w, name);
-		if (rc == 0 && (rc = ulp_index_has_pack(a, name)) == 1)
-			rc = ulp_arch_err(a, -ULP_E_EXIST, "gc: pack %s exists already", name);
-		if (rc == 0)
-			rc = ulp_index_pack_add(a, name, ulp_pack_size(rx.w), &nid);
-		for (size_t k = 0; rc == 0 && k < rx.n; k++)
-			rc = ulp_index_blob_move(a, rx.m[k].content, nid, rx.m[k].offset);
-		if (rc == 0)
-			rc = ulp_index_pack_drop(a, pi->id);
-		if (rc == 0) {
-			r.packs_rewritten++;
-			snprintf(pi->new_name, sizeof(pi->new_name), "%s", name);
-			ulp_pack_free(rx.w);
-		} else if (rx.w) {
-			ulp_pack_discard(rx.w);
-		}
-		free(rx.m);
-	}
-	if (rc == 0)
-		rc = ulp_db_commit(a);
-	if (rc < 0) {
-		ulp_db_rollback(a);
-		/* the packs rewritten before the failure: the index never named them */
-		for (size_t i = 0; i < g.n; i++)
-			if (g.p[i].new_name[0]) {
-				snprintf(path, sizeof(path), "%s/packs/%s", a->dir, g.p[i].new_name);
-				unlink(path);
-			}
-	} else {
-		/* after the commit: remove the files of packs the index dropped */
-		for (size_t i = 0; i < g.n; i++)
-			if (g.p[i].blobs == 0 || g.p[i].live * 2 < g.p[i].size) {
-				snprintf(path, sizeof(path), "%s/packs/%s", a->dir, g.p[i].name);
-				if (ulp_index_has_pack(a, g.p[i].name) == 0 && unlink(path) == 0) {
-					r.packs_removed += g.p[i].blobs == 0;
-					r.bytes_reclaimed += g.p[i].size - g.p[i].live;
-					ulp_pack_forget(a, g.p[i].id);
-				}
-			}
-		if (ulp_db_begin(a) == 0) { /* invariant 3 */
-			r.bytes_reclaimed += sweep_files(a);
-			ulp_db_commit(a);
-		}
-	}
-	pthread_mutex_unlock(&a->write_mu);
-	free(g.p);
+	ulp_reclaim_opts o = {.full = 1};
+	rc = ulp_archive_reclaim(a, &o, &r);
 	if (rc == 0 && res)
 		*res = r;
 	return rc;
+}
+
+/* ---- space ------------------------------------------------------------------ */
+
+/* Allocated bytes under path, as du(1) counts them (directories too; a file
+ * linked twice counts twice, as du -l would: archives hold no hard links). */
+static uint64_t du_bytes(const char *path, int depth)
+{
+	struct stat st;
+	if (lstat(path, &st) < 0)
+		return 0;
+	uint64_t n = (uint64_t)st.st_blocks * 512;
+	if (!S_ISDIR(st.st_mode) || depth > 8)
+		return n;
+	DIR *d = opendir(path);
+	if (!d)
+		return n;
+	struct dirent *de;
+	char sub[4400];
+	while ((de = readdir(d))) {
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		snprintf(sub, sizeof(sub), "%s/%s", path, de->d_name);
+		n += du_bytes(sub, depth + 1);
+	}
+	closedir(d);
+	return n;
+}
+
+int ulp_archive_space(ulp_archive *a, ulp_space *out)
+{
+	ulp_space sp = {0};
+	char path[4400];
+	sp.disk_bytes = du_bytes(a->dir, 0);
+	static const char *const idx[] = {"ulpack.db", "ulpack.db-wal", "ulpack.db-shm"};
+	for (size_t i = 0; i < sizeof(idx) / sizeof(idx[0]); i++) {
+		snprintf(path, sizeof(path), "%s/%s", a->dir, idx[i]);
+		sp.index_bytes += du_bytes(path, 8);
+	}
+	snprintf(path, sizeof(path), "%s/packs", a->dir);
+	sp.pack_disk_bytes = du_bytes(path, 0);
+	snprintf(path, sizeof(path), "%s/staging", a->dir);
+	sp.staging_bytes = du_bytes(path, 0);
+	ULP_TRY(ulp_index_space(a, ULP_RECLAIM_LIVE_PERCENT, &sp));
+	/* what the pack files hold beyond the live blobs: dead blobs, dead
+	 * packs, and files the index does not name (what packs/ takes on disk
+	 * beyond the named packs and a block of rounding each) */
+	uint64_t named = sp.pack_bytes + (sp.packs + 1) * 4096;
+	sp.reclaimable_bytes = (sp.pack_bytes > sp.live_bytes ? sp.pack_bytes - sp.live_bytes : 0) +
+	                       (sp.pack_disk_bytes > named ? sp.pack_disk_bytes - named : 0);
+	*out = sp;
+	return 0;
 }

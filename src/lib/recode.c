@@ -591,10 +591,12 @@ static int run_items(ulp_archive *a, item *it, size_t n, ulp_progress_fn progres
 	rc = ulp_db_begin(a);
 	if (rc == 0)
 		rc = ulp_pack_commit(w, name); /* invariant 2: durable first */
-	/* a pack of the same bytes that the index names already: its file is
-	 * that pack's now, which a discard would remove */
-	if (rc == 0 && (same = ulp_index_has_pack(a, name)) != 0)
-		rc = same < 0 ? same : ulp_arch_err(a, -ULP_E_EXIST, "%s/packs/%s: re-coded pack exists already", a->dir, name);
+	/* a pack of the same bytes that the index names already (a step
+	 * re-coded back to a coding it had, whose pack is not reclaimed yet):
+	 * its file is that pack's now, which a discard would remove, and the
+	 * rows move into it (ulp_index_pack_add: same name, same offsets) */
+	if (rc == 0 && (same = ulp_index_has_pack(a, name)) < 0)
+		rc = same;
 	crash_point(1);
 	if (rc == 0)
 		rc = ulp_index_rebase_apply(a, name, ulp_pack_size(w), rb, m);

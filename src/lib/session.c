@@ -110,6 +110,26 @@
  *     it and never waits for long for one still open for writing: that one
  *     stays staged (durable after ulp_session_fsync, invariant 2) until its
  *     last close queues it.
+ * 13. Space comes back by itself: the re-basing pass of invariant 9 is a
+ *     tidy pass (tidy): the index's re-basing queue, then, when an archived
+ *     file was removed since the last pass, the tensors coded against
+ *     removed steps (ulp_archive_rebase_orphans), then reclaiming
+ *     (ulp_archive_reclaim: packs with nothing live are unlinked, sparse
+ *     ones rewritten one at a time). Its rewrites stop as soon as a file is
+ *     queued or a barrier waits (stop_tidy), so archiving never waits more
+ *     than one pack's rewrite; the rest waits for the next pause. The pass
+ *     at close is whole, with the crash leftovers swept too.
+ * 14. The archiver chooses its order (DESIGN.md 5): the files queued at a
+ *     time are the archive's expected files (ulp_archive_expect), and it
+ *     takes first the queued file whose series has no queued file ranked
+ *     before it in the layout's order (layout.c invariant 5): references
+ *     before the steps coded against them, so steps queued together are
+ *     coded in their final layout, as an import codes them, and only the
+ *     newest step archived before them is re-coded. The expected set is
+ *     dropped whenever the queue empties, before any re-basing (a re-basing
+ *     plan would take an expected step for an anchor). Files without a
+ *     series keep their queue order. Durability and barriers are as before:
+ *     a barrier waits for every entry queued before it, whatever the order.
  */
 #include "arch_int.h"
 #include <errno.h>
@@ -191,17 +211,24 @@ struct ulp_session {
 	int pressed;           /* writers waiting in backpressure (invariant 11) */
 	int rebase_wanted;     /* the index may have queued re-basing work (recode.c) */
 	int64_t rebase_t;      /* CLOCK_MONOTONIC ns when rebase_wanted was set (invariant 9) */
+	int removed;           /* an archived file was removed since the last tidy: its
+	                          dependents may need re-basing (invariant 13) */
+	uint64_t order_seq;    /* enq_seq + done_seq when the queue was last ordered (invariant 14) */
+	int64_t q_oldest;      /* CLOCK_MONOTONIC ns when the oldest queued entry was queued */
+	int expecting;         /* the archive holds the queue's files as expected (invariant 14) */
 	int err;               /* code of a failed archiving not reported yet (invariant 8) */
 	pthread_t thread;
 	int thread_on;
 	/* counters */
 	uint64_t archived, archived_bytes, failed;
+	uint64_t tidies, reclaimed_bytes; /* tidy passes, and the bytes they gave back */
 	uint64_t busy_ns;      /* time the archiver spent archiving */
 };
 
 /* ---- helpers --------------------------------------------------------------- */
 
 static void writer_in(ulp_session *s, int d);
+static int still_writing(ulp_session *s, snode *n);
 
 static int64_t mono_ns(void)
 {
@@ -483,6 +510,8 @@ static int archive_node(ulp_session *s, snode *n)
 		if (r < 0 && r != -ULP_E_NOENT)
 			slog(s, "after archiving %s: %s", dst, ulp_archive_errmsg(s->a));
 		pthread_mutex_lock(&s->mu);
+		if (gone && r == 0)
+			s->removed = 1; /* (tidied when idle: invariant 13) */
 		if (gone || (moved && !to))
 			break;
 		if (!moved)
@@ -502,16 +531,124 @@ static int archive_node(ulp_session *s, snode *n)
 	return 0;
 }
 
-/* Re-bases what the index queued (mu held; released meanwhile): a failure
- * leaves the work queued in the index for the next time (invariant 9). */
-static void rebase_pending(ulp_session *s)
+/* Invariant 13: a tidy pass's rewrites end once archiving or a barrier
+ * wants the archiver. */
+static int stop_tidy(void *arg)
+{
+	ulp_session *s = arg;
+	pthread_mutex_lock(&s->mu);
+	int stop = (s->qhead != NULL || s->syncing) && !s->stop;
+	pthread_mutex_unlock(&s->mu);
+	return stop;
+}
+
+/* The queue's files are no longer expected (mu held; invariant 14). */
+static void forget_expected(ulp_session *s)
+{
+	if (s->expecting) {
+		ulp_layout_forget_expected(s->a);
+		s->expecting = 0;
+	}
+}
+
+/* Re-bases what the index queued, and what removals left, then reclaims
+ * (mu held; released meanwhile): a failure leaves the work queued in the
+ * index for the next time (invariants 9, 13). final: the pass at close. */
+static void tidy(ulp_session *s, int final)
 {
 	s->rebase_wanted = 0;
+	int removed = s->removed;
+	s->removed = 0;
+	forget_expected(s);
 	archiving_nice(s);
 	pthread_mutex_unlock(&s->mu);
-	if (ulp_archive_rebase_pending(s->a, NULL, NULL, NULL) < 0)
+	int rc = ulp_archive_rebase_pending(s->a, NULL, NULL, NULL);
+	if (rc == 0 && (removed || final))
+		rc = ulp_archive_rebase_orphans(s->a, NULL, NULL, NULL);
+	if (rc < 0)
 		slog(s, "re-basing: %s", ulp_archive_errmsg(s->a));
+	ulp_reclaim_opts o = {.full = final, .stop = final ? NULL : stop_tidy, .stop_arg = s};
+	ulp_gc_result g = {0};
+	if (ulp_archive_reclaim(s->a, &o, &g) < 0)
+		slog(s, "reclaiming space: %s", ulp_archive_errmsg(s->a));
 	pthread_mutex_lock(&s->mu);
+	if (rc < 0 && removed)
+		s->removed = 1; /* the orphans again next time */
+	s->tidies++;
+	s->reclaimed_bytes += g.bytes_reclaimed;
+}
+
+/*
+ * Invariant 14: moves to the queue's head the entry to archive next, and
+ * notes the oldest entry's time (mu held; released meanwhile). Ranks come
+ * from the layout of each series over its archived and queued steps.
+ */
+static void order_queue(ulp_session *s)
+{
+	uint64_t seq = s->enq_seq + s->done_seq;
+	if (!s->qhead || s->order_seq == seq)
+		return;
+	s->order_seq = seq;
+	size_t n = 0;
+	int64_t oldest = INT64_MAX;
+	for (snode *q = s->qhead; q; q = q->qnext) {
+		n++;
+		oldest = ULP_MIN(oldest, q->qtime);
+	}
+	s->q_oldest = oldest;
+	if (n < 2 || s->hold)
+		return;
+	snode **node = calloc(n, sizeof(*node));
+	char **path = calloc(n, sizeof(*path));
+	char **series = calloc(n, sizeof(*series));
+	uint32_t *rank = calloc(n, sizeof(*rank));
+	size_t m = 0;
+	if (node && path && series && rank)
+		for (snode *q = s->qhead; q; q = q->qnext)
+			if (q->path && final_name(q->path) && !still_writing(s, q) && (path[m] = strdup(q->path)))
+				node[m++] = q; /* pinned by its queue entry */
+	pthread_mutex_unlock(&s->mu);
+	int rc = m > 1 ? ulp_archive_expect(s->a, (const char *const *)path, m, rank) : -ULP_E_INVAL;
+	for (size_t i = 0; rc == 0 && i < m; i++)
+		if (ulp_parse_step(path[i], &series[i]) < 0 || !series[i])
+			series[i] = NULL;
+	pthread_mutex_lock(&s->mu);
+	if (rc == 0) {
+		s->expecting = 1;
+		/* the first entry, in queue order, that no queued step of its
+		 * series precedes in the layout's order */
+		snode *best = NULL;
+		for (snode *q = s->qhead; q && !best; q = q->qnext) {
+			size_t i = 0;
+			while (i < m && node[i] != q)
+				i++;
+			int first = 1;
+			for (size_t j = 0; i < m && series[i] && first && j < m; j++)
+				if (j != i && series[j] && node[j]->queued && rank[j] < rank[i] &&
+				    !strcmp(series[j], series[i]))
+					first = 0;
+			if (first)
+				best = q;
+		}
+		if (best && best != s->qhead) {
+			snode *prev = s->qhead;
+			while (prev->qnext != best)
+				prev = prev->qnext;
+			prev->qnext = best->qnext;
+			if (s->qtail == best)
+				s->qtail = prev;
+			best->qnext = s->qhead;
+			s->qhead = best;
+		}
+	}
+	for (size_t i = 0; i < m; i++) {
+		free(path[i]);
+		free(series[i]);
+	}
+	free(node);
+	free(path);
+	free(series);
+	free(rank);
 }
 
 /*
@@ -527,7 +664,7 @@ static int64_t defer_until(ulp_session *s)
 {
 	if (!s->qhead || s->stop || s->syncing || s->urgent || s->queued_bytes > s->o.staging_max / 2 || (s->bg_on && !s->defer))
 		return 0;
-	int64_t now = mono_ns(), until = s->qhead->qtime + DEFER_MAX;
+	int64_t now = mono_ns(), until = s->q_oldest + DEFER_MAX; /* (order_queue) */
 	if (s->writers == 0)
 		until = ULP_MIN(until, s->last_write_close + QUIET);
 	return until > now ? until : 0;
@@ -587,6 +724,7 @@ static void *archiver(void *arg)
 		while ((!s->qhead && !s->stop && !s->rebase_wanted) || (s->hold && !s->stop && !s->syncing))
 			pthread_cond_wait(&s->cv, &s->mu);
 		if (!s->qhead && !s->stop) { /* idle, and archivings or renames queued work */
+			forget_expected(s);
 			int64_t until = rebase_wait(s);
 			if (until < 0) {
 				pthread_cond_wait(&s->cv, &s->mu);
@@ -594,10 +732,11 @@ static void *archiver(void *arg)
 				struct timespec ts = {(time_t)(until / 1000000000), (long)(until % 1000000000)};
 				pthread_cond_timedwait(&s->cv, &s->mu, &ts);
 			} else {
-				rebase_pending(s);
+				tidy(s, 0);
 			}
 			continue;
 		}
+		order_queue(s);
 		int64_t until = defer_until(s);
 		if (!until)
 			until = release_wait(s);
@@ -625,7 +764,7 @@ static void *archiver(void *arg)
 		maybe_drop(s, n);
 		pthread_cond_broadcast(&s->cv);
 	}
-	rebase_pending(s); /* at close: the last archivings and renames */
+	tidy(s, 1); /* at close: the last archivings, renames and removals */
 	pthread_mutex_unlock(&s->mu);
 	return NULL;
 }
@@ -1214,6 +1353,17 @@ int ulp_session_fstat(ulp_sfile *h, ulp_stat *st)
 
 static void wait_archiving(ulp_session *s, snode *n);
 
+/* An archived file left the archive: the next idle pass re-bases what was
+ * coded against it and reclaims its blobs (invariant 13). */
+static void removed(ulp_session *s)
+{
+	pthread_mutex_lock(&s->mu);
+	s->removed = 1;
+	want_rebase(s);
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+}
+
 /*
  * A file unlinked while open, or replaced by a rename, is hidden under the
  * name t (invariant 6): a staged file stays a node under that name, an
@@ -1265,6 +1415,8 @@ static int hide(ulp_session *s, const char *f, const char *t)
 		int r = ulp_archive_remove(s->a, f);
 		if (r < 0 && r != -ULP_E_NOENT && rc == 0)
 			rc = r;
+		if (r == 0)
+			removed(s);
 	}
 	return rc;
 }
@@ -1448,6 +1600,7 @@ int ulp_session_rename(ulp_session *s, const char *f, const char *t, unsigned fl
 	if (rc == 0 && !ulp_session_hidden_name(t)) {
 		pthread_mutex_lock(&s->mu);
 		want_rebase(s); /* the archiver re-bases when idle (invariant 9) */
+		s->removed = 1; /* it may have replaced a file (invariant 13) */
 		pthread_cond_broadcast(&s->cv);
 		pthread_mutex_unlock(&s->mu);
 	}
@@ -1478,6 +1631,8 @@ int ulp_session_unlink(ulp_session *s, const char *path)
 	if (!n && ulp_session_hidden_name(path))
 		return 0;
 	rc = ulp_archive_remove(s->a, path);
+	if (rc == 0)
+		removed(s);
 	return rc == -ULP_E_NOENT && n ? 0 : rc;
 }
 

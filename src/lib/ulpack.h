@@ -412,9 +412,47 @@ typedef struct ulp_gc_result {
 } ulp_gc_result;
 /** Re-bases first (ulp_archive_rebase_pending, then _orphans: a removed
  *  step's blobs that kept files need are re-coded against a remaining
- *  step), then drops blobs nothing reaches (no file, no chain) and rewrites
- *  or removes the packs that held them, verifying every blob it rewrites. */
+ *  step), then reclaims everything (ulp_archive_reclaim with full set).
+ *  The library's write paths (a mount's session when idle and at close;
+ *  `ulpack import`, `rm`, `forget`) reclaim by themselves: gc is for
+ *  archives of older builds and for a forced full pass. */
 int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res);
+
+/* A pack is rewritten when less than this share of its bytes is live. */
+#define ULP_RECLAIM_LIVE_PERCENT 50u
+typedef struct ulp_reclaim_opts {
+	unsigned live_percent;   /* rewrite threshold (0: ULP_RECLAIM_LIVE_PERCENT) */
+	int full;                /* also remove pack files the index does not name
+	                            (a crash's leftovers) and dead processes' temporaries */
+	int (*stop)(void *arg);  /* asked before each pack rewrite: non-zero ends the
+	                            pass there (bounded steps; the rest waits) */
+	void *stop_arg;
+} ulp_reclaim_opts;
+/** Gives space back without re-basing: drops blobs nothing reaches, removes
+ *  packs with nothing live (an unlink), rewrites packs whose live share is
+ *  under the threshold (each blob decoded and checked first, each pack in
+ *  a transaction of its own), then truncates the index's write-ahead log.
+ *  Crash-safe as gc. Adds its counts to *res (may be NULL). o may be NULL. */
+int ulp_archive_reclaim(ulp_archive *a, const ulp_reclaim_opts *o, ulp_gc_result *res);
+
+/* Where the archive's disk space goes (ulp_archive_space). Disk figures are
+ * allocated blocks, as du(1) counts them. */
+typedef struct ulp_space {
+	uint64_t disk_bytes;        /* the archive directory: index, packs, staging */
+	uint64_t index_bytes;       /* of which ulpack.db with its -wal and -shm */
+	uint64_t pack_disk_bytes;   /* of which the files under packs/ */
+	uint64_t staging_bytes;     /* of which staged files (not archived yet) */
+	uint64_t pack_bytes;        /* bytes of the packs the index names */
+	uint64_t live_bytes;        /* bytes of the blobs a file or a chain needs */
+	uint64_t reclaimable_bytes; /* pack bytes nothing needs (dead blobs, dead or
+	                               unnamed pack files): what gc would give back */
+	uint64_t packs, dead_packs, sparse_packs; /* packs; with nothing live; under the threshold */
+	uint64_t pending_recodes;   /* files queued for re-basing (a newer step arrived,
+	                               a rename) and tensors coded against removed steps */
+} ulp_space;
+/** Measures the archive's disk use (a walk of its directory and index
+ *  queries; read-only archives too). */
+int ulp_archive_space(ulp_archive *a, ulp_space *out);
 
 /* ---- re-basing (recode.c) ------------------------------------------------
  *
