@@ -354,6 +354,10 @@ int ulp_index_run_steps(ulp_archive *a, const char *run, int (*cb)(void *arg, in
 int ulp_index_forget_steps(ulp_archive *a, const char *run, const int64_t *steps, size_t n);
 /* recode.c test hook: 1..3 exit the process at a point of a commit */
 extern int ulp_recode_crash_at;
+/* maint.c test hook: 1..7 exit the process (status 98) at a point of a
+ * reclaim: 1-3 around the first drop's commit and unlinks, 4 before a
+ * rewrite's commit, 5-7 around the drop of the packs rewrites emptied */
+extern int ulp_reclaim_crash_at;
 
 /* ---- packs (pack.c) ---------------------------------------------------- */
 

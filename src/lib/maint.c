@@ -405,6 +405,15 @@ static uint64_t sweep_files(ulp_archive *a)
 	return freed;
 }
 
+int ulp_reclaim_crash_at;
+
+/* test hook: the process ends here, as a kill -9 would end it */
+static void crash_point(int at)
+{
+	if (ulp_reclaim_crash_at == at)
+		_exit(98);
+}
+
 /* Removes the file of a pack whose row was dropped (invariant 4): 1 if it
  * was there. */
 static int unlink_pack(ulp_archive *a, const packinfo *pi)
@@ -448,6 +457,7 @@ static int rewrite_one(ulp_archive *a, packinfo *pi, ulp_gc_result *r)
 		rc = ulp_index_pack_add(a, name, ulp_pack_size(rx.w), &nid);
 	for (size_t k = 0; rc == 0 && k < rx.n; k++)
 		rc = ulp_index_blob_move(a, rx.m[k].content, nid, rx.m[k].offset);
+	crash_point(4);
 	if (rc == 0)
 		rc = ulp_db_commit(a);
 	if (rc == 0) {
@@ -482,16 +492,19 @@ static int drop_dead(ulp_archive *a, int sweep, gctx *g, ulp_gc_result *r)
 	for (size_t i = 0; rc == 0 && i < g->n; i++)
 		if (g->p[i].blobs == 0 && (rc = ulp_index_pack_drop(a, g->p[i].id)) == 0)
 			g->p[i].new_name[0] = 'x'; /* its row dropped */
+	crash_point(sweep ? 1 : 5);
 	if (rc == 0)
 		rc = ulp_db_commit(a);
 	if (rc < 0) {
 		ulp_db_rollback(a);
 		return rc;
 	}
+	crash_point(sweep ? 2 : 6);
 	for (size_t i = 0; i < g->n; i++)
 		if (g->p[i].new_name[0] && unlink_pack(a, &g->p[i])) {
 			packs++;
 			bytes += g->p[i].size;
+			crash_point(sweep ? 3 : 7);
 		}
 	r->blobs_removed += removed;
 	r->packs_removed += packs;

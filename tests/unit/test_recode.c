@@ -12,6 +12,11 @@
  * arrives between two archived ones (the queue) re-base their storages;
  * every file reads back byte for byte, verify passes and the stored size
  * drops to within a few % of an archive of the same steps put in order.
+ * Reclaiming (maint.c) removes dead packs and rewrites a sparse one, and a
+ * process killed at each of its points leaves an archive that reads back,
+ * verifies, has no stray or missing pack, and is finished by the next
+ * reclaim; removing the newest step (its predecessor re-coded back to its
+ * first coding, whose pack is still there) leaves gc and forget working.
  */
 #include "tap.h"
 #include "arch_int.h"
@@ -312,6 +317,129 @@ static void test_crash(void)
 	}
 }
 
+
+/* Files under packs/ against the packs the index names: 1 if they are the
+ * same set (no stray file, no missing one). */
+static int packs_match(ulp_archive *a, const char *name)
+{
+	char dir[700], cmd[900];
+	snprintf(dir, sizeof(dir), "%s/%s/packs", root, name);
+	ulp_space sp;
+	REQUIRE(ulp_archive_space(a, &sp) == 0, "space: %s", ulp_archive_errmsg(a));
+	snprintf(cmd, sizeof(cmd), "ls '%s' | grep -c '\\.pack$'", dir);
+	FILE *p = popen(cmd, "r");
+	unsigned long files = 0;
+	REQUIRE(p && fscanf(p, "%lu", &files) == 1, "count packs");
+	pclose(p);
+	if (files != sp.packs)
+		fprintf(stderr, "# %s: %lu pack files, the index names %llu\n", name, files,
+		        (unsigned long long)sp.packs);
+	return files == sp.packs;
+}
+
+/* Garbage of every kind: steps 1..6 put one at a time (each newest an
+ * anchor, re-coded when the next arrives), step 6 removed (5 is an anchor
+ * again: the bytes of its first pack), step 2 removed, and tensor w of step
+ * 1 made an anchor (its pack keeps only the small tensors: a sparse pack). */
+static const int garbage_kept[] = {1, 3, 4, 5};
+static ulp_archive *with_garbage(const char *name)
+{
+	ulp_archive *a = fresh(name, 0);
+	for (int s = 1; s <= 6; s++) {
+		char p[128];
+		path_of(p, sizeof(p), "checkpoint-%d", s);
+		REQUIRE(put(a, p, s) == 0, "put: %s", ulp_archive_errmsg(a));
+		REQUIRE(ulp_archive_rebase_pending(a, NULL, NULL, NULL) == 0, "pending: %s", ulp_archive_errmsg(a));
+	}
+	REQUIRE(ulp_archive_remove(a, "run/checkpoint-6/model.safetensors") == 0, "remove 6");
+	REQUIRE(ulp_archive_remove(a, "run/checkpoint-2/model.safetensors") == 0, "remove 2");
+	REQUIRE(ulp_archive_rebase_orphans(a, NULL, NULL, NULL) == 0, "orphans: %s", ulp_archive_errmsg(a));
+	return a;
+}
+
+/* issue 28 item 1: removing the newest step re-codes the one before it back
+ * to the anchor it was first archived as; that pack is still there (not
+ * reclaimed yet), so the re-coded pack has its name: it is that pack again,
+ * and every later gc and forget works */
+static void test_newest_removed(void)
+{
+	ulp_archive *a = fresh("newest-removed", 0);
+	for (int s = 1; s <= 3; s++) {
+		char p[128];
+		path_of(p, sizeof(p), "checkpoint-%d", s);
+		REQUIRE(put(a, p, s) == 0, "put: %s", ulp_archive_errmsg(a));
+		REQUIRE(ulp_archive_rebase_pending(a, NULL, NULL, NULL) == 0, "pending: %s", ulp_archive_errmsg(a));
+	}
+	CHECK(ulp_archive_remove(a, "run/checkpoint-3/model.safetensors") == 0, "remove the newest step");
+	ulp_rebase_result rb;
+	CHECK(ulp_archive_rebase_orphans(a, NULL, NULL, &rb) == 0 && rb.anchors >= 1,
+	      "the new newest step is re-coded as an anchor: %s", ulp_archive_errmsg(a));
+	ulp_gc_result g;
+	CHECK(ulp_archive_gc(a, &g) == 0, "gc after it: %s", ulp_archive_errmsg(a));
+	CHECK(ulp_archive_gc(a, &g) == 0, "a second gc: %s", ulp_archive_errmsg(a));
+	ulp_forget_opts o = {.keep_last = 1};
+	CHECK(ulp_archive_forget(a, "run", &o, NULL, NULL) == 1, "forget: %s", ulp_archive_errmsg(a));
+	CHECK(ulp_archive_gc(a, &g) == 0, "gc after forget: %s", ulp_archive_errmsg(a));
+	static const int kept[] = {2};
+	check_all(a, "newest removed", kept, 1, ULP_DEFAULT_MAX_CHAIN);
+	ulp_space sp;
+	CHECK(ulp_archive_space(a, &sp) == 0 && sp.dead_packs == 0 && sp.reclaimable_bytes * 100 <= sp.live_bytes &&
+	      sp.pending_recodes == 0, "nothing left to reclaim (%llu bytes, %llu re-codes)",
+	      (unsigned long long)sp.reclaimable_bytes, (unsigned long long)sp.pending_recodes);
+	CHECK(packs_match(a, "newest-removed"), "pack files are the index's");
+	ulp_archive_close(a);
+}
+
+/* issue 24: reclaiming alone gives back every dead pack and rewrites the
+ * sparse one, verified; a process killed at each point of it leaves an
+ * archive that reads back and verifies, and the next reclaim finishes */
+static void test_reclaim(void)
+{
+	ulp_archive *a = with_garbage("reclaim");
+	ulp_space before, after;
+	REQUIRE(ulp_archive_space(a, &before) == 0, "space");
+	REQUIRE(ulp_archive_rebase(a, "run/checkpoint-1/model.safetensors", "w", NULL, NULL) == 0, "w of 1: %s",
+	        ulp_archive_errmsg(a));
+	ulp_gc_result g = {0};
+	CHECK(ulp_archive_reclaim(a, NULL, &g) == 0, "reclaim: %s", ulp_archive_errmsg(a));
+	CHECK(g.packs_removed >= 3 && g.packs_rewritten >= 1, "%llu packs removed, %llu rewritten",
+	      (unsigned long long)g.packs_removed, (unsigned long long)g.packs_rewritten);
+	CHECK(ulp_archive_space(a, &after) == 0 && after.reclaimable_bytes * 10 < before.reclaimable_bytes &&
+	      after.dead_packs == 0 && after.sparse_packs == 0,
+	      "reclaimable %llu -> %llu bytes", (unsigned long long)before.reclaimable_bytes,
+	      (unsigned long long)after.reclaimable_bytes);
+	check_all(a, "reclaim", garbage_kept, 4, ULP_DEFAULT_MAX_CHAIN);
+	CHECK(packs_match(a, "reclaim"), "pack files are the index's");
+	ulp_archive_close(a);
+	for (int at = 1; at <= 7; at++) {
+		char name[64];
+		snprintf(name, sizeof(name), "reclaim-crash-%d", at);
+		a = with_garbage(name);
+		REQUIRE(ulp_archive_rebase(a, "run/checkpoint-1/model.safetensors", "w", NULL, NULL) == 0, "w of 1");
+		ulp_archive_close(a);
+		pid_t pid = fork();
+		REQUIRE(pid >= 0, "fork");
+		if (pid == 0) {
+			ulp_archive *c = reopen(name, 0);
+			ulp_reclaim_crash_at = at;
+			ulp_reclaim_opts o = {.full = 1};
+			ulp_archive_reclaim(c, &o, NULL);
+			_exit(0);
+		}
+		int st;
+		waitpid(pid, &st, 0);
+		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 98, "killed at point %d of a reclaim", at);
+		a = reopen(name, 0);
+		check_all(a, name, garbage_kept, 4, ULP_DEFAULT_MAX_CHAIN);
+		ulp_reclaim_opts o = {.full = 1};
+		CHECK(ulp_archive_reclaim(a, &o, NULL) == 0, "point %d: the next reclaim: %s", at, ulp_archive_errmsg(a));
+		check_all(a, name, garbage_kept, 4, ULP_DEFAULT_MAX_CHAIN);
+		ulp_space sp;
+		CHECK(ulp_archive_space(a, &sp) == 0 && sp.dead_packs == 0 && sp.sparse_packs == 0 && packs_match(a, name),
+		      "point %d: finished later, no stray or missing pack", at);
+		ulp_archive_close(a);
+	}
+}
 
 /* issue 17: the layout rule (layout.c) on its own */
 static void test_layout_rule(void)
@@ -973,6 +1101,8 @@ int main(void)
 	test_name_order();
 	test_rename();
 	test_crash();
+	test_newest_removed();
+	test_reclaim();
 	test_stale_blob();
 	test_write_to();
 	torch_inputs();
