@@ -44,6 +44,18 @@ int cli_opt_missing(const char *opt);
  * file) and returns -1. */
 int cli_read_file(const char *path, uint8_t **buf, size_t *len);
 
+/* A progress line on stderr, redrawn in place ("gc [####    ]  42.0% of
+ * 310.5 MB"), ended by a newline once done reaches total; what names the
+ * work. Draws nothing unless stderr is a terminal. A ulp_progress_fn with
+ * what as its argument: cli_progress_fn. */
+void cli_progress(const char *what, uint64_t done, uint64_t total);
+void cli_progress_fn(void *what, uint64_t done, uint64_t total);
+/* Clears a progress line left unfinished (work that stopped early). */
+void cli_progress_end(void);
+/* Prints an archive's disk use (ulp_archive_space) as one line, or 0 if it
+ * could not be measured (then prints nothing). */
+int cli_print_space(ulp_archive *a, FILE *f);
+
 /* Monotonic seconds. */
 double cli_now(void);
 

@@ -29,12 +29,13 @@ enum {
 	OPT_PREFIX = 1 << 5,    /* --prefix P */
 	OPT_ALL = 1 << 6,       /* --all */
 	OPT_PROGRESS = 1 << 7,  /* --progress */
+	OPT_DRY_RUN = 1 << 8,   /* --dry-run */
 	OPT_DECODE = OPT_CACHE | OPT_THREADS, /* every command that decodes */
 };
 
 typedef struct aopts {
 	ulp_archive_opts o;
-	int json, recursive, all, progress;
+	int json, recursive, all, progress, dry_run;
 	const char *prefix;
 	const char *pos[4];
 	int npos;
@@ -53,7 +54,7 @@ static int parse_common(int argc, char **argv, aopts *ao, const char *usage, int
 		{"--json", OPT_JSON, 0},           {"-r", OPT_RECURSIVE, 0},     {"--recursive", OPT_RECURSIVE, 0},
 		{"--all", OPT_ALL, 0},             {"--max-chain", OPT_MAX_CHAIN, 1}, {"--cache-size", OPT_CACHE, 1},
 		{"--threads", OPT_THREADS, 1},     {"--prefix", OPT_PREFIX, 1},
-		{"--progress", OPT_PROGRESS, 0},
+		{"--progress", OPT_PROGRESS, 0},   {"--dry-run", OPT_DRY_RUN, 0},
 	};
 	memset(ao, 0, sizeof(*ao));
 	for (int i = 1; i < argc; i++) {
@@ -94,6 +95,7 @@ static int parse_common(int argc, char **argv, aopts *ao, const char *usage, int
 		case OPT_RECURSIVE: ao->recursive = 1; break;
 		case OPT_ALL: ao->all = 1; break;
 		case OPT_PROGRESS: ao->progress = 1; break;
+		case OPT_DRY_RUN: ao->dry_run = 1; break;
 		case OPT_PREFIX: ao->prefix = v; break;
 		case OPT_MAX_CHAIN: /* 0 would mean "the archive's value" to the library: not an input */
 			if (cli_opt_int(a, v, 1, ULP_MAX_CHAIN, &n))
@@ -509,6 +511,10 @@ int cmd_import(int argc, char **argv)
 		raw += pend.raw_bytes;
 		stored += pend.stored_bytes;
 	}
+	/* steps put beside archived ones, or over them: re-coded and reclaimed
+	 * now, so that the import leaves no garbage */
+	if (status == 0 && ulp_archive_gc(a, NULL) < 0)
+		status = cli_fail("%s", ulp_archive_errmsg(a));
 	if (show) {
 		pthread_mutex_lock(&pg.mu);
 		pg.stop = 1;
@@ -728,6 +734,8 @@ int cmd_steps(int argc, char **argv)
 			status = cli_fail("%s", ulp_archive_errmsg(a));
 		else if (!c.json && !c.steps)
 			printf("no step directories under %s\n", prefix[0] ? prefix : "the archive's root");
+		if (rc >= 0 && !c.json)
+			cli_print_space(a, stdout); /* the whole archive's */
 	}
 	ulp_archive_close(a);
 	return status;
@@ -856,6 +864,7 @@ typedef struct ectx {
 	int root;             /* 1: effective uid 0: owners are restored */
 	unsigned depth;       /* directories entered: DEST itself (0) may be a symlink */
 	unsigned long failed; /* entries reported as not written in full (invariant 3) */
+	uint64_t done, total; /* file bytes written, and to write (the progress line) */
 } ectx;
 
 typedef struct dirlist {
@@ -1054,6 +1063,8 @@ static int export_file(ectx *e, int dirfd, const char *name, const char *apath, 
 	}
 	if (!written)
 		unlinkat(dirfd, tmp, 0);
+	e->done += st->size;
+	cli_progress("export", e->done, e->total);
 	return rc;
 }
 
@@ -1107,7 +1118,7 @@ int cmd_export(int argc, char **argv)
 		return rc;
 	}
 	ulp_archive *a = open_archive(&ao, 1);
-	ectx e = {a, malloc(IO_BLOCK), geteuid() == 0, 0, 0};
+	ectx e = {a, malloc(IO_BLOCK), geteuid() == 0, 0, 0, 0, 0};
 	ulp_stat st;
 	int status = 0;
 	if (!a)
@@ -1116,8 +1127,13 @@ int cmd_export(int argc, char **argv)
 		status = cli_fail("out of memory");
 	else if (ulp_archive_stat(a, ao.pos[1], &st) < 0)
 		status = cli_fail("%s", ulp_archive_errmsg(a));
-	else if (export_entry(&e, dfd, base, ao.pos[1], dest, &st) < 0)
-		e.failed++;
+	else {
+		ulp_report r;
+		e.total = ulp_archive_report(a, ao.pos[1], NULL, NULL, &r) == 0 ? r.raw_bytes : st.size;
+		if (export_entry(&e, dfd, base, ao.pos[1], dest, &st) < 0)
+			e.failed++;
+		cli_progress_end();
+	}
 	if (e.failed)
 		status = cli_fail("%s: %lu entr%s not written in full (listed above)", dest, e.failed,
 		                  e.failed == 1 ? "y" : "ies");
@@ -1274,7 +1290,12 @@ int cmd_stat(int argc, char **argv)
 			       (unsigned long long)t->anchors);
 			first = 0;
 		}
-		printf("\n  },\n  \"total\": {\"files\": %llu, \"raw_bytes\": %llu, \"stored_bytes\": %llu,"
+		ulp_space sp;
+		char js[1024] = "null";
+		if (ulp_archive_space(a, &sp) == 0)
+			ulp_space_json(&sp, js, sizeof(js));
+		printf("\n  },\n  \"space\": %s", js);
+		printf(",\n  \"total\": {\"files\": %llu, \"raw_bytes\": %llu, \"stored_bytes\": %llu,"
 		       " \"ratio\": %.6f, \"blobs\": %llu, \"pack_bytes\": %llu, \"max_chain_depth\": %u,"
 		       " \"other_raw_bytes\": %llu, \"other_stored_bytes\": %llu}\n}\n",
 		       (unsigned long long)r.files, (unsigned long long)r.raw_bytes,
@@ -1308,6 +1329,7 @@ int cmd_stat(int argc, char **argv)
 		       (unsigned long long)r.files, (unsigned long long)r.raw_bytes, (unsigned long long)r.stored_bytes,
 		       r.raw_bytes ? (double)r.stored_bytes / (double)r.raw_bytes : 0.0, (unsigned long long)r.blobs,
 		       (unsigned long long)r.pack_bytes, r.max_chain_depth);
+		cli_print_space(a, stdout);
 	}
 	free(s.runs);
 	ulp_archive_close(a);
@@ -1360,7 +1382,8 @@ int cmd_verify(int argc, char **argv)
 	} else {
 		if (v.json)
 			printf("{\n  \"damaged\": [");
-		bad = ulp_archive_verify(a, path, print_bad, &v);
+		bad = ulp_archive_verify_progress(a, path, print_bad, &v, v.json ? NULL : cli_progress_fn, "verify");
+		cli_progress_end();
 		if (v.json)
 			printf("%s],\n  \"files\": %llu,\n  \"raw_bytes\": %llu,\n  \"damaged_count\": %lld,\n"
 			       "  \"ok\": %s\n}\n", v.n ? "\n  " : "", (unsigned long long)r.files,
@@ -1451,6 +1474,10 @@ int cmd_rm(int argc, char **argv)
 		status = cli_fail("%s: is a directory (use -r)", path);
 	else
 		status = rm_tree(a, path);
+	/* what was coded against the removed files is re-coded, their space
+	 * reclaimed (even after a partial failure: what did go) */
+	if (ulp_archive_gc(a, NULL) < 0 && status == 0)
+		status = cli_fail("%s", ulp_archive_errmsg(a));
 	ulp_archive_close(a);
 	return status;
 }
@@ -1459,23 +1486,64 @@ int cmd_gc(int argc, char **argv)
 {
 	aopts ao;
 	int rc = parse_common(argc, argv, &ao,
-	                      "usage: ulpack gc ARCHIVE [--cache-size S] [--threads N]\nDrops blobs that no file and no chain needs, and"
-	                      " rewrites or removes the packs that held them.\n", 1, 1, OPT_DECODE);
+	                      "usage: ulpack gc ARCHIVE [--dry-run] [--json] [--cache-size S] [--threads N]\n"
+	                      "Re-codes what removed steps left behind, drops blobs that no file and no chain\n"
+	                      "needs, removes the packs left with nothing live and rewrites those less than half\n"
+	                      "live. Mounts, import, rm and forget do this by themselves: gc is for archives of\n"
+	                      "older builds and a forced full pass. --dry-run only measures: disk use, live and\n"
+	                      "reclaimable bytes, pending re-codes.\n",
+	                      1, 1, OPT_DECODE | OPT_JSON | OPT_DRY_RUN);
 	if (rc)
 		return rc == -1 ? 0 : 2;
-	ulp_archive *a = open_archive(&ao, 0);
+	ulp_archive *a = open_archive(&ao, ao.dry_run);
 	if (!a)
 		return 1;
-	ulp_gc_result r;
+	ulp_gc_result r = {0};
+	ulp_rebase_result rb1 = {0}, rb2 = {0};
+	ulp_space before, after;
 	int status = 0;
-	if (ulp_archive_gc(a, &r) < 0)
+	char js[1024], js2[1024];
+	if (ulp_archive_space(a, &before) < 0) {
 		status = cli_fail("%s", ulp_archive_errmsg(a));
-	else
-		printf("gc: %llu blobs dropped, %llu packs removed, %llu rewritten, %llu bytes reclaimed,"
-		       " %llu blobs re-based\n",
-		       (unsigned long long)r.blobs_removed, (unsigned long long)r.packs_removed,
-		       (unsigned long long)r.packs_rewritten, (unsigned long long)r.bytes_reclaimed,
-		       (unsigned long long)r.blobs_rebased);
+	} else if (ao.dry_run) {
+		ulp_space_json(&before, js, sizeof(js));
+		if (ao.json)
+			printf("{\"dry_run\": true, \"space\": %s}\n", js);
+		else
+			printf("dry run: %llu of %llu bytes on disk reclaimable (%llu live); %llu re-codes pending\n",
+			       (unsigned long long)before.reclaimable_bytes, (unsigned long long)before.disk_bytes,
+			       (unsigned long long)before.live_bytes, (unsigned long long)before.pending_recodes);
+	} else {
+		/* what ulp_archive_gc does, with a progress line for each part */
+		ulp_progress_fn bar = ao.json ? NULL : cli_progress_fn;
+		ulp_reclaim_opts o = {.full = 1, .progress = bar, .progress_arg = "gc: rewriting packs"};
+		rc = ulp_archive_rebase_pending(a, bar, "gc: re-basing", &rb1);
+		if (rc == 0)
+			rc = ulp_archive_rebase_orphans(a, bar, "gc: re-basing", &rb2);
+		if (rc == 0)
+			rc = ulp_archive_reclaim(a, &o, &r);
+		if (rc == 0)
+			rc = ulp_archive_space(a, &after);
+		r.blobs_rebased = rb1.recoded + rb2.recoded;
+		if (rc < 0) {
+			status = cli_fail("%s", ulp_archive_errmsg(a));
+		} else if (ao.json) {
+			ulp_space_json(&before, js, sizeof(js));
+			ulp_space_json(&after, js2, sizeof(js2));
+			printf("{\"dry_run\": false, \"blobs_removed\": %llu, \"packs_removed\": %llu, \"packs_rewritten\": %llu,"
+			       " \"bytes_reclaimed\": %llu, \"blobs_rebased\": %llu, \"before\": %s, \"after\": %s}\n",
+			       (unsigned long long)r.blobs_removed, (unsigned long long)r.packs_removed,
+			       (unsigned long long)r.packs_rewritten, (unsigned long long)r.bytes_reclaimed,
+			       (unsigned long long)r.blobs_rebased, js, js2);
+		} else {
+			printf("gc: %llu blobs dropped, %llu packs removed, %llu rewritten, %llu bytes reclaimed,"
+			       " %llu blobs re-based; disk %llu -> %llu bytes\n",
+			       (unsigned long long)r.blobs_removed, (unsigned long long)r.packs_removed,
+			       (unsigned long long)r.packs_rewritten, (unsigned long long)r.bytes_reclaimed,
+			       (unsigned long long)r.blobs_rebased, (unsigned long long)before.disk_bytes,
+			       (unsigned long long)after.disk_bytes);
+		}
+	}
 	ulp_archive_close(a);
 	return status;
 }

@@ -53,6 +53,53 @@ int cli_fail(const char *fmt, ...)
 	return 1;
 }
 
+static int progress_open; /* a progress line is drawn and not ended */
+
+void cli_progress(const char *what, uint64_t done, uint64_t total)
+{
+	static int tty = -1;
+	if (tty < 0)
+		tty = isatty(STDERR_FILENO);
+	if (!tty || total == 0)
+		return;
+	progress_open = done < total;
+	if (done > total)
+		done = total;
+	int w = 40, f = total ? (int)((double)done / (double)total * w) : w;
+	fprintf(stderr, "\r%s [%.*s%*s] %5.1f%% of %.1f MB", what, f, "########################################",
+	        w - f, "", total ? 100.0 * (double)done / (double)total : 100.0, (double)total / 1e6);
+	if (done >= total)
+		fputc('\n', stderr);
+	fflush(stderr);
+}
+
+void cli_progress_end(void)
+{
+	if (progress_open)
+		fputs("\r\033[K", stderr);
+	progress_open = 0;
+}
+
+void cli_progress_fn(void *what, uint64_t done, uint64_t total)
+{
+	cli_progress(what, done, total);
+}
+
+int cli_print_space(ulp_archive *a, FILE *f)
+{
+	ulp_space sp;
+	if (ulp_archive_space(a, &sp) < 0)
+		return 0;
+	fprintf(f, "disk: %llu bytes (packs %llu, index %llu, staging %llu); live %llu; reclaimable %llu"
+	        " (%llu of %llu packs with nothing live, %llu under %u%% live); pending re-codes %llu\n",
+	        (unsigned long long)sp.disk_bytes, (unsigned long long)sp.pack_disk_bytes,
+	        (unsigned long long)sp.index_bytes, (unsigned long long)sp.staging_bytes,
+	        (unsigned long long)sp.live_bytes, (unsigned long long)sp.reclaimable_bytes,
+	        (unsigned long long)sp.dead_packs, (unsigned long long)sp.packs,
+	        (unsigned long long)sp.sparse_packs, ULP_RECLAIM_LIVE_PERCENT, (unsigned long long)sp.pending_recodes);
+	return 1;
+}
+
 int cli_opt_int(const char *opt, const char *val, int64_t min, int64_t max, int64_t *out)
 {
 	int rc = ulp_parse_int(val, min, max, out);

@@ -60,7 +60,22 @@ typedef struct vctx {
 	vfile *f;
 	size_t n, cap;
 	uint64_t total, largest;
+	ulp_progress_fn progress; /* called under mu, in order of done */
+	void *parg;
+	pthread_mutex_t mu;
+	uint64_t done;            /* under mu */
 } vctx;
+
+/* n more bytes decoded and hashed (any thread) */
+static void verify_advance(vctx *v, uint64_t n)
+{
+	if (!v || !v->progress)
+		return;
+	pthread_mutex_lock(&v->mu);
+	v->done += n;
+	v->progress(v->parg, v->done, v->total);
+	pthread_mutex_unlock(&v->mu);
+}
 
 static int list_file(void *arg, const char *path, const ulp_stat *st)
 {
@@ -94,7 +109,7 @@ static void *hash_thread(void *arg)
 /* Decodes one file and compares its sha256. pipelined: the file's SHA-256 of
  * block k runs on its own thread while block k+1 decodes (on the pool), so
  * the hash is never a pass of its own. */
-static int verify_file(ulp_archive *a, vfile *vf, int pipelined)
+static int verify_file(ulp_archive *a, vfile *vf, int pipelined, vctx *v)
 {
 	ulp_file *f;
 	uint8_t *buf[2] = {malloc(VERIFY_BLOCK), pipelined ? malloc(VERIFY_BLOCK) : NULL};
@@ -124,6 +139,7 @@ static int verify_file(ulp_archive *a, vfile *vf, int pipelined)
 			else
 				hash_thread(&h);
 			off += (uint64_t)n;
+			verify_advance(v, (uint64_t)n);
 		}
 		if (running)
 			pthread_join(th, NULL);
@@ -148,7 +164,7 @@ static int verify_file(ulp_archive *a, vfile *vf, int pipelined)
 static int verify_job(void *arg, size_t i)
 {
 	vctx *v = arg;
-	return verify_file(v->a, &v->f[i], 0);
+	return verify_file(v->a, &v->f[i], 0, v);
 }
 
 /*
@@ -159,16 +175,27 @@ static int verify_job(void *arg, size_t i)
 int64_t ulp_archive_verify(ulp_archive *a, const char *prefix,
                            void (*bad)(void *arg, const char *path, const char *why), void *arg)
 {
-	vctx v = {a, NULL, 0, 0, 0, 0};
+	return ulp_archive_verify_progress(a, prefix, bad, arg, NULL, NULL);
+}
+
+int64_t ulp_archive_verify_progress(ulp_archive *a, const char *prefix,
+                                    void (*bad)(void *arg, const char *path, const char *why), void *arg,
+                                    ulp_progress_fn progress, void *parg)
+{
+	vctx v = {.a = a, .progress = progress, .parg = parg};
+	pthread_mutex_init(&v.mu, NULL);
 	int rc = ulp_index_files(a, prefix, list_file, &v);
 	int threads = ulp_pool_threads(a->pool);
 	if (rc == 0) {
+		if (progress)
+			progress(parg, 0, v.total);
 		if (threads > 1 && v.n >= (size_t)threads && v.largest <= v.total / 2)
 			ulp_pool_run(a->pool, v.n, verify_job, &v);
 		else
 			for (size_t i = 0; i < v.n; i++)
-				verify_file(a, &v.f[i], threads > 1);
+				verify_file(a, &v.f[i], threads > 1, &v);
 	}
+	pthread_mutex_destroy(&v.mu);
 	int64_t damaged = 0;
 	for (size_t i = 0; rc == 0 && i < v.n; i++) {
 		vfile *f = &v.f[i];
@@ -533,12 +560,19 @@ int ulp_archive_reclaim(ulp_archive *a, const ulp_reclaim_opts *o, ulp_gc_result
 	pthread_mutex_lock(&a->write_mu);
 	int rc = drop_dead(a, 1, &g, &r);
 	pthread_mutex_unlock(&a->write_mu);
-	uint64_t rewritten = r.packs_rewritten;
+	uint64_t rewritten = r.packs_rewritten, total = 0, done = 0;
+	for (size_t i = 0; rc == 0 && i < g.n; i++)
+		total += !g.p[i].new_name[0] && want_rewrite(&g.p[i], pct) ? g.p[i].size : 0;
+	if (o && o->progress && total)
+		o->progress(o->progress_arg, 0, total);
 	for (size_t i = 0; rc == 0 && i < g.n; i++) {
 		if (g.p[i].new_name[0] || !want_rewrite(&g.p[i], pct))
 			continue;
 		if (ask_stop(o))
 			break;
+		if (o && o->progress && done)
+			o->progress(o->progress_arg, done, total);
+		done += g.p[i].size;
 		pthread_mutex_lock(&a->write_mu);
 		/* its live share again, inside the lock: a put or a re-coding may
 		 * have moved rows meanwhile */
@@ -556,6 +590,8 @@ int ulp_archive_reclaim(ulp_archive *a, const ulp_reclaim_opts *o, ulp_gc_result
 		pthread_mutex_unlock(&a->write_mu);
 		free(one.p);
 	}
+	if (o && o->progress && total)
+		o->progress(o->progress_arg, total, total);
 	if (rc == 0 && r.packs_rewritten > rewritten) { /* the packs they left empty */
 		pthread_mutex_lock(&a->write_mu);
 		ulp_gc_result r2 = {0};
@@ -655,4 +691,19 @@ int ulp_archive_space(ulp_archive *a, ulp_space *out)
 	                       (sp.pack_disk_bytes > named ? sp.pack_disk_bytes - named : 0);
 	*out = sp;
 	return 0;
+}
+
+int ulp_space_json(const ulp_space *sp, char *dst, size_t cap)
+{
+	return snprintf(dst, cap,
+	                "{\"disk_bytes\": %llu, \"index_bytes\": %llu, \"pack_disk_bytes\": %llu,"
+	                " \"staging_bytes\": %llu, \"pack_bytes\": %llu, \"live_bytes\": %llu,"
+	                " \"reclaimable_bytes\": %llu, \"packs\": %llu, \"dead_packs\": %llu,"
+	                " \"sparse_packs\": %llu, \"pending_recodes\": %llu}",
+	                (unsigned long long)sp->disk_bytes, (unsigned long long)sp->index_bytes,
+	                (unsigned long long)sp->pack_disk_bytes, (unsigned long long)sp->staging_bytes,
+	                (unsigned long long)sp->pack_bytes, (unsigned long long)sp->live_bytes,
+	                (unsigned long long)sp->reclaimable_bytes, (unsigned long long)sp->packs,
+	                (unsigned long long)sp->dead_packs, (unsigned long long)sp->sparse_packs,
+	                (unsigned long long)sp->pending_recodes);
 }

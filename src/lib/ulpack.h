@@ -406,6 +406,9 @@ int ulp_archive_rename(ulp_archive *a, const char *from, const char *to);
 enum { ULP_SET_MODE = 1, ULP_SET_OWNER = 2, ULP_SET_MTIME = 4 };
 int ulp_archive_setattr(ulp_archive *a, const char *path, unsigned which, const ulp_meta *meta);
 
+/* Progress of a long call: done of total (bytes, unless it says otherwise). */
+typedef void (*ulp_progress_fn)(void *arg, uint64_t done, uint64_t total);
+
 typedef struct ulp_gc_result {
 	uint64_t blobs_removed, packs_removed, packs_rewritten, bytes_reclaimed;
 	uint64_t blobs_rebased;  /* blobs re-coded off removed steps or onto nearer ones */
@@ -427,6 +430,8 @@ typedef struct ulp_reclaim_opts {
 	int (*stop)(void *arg);  /* asked before each pack rewrite: non-zero ends the
 	                            pass there (bounded steps; the rest waits) */
 	void *stop_arg;
+	ulp_progress_fn progress; /* bytes of sparse packs rewritten of those to rewrite */
+	void *progress_arg;
 } ulp_reclaim_opts;
 /** Gives space back without re-basing: drops blobs nothing reaches, removes
  *  packs with nothing live (an unlink), rewrites packs whose live share is
@@ -453,6 +458,11 @@ typedef struct ulp_space {
 /** Measures the archive's disk use (a walk of its directory and index
  *  queries; read-only archives too). */
 int ulp_archive_space(ulp_archive *a, ulp_space *out);
+/** sp as one JSON object ({"disk_bytes": ..., ...}, every field) into
+ *  dst[cap], NUL-terminated: the form of `ulpack stat --json`'s "space", of
+ *  `ulpack gc --json` and of the mount root's user.ulpack.space.
+ *  @return its length (truncated if >= cap). */
+int ulp_space_json(const ulp_space *sp, char *dst, size_t cap);
 
 /* ---- re-basing (recode.c) ------------------------------------------------
  *
@@ -471,8 +481,6 @@ typedef struct ulp_rebase_result {
 	uint64_t stored_before, stored_after; /* their stored bytes, before and after */
 	double seconds;          /* wall time of the call */
 } ulp_rebase_result;
-/* Progress: done of total bytes of tensors to re-code. */
-typedef void (*ulp_progress_fn)(void *arg, uint64_t done, uint64_t total);
 
 /** Re-codes tensor `tensor` of file path against the same tensor of file
  *  ref_path (same dtype and size), or standalone when ref_path is NULL.
@@ -520,6 +528,11 @@ int64_t ulp_archive_forget(ulp_archive *a, const char *run, const ulp_forget_opt
  */
 int64_t ulp_archive_verify(ulp_archive *a, const char *prefix,
                            void (*bad)(void *arg, const char *path, const char *why), void *arg);
+/** ulp_archive_verify with progress(parg, bytes checked, bytes to check)
+ *  (from any thread, one call at a time). */
+int64_t ulp_archive_verify_progress(ulp_archive *a, const char *prefix,
+                                    void (*bad)(void *arg, const char *path, const char *why), void *arg,
+                                    ulp_progress_fn progress, void *parg);
 
 /* Counters of the decode cache (monotonic since open). */
 typedef struct ulp_counters {
