@@ -611,6 +611,11 @@ void ulp_session_release(ulp_sfile *h);
 int ulp_session_fstat(ulp_sfile *h, ulp_stat *st);
 /** stat of a staged file, a file unlinked while open, or the archive's. */
 int ulp_session_stat(ulp_session *s, const char *path, ulp_stat *st);
+/** 1 if a staged file at path or under it (a directory; "" for all) is open
+ *  for writing, or waits under a temporary name (ulp_session_temp_name) for
+ *  the rename that gives it its final name; else 0. Files closed and queued
+ *  or being archived are not busy. */
+int ulp_session_busy_under(ulp_session *s, const char *path);
 /** The archive's stat of path once its queued archiving is done; 1 if path
  *  is staged only (not archived: open, or failed). */
 int ulp_session_stat_archived(ulp_session *s, const char *path, ulp_stat *st);
