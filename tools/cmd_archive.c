@@ -685,14 +685,14 @@ static int step_line(void *arg, const ulp_step_info *si)
 		json_str(stdout, si->run);
 		printf(", \"step\": %lld, \"dir\": ", (long long)si->step);
 		json_str(stdout, si->dir);
-		printf(", \"files\": %llu, \"raw_bytes\": %llu, \"stored_bytes\": %llu, \"ratio\": %.6f,"
+		printf(", \"type\": \"%s\", \"files\": %llu, \"raw_bytes\": %llu, \"stored_bytes\": %llu, \"ratio\": %.6f,"
 		       " \"chain_depth\": %u}",
-		       (unsigned long long)si->files, (unsigned long long)si->raw_bytes,
+		       si->is_file ? "file" : "dir", (unsigned long long)si->files, (unsigned long long)si->raw_bytes,
 		       (unsigned long long)si->stored_bytes, ratio, si->chain_depth);
 	} else {
 		if (c->first || strcmp(c->run, si->run)) {
 			printf("%srun %s\n%10s %6s %14s %14s %7s %5s  %s\n", c->first ? "" : "\n", si->run[0] ? si->run : "/",
-			       "step", "files", "raw", "stored", "ratio", "depth", "directory");
+			       "step", "files", "raw", "stored", "ratio", "depth", "name");
 			snprintf(c->run, sizeof(c->run), "%s", si->run);
 		}
 		printf("%10lld %6llu %14llu %14llu %7.4f %5u  %s\n", (long long)si->step, (unsigned long long)si->files,
@@ -711,7 +711,8 @@ int cmd_steps(int argc, char **argv)
 	                      "usage: ulpack steps ARCHIVE [RUN] [--json]\n"
 	                      "Lists each run's steps in step order: files, raw and stored bytes, ratio and the\n"
 	                      "deepest delta chain. A step directory is named checkpoint-N, step_N, iter_N, ... or\n"
-	                      "digits only; a run directory holds step directories (see ulpack(1)).\n",
+	                      "digits only; a step file is named so with an extension (model_step_1000.pt,\n"
+	                      "epoch=0-step=100.ckpt); a run directory holds either (see ulpack(1)).\n",
 	                      1, 2, OPT_JSON);
 	if (rc)
 		return rc == -1 ? 0 : 2;
@@ -733,7 +734,7 @@ int cmd_steps(int argc, char **argv)
 		if (rc < 0)
 			status = cli_fail("%s", ulp_archive_errmsg(a));
 		else if (!c.json && !c.steps)
-			printf("no step directories under %s\n", prefix[0] ? prefix : "the archive's root");
+			printf("no step directories or step files under %s\n", prefix[0] ? prefix : "the archive's root");
 		if (rc >= 0 && !c.json)
 			cli_print_space(a, stdout); /* the whole archive's */
 	}

@@ -181,9 +181,12 @@ static void ulpfs_destroy(void *p)
 #define RW_OR_EROFS() do { if (!fs.s) return -EROFS; } while (0)
 
 /*
- * `latest`: in each run directory (ulp_archive_latest), a read-only symlink
- * to its highest step directory, unless a real entry has that name (in the
- * archive, or staged). 1 and its target if p is one, else 0.
+ * `latest`: in each run directory (ulp_archive_latest_live), a read-only
+ * symlink to its highest step directory or step file whose files are all
+ * closed, unless a real entry has that name (in the archive, or staged).
+ * Found by lookup only, never listed by readdir, so that copies (cp -r,
+ * shutil.copytree, rsync --delete) see each checkpoint once. 1 and its
+ * target if p is one, else 0.
  */
 static int virtual_latest(const char *p, char *target, size_t cap)
 {
@@ -195,18 +198,18 @@ static int virtual_latest(const char *p, char *target, size_t cap)
 		return 0;
 	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - p) : 0, p);
 	int real = (fs.s ? ulp_session_stat(fs.s, p, &s) : ulp_archive_stat(fs.a, p, &s)) != -ULP_E_NOENT;
-	return !real && ulp_archive_latest(fs.a, dir, target, cap) == 0;
+	return !real && ulp_archive_latest_live(fs.a, fs.s, dir, target, cap) == 0;
 }
 
-/* The stat of p's `latest` (target: its step directory's name): owner and
- * mtime of that directory, mode 0444 (read-only). */
+/* The stat of p's `latest` (target: its step's name): owner and mtime of
+ * that step directory or file, mode 0444 (read-only). */
 static void latest_stat(const char *p, const char *target, struct stat *st)
 {
 	char tp[ULP_PATH_MAX + 1];
 	ulp_stat ts;
 	const char *slash = strrchr(p, '/');
 	snprintf(tp, sizeof(tp), "%.*s%s%s", slash ? (int)(slash - p) : 0, p, slash ? "/" : "", target);
-	if (ulp_archive_stat(fs.a, tp, &ts) == 0)
+	if ((fs.s ? ulp_session_stat(fs.s, tp, &ts) : ulp_archive_stat(fs.a, tp, &ts)) == 0)
 		fill_stat(&ts, st);
 	else
 		memset(st, 0, sizeof(*st));
@@ -267,16 +270,7 @@ static int ulpfs_readdir(const char *path, void *buf, fuse_fill_dir_t filler, of
 	rd r = {buf, filler};
 	const char *p = rel(path);
 	int rc = fs.s ? ulp_session_readdir(fs.s, p, readdir_cb, &r) : ulp_archive_readdir(fs.a, p, readdir_cb, &r);
-	if (rc < 0)
-		return err_of(rc);
-	char lp[ULP_PATH_MAX + 8], target[ULP_NAME_MAX + 1];
-	snprintf(lp, sizeof(lp), "%s%slatest", p, p[0] ? "/" : "");
-	if (virtual_latest(lp, target, sizeof(target))) {
-		struct stat st;
-		latest_stat(lp, target, &st);
-		filler(buf, "latest", &st, 0, FUSE_FILL_DIR_PLUS);
-	}
-	return 0;
+	return rc < 0 ? err_of(rc) : 0; /* `latest` is not listed (virtual_latest) */
 }
 
 /*

@@ -992,6 +992,21 @@ int ulp_session_stat(ulp_session *s, const char *path, ulp_stat *st)
 	return ulp_archive_stat(s->a, path, st);
 }
 
+int ulp_session_busy_under(ulp_session *s, const char *path)
+{
+	size_t pl = strlen(path);
+	while (pl && path[pl - 1] == '/')
+		pl--;
+	int busy = 0;
+	pthread_mutex_lock(&s->mu);
+	for (snode *n = s->nodes; n && !busy; n = n->next)
+		if (n->path && !ulp_session_hidden_name(n->path) && (n->wh > 0 || ulp_session_temp_name(n->path)) &&
+		    (!pl || (!strncmp(n->path, path, pl) && (!n->path[pl] || n->path[pl] == '/'))))
+			busy = 1;
+	pthread_mutex_unlock(&s->mu);
+	return busy;
+}
+
 typedef struct rd {
 	ulp_session *s;
 	const char *dir;

@@ -11,8 +11,12 @@
  *    step-N, stepN, iter_N, iteration_N, ckpt-N, epochE-stepN, ...) or is
  *    digits only (orbax: 1000/). Names starting with '.' or "tmp" (rsync's
  *    and Trainer's temporaries) are not step directories.
- *  - A run directory is a directory that is not itself a step directory and
- *    has at least one step directory among its children.
+ *  - A step file is a file outside any step directory whose name, less its
+ *    extension, is a step name and not digits only (model_step_1000.pt,
+ *    Lightning's epoch=0-step=100.ckpt): a step of the directory holding it.
+ *  - A run directory is a directory that is neither a step directory nor
+ *    inside one and has at least one step directory or step file among its
+ *    children.
  *  - A file belongs to the step directory that is its shallowest ancestor
  *    step directory (run/checkpoint-100/global_step100/x is step 100 of run).
  *
@@ -22,6 +26,11 @@
  *     back to strcmp.
  *  2. ulp_archive_latest never answers for a directory that has a real
  *     entry called "latest": a real entry always wins.
+ *  3. `latest` names a step that is whole as far as the session knows: no
+ *     file at or under it open for writing or waiting under a temporary
+ *     name (ulp_session_busy_under), and not an empty directory; a resume
+ *     that follows it never reads a checkpoint being written. Closed files
+ *     still queued for archiving count (they read back from staging).
  */
 #include "arch_int.h"
 #include <errno.h>
@@ -71,7 +80,7 @@ int ulp_name_cmp(const char *a, const char *b)
 
 int64_t ulp_name_step(const char *name)
 {
-	static const char *const keys[] = {"checkpoint-", "checkpoint_", "checkpoint", "step_", "step-", "step",
+	static const char *const keys[] = {"checkpoint-", "checkpoint_", "checkpoint", "step_", "step-", "step=", "step",
 	                                   "iteration_", "iteration-", "iter_", "iter-", "iter", "ckpt-", "ckpt_",
 	                                   "ckpt"};
 	const char *digits = NULL;
@@ -110,12 +119,34 @@ int64_t ulp_name_step(const char *name)
 	return v;
 }
 
+int64_t ulp_name_step_file(const char *name)
+{
+	const char *dot = strrchr(name, '.');
+	char stem[ULP_NAME_MAX + 1];
+	size_t sl = dot ? (size_t)(dot - name) : 0;
+	if (!sl || !dot[1] || sl > ULP_NAME_MAX)
+		return -1; /* no extension: "checkpoint-9999" is no step file */
+	memcpy(stem, name, sl);
+	stem[sl] = 0;
+	const char *p = stem;
+	while (digit(*p))
+		p++;
+	return *p ? ulp_name_step(stem) : -1; /* digits only ("0.0"): chunks, not steps */
+}
+
 /* ---- latest ------------------------------------------------------------------- */
 
-typedef struct lctx {
-	char best[ULP_NAME_MAX + 1];
+typedef struct lcand {
+	char *name;
 	int64_t step;
+	int is_dir;
+} lcand;
+
+typedef struct lctx {
+	lcand *v;
+	size_t n, cap;
 	int real; /* a real entry named "latest" */
+	int rc;
 } lctx;
 
 static int latest_cb(void *arg, const char *name, const ulp_stat *st)
@@ -125,34 +156,95 @@ static int latest_cb(void *arg, const char *name, const ulp_stat *st)
 		l->real = 1;
 		return 1; /* invariant 2: nothing more to learn */
 	}
-	if (!st->is_dir)
+	int64_t s = st->is_dir ? ulp_name_step(name) : st->is_symlink ? -1 : ulp_name_step_file(name);
+	if (s < 0 || strlen(name) > ULP_NAME_MAX)
 		return 0;
-	int64_t s = ulp_name_step(name);
-	if (s < 0 || s < l->step || (s == l->step && ulp_name_cmp(name, l->best) < 0) || strlen(name) > ULP_NAME_MAX)
-		return 0;
-	l->step = s;
-	snprintf(l->best, sizeof(l->best), "%s", name);
+	if (ulp_grow(&l->v, &l->cap, l->n, sizeof(*l->v)) < 0 || !(l->v[l->n].name = strdup(name))) {
+		l->rc = -ULP_E_NOMEM;
+		return 1;
+	}
+	l->v[l->n].step = s;
+	l->v[l->n++].is_dir = st->is_dir;
 	return 0;
+}
+
+/* Newest first: the highest step, ties to the greatest name. */
+static int cand_cmp(const void *x, const void *y)
+{
+	const lcand *a = x, *b = y;
+	if (a->step != b->step)
+		return a->step > b->step ? -1 : 1;
+	return -ulp_name_cmp(a->name, b->name);
+}
+
+static int any_cb(void *arg, const char *name, const ulp_stat *st)
+{
+	(void)name, (void)st;
+	*(int *)arg = 1;
+	return 1;
+}
+
+static int list_dir(ulp_archive *a, ulp_session *s, const char *p, int (*cb)(void *, const char *, const ulp_stat *),
+                    void *arg)
+{
+	return s ? ulp_session_readdir(s, p, cb, arg) : ulp_archive_readdir(a, p, cb, arg);
+}
+
+int ulp_archive_latest_live(ulp_archive *a, ulp_session *s, const char *dir, char *name, size_t cap)
+{
+	char p[ULP_PATH_MAX + 1];
+	ULP_TRY(ulp_arch_path(a, dir, p, sizeof(p)));
+	/* in a step directory (or one itself): its files are that step's, no run */
+	for (const char *c = p; *c;) {
+		const char *e = strchr(c, '/');
+		size_t l = e ? (size_t)(e - c) : strlen(c);
+		char comp[ULP_NAME_MAX + 1];
+		snprintf(comp, sizeof(comp), "%.*s", (int)ULP_MIN(l, ULP_NAME_MAX), c);
+		if (ulp_name_step(comp) >= 0)
+			return ulp_arch_err(a, -ULP_E_NOENT, "%s: %s step directory, not a run directory", p,
+			                    e ? "in a" : "a");
+		c = e ? e + 1 : c + l;
+	}
+	lctx l = {0};
+	int rc = list_dir(a, s, p, latest_cb, &l);
+	if (rc >= 0 && l.rc < 0)
+		rc = ulp_arch_err(a, l.rc, "%s: out of memory", p);
+	else if (rc >= 0 && l.real)
+		rc = ulp_arch_err(a, -ULP_E_EXIST, "%s/latest: a real entry", p);
+	else if (rc >= 0 && !l.n)
+		rc = ulp_arch_err(a, -ULP_E_NOENT, "%s: not a run directory (no step directory or file in it)",
+		                  p[0] ? p : "''");
+	if (rc >= 0 && l.n) {
+		qsort(l.v, l.n, sizeof(*l.v), cand_cmp);
+		size_t i = 0;
+		for (; i < l.n; i++) {
+			/* invariant 3: a step whose files are all closed, and not empty */
+			char cp[ULP_PATH_MAX + 1];
+			if ((size_t)snprintf(cp, sizeof(cp), "%s%s%s", p, p[0] ? "/" : "", l.v[i].name) >= sizeof(cp))
+				continue;
+			if (s && ulp_session_busy_under(s, cp))
+				continue;
+			int any = 0;
+			if (l.v[i].is_dir && (list_dir(a, s, cp, any_cb, &any) < 0 || !any))
+				continue;
+			break;
+		}
+		if (i == l.n)
+			rc = ulp_arch_err(a, -ULP_E_NOENT, "%s: no step whose files are all closed", p[0] ? p : "''");
+		else if (strlen(l.v[i].name) >= cap)
+			rc = -ULP_E_OVERFLOW;
+		else
+			memcpy(name, l.v[i].name, strlen(l.v[i].name) + 1);
+	}
+	for (size_t i = 0; i < l.n; i++)
+		free(l.v[i].name);
+	free(l.v);
+	return rc < 0 ? rc : 0;
 }
 
 int ulp_archive_latest(ulp_archive *a, const char *dir, char *name, size_t cap)
 {
-	char p[ULP_PATH_MAX + 1];
-	ULP_TRY(ulp_arch_path(a, dir, p, sizeof(p)));
-	if (ulp_name_step(ulp_path_name(p)) >= 0)
-		return ulp_arch_err(a, -ULP_E_NOENT, "%s: a step directory, not a run directory", p);
-	lctx l = {.step = -1};
-	int rc = ulp_archive_readdir(a, p, latest_cb, &l);
-	if (rc < 0)
-		return rc;
-	if (l.real)
-		return ulp_arch_err(a, -ULP_E_EXIST, "%s/latest: a real entry", p);
-	if (l.step < 0)
-		return ulp_arch_err(a, -ULP_E_NOENT, "%s: not a run directory (no step directory in it)", p[0] ? p : "''");
-	if (strlen(l.best) >= cap)
-		return -ULP_E_OVERFLOW;
-	memcpy(name, l.best, strlen(l.best) + 1);
-	return 0;
+	return ulp_archive_latest_live(a, NULL, dir, name, cap);
 }
 
 /* ---- steps of runs -------------------------------------------------------------- */
@@ -163,6 +255,7 @@ typedef struct srow {
 	int64_t step;
 	uint64_t files, raw, stored;
 	unsigned depth;
+	int is_file; /* a step file: dir is the file's path */
 } srow;
 
 typedef struct sctx {
@@ -199,8 +292,15 @@ static int steps_file(void *arg, const char *path, const ulp_stat *st)
 	sctx *s = arg;
 	size_t dl, rl;
 	int64_t step;
-	if (!step_dir_of(path, &dl, &rl, &step))
-		return 0;
+	int is_file = 0;
+	if (!step_dir_of(path, &dl, &rl, &step)) {
+		const char *name = ulp_path_name(path);
+		if (st->is_symlink || st->is_dir || (step = ulp_name_step_file(name)) < 0)
+			return 0;
+		dl = strlen(path); /* a step file: a step of the directory holding it */
+		rl = name > path ? (size_t)(name - path) - 1 : 0;
+		is_file = 1;
+	}
 	srow *r = NULL;
 	/* files come in step order: the row is usually one of the last ones */
 	for (size_t i = s->n; i-- > 0 && !r;)
@@ -214,6 +314,7 @@ static int steps_file(void *arg, const char *path, const ulp_stat *st)
 		r->step = step;
 		r->files = r->raw = r->stored = 0;
 		r->depth = 0;
+		r->is_file = is_file;
 	}
 	r->files++;
 	r->raw += st->size;
@@ -252,7 +353,7 @@ int ulp_archive_steps(ulp_archive *a, const char *prefix, int (*cb)(void *arg, c
 			srow *r = &s.rows[i];
 			char run[ULP_PATH_MAX + 1];
 			snprintf(run, sizeof(run), "%.*s", (int)r->run_len, r->dir);
-			ulp_step_info si = {run, r->dir, r->step, r->files, r->raw, r->stored, r->depth};
+			ulp_step_info si = {run, r->dir, r->step, r->files, r->raw, r->stored, r->depth, r->is_file};
 			rc = cb(arg, &si);
 		}
 	}

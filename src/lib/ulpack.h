@@ -662,6 +662,11 @@ void ulp_session_release(ulp_sfile *h);
 int ulp_session_fstat(ulp_sfile *h, ulp_stat *st);
 /** stat of a staged file, a file unlinked while open, or the archive's. */
 int ulp_session_stat(ulp_session *s, const char *path, ulp_stat *st);
+/** 1 if a staged file at path or under it (a directory; "" for all) is open
+ *  for writing, or waits under a temporary name (ulp_session_temp_name) for
+ *  the rename that gives it its final name; else 0. Files closed and queued
+ *  or being archived are not busy. */
+int ulp_session_busy_under(ulp_session *s, const char *path);
 /** The archive's stat of path once its queued archiving is done; 1 if path
  *  is staged only (not archived: open, or failed). */
 int ulp_session_stat_archived(ulp_session *s, const char *path, ulp_stat *st);
@@ -738,11 +743,17 @@ int64_t ulp_parse_step(const char *path, char **series);
  *  order, 0 only for equal strings. For qsort of names and paths. */
 int ulp_name_cmp(const char *a, const char *b);
 /** The step of a step directory's name (checkpoint-N, checkpoint_N, step_N,
- *  step-N, stepN, iter_N, iteration_N, ckpt-N, epochE-stepN, or digits
- *  only), or -1: names starting with '.' or "tmp" (temporaries) and
+ *  step-N, step=N, stepN, iter_N, iteration_N, ckpt-N, epochE-stepN, or
+ *  digits only), or -1: names starting with '.' or "tmp" (temporaries) and
  *  DeepSpeed's global_stepN are not step directories. A run directory is a
- *  directory that is not a step directory and holds at least one. */
+ *  directory that is neither a step directory nor inside one and holds at
+ *  least one step directory or step file. */
 int64_t ulp_name_step(const char *name);
+/** The step of a step file's name (model_step_1000.pt, epoch=0-step=100.ckpt,
+ *  checkpoint-5.pth: a name with an extension whose stem is a step name by
+ *  ulp_name_step and not digits only), or -1. A step file outside any step
+ *  directory is a step of the directory holding it. */
+int64_t ulp_name_step_file(const char *name);
 
 /* One step of a run, for ulp_archive_steps. */
 typedef struct ulp_step_info {
@@ -752,18 +763,25 @@ typedef struct ulp_step_info {
 	uint64_t files;         /* files under it, at any depth */
 	uint64_t raw_bytes, stored_bytes; /* their sizes and the blob bytes they introduced */
 	unsigned chain_depth;   /* deepest delta chain among them */
+	int is_file;            /* a step file: dir is its path, files 1 */
 } ulp_step_info;
-/** Calls cb for each step directory under prefix ("" for all), by run (path
- *  order) and then by step; a file counts in its shallowest ancestor step
- *  directory. Stops at a non-zero return of cb, which it returns. Strings
+/** Calls cb for each step directory and step file under prefix ("" for all),
+ *  by run (path order) and then by step; a file counts in its shallowest
+ *  ancestor step directory. Stops at a non-zero return of cb, which it returns. Strings
  *  are valid during the call. Errors: NOENT (prefix), NOMEM. */
 int ulp_archive_steps(ulp_archive *a, const char *prefix, int (*cb)(void *arg, const ulp_step_info *s),
                       void *arg);
-/** The name of the child of run directory dir with the highest step (ties:
- *  the greatest by ulp_name_cmp) into name[cap]. Errors: NOENT (dir is not a
- *  run directory), EXIST (dir has a real entry called "latest": it wins),
- *  OVERFLOW (cap). */
+/** The name of the child of run directory dir (a step directory or step
+ *  file) with the highest step (ties: the greatest by ulp_name_cmp) into
+ *  name[cap], passing over empty step directories. Errors: NOENT (dir is not
+ *  a run directory, or no step qualifies), EXIST (dir has a real entry
+ *  called "latest": it wins), OVERFLOW (cap). */
 int ulp_archive_latest(ulp_archive *a, const char *dir, char *name, size_t cap);
+/** ulp_archive_latest as session s (on a; NULL: the archive alone) shows
+ *  dir: staged files count, and a step with a file open for writing or
+ *  waiting for its rename (ulp_session_busy_under) is passed over for the
+ *  step before it; closed files still queued for archiving count. */
+int ulp_archive_latest_live(ulp_archive *a, ulp_session *s, const char *dir, char *name, size_t cap);
 
 /** Bytes of the file being archived by ulp_archive_put (on any thread) that
  *  are coded so far; 0 between files. Thread-safe: for progress display. */

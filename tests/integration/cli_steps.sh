@@ -5,7 +5,8 @@
 #  - ulpack ls lists checkpoint-50 ... checkpoint-400 in numeric order with a
 #    step column; --json parses;
 #  - ulpack steps: per run, each step's raw and stored bytes, ratio and chain
-#    depth, matching `ulpack stat`; --json; a RUN prefix;
+#    depth, matching `ulpack stat`; --json; a RUN prefix; step files
+#    (epoch=E-step=N.ckpt in one folder, issue 28 item 16);
 #  - ulpack verify --json; ulpack import --json counts files, not
 #    directories; --progress shows a line while one large file is coded,
 #    with an ETA;
@@ -67,6 +68,30 @@ for r in s:
 assert s[-1]["chain_depth"] == 0 and all(r["chain_depth"] > 0 for r in s[:-1])
 PYEOF
 "$ULPACK" steps "$A" nosuch 2> /dev/null && fail "steps of a missing run succeeded"
+
+# step files (issue 28 item 16): Lightning's epoch=E-step=N.ckpt in one folder
+mkdir -p "$T/lsrc/lit/checkpoints"
+i=0
+for c in $(ls "$DATA/bf16" | grep checkpoint- | sort -t- -k2 -n); do
+	cp "$DATA/bf16/$c/model.safetensors" "$T/lsrc/lit/checkpoints/epoch=$i-step=${c#checkpoint-}.ckpt"
+	i=$((i + 1))
+done
+echo "lr: 0.1" > "$T/lsrc/lit/hparams.yaml"
+cp "$T/lsrc/lit/checkpoints/epoch=0-"* "$T/lsrc/lit/checkpoints/last.ckpt"
+"$ULPACK" init "$T/larch" > /dev/null && "$ULPACK" import "$T/larch" "$T/lsrc" > /dev/null || fail "import step files"
+"$ULPACK" steps "$T/larch" > "$T/lsteps" || fail "steps of step files"
+grep -q "^run lit/checkpoints" "$T/lsteps" && [ "$(grep -c "epoch=.*-step=.*\.ckpt" "$T/lsteps")" = "$n" ] \
+	&& ! grep -q "last.ckpt\|no step" "$T/lsteps" && ok "steps lists step files as steps of their folder" \
+	|| fail "steps of step files: $(cat "$T/lsteps")"
+"$ULPACK" steps "$T/larch" --json | "$PY" -c '
+import json, sys
+s = json.load(sys.stdin)
+assert len(s) == int(sys.argv[1]) and all(r["run"] == "lit/checkpoints" and r["type"] == "file" and r["files"] == 1 for r in s), s
+assert [r["step"] for r in s] == sorted(r["step"] for r in s) and s[-1]["chain_depth"] == 0, s
+assert all(r["dir"].startswith("lit/checkpoints/epoch=") and r["dir"].endswith(".ckpt") for r in s), s' "$n" \
+	&& ok "steps --json: step files, type file, in step order" || fail "steps --json of step files"
+"$ULPACK" steps "$A" lm --json | "$PY" -c 'import json,sys; assert all(r["type"] == "dir" for r in json.load(sys.stdin))' \
+	&& ok "steps --json: step directories have type dir" || fail "type of step directories"
 
 "$ULPACK" verify "$A" --json | "$PY" -c '
 import json, sys

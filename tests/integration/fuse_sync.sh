@@ -114,5 +114,43 @@ assert c["archived"] == int(sys.argv[2]) + 1, (sys.argv[2], c)
 assert open(os.path.join(m, "redir.txt"), "rb").read() == b"final\n"
 assert os.getxattr(os.path.join(m, "redir.txt"), "user.ulpack.state") == b"archived"
 PYEOF
+
+# ---- issue 28 items 15, 16: `latest` names a whole step; copies see each step once
+"$ULPACK" synth "$T/run" --steps 3 --dim 64 > /dev/null
+cp -r "$T/run" "$M/run" && mkdir "$M/lit" || fail "copy the run in"
+cp "$T/run/checkpoint-100/model.safetensors" "$M/lit/epoch=0-step=100.ckpt"
+cp "$T/run/checkpoint-200/model.safetensors" "$M/lit/epoch=1-step=200.ckpt"
+echo lr: 1 > "$M/lit/hparams.yaml"
+# latest -> $2 within 2 s (a writer's release reaches the daemon after close returns)
+latest_is() {
+	for _ in $(seq 20); do [ "$(readlink "$1/latest")" = "$2" ] && return 0; sleep 0.1; done
+	return 1
+}
+latest_is "$M/run" checkpoint-300 && ok "run/latest -> checkpoint-300" || fail "latest -> $(readlink "$M/run/latest")"
+latest_is "$M/lit" "epoch=1-step=200.ckpt" && ok "step files: lit/latest -> the newest one" \
+	|| fail "lit/latest -> $(readlink "$M/lit/latest")"
+exec 3> "$M/run/checkpoint-300/model.safetensors"
+cat "$T/run/checkpoint-300/model.safetensors" >&3
+[ "$(readlink "$M/run/latest")" = checkpoint-200 ] && ok "a step with a file open for writing is passed over" \
+	|| fail "latest -> $(readlink "$M/run/latest") while checkpoint-300 is written"
+exec 4> "$M/lit/epoch=2-step=300.ckpt"
+[ "$(readlink "$M/lit/latest")" = "epoch=1-step=200.ckpt" ] && ok "a step file open for writing is passed over" \
+	|| fail "lit/latest -> $(readlink "$M/lit/latest") while a step file is written"
+exec 3>&- 4>&-
+latest_is "$M/run" checkpoint-300 && latest_is "$M/lit" "epoch=2-step=300.ckpt" && ok "latest once they are closed" \
+	|| fail "latest after the close: $(readlink "$M/run/latest") $(readlink "$M/lit/latest")"
+cmp -s "$M/run/latest/model.safetensors" "$T/run/checkpoint-300/model.safetensors" && [ -d "$M/run/latest/" ] \
+	&& ls "$M/run/latest/" | grep -qx model.safetensors && ok "reads, cd and ls through latest" || fail "through latest"
+ls -a "$M/run" "$M/lit" | grep -qx latest && fail "latest listed by ls" || ok "latest not listed (found by name only)"
+"$PY" - "$M/run" "$T/copy" <<'PYEOF' && ok "shutil.copytree of a run copies each checkpoint once" || fail "copytree"
+import os, shutil, sys
+shutil.copytree(sys.argv[1], sys.argv[2])
+n = sum(f == "model.safetensors" for _, _, fs in os.walk(sys.argv[2]) for f in fs)
+assert n == 3 and not os.path.lexists(os.path.join(sys.argv[2], "latest")), (n, sorted(os.listdir(sys.argv[2])))
+PYEOF
+rsync -ai --delete "$M/run/" "$T/rs/" > "$T/rs1" && rsync -ai --delete "$M/run/" "$T/rs/" > "$T/rs2" \
+	|| fail "rsync out of the mount"
+grep -q latest "$T/rs1" "$T/rs2" && fail "rsync -ai --delete: $(grep latest "$T/rs1" "$T/rs2")" \
+	|| ok "rsync -ai --delete out of the mount, twice: nothing about latest"
 umount_fs "$M"
 finish

@@ -4,7 +4,7 @@
  * mount, no root: close queues and returns, the barrier archives, state and
  * counters, rsync's temporary names, a dup'd descriptor that writes on after
  * an earlier close (and a rename), unlinked-while-open files (hidden nodes
- * and ghosts), re-basing held back while a file is open for writing,
+ * and ghosts), which paths are busy (ulp_session_busy_under, for `latest`), re-basing held back while a file is open for writing,
  * backpressure with a tiny staging_max, writers on several
  * threads (ULP_TEST_ONLY=concurrency: for ThreadSanitizer), and a crash-point
  * test (ULP_TEST_ONLY=crash: it alone, to loop it under load): a child runs
@@ -568,6 +568,49 @@ static void test_dup_close(void)
 	ulp_archive_close(a);
 }
 
+/*
+ * Issue 28 item 15: ulp_session_busy_under says whether a file at or under a
+ * path is open for writing or waits under a temporary name, so that
+ * `latest` passes over a step being written; closed files, queued or
+ * archived, are not busy.
+ */
+static void test_busy_under(void)
+{
+	char dir[300];
+	ulp_archive *a = fresh(dir, sizeof(dir));
+	ulp_session *s = NULL;
+	REQUIRE(ulp_session_open(a, NULL, &s) == 0, "session");
+	uint8_t buf[2000];
+	fill(buf, sizeof(buf), 41);
+	ulp_archive_mkdir(a, "run", &M644);
+	ulp_archive_mkdir(a, "run/checkpoint-1", &M644);
+	ulp_archive_mkdir(a, "run/checkpoint-10", &M644);
+	CHECK(put_file(s, "run/checkpoint-1/model.bin", buf, sizeof(buf)) == 0, "write step 1");
+	CHECK(!ulp_session_busy_under(s, "run/checkpoint-1") && !ulp_session_busy_under(s, ""),
+	      "a closed file (queued or archived) is not busy");
+	ulp_sfile *h;
+	REQUIRE(ulp_session_open_file(s, "run/checkpoint-10/model.bin", O_WRONLY, &M644, &h) == 0, "create");
+	CHECK(ulp_session_write(h, buf, 1000, 0) == 1000, "write");
+	CHECK(ulp_session_busy_under(s, "run/checkpoint-10") && ulp_session_busy_under(s, "run/checkpoint-10/"),
+	      "open for writing: its directory is busy");
+	CHECK(ulp_session_busy_under(s, "run/checkpoint-10/model.bin"), "and the file itself");
+	CHECK(ulp_session_busy_under(s, "run") && ulp_session_busy_under(s, ""), "and every directory above it");
+	CHECK(!ulp_session_busy_under(s, "run/checkpoint-1") && !ulp_session_busy_under(s, "run/checkpoint-1/model.bin"),
+	      "another step is not busy (checkpoint-1 is a prefix of checkpoint-10 by bytes only)");
+	CHECK(ulp_session_flush(h) == 0, "close of a dup'd descriptor");
+	CHECK(ulp_session_busy_under(s, "run/checkpoint-10"), "still busy until the last handle for writing goes");
+	ulp_session_release(h);
+	CHECK(!ulp_session_busy_under(s, "run/checkpoint-10"), "not busy once closed (queued for archiving)");
+	/* rsync: closed under a temporary name, busy until the rename */
+	CHECK(put_file(s, "run/checkpoint-10/.opt.bin.Ab12Cd", buf, sizeof(buf)) == 0, "temp close");
+	CHECK(ulp_session_busy_under(s, "run/checkpoint-10"), "a temporary name waiting for its rename is busy");
+	CHECK(ulp_session_rename(s, "run/checkpoint-10/.opt.bin.Ab12Cd", "run/checkpoint-10/opt.bin", 0) == 0, "rename");
+	CHECK(!ulp_session_busy_under(s, "run/checkpoint-10"), "renamed into place: not busy");
+	CHECK(!ulp_session_busy_under(s, "nosuch"), "no such path: not busy");
+	CHECK(ulp_session_close(s) == 0, "close");
+	ulp_archive_close(a);
+}
+
 /* A step's model.safetensors: bf16 weights that drift a little each step. */
 static uint8_t *step_bytes(int step, size_t *len)
 {
@@ -735,6 +778,7 @@ int main(void)
 	} else if (!only || strcmp(only, "concurrency") != 0) {
 		test_basics();
 		test_dup_close();
+		test_busy_under();
 		test_rebase_waits();
 		test_backpressure();
 		test_pressure_forward();

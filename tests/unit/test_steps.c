@@ -8,9 +8,13 @@
  *  - ulp_name_cmp: numbered names in numeric order, a total order that is 0
  *    only for equal strings, antisymmetric and transitive;
  *  - ulp_archive_latest: the highest step of a run directory, ties, a real
- *    "latest" entry that wins, step and non-run directories refused;
+ *    "latest" entry that wins, step and non-run directories refused, empty
+ *    step directories passed over, step files (issue 28 items 15, 16);
+ *  - ulp_archive_latest_live: a step with a file open for writing passed
+ *    over, a closed one (queued, staged only) taken;
+ *  - ulp_name_step_file: the step of step files' names;
  *  - ulp_archive_steps: the rows of `ulpack steps` (order, files, sizes,
- *    chain depth, prefix);
+ *    chain depth, prefix, step files);
  *  - ulp_mount_lock: taken, a second one refused naming pid and mount
  *    point, a lock left by a dead process taken over, a read-only open
  *    beside a held lock.
@@ -38,7 +42,7 @@ static void test_name_step(void)
 		{"checkpoint-100", 100}, {"checkpoint_5", 5}, {"checkpoint7", 7}, {"step_7", 7}, {"step-8", 8},
 		{"step9", 9}, {"iter_0001500", 1500}, {"iteration_3", 3}, {"iter-4", 4}, {"ckpt-9", 9},
 		{"ckpt_10", 10}, {"epoch3-step1500", 1500}, {"1000", 1000}, {"0", 0}, {"run-a_step_12", 12},
-		{"checkpoint-0100", 100},
+		{"checkpoint-0100", 100}, {"epoch=0-step=100", 100}, {"epoch=3-step=12-v1", 12},
 		/* not step directories */
 		{"", -1}, {".checkpoint-1", -1}, {"tmp-checkpoint-5", -1}, {"tmpstep_5", -1},
 		{"global_step100", -1}, {"mystep3", -1}, {"model", -1}, {"checkpoint-", -1}, {"step", -1},
@@ -50,6 +54,23 @@ static void test_name_step(void)
 		      (long long)cases[i].step);
 	}
 	CHECK(ulp_name_step("9223372036854775807") == INT64_MAX, "the largest step");
+	/* step files (issue 28 item 16): a step name with an extension */
+	static const struct {
+		const char *name;
+		int64_t step;
+	} files[] = {
+		{"model_step_1000.pt", 1000}, {"epoch=0-step=100.ckpt", 100}, {"epoch=2-step=300-v1.ckpt", 300},
+		{"checkpoint-5.pth", 5}, {"ckpt_7.safetensors", 7}, {"model.step_9.bin", 9},
+		/* not step files */
+		{"checkpoint-9999", -1}, {"model-00001-of-00002.safetensors", -1}, {"last.ckpt", -1},
+		{"1000.pt", -1}, {"0.0", -1}, {".model_step_5.pt.Ab12Cd", -1}, {"tmp_step_5.pt", -1},
+		{"global_step5.pt", -1}, {"step_5.", -1}, {".step_5", -1}, {"optimizer.pt", -1},
+	};
+	for (size_t i = 0; i < sizeof(files) / sizeof(*files); i++) {
+		int64_t s = ulp_name_step_file(files[i].name);
+		CHECK(s == files[i].step, "ulp_name_step_file(\"%s\") = %lld, want %lld", files[i].name, (long long)s,
+		      (long long)files[i].step);
+	}
 }
 
 static int sgn(int x)
@@ -189,6 +210,73 @@ static void test_latest(void)
 	ulp_meta m = {0777, 0, 0, {1700000000, 0}};
 	REQUIRE(ulp_archive_symlink(a, "sym/latest", "checkpoint-1", &m) == 0, "symlink");
 	CHECK(ulp_archive_latest(a, "sym", name, sizeof(name)) == -ULP_E_EXIST, "a real latest symlink wins");
+	/* issue 28 item 15: an empty step directory (just made) is passed over */
+	REQUIRE(ulp_archive_mkdir(a, "run/checkpoint-2000", &m) == 0, "mkdir");
+	rc = ulp_archive_latest(a, "run", name, sizeof(name));
+	CHECK(rc == 0 && !strcmp(name, "checkpoint-1000"), "an empty step directory is not latest: %s", rc ? "?" : name);
+	REQUIRE(ulp_archive_mkdir(a, "empty", &m) == 0 && ulp_archive_mkdir(a, "empty/step_1", &m) == 0, "mkdir");
+	CHECK(ulp_archive_latest(a, "empty", name, sizeof(name)) == -ULP_E_NOENT, "only empty steps: NOENT");
+	/* item 16: step files in one folder, the newest one; other files no step */
+	put_bytes(a, "lit/epoch=0-step=100.ckpt", 1, 10);
+	put_bytes(a, "lit/epoch=2-step=300.ckpt", 2, 10);
+	put_bytes(a, "lit/epoch=1-step=200.ckpt", 3, 10);
+	put_bytes(a, "lit/last.ckpt", 4, 10);
+	put_bytes(a, "lit/hparams.yaml", 5, 10);
+	rc = ulp_archive_latest(a, "lit", name, sizeof(name));
+	CHECK(rc == 0 && !strcmp(name, "epoch=2-step=300.ckpt"), "latest of step files: %s", rc ? "?" : name);
+	put_bytes(a, "flat/model_step_900.pt", 1, 10);
+	put_bytes(a, "flat/model_step_1000.pt", 2, 10);
+	rc = ulp_archive_latest(a, "flat", name, sizeof(name));
+	CHECK(rc == 0 && !strcmp(name, "model_step_1000.pt"), "model_step_N.pt: %s", rc ? "?" : name);
+	/* inside a step directory: its files are that step's, no run there */
+	put_bytes(a, "run/checkpoint-100/sub/model_step_1.pt", 1, 10);
+	CHECK(ulp_archive_latest(a, "run/checkpoint-100/sub", name, sizeof(name)) == -ULP_E_NOENT,
+	      "no run inside a step directory");
+	ulp_archive_close(a);
+}
+
+/* Item 15: through a session, a step with a file open for writing is passed
+ * over for the one before it; once closed (even if queued) it is latest. */
+static void test_latest_live(void)
+{
+	char dir[400], name[300];
+	ulp_archive *a = new_archive("live", dir, sizeof(dir));
+	put_bytes(a, "run/checkpoint-1/model.bin", 1, 100);
+	put_bytes(a, "run/checkpoint-2/model.bin", 2, 100);
+	put_bytes(a, "run/checkpoint-3/config.json", 3, 100);
+	put_bytes(a, "lit/epoch=0-step=10.ckpt", 1, 100);
+	ulp_session *s;
+	REQUIRE(ulp_session_open(a, NULL, &s) == 0, "session");
+	ulp_sfile *h, *h2;
+	ulp_meta m = {0644, 0, 0, {1700000000, 0}};
+	REQUIRE(ulp_session_open_file(s, "run/checkpoint-3/model.bin", O_WRONLY, &m, &h) == 0, "create");
+	CHECK(ulp_session_write(h, "partial", 7, 0) == 7, "write");
+	int rc = ulp_archive_latest_live(a, s, "run", name, sizeof(name));
+	CHECK(rc == 0 && !strcmp(name, "checkpoint-2"), "a step being written is passed over: %s", rc ? "?" : name);
+	rc = ulp_archive_latest_live(a, NULL, "run", name, sizeof(name));
+	CHECK(rc == 0 && !strcmp(name, "checkpoint-3"), "without the session: the archive alone");
+	CHECK(ulp_session_flush(h) == 0, "close");
+	ulp_session_release(h);
+	rc = ulp_archive_latest_live(a, s, "run", name, sizeof(name));
+	CHECK(rc == 0 && !strcmp(name, "checkpoint-3"), "closed (queued or archived): latest %s", rc ? "?" : name);
+	/* a new step directory whose only file is staged, open, then closed */
+	REQUIRE(ulp_archive_mkdir(a, "run/checkpoint-4", &m) == 0, "mkdir");
+	REQUIRE(ulp_session_open_file(s, "run/checkpoint-4/model.bin", O_WRONLY, &m, &h) == 0, "create 4");
+	rc = ulp_archive_latest_live(a, s, "run", name, sizeof(name));
+	CHECK(rc == 0 && !strcmp(name, "checkpoint-3"), "step 4 open: %s", rc ? "?" : name);
+	CHECK(ulp_session_flush(h) == 0, "close 4");
+	ulp_session_release(h);
+	rc = ulp_archive_latest_live(a, s, "run", name, sizeof(name));
+	CHECK(rc == 0 && !strcmp(name, "checkpoint-4"), "step 4 closed, staged only: %s", rc ? "?" : name);
+	/* a step file being written (staged only), then closed */
+	REQUIRE(ulp_session_open_file(s, "lit/epoch=1-step=20.ckpt", O_WRONLY, &m, &h2) == 0, "create step file");
+	rc = ulp_archive_latest_live(a, s, "lit", name, sizeof(name));
+	CHECK(rc == 0 && !strcmp(name, "epoch=0-step=10.ckpt"), "a step file being written: %s", rc ? "?" : name);
+	CHECK(ulp_session_write(h2, "x", 1, 0) == 1 && ulp_session_flush(h2) == 0, "close step file");
+	ulp_session_release(h2);
+	rc = ulp_archive_latest_live(a, s, "lit", name, sizeof(name));
+	CHECK(rc == 0 && !strcmp(name, "epoch=1-step=20.ckpt"), "closed step file: %s", rc ? "?" : name);
+	CHECK(ulp_session_close(s) == 0, "session close");
 	ulp_archive_close(a);
 }
 
@@ -197,6 +285,7 @@ typedef struct rows {
 	int64_t step[16];
 	uint64_t files[16], raw[16], stored[16];
 	unsigned depth[16];
+	int file[16];
 	int n;
 } rows;
 
@@ -212,6 +301,7 @@ static int collect(void *arg, const ulp_step_info *s)
 	r->raw[r->n] = s->raw_bytes;
 	r->stored[r->n] = s->stored_bytes;
 	r->depth[r->n] = s->chain_depth;
+	r->file[r->n] = s->is_file;
 	r->n++;
 	return 0;
 }
@@ -268,6 +358,33 @@ static void test_steps_rows(void)
 	rows none = {0};
 	int rc = ulp_archive_steps(a, "nosuch", collect, &none);
 	CHECK((rc == 0 || rc == -ULP_E_NOENT) && none.n == 0, "no such prefix: no rows (%d)", rc);
+	ulp_archive_close(a);
+
+	/* item 16: step files are steps of the folder holding them */
+	a = new_archive("stepfiles", dir, sizeof(dir));
+	put_tensor_step(a, "lit/ckpts/epoch=1-step=200.ckpt", 2);
+	put_tensor_step(a, "lit/ckpts/epoch=0-step=100.ckpt", 1);
+	put_bytes(a, "lit/ckpts/last.ckpt", 1, 40);          /* no step */
+	put_bytes(a, "lit/hparams.yaml", 2, 30);             /* no step */
+	put_bytes(a, "m/checkpoint-5/model_step_5.pt", 3, 60); /* in a step directory: step 5 of m */
+	put_bytes(a, "m/checkpoint-5/x", 3, 10);
+	rows f = {0};
+	REQUIRE(ulp_archive_steps(a, "", collect, &f) == 0, "steps: %s", ulp_archive_errmsg(a));
+	CHECK(f.n == 3, "3 rows (got %d)", f.n);
+	if (f.n == 3) {
+		CHECK(!strcmp(f.dir[0], "lit/ckpts/epoch=0-step=100.ckpt") && !strcmp(f.run[0], "lit/ckpts") &&
+		          f.step[0] == 100 && f.files[0] == 1 && f.file[0],
+		      "step file 100: %s in %s", f.dir[0], f.run[0]);
+		CHECK(!strcmp(f.dir[1], "lit/ckpts/epoch=1-step=200.ckpt") && f.step[1] == 200 && f.file[1],
+		      "step file 200: %s", f.dir[1]);
+		CHECK(!strcmp(f.dir[2], "m/checkpoint-5") && f.files[2] == 2 && !f.file[2],
+		      "a step directory with a step-named file in it: one row, 2 files (%s, %llu)", f.dir[2],
+		      (unsigned long long)f.files[2]);
+		ulp_stat st;
+		REQUIRE(ulp_archive_stat(a, "lit/ckpts/epoch=1-step=200.ckpt", &st) == 0, "stat");
+		CHECK(f.raw[1] == st.size && f.stored[1] == st.stored_bytes && f.depth[1] == st.chain_depth,
+		      "sizes and depth of a step file are its own");
+	}
 	ulp_archive_close(a);
 }
 
@@ -348,6 +465,7 @@ int main(void)
 	test_name_step();
 	test_name_cmp();
 	test_latest();
+	test_latest_live();
 	test_steps_rows();
 	test_mount_lock();
 	char cmd[400];
