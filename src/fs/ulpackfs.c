@@ -21,7 +21,9 @@
  *     counters), user.ulpack.sync (reading it is the barrier of `ulpack
  *     sync`: it returns when everything closed before is archived, with
  *     "ok" or one line per failed file; a file still open for writing is
- *     not waited for, session.c invariant 12). Every file's user.ulpack.state says
+ *     not waited for, session.c invariant 12), user.ulpack.space (the
+ *     archive's disk use: ulp_space_json; df of the mount counts the same
+ *     disk bytes as used). Every file's user.ulpack.state says
  *     staged, archived or failed with the errno and cause.
  *  5. Writers: see direct_writer().
  */
@@ -509,12 +511,36 @@ static int ulpfs_utimens(const char *path, const struct timespec tv[2], struct f
 	return setattr(path, ULP_SET_MTIME, &m, fi);
 }
 
+/*
+ * df of the mount: the size is what the archive takes on disk (ulp_archive_space,
+ * as du counts it) plus the space still available beside it, so that "Used"
+ * is the archive's own disk use and "Avail" the file system's. Measured at
+ * most once a second.
+ */
 static int ulpfs_statfs(const char *path, struct statvfs *st)
 {
+	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+	static int64_t last = -1;   /* CLOCK_MONOTONIC seconds of the last measure (mu) */
+	static uint64_t used;       /* its disk bytes (mu) */
 	(void)path;
 	readahead_once();
 	trim_packs(1);
-	return statvfs(fs.archive, st) < 0 ? -errno : 0;
+	if (statvfs(fs.archive, st) < 0)
+		return -errno;
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	pthread_mutex_lock(&mu);
+	ulp_space sp;
+	if (last != (int64_t)t.tv_sec && ulp_archive_space(fs.a, &sp) == 0) {
+		used = sp.disk_bytes;
+		last = (int64_t)t.tv_sec;
+	}
+	uint64_t u = used;
+	pthread_mutex_unlock(&mu);
+	uint64_t fr = st->f_frsize ? st->f_frsize : 4096;
+	st->f_blocks = (fsblkcnt_t)((u + fr - 1) / fr + st->f_bavail);
+	st->f_bfree = st->f_bavail;
+	return 0;
 }
 
 /* getxattr's reply: the length when size is 0, else the value */
@@ -602,6 +628,14 @@ static int ulpfs_getxattr(const char *path, const char *name, char *value, size_
 	}
 	if (!p[0] && !strcmp(name, "user.ulpack.sync"))
 		return root_sync(value, size);
+	if (!p[0] && !strcmp(name, "user.ulpack.space")) { /* disk, live, reclaimable bytes */
+		ulp_space sp;
+		int rc = ulp_archive_space(fs.a, &sp);
+		if (rc < 0)
+			return err_of(rc);
+		ulp_space_json(&sp, v, sizeof(v));
+		return xattr_reply(value, size, v);
+	}
 	if (!strcmp(name, "user.ulpack.state")) {
 		int rc = fs.s ? ulp_session_state(fs.s, p, v, sizeof(v)) : ulp_archive_stat(fs.a, p, &s);
 		char target[ULP_NAME_MAX + 1];
@@ -644,7 +678,7 @@ static int ulpfs_listxattr(const char *path, char *list, size_t size)
 	ulp_stat s;
 	if (!rel(path)[0]) { /* the root: the counters (getxattr; user.ulpack.sync is an
 	                      * action, not listed: getfattr -d must not wait) */
-		static const char root_attr[] = "user.ulpack.counters";
+		static const char root_attr[] = "user.ulpack.counters\0user.ulpack.space";
 		if (size == 0)
 			return (int)sizeof(root_attr);
 		if (size < sizeof(root_attr))
