@@ -185,6 +185,8 @@ for round in 1 2 3; do
 	t_all=$(( $(now) - t0 ))
 	"$ULPACK" init "$T/arch-imp" > /dev/null
 	t0=$(now); "$ULPACK" import "$T/arch-imp" "$T/run" --prefix run > /dev/null; t_import=$(( $(now) - t0 ))
+	# disk as the user sees it (du), the mount's archive after its daemon exited
+	d_mount=$(du -s --block-size=1 "$T/arch" | cut -f1) d_imp=$(du -s --block-size=1 "$T/arch-imp" | cut -f1)
 	r_mount="$r_mount $(echo "$t_plain $t_mount" | awk '{ printf "%.3f", $1 / $2 }')"
 	r_sync="$r_sync $(echo "$t_import $t_sync" | awk '{ printf "%.3f", $1 / $2 }')"
 	r_all="$r_all $(echo "$t_plain $t_all" | awk '{ printf "%.3f", $1 / $2 }')"
@@ -205,6 +207,8 @@ echo "  = $(echo "$raw $(med3 $tas) $enc1" | awk '{ printf "%.3f", $1 / ($2 / 1e
 echo "  until rsync returned: $(med3 $r_mount) x the plain directory (rounds:$r_mount; target >= 0.6)"
 echo "  until archived (ulpack sync): $(mbps "$raw" "$(med3 $tss)") MB/s = $(med3 $r_sync) x ulpack import of the same" \
 	"run ($(mbps "$raw" "$(med3 $tis)") MB/s; rounds:$r_sync; target >= 0.9)"
+echo "archive on disk (du) after the rsync, ulpack sync and unmount: $d_mount bytes =" \
+	"$(echo "$d_mount $d_imp" | awk '{ printf "%.4f", $1 / $2 }') x ulpack import's ($d_imp; last round; target <= 1.05)"
 echo "peak memory of ulpackfs during the rsync: $(echo $rsss | tr ' ' '\n' | sort -g | tail -1) kB (the most of 3 rounds:$rsss)"
 "$ULPACKFS" "$T/arch" "$M"
 f=checkpoint-700/model.safetensors
