@@ -551,6 +551,11 @@ static void mode_str(uint32_t mode, char out[11])
 	out[0] = (mode & 0170000) == 0040000 ? 'd' : (mode & 0170000) == 0120000 ? 'l' : '-';
 	for (int i = 0; i < 9; i++)
 		out[1 + i] = (mode >> (8 - i)) & 1 ? rwx[i] : '-';
+	/* setuid, setgid, sticky as ls -l: s/t over x, S/T where x is off */
+	static const struct { uint32_t bit; int at; char c; } sp[] = {{04000, 3, 's'}, {02000, 6, 's'}, {01000, 9, 't'}};
+	for (int i = 0; i < 3; i++)
+		if (mode & sp[i].bit)
+			out[sp[i].at] = out[sp[i].at] == 'x' ? sp[i].c : (char)(sp[i].c - 'a' + 'A');
 	out[10] = 0;
 }
 
