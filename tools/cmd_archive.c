@@ -651,7 +651,8 @@ int cmd_ls(int argc, char **argv)
 	else if (!st.is_dir && ls_collect(&l, path, &st) < 0)
 		status = cli_fail("out of memory");
 	if (status == 0) {
-		qsort(l.v, l.n, sizeof(*l.v), lsent_cmp);
+		if (l.n) /* an empty directory: l.v is NULL, which qsort may not take */
+			qsort(l.v, l.n, sizeof(*l.v), lsent_cmp);
 		if (l.json) /* text: no heading, so that an empty directory prints nothing */
 			printf("[");
 		for (size_t i = 0; i < l.n; i++)
