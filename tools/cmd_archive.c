@@ -557,6 +557,11 @@ static void mode_str(uint32_t mode, char out[11])
 	out[0] = (mode & 0170000) == 0040000 ? 'd' : (mode & 0170000) == 0120000 ? 'l' : '-';
 	for (int i = 0; i < 9; i++)
 		out[1 + i] = (mode >> (8 - i)) & 1 ? rwx[i] : '-';
+	/* setuid, setgid, sticky as ls -l: s/t over x, S/T where x is off */
+	static const struct { uint32_t bit; int at; char c; } sp[] = {{04000, 3, 's'}, {02000, 6, 's'}, {01000, 9, 't'}};
+	for (int i = 0; i < 3; i++)
+		if (mode & sp[i].bit)
+			out[sp[i].at] = out[sp[i].at] == 'x' ? sp[i].c : (char)(sp[i].c - 'a' + 'A');
 	out[10] = 0;
 }
 
@@ -652,7 +657,8 @@ int cmd_ls(int argc, char **argv)
 	else if (!st.is_dir && ls_collect(&l, path, &st) < 0)
 		status = cli_fail("out of memory");
 	if (status == 0) {
-		qsort(l.v, l.n, sizeof(*l.v), lsent_cmp);
+		if (l.n) /* an empty directory: l.v is NULL, which qsort may not take */
+			qsort(l.v, l.n, sizeof(*l.v), lsent_cmp);
 		if (l.json) /* text: no heading, so that an empty directory prints nothing */
 			printf("[");
 		for (size_t i = 0; i < l.n; i++)

@@ -10,9 +10,15 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 sh "$top/tools/install-deps.sh"
 cd "$top"
 [ -x configure ] || autoreconf -fi > /dev/null
-mkdir -p build && cd build
-[ -f Makefile ] || ../configure -q
-make -j"$(nproc)" -s ulpack ulpackfs
+# a source tree configured in place (the README's ./configure && make install)
+# builds there: automake refuses a separate build directory beside it
+if [ -f config.status ]; then
+	make -j"$(nproc)" -s ulpack ulpackfs
+else
+	mkdir -p build && cd build
+	[ -f Makefile ] || ../configure -q
+	make -j"$(nproc)" -s ulpack ulpackfs
+fi
 B=$(pwd)
 T=$(mktemp -d "${TMPDIR:-/tmp}/ulpack-demo.XXXXXX")
 M="$T/mnt"

@@ -91,10 +91,12 @@ static void log_msg(void *arg, const char *msg)
 	pthread_mutex_unlock(&fs.logmu);
 }
 
-static void log_err(const char *what, const char *path)
+/* rc's code names the cause where the library left no message */
+static void log_err(const char *what, const char *path, int rc)
 {
 	char m[4400];
-	snprintf(m, sizeof(m), "%s %s: %s", what, path, ulp_archive_errmsg(fs.a));
+	const char *why = ulp_archive_errmsg(fs.a);
+	snprintf(m, sizeof(m), "%s %s: %s", what, path, strcmp(why, "no error") ? why : ulp_strerror(rc));
 	log_msg(NULL, m);
 }
 
@@ -167,8 +169,9 @@ static void *ulpfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 	/* started here, in the process that serves (after daemonizing) */
 	if (!fs.read_only) {
 		ulp_session_opts so = {fs.staging_max, log_msg, NULL};
-		if (ulp_session_open(fs.a, &so, &fs.s) < 0)
-			log_err("starting the write-back session of", fs.archive);
+		int rc = ulp_session_open(fs.a, &so, &fs.s);
+		if (rc < 0)
+			log_err("starting the write-back session of", fs.archive, rc);
 	}
 	return NULL;
 }
@@ -334,7 +337,7 @@ static int ulpfs_read(const char *path, char *buf, size_t size, off_t off, struc
 	int64_t n = h->sf ? ulp_session_read(h->sf, buf, size, (uint64_t)off)
 	                  : ulp_file_pread(h->file, buf, size, (uint64_t)off);
 	if (n < 0) {
-		log_err("read", path ? path : "(unlinked file)");
+		log_err("read", path ? path : "(unlinked file)", (int)n);
 		return err_of((int)n); /* a damaged blob: EIO, never wrong bytes */
 	}
 	return (int)n;
@@ -354,7 +357,7 @@ static int ulpfs_flush(const char *path, struct fuse_file_info *fi)
 {
 	int rc = H(fi)->sf ? ulp_session_flush(H(fi)->sf) : 0;
 	if (rc < 0)
-		log_err("recording the staged file of", path ? path : "(unlinked file)");
+		log_err("recording the staged file of", path ? path : "(unlinked file)", rc);
 	return rc < 0 ? err_of(rc) : 0;
 }
 
@@ -398,7 +401,7 @@ static int ulpfs_fsync(const char *path, int datasync, struct fuse_file_info *fi
 	(void)datasync;
 	int rc = H(fi)->sf ? ulp_session_fsync(H(fi)->sf) : 0;
 	if (rc < 0)
-		log_err("fsync", path ? path : "(unlinked file)");
+		log_err("fsync", path ? path : "(unlinked file)", rc);
 	return rc < 0 ? err_of(rc) : 0;
 }
 
@@ -487,7 +490,7 @@ static int setattr(const char *path, unsigned which, const ulp_meta *m, struct f
 		return -ESTALE; /* invariant 3 */
 	int rc = ulp_session_setattr(fs.s, path ? rel(path) : NULL, sf, which, m);
 	if (rc < 0 && rc != -ULP_E_NOENT)
-		log_err("changing attributes of", path ? path : "(unlinked file)");
+		log_err("changing attributes of", path ? path : "(unlinked file)", rc);
 	return rc < 0 ? err_of(rc) : 0;
 }
 
@@ -1083,16 +1086,26 @@ int main(int argc, char **argv)
 		fprintf(stderr, "ulpackfs: cannot mount on %s\n", co.mountpoint);
 		goto out_destroy;
 	}
-	if (fuse_daemonize(fs.foreground) != 0)
-		goto out_unmount;
-	if (!fs.read_only && access("/dev/log", F_OK) != 0) { /* no syslog: a log in the archive */
+	/* no syslog: errors go to ARCHIVE/ulpackfs.log, a read-only mount's too
+	 * (the log is no part of the archive); where it cannot be written
+	 * (read-only media, another user's archive), to the stderr ulpackfs was
+	 * started with, which daemonizing would otherwise close */
+	if (access("/dev/log", F_OK) != 0) {
 		char lp[4200];
 		snprintf(lp, sizeof(lp), "%s/ulpackfs.log", fs.archive);
 		int lfd = open(lp, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600); /* private, as the archive */
+		if (lfd < 0) {
+			fprintf(stderr, "ulpackfs: no syslog, and %s cannot be written (%s): errors go to this stderr\n", lp,
+			        strerror(errno));
+			if (!fs.foreground) /* -f writes them there anyway */
+				lfd = fcntl(2, F_DUPFD_CLOEXEC, 3);
+		}
 		fs.logf = lfd >= 0 ? fdopen(lfd, "a") : NULL;
 		if (lfd >= 0 && !fs.logf)
 			close(lfd);
 	}
+	if (fuse_daemonize(fs.foreground) != 0)
+		goto out_unmount;
 	if (ulp_archive_open(fs.archive, &ao, &fs.a, err, sizeof(err)) < 0) {
 		log_msg(NULL, err);
 		goto out_unmount;

@@ -82,6 +82,11 @@ typedef struct ulp_expected {
 struct ulp_archive {
 	char *dir;
 	int read_only;
+	char *db_uri;                /* read-only, SQLite unable to read the index in
+	                                place: the URI every connection opens (index.c,
+	                                ulp_db_check), else NULL */
+	char *db_copy;               /* the private copy that URI names, removed at
+	                                close, or NULL */
 	int schema;                  /* schema version of the index (set at open) */
 	unsigned max_chain;
 	unsigned blob_version;       /* format of the blobs it writes: ULP_BLOB_VERSION,
@@ -130,6 +135,7 @@ typedef struct sqlite3_stmt sqlite3_stmt;
 sqlite3 *ulp_db(ulp_archive *a);
 int ulp_db_create(const char *path, ulp_err *err);
 int ulp_db_check(ulp_archive *a, ulp_err *err);
+void ulp_db_free_copy(ulp_archive *a); /* at close: db_uri, db_copy */
 int ulp_db_exec(ulp_archive *a, const char *sql);
 int ulp_db_begin(ulp_archive *a);   /* BEGIN IMMEDIATE, retried while busy */
 int ulp_db_commit(ulp_archive *a);

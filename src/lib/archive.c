@@ -13,6 +13,7 @@
 #include "arch_int.h"
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -105,12 +106,19 @@ int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive 
 		return ULP_ERR(&err, -ULP_E_INVAL, "%s: max_chain %u: at most %d", dir, o->max_chain, ULP_MAX_CHAIN);
 	if (o->threads > ULP_MAX_THREADS)
 		return ULP_ERR(&err, -ULP_E_INVAL, "%s: %d threads: at most %d", dir, o->threads, ULP_MAX_THREADS);
-	if (stat(dir, &sb) < 0 || !S_ISDIR(sb.st_mode))
-		return ULP_ERR(&err, -ULP_E_NOENT, "%s: %s", dir,
-		               errno == ENOENT || S_ISDIR(sb.st_mode) == 0 ? "no such archive directory" : strerror(errno));
+	/* each cause named; the hint to init only where there is no index */
+	if (stat(dir, &sb) < 0)
+		return errno == ENOENT ? ULP_ERR(&err, -ULP_E_NOENT, "%s: no such archive directory", dir)
+		                       : ULP_ERR(&err, -ULP_E_IO, "%s: %s", dir, strerror(errno));
+	if (!S_ISDIR(sb.st_mode))
+		return ULP_ERR(&err, -ULP_E_NOTDIR, "%s: not a directory (an archive is a directory)", dir);
 	snprintf(path, sizeof(path), "%s/ulpack.db", dir);
-	if (access(path, F_OK) != 0)
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT)
 		return ULP_ERR(&err, -ULP_E_NOENT, "%s: not a ulpack archive (no ulpack.db; create one with 'ulpack init')", dir);
+	if (fd < 0)
+		return ULP_ERR(&err, errno == EISDIR ? -ULP_E_ISDIR : -ULP_E_IO, "%s: %s", path, strerror(errno));
+	close(fd);
 	ulp_archive *a = calloc(1, sizeof(*a));
 	if (!a)
 		return -ULP_E_NOMEM;
@@ -160,6 +168,7 @@ void ulp_archive_close(ulp_archive *a)
 	ulp_pack_unmap_all(a);
 	pthread_key_delete(a->tls); /* no destructor runs after this */
 	ulp_tstate_free_all(a);
+	ulp_db_free_copy(a); /* after the connections that read it */
 	pthread_mutex_destroy(&a->mu);
 	pthread_mutex_destroy(&a->write_mu);
 	free(a->dir);

@@ -59,7 +59,8 @@ int ulp_err_set(ulp_err *e, int code, const char *file, int line, const char *fm
 		va_start(ap, fmt);
 		n = vsnprintf(e->buf, e->cap, fmt, ap);
 		va_end(ap);
-		if (n >= 0 && (size_t)n < e->cap) {
+		const char *dbg = getenv("ULP_DEBUG"); /* the source location, for developers */
+		if (n >= 0 && (size_t)n < e->cap && dbg && *dbg && strcmp(dbg, "0") != 0) {
 			const char *base = strrchr(file, '/');
 			snprintf(e->buf + n, e->cap - (size_t)n, " [%s:%d]", base ? base + 1 : file, line);
 		}

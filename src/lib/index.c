@@ -60,6 +60,7 @@
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -161,16 +162,30 @@ const char *ulp_archive_errmsg(const ulp_archive *a)
 	return t && t->err[0] ? t->err : "no error";
 }
 
-static int open_conn(const char *dir, int read_only, sqlite3 **out, ulp_err *err)
+/* Why path cannot be opened, as strerror names it ("Permission denied",
+ * "Read-only file system"...), or NULL where it opens (the cause is SQLite's). */
+static const char *open_cause(const char *path, int flags)
+{
+	int fd = open(path, flags | O_CLOEXEC);
+	if (fd < 0)
+		return strerror(errno);
+	close(fd);
+	return NULL;
+}
+
+static int open_conn(const ulp_archive *a, sqlite3 **out, ulp_err *err)
 {
 	char path[4096];
-	snprintf(path, sizeof(path), "%s/ulpack.db", dir);
+	snprintf(path, sizeof(path), "%s/ulpack.db", a->dir);
 	sqlite3 *db = NULL;
-	int flags = (read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) | SQLITE_OPEN_NOMUTEX;
-	int rc = sqlite3_open_v2(path, &db, flags, NULL);
+	int flags = (a->read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) | SQLITE_OPEN_NOMUTEX;
+	int rc = a->db_uri ? sqlite3_open_v2(a->db_uri, &db, flags | SQLITE_OPEN_URI, NULL)
+	                   : sqlite3_open_v2(path, &db, flags, NULL);
 	if (rc != SQLITE_OK) {
-		int code = access(path, F_OK) != 0 ? -ULP_E_NOENT : rc == SQLITE_NOMEM ? -ULP_E_NOMEM : -ULP_E_IO;
-		ULP_ERR(err, code, "%s: %s", path, db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+		int code = access(path, F_OK) != 0 && errno == ENOENT ? -ULP_E_NOENT
+		         : rc == SQLITE_NOMEM ? -ULP_E_NOMEM : -ULP_E_IO;
+		const char *cause = a->db_uri ? NULL : open_cause(path, a->read_only ? O_RDONLY : O_RDWR);
+		ULP_ERR(err, code, "%s: %s", path, cause ? cause : db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
 		sqlite3_close(db);
 		return code;
 	}
@@ -190,7 +205,7 @@ sqlite3 *ulp_db(ulp_archive *a)
 		return NULL;
 	if (!t->db) {
 		ulp_err e = {t->err, sizeof(t->err)};
-		t->open_err = open_conn(a->dir, a->read_only, &t->db, &e);
+		t->open_err = open_conn(a, &t->db, &e);
 		if (t->open_err < 0)
 			return NULL;
 	}
@@ -432,14 +447,135 @@ static int upgrade(ulp_archive *a, ulp_err *err)
 	return 0;
 }
 
+/* Closes the calling thread's connection and its statements. */
+static void drop_conn(ulp_archive *a)
+{
+	ulp_tstate *t = pthread_getspecific(a->tls);
+	if (!t)
+		return;
+	for (int i = 0; i < t->n_stmts; i++)
+		sqlite3_finalize(t->stmts[i].st);
+	t->n_stmts = 0;
+	sqlite3_close(t->db);
+	t->db = NULL;
+}
+
+/* A file: URI of path (percent-encoded) with query q; NULL: no memory. */
+static char *file_uri(const char *path, const char *q)
+{
+	size_t n = strlen(path);
+	char *u = malloc(n * 3 + strlen(q) + 8), *p = u;
+	if (!u)
+		return NULL;
+	p += sprintf(p, "file:");
+	for (const unsigned char *c = (const unsigned char *)path; *c; c++)
+		if ((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || strchr("/-._~", *c))
+			*p++ = (char)*c;
+		else
+			p += sprintf(p, "%%%02X", *c);
+	sprintf(p, "?%s", q);
+	return u;
+}
+
+/* Copies src into the new file dst (0600). */
+static int copy_file(const char *src, const char *dst, ulp_err *err)
+{
+	int in = open(src, O_RDONLY | O_CLOEXEC), out = -1, rc = 0;
+	if (in < 0)
+		return ULP_ERR(err, -ULP_E_IO, "%s: %s", src, strerror(errno));
+	out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (out < 0)
+		rc = ULP_ERR(err, errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", dst, strerror(errno));
+	char buf[1 << 16];
+	for (ssize_t n; rc == 0 && (n = read(in, buf, sizeof(buf))) != 0;) {
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			rc = ULP_ERR(err, -ULP_E_IO, "%s: %s", src, strerror(errno));
+		else if (write(out, buf, (size_t)n) != n) /* a regular file: short only when full */
+			rc = ULP_ERR(err, -ULP_E_NOSPC, "%s: %s", dst, strerror(errno ? errno : ENOSPC));
+	}
+	close(in);
+	if (out >= 0)
+		close(out);
+	return rc;
+}
+
+void ulp_db_free_copy(ulp_archive *a)
+{
+	if (a->db_copy) {
+		char p[4300];
+		for (int i = 0; i < 3; i++) {
+			snprintf(p, sizeof(p), "%s/ulpack.db%s", a->db_copy, i == 0 ? "" : i == 1 ? "-wal" : "-shm");
+			unlink(p);
+		}
+		rmdir(a->db_copy);
+	}
+	free(a->db_copy);
+	free(a->db_uri);
+	a->db_copy = a->db_uri = NULL;
+}
+
+/*
+ * A read-only open that SQLite cannot serve in place. An index in WAL mode is
+ * read through its wal-index, ulpack.db-shm, which SQLite must create or
+ * open next to ulpack.db: on read-only media, in an archive directory the
+ * user may not write, or in a copy without the -shm, it cannot, and every
+ * read fails (SQLITE_CANTOPEN or _READONLY). Then, where no ulpack.db-wal holds
+ * frames, ulpack.db alone is the data: it is opened immutable (no locks, no
+ * -shm). Where one does, ulpack.db and its WAL are copied into a private
+ * directory under $TMPDIR and read there: a snapshot taken at open, removed
+ * at close.
+ */
+static int ro_fallback(ulp_archive *a, ulp_err *err)
+{
+	char db[4200], wal[4220], dir[4200], p[4300];
+	snprintf(db, sizeof(db), "%s/ulpack.db", a->dir);
+	snprintf(wal, sizeof(wal), "%s-wal", db);
+	struct stat sb;
+	if (stat(wal, &sb) < 0 || sb.st_size <= 32) { /* 32: a WAL header, no frame */
+		a->db_uri = file_uri(db, "immutable=1");
+		return a->db_uri ? 0 : -ULP_E_NOMEM;
+	}
+	const char *tmp = getenv("TMPDIR");
+	snprintf(dir, sizeof(dir), "%s/ulpack-ro-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	if (!mkdtemp(dir))
+		return ULP_ERR(err, -ULP_E_IO, "%s: not writable here, so its WAL is read in a copy, but %s: %s", db, dir,
+		               strerror(errno));
+	if (!(a->db_copy = strdup(dir))) {
+		rmdir(dir);
+		return -ULP_E_NOMEM;
+	}
+	snprintf(p, sizeof(p), "%s/ulpack.db", dir);
+	ULP_TRY(copy_file(db, p, err));
+	a->db_uri = file_uri(p, "mode=ro");
+	snprintf(p, sizeof(p), "%s/ulpack.db-wal", dir);
+	ULP_TRY(copy_file(wal, p, err));
+	return a->db_uri ? 0 : -ULP_E_NOMEM;
+}
+
 /* Checks that the index is an archive of a schema this build reads. */
 int ulp_db_check(ulp_archive *a, ulp_err *err)
 {
 	sqlite3 *db = ulp_db(a);
 	if (!db)
-		return ULP_ERR(err, -ULP_E_NOENT, "%s", ulp_archive_errmsg(a));
+		return ULP_ERR(err, ulp_db_err(a, "open"), "%s", ulp_archive_errmsg(a));
 	sqlite3_stmt *st;
-	int rc = sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'schema_version'", -1, &st, NULL);
+	static const char ver[] = "SELECT value FROM meta WHERE key = 'schema_version'";
+	int rc = sqlite3_prepare_v2(db, ver, -1, &st, NULL);
+	/* a read-only connection that fails to read: no wal-index (CANTOPEN where
+	 * there is no ulpack.db-shm, READONLY where one cannot be made) */
+	int ec = rc != SQLITE_OK ? sqlite3_errcode(db) : SQLITE_OK;
+	if ((ec == SQLITE_CANTOPEN || ec == SQLITE_READONLY) && a->read_only && !a->db_uri) {
+		drop_conn(a); /* no -shm possible: read ulpack.db another way */
+		ULP_TRY(ro_fallback(a, err));
+		if (!(db = ulp_db(a)))
+			return ULP_ERR(err, ulp_db_err(a, "open"), "%s", ulp_archive_errmsg(a));
+		rc = sqlite3_prepare_v2(db, ver, -1, &st, NULL);
+	}
+	if (rc != SQLITE_OK && sqlite3_errcode(db) == SQLITE_CANTOPEN && !a->read_only && access(a->dir, W_OK) != 0)
+		return ULP_ERR(err, -ULP_E_IO, "%s: cannot write in the archive directory: %s", a->dir,
+		               strerror(errno));
 	if (rc != SQLITE_OK)
 		return ULP_ERR(err, -ULP_E_CORRUPT, "%s/ulpack.db: not a ulpack archive index (%s)", a->dir,
 		               sqlite3_errmsg(db));

@@ -100,6 +100,18 @@ static const loc *find_loc(const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN])
 	return NULL;
 }
 
+/* The error of a cache entry whose load, by another thread, failed: that
+ * thread has the message; this one names the blob (and chunk) and the code. */
+static int waited_err(ulp_archive *a, int rc, const uint8_t sha[ULP_SHA256_LEN], const uint32_t *k)
+{
+	char hex[65], ck[32] = "";
+	ulp_sha256_hex(sha, hex);
+	if (k)
+		snprintf(ck, sizeof(ck), "chunk %u of ", *k);
+	return ulp_arch_err(a, rc, "%s: %sblob %.16s: %s", a->dir, ck, hex,
+	                    rc == -ULP_E_CHECKSUM ? "checksum mismatch (damaged pack)" : ulp_strerror(rc));
+}
+
 /* ulp_read_blob for a reader of f (NULL: none), which knows where its
  * chains' blobs lie even after gc dropped them from the index. */
 static int read_blob(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN],
@@ -110,7 +122,9 @@ static int read_blob(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SH
 	void *data;
 	int must_load;
 	ulp_centry *ce; /* *e only on success: a failed entry is let go here */
-	ULP_TRY(ulp_cache_get(a->cache, &key, &ce, &data, &must_load));
+	int grc = ulp_cache_get(a->cache, &key, &ce, &data, &must_load);
+	if (grc < 0) /* another reader's load failed (its message is its thread's) */
+		return waited_err(a, grc, sha, NULL);
 	if (!must_load) {
 		*e = ce;
 		*out = ((cblob *)data)->b;
@@ -227,7 +241,9 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 	if (depth > ULP_WALK_MAX)
 		return ulp_arch_err(a, -ULP_E_CORRUPT, "%s: a delta chain is longer than %d links", a->dir,
 		                    ULP_WALK_MAX);
-	ULP_TRY(ulp_cache_get(a->cache, &key, e, &d, &must_load));
+	int grc = ulp_cache_get(a->cache, &key, e, &d, &must_load);
+	if (grc < 0)
+		return waited_err(a, grc, sha, &k);
 	if (!must_load) {
 		__atomic_fetch_add(&a->hits, 1, __ATOMIC_RELAXED);
 		const ulp_blob *b;

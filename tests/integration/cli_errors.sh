@@ -104,6 +104,89 @@ expect_usage "--seed '-1': out of range" "$ULPACK" synth "$T/x2" --seed -1
 "$ULPACK" import "$A" "$T/s" --prefix lim --max-chain 1024 > /dev/null \
 	&& ok "--max-chain 1024 (the limit) accepted" || fail "--max-chain 1024 refused"
 
+# ---- issue 28 item 14: no source locations ("[index.c:444]") in messages,
+# but with ULP_DEBUG=1
+expect_error "ulpack ls: $T/garbage" "$ULPACK" ls "$T/garbage"
+grep -q '\[[a-z_0-9]*\.c:[0-9]*\]' "$T/err" && fail "a source location in '$(cat "$T/err")'"
+ULP_DEBUG=1 "$ULPACK" ls "$T/garbage" 2>&1 | grep -q '\[[a-z_0-9]*\.c:[0-9]*\]' \
+	&& ok "ULP_DEBUG=1 adds the source location" || fail "ULP_DEBUG=1: no source location"
+
+# ---- item 11: ls shows setuid, setgid and sticky bits as ls -l does
+mkdir -p "$T/modes/tmp" "$T/modes/sgd"
+for m in 4755:su 2755:sg 4644:S 1640:T; do
+	echo x > "$T/modes/${m#*:}" && chmod "${m%%:*}" "$T/modes/${m#*:}"
+done
+chmod 1777 "$T/modes/tmp" && chmod 2755 "$T/modes/sgd"
+B="$T/b"
+"$ULPACK" init "$B" > /dev/null && "$ULPACK" import "$B" "$T/modes" --prefix modes > /dev/null \
+	&& "$ULPACK" import "$B" "$T/s" --prefix run > /dev/null || fail "import into $B"
+"$ULPACK" ls "$B" modes | awk '{print $1, $NF}' > "$T/modes.ls"
+printf '%s\n' "-rwSr--r-- S" "-rw-r----T T" "-rwxr-sr-x sg" "drwxr-sr-x sgd/" "-rwsr-xr-x su" "drwxrwxrwt tmp/" \
+	| diff - "$T/modes.ls" > /dev/null && ok "ls: setuid, setgid, sticky bits" \
+	|| fail "ls modes: $(cat "$T/modes.ls")"
+
+# ---- item 6: an archive on read-only media reads (it was "not a ulpack
+# archive index (unable to open database file)": no -shm possible): without
+# a -wal (clean close, or a copy without it), and with a -wal holding a
+# commit (here: modes/S made sticky) but no -shm
+ro_media() { # ro_media ARCHIVE CMD...: CMD with ARCHIVE bind-mounted read-only (a mount namespace of its own)
+	_d=$1
+	shift
+	unshare -m sh -c 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"' sh "$_d" "$@"
+}
+if [ "$(id -u)" != 0 ] || ! command -v unshare > /dev/null || ! ro_media "$B" true 2> /dev/null; then
+	echo "# no read-only bind mount here (needs root and unshare): item 6 not tested"
+else
+	ro_media "$B" touch "$B/x" 2> /dev/null && fail "the read-only bind mount is writable"
+	for c in "ls $B run" "cat $B $f" "verify $B" "stat $B"; do
+		# shellcheck disable=SC2086
+		ro_media "$B" "$ULPACK" $c > "$T/out" 2> "$T/err" && ok "read-only media: ulpack $c" \
+			|| fail "read-only media: ulpack $c: $(cat "$T/err")"
+	done
+	cp -a "$B" "$T/bcopy" && rm -f "$T/bcopy"/ulpack.db-*
+	ro_media "$T/bcopy" "$ULPACK" verify "$T/bcopy" > /dev/null 2> "$T/err" \
+		&& ok "read-only copy without -shm/-wal" || fail "read-only copy without -shm/-wal: $(cat "$T/err")"
+	# a writer that stopped without a checkpoint, its -shm not copied
+	"$PY" - "$B/ulpack.db" <<'PYEOF' || fail "python writer"
+import os, sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+c.execute("PRAGMA wal_autocheckpoint=0")
+c.execute("UPDATE entries SET mode = mode | 512 WHERE path = 'modes/S'")
+c.commit()
+os._exit(0)
+PYEOF
+	rm -f "$B/ulpack.db-shm"
+	[ -s "$B/ulpack.db-wal" ] || fail "no -wal left"
+	ro_media "$B" "$ULPACK" ls "$B" modes > "$T/out" 2> "$T/err" || fail "read-only media, -wal without -shm: $(cat "$T/err")"
+	grep -q -- "^-rwSr--r-T .* S$" "$T/out" && ok "read-only media: the -wal's commit read" \
+		|| fail "read-only media, -wal: $(cat "$T/out" "$T/err")"
+	ro_media "$B" "$ULPACK" rm "$B" run -r 2> "$T/err" && fail "rm on read-only media succeeded"
+	grep -q "Read-only file system" "$T/err" && ok "rm on read-only media: $(cat "$T/err")" \
+		|| fail "rm on read-only media: $(cat "$T/err")"
+fi
+
+# ---- item 12: another user's private archive is "Permission denied", never
+# "not a ulpack archive ... create one with 'ulpack init'"
+if [ "$(id -u)" = 0 ] && command -v setpriv > /dev/null; then
+	chmod 711 "$T" # nobody passes through $T, not into $B (0700)
+	other() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
+else
+	chmod 0 "$B"
+	other() { "$@"; }
+fi
+for c in ls verify; do
+	other "$ULPACK" "$c" "$B" > /dev/null 2> "$T/err" && fail "ulpack $c of an archive not ours succeeded"
+	grep -q "$B/ulpack.db: Permission denied" "$T/err" && ! grep -q "init" "$T/err" \
+		&& ok "not ours: $(cat "$T/err")" || fail "ulpack $c of an archive not ours: $(cat "$T/err")"
+done
+mkdir -p "$T/m12"
+other "$ULPACKFS" -o ro "$B" "$T/m12" 2> "$T/err" && { fusermount3 -u "$T/m12"; fail "mounted an archive not ours"; }
+grep -q "$B/ulpack.db: Permission denied" "$T/err" && ! grep -q "init" "$T/err" \
+	&& ok "ulpackfs -o ro, not ours: $(cat "$T/err")" || fail "ulpackfs -o ro of an archive not ours: $(cat "$T/err")"
+chmod 700 "$T" "$B"
+expect_error "ulpack ls: $good: not a directory" "$ULPACK" ls "$good"
+grep -q init "$T/err" && fail "ls of a file suggests init"
+
 # ---- item 10: an empty PATH (an unset shell variable) or the root never
 # removes the archive; --all does
 n_before=$("$ULPACK" ls "$A" run | wc -l)

@@ -163,6 +163,36 @@ for f in files:
         assert open(os.path.join(mnt, f), "rb").read() == open(os.path.join(src, f), "rb").read(), f
 PYEOF
 
+# issue 28 item 13: the damage is logged with its cause (never "no error"),
+# by a read-only mount too: without syslog in ARCHIVE/ulpackfs.log, and on
+# read-only media (no log there) on the stderr ulpackfs was started with
+d1=$(head -1 "$T/damaged")
+if [ -e /dev/log ]; then
+	echo "# syslog here: ulpackfs.log not tested"
+else
+	grep -q "no error" "$A/ulpackfs.log" && fail "a read-write mount logged 'no error': $(grep "no error" "$A/ulpackfs.log")"
+	umount_fs "$M"
+	rm -f "$A/ulpackfs.log"
+	mount_fs "$A" "$M" -o ro || fail "mount -o ro"
+	cat "$M/$d1" > /dev/null 2>&1 & cat "$M/$d1" > /dev/null 2>&1
+	wait
+	umount_fs "$M"
+	grep -q "read /$d1: .*blob [0-9a-f]\{16\}" "$A/ulpackfs.log" 2> /dev/null \
+		&& ok "-o ro logs the damage in ulpackfs.log" || fail "-o ro: ulpackfs.log: $(cat "$A/ulpackfs.log" 2>&1)"
+	grep -q "no error" "$A/ulpackfs.log" && fail "-o ro logged 'no error': $(grep "no error" "$A/ulpackfs.log")"
+	if [ "$(id -u)" = 0 ] && command -v unshare > /dev/null; then
+		unshare -m sh -c 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" || exit 0
+			"$4" -o ro "$1" "$2" 2> "$3" || exit 1
+			cat "$2/$5" > /dev/null 2>&1
+			fusermount3 -u "$2"' sh "$A" "$M" "$T/ro.err" "$ULPACKFS" "$d1" || fail "-o ro on read-only media"
+		if [ -e "$T/ro.err" ]; then
+			grep -q "read /$d1: .*blob [0-9a-f]\{16\}" "$T/ro.err" && grep -q "ulpackfs.log cannot be written" "$T/ro.err" \
+				&& ok "-o ro on read-only media logs to stderr" || fail "-o ro on read-only media: stderr '$(cat "$T/ro.err")'"
+		fi
+	fi
+	mount_fs "$A" "$M" || fail remount
+fi
+
 # clear errors and no mount
 "$ULPACKFS" "$T/none" "$T/m2" 2> "$T/err" && fail "mounted a missing archive" || grep -q "none" "$T/err" && ok "missing archive: $(cat "$T/err")"
 mkdir -p "$T/foreign" "$T/m2"

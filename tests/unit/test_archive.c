@@ -19,6 +19,9 @@
 #include <stdio.h>
 #include <dirent.h>
 #include <errno.h>
+#include <grp.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1696,6 +1699,154 @@ static void test_private_modes(void)
 	umask(old);
 }
 
+/* issue 28 items 6 and 12: in a child process, makes dir unwritable or
+ * unreadable for it: as root, by a read-only bind mount in a mount namespace
+ * of its own (ro: read-only media) or by becoming user nobody (!ro: root's
+ * private archive); else by chmod (the parent restores the mode). 0, or -1
+ * where this system cannot (no namespaces). */
+static int lose_access(const char *dir, int ro)
+{
+	if (geteuid() != 0)
+		return chmod(dir, ro ? 0555 : 0);
+	if (!ro)
+		return setgroups(0, NULL) == 0 && setgid(65534) == 0 && setuid(65534) == 0 ? 0 : -1;
+	if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
+	    mount(dir, dir, NULL, MS_BIND, NULL) < 0 ||
+	    mount(NULL, dir, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) < 0)
+		return -1;
+	return 0;
+}
+
+/* The exit status of a child that opens dir read-only after lose_access and
+ * reads its files "f" ("hello\n") and, with wal, "g" ("world\n"): 0 read
+ * back, 77 could not lose access, 1 the open failed (message on stderr), 2
+ * wrong bytes. */
+static int read_back_child(const char *dir, int wal)
+{
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) {
+		setenv("TMPDIR", root, 1); /* where a copy of the index goes */
+		if (lose_access(dir, 1) < 0)
+			_exit(77);
+		ulp_archive_opts o = {0};
+		o.read_only = 1;
+		ulp_archive *a;
+		char err[512];
+		uint8_t buf[64];
+		int64_t n = 0;
+		if (ulp_archive_open(dir, &o, &a, err, sizeof(err)) < 0) {
+			fprintf(stderr, "# %s: %s\n", dir, err);
+			_exit(1);
+		}
+		int ok = read_all(a, "f", buf, sizeof(buf), &n) == 0 && n == 6 && !memcmp(buf, "hello\n", 6);
+		if (ok && wal)
+			ok = read_all(a, "g", buf, sizeof(buf), &n) == 0 && n == 6 && !memcmp(buf, "world\n", 6);
+		ulp_archive_close(a);
+		_exit(ok ? 0 : 2);
+	}
+	int st = 0;
+	waitpid(pid, &st, 0);
+	chmod(dir, 0700);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 3;
+}
+
+/* issue 28 item 6: an archive on read-only media (or in a directory its
+ * reader may not write) reads: "unable to open database file" before, as
+ * SQLite could not make the index's -shm. Without a -wal (a clean close, or
+ * a copy without it) ulpack.db alone is read; with one that holds commits
+ * the -shm lacks, those commits are read too (from a private copy, removed
+ * at close). */
+static void test_open_readonly(void)
+{
+	char dir[512], err[512], p[700];
+	ulp_archive *a;
+	snprintf(dir, sizeof(dir), "%s/ro-clean", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	REQUIRE(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == 0, "open: %s", err);
+	REQUIRE(put_bytes(a, "f", "hello\n") == 0, "put");
+	ulp_archive_close(a);
+	snprintf(p, sizeof(p), "%s/ulpack.db-wal", dir);
+	CHECK(access(p, F_OK) != 0, "a clean close leaves no %s", p);
+	int rc = read_back_child(dir, 0);
+	if (rc == 77)
+		printf("# skip: cannot make %s read-only here\n", dir);
+	else
+		CHECK(rc == 0, "read-only archive without a WAL: child status %d", rc);
+
+	/* a writer that stopped without closing: its commits in the -wal, and
+	 * the -shm gone (not copied, say) */
+	snprintf(dir, sizeof(dir), "%s/ro-wal", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) {
+		if (ulp_archive_open(dir, NULL, &a, err, sizeof(err)) < 0 || put_bytes(a, "f", "hello\n") < 0 ||
+		    put_bytes(a, "g", "world\n") < 0)
+			_exit(1);
+		_exit(0); /* no close: no checkpoint */
+	}
+	int st = 0;
+	waitpid(pid, &st, 0);
+	REQUIRE(WIFEXITED(st) && WEXITSTATUS(st) == 0, "writer");
+	snprintf(p, sizeof(p), "%s/ulpack.db-shm", dir);
+	unlink(p);
+	struct stat sb;
+	snprintf(p, sizeof(p), "%s/ulpack.db-wal", dir);
+	CHECK(stat(p, &sb) == 0 && sb.st_size > 32, "the writer left commits in %s", p);
+	rc = read_back_child(dir, 1);
+	if (rc == 77)
+		printf("# skip: cannot make %s read-only here\n", dir);
+	else
+		CHECK(rc == 0, "read-only archive with a WAL and no -shm: child status %d", rc);
+	DIR *d = opendir(root);
+	int left = 0;
+	for (struct dirent *de; d && (de = readdir(d));)
+		left += !strncmp(de->d_name, "ulpack-ro-", 10);
+	if (d)
+		closedir(d);
+	CHECK(left == 0, "%d copies of an index left in %s", left, root);
+}
+
+/* issue 28 item 12: an archive its user may not read is "Permission
+ * denied", not "not a ulpack archive ... create one with 'ulpack init'";
+ * a file is "not a directory" */
+static void test_open_denied(void)
+{
+	char dir[512], err[512];
+	ulp_archive *a = NULL;
+	snprintf(dir, sizeof(dir), "%s/denied", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
+	chmod(root, 0711); /* others may pass through root, not into dir (0700) */
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) {
+		if (lose_access(dir, 0) < 0)
+			_exit(77);
+		for (int ro = 0; ro < 2; ro++) {
+			ulp_archive_opts o = {0};
+			o.read_only = ro;
+			int rc = ulp_archive_open(dir, &o, &a, err, sizeof(err));
+			if (rc >= 0 || !strstr(err, "Permission denied") || strstr(err, "init")) {
+				fprintf(stderr, "# %s (read_only %d): %d %s\n", dir, ro, rc, err);
+				_exit(1);
+			}
+		}
+		_exit(0);
+	}
+	int st = 0;
+	waitpid(pid, &st, 0);
+	chmod(root, 0700);
+	chmod(dir, 0700);
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 77)
+		printf("# skip: cannot lose access to %s here\n", dir);
+	else
+		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "an archive not ours: child status %d", st);
+	snprintf(dir, sizeof(dir), "%s/denied/ulpack.db", root);
+	CHECK(ulp_archive_open(dir, NULL, &a, err, sizeof(err)) == -ULP_E_NOTDIR && strstr(err, "not a directory") &&
+	      !strstr(err, "init"), "a file: %s", err);
+}
+
 /* The pack files of an archive, their names sorted and joined: names are the
  * packs' content digests, so equal lists mean equal stored bytes. */
 static void pack_names(const char *dir, char *out, size_t cap)
@@ -1852,6 +2003,8 @@ int main(void)
 		test_header_checksum();
 		test_header_upgrade();
 		test_private_modes();
+		test_open_readonly();
+		test_open_denied();
 		test_putq();
 	}
 	test_thread_churn();
