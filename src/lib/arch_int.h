@@ -364,6 +364,9 @@ extern int ulp_recode_crash_at;
  * reclaim: 1-3 around the first drop's commit and unlinks, 4 before a
  * rewrite's commit, 5-7 around the drop of the packs rewrites emptied */
 extern int ulp_reclaim_crash_at;
+/* recode.c test hook: the next N ulp_archive_rebase_pending calls fail with
+ * NOSPC, as on a full disk (a session takes N from ULP_TEST_RECODE_NOSPC) */
+extern int ulp_recode_fail_nospc;
 
 /* ---- packs (pack.c) ---------------------------------------------------- */
 

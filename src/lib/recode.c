@@ -896,6 +896,8 @@ int ulp_archive_rebase_orphans(ulp_archive *a, ulp_progress_fn progress, void *a
 	return rc;
 }
 
+int ulp_recode_fail_nospc;
+
 int ulp_archive_rebase_pending(ulp_archive *a, ulp_progress_fn progress, void *arg, ulp_rebase_result *res)
 {
 	ulp_rebase_result r = {0};
@@ -904,6 +906,9 @@ int ulp_archive_rebase_pending(ulp_archive *a, ulp_progress_fn progress, void *a
 	size_t n;
 	int rc;
 	ULP_TRY(check_rw(a));
+	if (__atomic_load_n(&ulp_recode_fail_nospc, __ATOMIC_RELAXED) > 0 &&
+	    __atomic_sub_fetch(&ulp_recode_fail_nospc, 1, __ATOMIC_RELAXED) >= 0)
+		return ulp_arch_err(a, -ULP_E_NOSPC, "%s/packs: re-basing: no space left on device (test hook)", a->dir);
 	while ((rc = ulp_index_pending(a, ids, gens, PENDING_BATCH, &n)) == 0 && n > 0) {
 		plan P = {a, NULL, 0, 0};
 		tctx c = {&P, RB_LAYOUT, -1, -1, 0};

@@ -118,7 +118,10 @@
  *     ones rewritten one at a time). Its rewrites stop as soon as a file is
  *     queued or a barrier waits (stop_tidy), so archiving never waits more
  *     than one pack's rewrite; the rest waits for the next pause. The pass
- *     at close is whole, with the crash leftovers swept too.
+ *     at close is whole, with the crash leftovers swept too. A pass that
+ *     fails (a full disk) is tried again while idle, 1 s later, then after
+ *     twice as long each time up to 30 s (retry_at), not only at the next
+ *     write: the work it left stays queued in the index meanwhile.
  * 14. The archiver chooses its order (DESIGN.md 5): the files queued at a
  *     time are the archive's expected files (ulp_archive_expect), and it
  *     takes first the queued file whose series has no queued file ranked
@@ -214,6 +217,9 @@ struct ulp_session {
 	int removed;           /* an archived file was removed since the last tidy: its
 	                          dependents may need re-basing (invariant 13) */
 	uint64_t order_seq;    /* enq_seq + done_seq when the queue was last ordered (invariant 14) */
+	int64_t retry_at;      /* CLOCK_MONOTONIC ns before which a failed tidy is not tried
+	                          again (invariant 13) */
+	int64_t retry_ns;      /* the wait after the last failure (doubles, up to RETRY_MAX) */
 	int64_t q_oldest;      /* CLOCK_MONOTONIC ns when the oldest queued entry was queued */
 	int expecting;         /* the archive holds the queue's files as expected (invariant 14) */
 	int err;               /* code of a failed archiving not reported yet (invariant 8) */
@@ -387,6 +393,8 @@ static int node_record(ulp_session *s, snode *n, int how)
 }
 
 #define QUIET 100000000LL /* 100 ms (invariants 9 and 11) */
+#define RETRY_MIN 1000000000LL  /* a failed tidy again after 1 s, */
+#define RETRY_MAX 30000000000LL /* doubling up to 30 s (invariant 13) */
 #define REBASE_MAX 10000000000LL /* 10 s (invariant 9) */
 
 /* The index may have queued re-basing work (mu held; invariant 9). */
@@ -569,11 +577,20 @@ static void tidy(ulp_session *s, int final)
 		slog(s, "re-basing: %s", ulp_archive_errmsg(s->a));
 	ulp_reclaim_opts o = {.full = final, .stop = final ? NULL : stop_tidy, .stop_arg = s};
 	ulp_gc_result g = {0};
-	if (ulp_archive_reclaim(s->a, &o, &g) < 0)
+	int rc2 = ulp_archive_reclaim(s->a, &o, &g);
+	if (rc2 < 0)
 		slog(s, "reclaiming space: %s", ulp_archive_errmsg(s->a));
 	pthread_mutex_lock(&s->mu);
 	if (rc < 0 && removed)
 		s->removed = 1; /* the orphans again next time */
+	if (rc < 0 || rc2 < 0) { /* (a full disk, say) tried again while idle */
+		s->retry_ns = ULP_MIN(s->retry_ns ? s->retry_ns * 2 : RETRY_MIN, RETRY_MAX);
+		s->retry_at = mono_ns() + s->retry_ns;
+		want_rebase(s);
+	} else {
+		s->retry_ns = 0;
+		s->retry_at = 0;
+	}
 	s->tidies++;
 	s->reclaimed_bytes += g.bytes_reclaimed;
 }
@@ -706,6 +723,7 @@ static int64_t rebase_wait(ulp_session *s)
 	int64_t now = mono_ns(), until = s->rebase_t + REBASE_MAX;
 	if (s->writers == 0)
 		until = ULP_MIN(until, s->last_write_close + QUIET);
+	until = ULP_MAX(until, s->retry_at); /* after a failure (invariant 13) */
 	return until > now ? until : 0;
 }
 
@@ -798,6 +816,9 @@ int ulp_session_open(ulp_archive *a, const ulp_session_opts *o, ulp_session **ou
 	const char *defer = getenv("ULP_SESSION_DEFER");
 	s->defer = defer && (defer[0] == '0' || defer[0] == '1') ? defer[0] == '1'
 	                                                          : ulp_pool_threads(a->pool) < ULP_OVERLAP_THREADS;
+	const char *nospc = getenv("ULP_TEST_RECODE_NOSPC"); /* (tests: a full disk at re-basing) */
+	if (nospc && nospc[0] >= '1' && nospc[0] <= '9')
+		__atomic_store_n(&ulp_recode_fail_nospc, atoi(nospc), __ATOMIC_RELAXED);
 	const char *hold = getenv("ULP_SESSION_HOLD");
 	s->hold = hold && hold[0] == '1';
 	pthread_mutex_init(&s->mu, NULL);

@@ -10,7 +10,8 @@
 #  - a trainer-like loop (20 saves of model.safetensors and optimizer.pt, the
 #    oldest of three removed at each: save_total_limit=2): before each save
 #    the archive is at most 1.3x an import of what is then kept;
-#  - the mount root's user.ulpack.space and df of the mount say the same.
+#  - the mount root's user.ulpack.space and df of the mount say the same;
+#  - a re-coding that failed (no space) is tried again while idle.
 . "$(dirname "$0")/lib.sh"
 need_fuse
 command -v rsync > /dev/null || skip "no rsync"
@@ -96,4 +97,19 @@ le "$worst" 1.3 && ok "trainer loop, 20 saves, 2 kept: at most ${worst}x an impo
 	|| fail "trainer loop: ${worst}x an import of the kept steps (target <= 1.3)"
 umount_fs "$T/m"
 "$ULPACK" verify "$T/b" > /dev/null && ok "verify after the loop" || fail "verify after the loop"
+
+# issue 28 item 7: a re-coding that failed for want of space (the test hook
+# fails the next two passes, as a full disk would) is tried again while the
+# mount is idle, not only at the next write or the unmount
+rm -rf "$T/c" && "$ULPACK" init "$T/c" > /dev/null
+ULP_TEST_RECODE_NOSPC=2 mount_fs "$T/c" "$M" || { fail "mount"; finish; }
+mkdir -p "$M/run"
+for d in $(ls "$T/run" | sort -t- -k2 -n | head -2); do
+	cp -r "$T/run/$d" "$M/run/" && "$ULPACK" sync "$M" > /dev/null
+done
+settle "$M" && ok "re-coding failed twice (no space), then done while idle" \
+	|| fail "re-coding not retried while idle: $(space "$M")"
+grep -q "no space left" "$T/c/ulpackfs.log" 2> /dev/null && ok "the failure was logged" \
+	|| fail "no log line for the failed re-coding: $(cat "$T/c/ulpackfs.log" 2> /dev/null)"
+umount_fs "$M"
 finish
