@@ -294,6 +294,18 @@ static int direct_writer(const char *p, int flags, const ulp_meta *create)
 	return acc == O_WRONLY || (acc == O_RDWR && create && ulp_session_temp_name(p));
 }
 
+/*
+ * A write(2) or truncation by a process without CAP_FSETID clears S_ISUID,
+ * and S_ISGID with group execute. The kernel does that (by a chmod) for
+ * writes through the page cache only: direct I/O writes and O_TRUNC opens
+ * come here as they are. Taken as having CAP_FSETID: uid 0.
+ */
+static int fsetid(void)
+{
+	struct fuse_context *cx = fuse_get_context();
+	return !cx || cx->uid == 0;
+}
+
 static int open_handle(const char *p, struct fuse_file_info *fi, const ulp_meta *create)
 {
 	handle *h = calloc(1, sizeof(*h));
@@ -302,6 +314,8 @@ static int open_handle(const char *p, struct fuse_file_info *fi, const ulp_meta 
 	int rc;
 	if (fs.s) {
 		rc = ulp_session_open_file(fs.s, p, fi->flags, create, &h->sf);
+		if (rc == 0 && !create && (fi->flags & O_TRUNC) && !fsetid() && (rc = ulp_session_kill_suid(h->sf)) < 0)
+			ulp_session_release(h->sf);
 		fi->keep_cache = rc == 0 && ulp_session_file_archived(h->sf); /* invariant 2 */
 		fi->direct_io = rc == 0 && !fi->keep_cache && !fs.no_dio && direct_writer(p, fi->flags, create);
 	} else if (create || (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
@@ -349,6 +363,8 @@ static int ulpfs_write(const char *path, const char *buf, size_t size, off_t off
 	(void)path;
 	if (!H(fi)->sf)
 		return -EBADF;
+	if (!fsetid()) /* direct I/O writes get no chmod from the kernel */
+		ulp_session_kill_suid(H(fi)->sf);
 	int64_t w = ulp_session_write(H(fi)->sf, buf, size, (uint64_t)off);
 	return w < 0 ? err_of((int)w) : (int)w;
 }
