@@ -266,9 +266,7 @@ static int ulpfs_readdir(const char *path, void *buf, fuse_fill_dir_t filler, of
 	filler(buf, "..", NULL, 0, 0);
 	rd r = {buf, filler};
 	const char *p = rel(path);
-	int rc = fs.s ? ulp_session_readdir(fs.s, p, readdir_cb, &r) : ulp_archive_readdir(fs.a, p, readdir_cb, &r);
-	if (rc < 0)
-		return err_of(rc);
+	/* `latest` first: rm -r removes it before the steps it points to */
 	char lp[ULP_PATH_MAX + 8], target[ULP_NAME_MAX + 1];
 	snprintf(lp, sizeof(lp), "%s%slatest", p, p[0] ? "/" : "");
 	if (virtual_latest(lp, target, sizeof(target))) {
@@ -276,7 +274,8 @@ static int ulpfs_readdir(const char *path, void *buf, fuse_fill_dir_t filler, of
 		latest_stat(lp, target, &st);
 		filler(buf, "latest", &st, 0, FUSE_FILL_DIR_PLUS);
 	}
-	return 0;
+	int rc = fs.s ? ulp_session_readdir(fs.s, p, readdir_cb, &r) : ulp_archive_readdir(fs.a, p, readdir_cb, &r);
+	return rc < 0 ? err_of(rc) : 0;
 }
 
 /*
@@ -448,9 +447,11 @@ static int ulpfs_unlink(const char *path)
 {
 	RW_OR_EROFS();
 	int rc = ulp_session_unlink(fs.s, rel(path));
-	char target[ULP_NAME_MAX + 1];
-	if (rc == -ULP_E_NOENT && virtual_latest(rel(path), target, sizeof(target)))
-		return 0; /* computed, nothing to remove: rsync --delete carries on */
+	/* computed, nothing to remove: rsync --delete carries on; and a
+	 * `latest` gone with the last step the kernel still knew of (rm -r in
+	 * another order) is removed too */
+	if (rc == -ULP_E_NOENT && !fs.no_latest && !strcmp(strrchr(path, '/') + 1, "latest"))
+		return 0;
 	return rc < 0 ? err_of(rc) : 0;
 }
 
