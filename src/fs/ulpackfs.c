@@ -577,13 +577,28 @@ static void sync_failed(void *arg, const char *path, const char *why)
 	l->len += (size_t)sprintf(l->buf + l->len, "%s: %s\n", path, why);
 }
 
+/* The failed files' names are for root, the user who mounted and the
+ * archive's owner: other users (allow_other), who may not be allowed to
+ * list the directories those files are in, get the barrier and a count. */
+static int sync_names_allowed(void)
+{
+	struct fuse_context *cx = fuse_get_context();
+	struct stat st;
+	return !cx || cx->uid == 0 || cx->uid == getuid() || (stat(fs.archive, &st) == 0 && st.st_uid == cx->uid);
+}
+
 /* the barrier of `ulpack sync` (invariant 4): each call waits (a second one,
  * after a size query, finds nothing new to wait for) */
 static int root_sync(char *value, size_t size)
 {
 	failed_list l = {0};
 	int bad = fs.s ? ulp_session_sync(fs.s, sync_failed, &l) : 0;
-	if (!bad || !l.buf) {
+	if (bad && !sync_names_allowed()) {
+		char v[128];
+		snprintf(v, sizeof(v), "%d files could not be archived (names: for root and the mount's owner)\n", bad);
+		free(l.buf);
+		l.buf = strdup(v);
+	} else if (!bad || !l.buf) {
 		free(l.buf);
 		l.buf = strdup(bad ? "failed (out of memory listing them)\n" : "ok\n");
 	}

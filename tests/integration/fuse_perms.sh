@@ -69,6 +69,28 @@ modes=$(cd "$M/shared" && stat -c '%n=%a' rw wo tr sg | tr '\n' ' ')
 	|| fail "modes after another user's write: $modes (want rw=777 wo=777 tr=777 sg=2766)"
 umount_fs "$M"
 
+# issue 28 item 9: user.ulpack.sync (ulpack sync) names the files whose
+# archiving failed to root and the mount's owner only; another user gets the
+# barrier and a count. Archiving held until the sync (ULP_SESSION_HOLD), on
+# a disk with room for the staged file but not for its pack as well.
+mkdir -p "$T/small"
+head -c 1048576 /dev/urandom > "$T/rand.bin"
+mount -t tmpfs -o size=1600k tmpfs "$T/small" || skip "cannot mount tmpfs"
+ULP_CLEANUP="umount '$T/small' 2>/dev/null"
+"$ULPACK" init "$T/small/arch" > /dev/null
+ULP_SESSION_HOLD=1 mount_fs "$T/small/arch" "$M" -o allow_other || { fail "mount on the small disk"; finish; }
+mkdir -m 700 "$M/private" && cp "$T/rand.bin" "$M/private/secret-name.bin" || fail "write on the small disk"
+out=$(as_nobody "$ULPACK" sync "$M" 2>&1) && fail "another user's sync succeeded: $out"
+case $out in
+*secret-name*) fail "another user's sync names the failed file: $out" ;;
+*"1 files could not be archived"*) ok "another user's sync: a count, no names" ;;
+*) fail "another user's sync: $out" ;;
+esac
+out=$("$ULPACK" sync "$M" 2>&1) && fail "root's sync succeeded: $out"
+case $out in *private/secret-name.bin*) ok "root's sync names it" ;; *) fail "root's sync: $out" ;; esac
+umount_fs "$M"
+umount "$T/small"
+
 mount_fs "$A" "$M" -o allow_other,no_permission_checks,max_chain=1024 \
 	|| { fail "mount with no_permission_checks and the largest max_chain"; finish; }
 [ "$(as_nobody cat "$M/secret" 2>&1)" = secret ] && ok "-o no_permission_checks turns the checks off" \
