@@ -293,6 +293,18 @@ static int direct_writer(const char *p, int flags, const ulp_meta *create)
 	return acc == O_WRONLY || (acc == O_RDWR && create && ulp_session_temp_name(p));
 }
 
+/*
+ * A write(2) or truncation by a process without CAP_FSETID clears S_ISUID,
+ * and S_ISGID with group execute. The kernel does that (by a chmod) for
+ * writes through the page cache only: direct I/O writes and O_TRUNC opens
+ * come here as they are. Taken as having CAP_FSETID: uid 0.
+ */
+static int fsetid(void)
+{
+	struct fuse_context *cx = fuse_get_context();
+	return !cx || cx->uid == 0;
+}
+
 static int open_handle(const char *p, struct fuse_file_info *fi, const ulp_meta *create)
 {
 	handle *h = calloc(1, sizeof(*h));
@@ -301,6 +313,8 @@ static int open_handle(const char *p, struct fuse_file_info *fi, const ulp_meta 
 	int rc;
 	if (fs.s) {
 		rc = ulp_session_open_file(fs.s, p, fi->flags, create, &h->sf);
+		if (rc == 0 && !create && (fi->flags & O_TRUNC) && !fsetid() && (rc = ulp_session_kill_suid(h->sf)) < 0)
+			ulp_session_release(h->sf);
 		fi->keep_cache = rc == 0 && ulp_session_file_archived(h->sf); /* invariant 2 */
 		fi->direct_io = rc == 0 && !fi->keep_cache && !fs.no_dio && direct_writer(p, fi->flags, create);
 	} else if (create || (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
@@ -348,6 +362,8 @@ static int ulpfs_write(const char *path, const char *buf, size_t size, off_t off
 	(void)path;
 	if (!H(fi)->sf)
 		return -EBADF;
+	if (!fsetid()) /* direct I/O writes get no chmod from the kernel */
+		ulp_session_kill_suid(H(fi)->sf);
 	int64_t w = ulp_session_write(H(fi)->sf, buf, size, (uint64_t)off);
 	return w < 0 ? err_of((int)w) : (int)w;
 }
@@ -431,9 +447,11 @@ static int ulpfs_unlink(const char *path)
 {
 	RW_OR_EROFS();
 	int rc = ulp_session_unlink(fs.s, rel(path));
-	char target[ULP_NAME_MAX + 1];
-	if (rc == -ULP_E_NOENT && virtual_latest(rel(path), target, sizeof(target)))
-		return 0; /* computed, nothing to remove: rsync --delete carries on */
+	/* computed, nothing to remove: rsync --delete carries on; and a
+	 * `latest` gone with the last step the kernel still knew of (rm -r in
+	 * another order) is removed too */
+	if (rc == -ULP_E_NOENT && !fs.no_latest && !strcmp(strrchr(path, '/') + 1, "latest"))
+		return 0;
 	return rc < 0 ? err_of(rc) : 0;
 }
 
@@ -583,13 +601,28 @@ static void sync_failed(void *arg, const char *path, const char *why)
 	l->len += (size_t)sprintf(l->buf + l->len, "%s: %s\n", path, why);
 }
 
+/* The failed files' names are for root, the user who mounted and the
+ * archive's owner: other users (allow_other), who may not be allowed to
+ * list the directories those files are in, get the barrier and a count. */
+static int sync_names_allowed(void)
+{
+	struct fuse_context *cx = fuse_get_context();
+	struct stat st;
+	return !cx || cx->uid == 0 || cx->uid == getuid() || (stat(fs.archive, &st) == 0 && st.st_uid == cx->uid);
+}
+
 /* the barrier of `ulpack sync` (invariant 4): each call waits (a second one,
  * after a size query, finds nothing new to wait for) */
 static int root_sync(char *value, size_t size)
 {
 	failed_list l = {0};
 	int bad = fs.s ? ulp_session_sync(fs.s, sync_failed, &l) : 0;
-	if (!bad || !l.buf) {
+	if (bad && !sync_names_allowed()) {
+		char v[128];
+		snprintf(v, sizeof(v), "%d files could not be archived (names: for root and the mount's owner)\n", bad);
+		free(l.buf);
+		l.buf = strdup(v);
+	} else if (!bad || !l.buf) {
 		free(l.buf);
 		l.buf = strdup(bad ? "failed (out of memory listing them)\n" : "ok\n");
 	}

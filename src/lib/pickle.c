@@ -6,9 +6,19 @@
  * storages named by persistent ids and names each after the first tensor
  * that uses it.
  *
+ * Memory bound: parsing a pickle of LEN bytes holds at most
+ * PK_BYTES_PER_BYTE x LEN + PK_BYTES_FIXED bytes (24 x LEN + 1 MiB), the
+ * result included; a pickle that needs more is refused (CORRUPT, "pickle too
+ * complex": the file is stored opaque). torch.save-shaped pickles need 7 to
+ * 12 bytes per byte beyond the fixed part (measured: a 16000-tensor
+ * state_dict, AdamW's state of 20000 parameters with its params list, long
+ * lists of ints, floats and strings). Everything but the result lives in an
+ * arena of anonymous mappings unmapped before returning, so the memory goes
+ * back to the system whatever the allocator keeps.
+ *
  * Invariants:
- *  1. Every value is allocated by newv() and owned by the parser's `all`
- *     list (freed there, once); values point at each other freely (memo
+ *  1. Every value and array is allocated in the parser's arena (pk_alloc)
+ *     and freed with it, at once; values point at each other freely (memo
  *     sharing, cycles), never own each other. Strings point into the pickle.
  *  2. Stack and memo hold only values (marks are kept apart as stack
  *     heights), so an opcode never sees a mark as an operand; every pop
@@ -16,68 +26,187 @@
  *  3. The naming walk visits each value at most once (visited flag) and at
  *     most WALK_DEPTH deep, so cycles and shared subgraphs terminate.
  *  4. Storage keys are unique in the result, and so are names.
- *  5. Memory is bounded by the pickle's length: each opcode makes at most
- *     one value, and the memo is never larger than the values made.
+ *  5. The arena's mappings, plus the result, never exceed the memory bound
+ *     (pk_alloc and the copy-out check it); the memo is never larger than
+ *     the values made. Immutable values with nothing to name (None, booleans,
+ *     floats, the empty tuple, integers 0..255) are one value each per parse.
  */
 #include "torchzip.h"
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#ifdef ULP_SANITIZED
+#include <sanitizer/asan_interface.h>
+#define PK_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define PK_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#define PK_REDZONE 16
+#else
+#define PK_POISON(p, n) ((void)(p), (void)(n))
+#define PK_UNPOISON(p, n) ((void)(p), (void)(n))
+#define PK_REDZONE 0
+#endif
 
 #define WALK_DEPTH 128
 #define MEMO_MAX   ((uint64_t)1 << 24)
+#define PK_BYTES_PER_BYTE 24
+#define PK_BYTES_FIXED    ((size_t)1 << 20)
+#define PK_BLOCK_MIN      ((size_t)64 << 10)  /* arena mappings: 64 KiB, doubling to 4 MiB */
+#define PK_BLOCK_MAX      ((size_t)4 << 20)
 
 enum { V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_BYTES, V_TUPLE, V_LIST, V_DICT, V_GLOBAL, V_OBJ, V_PID };
 
-typedef struct pv pv;
-struct pv {
+/* Every value starts with a pv; its type says which of the records below it is. */
+typedef struct pv {
 	uint8_t type, visited;
-	int64_t i;                 /* V_INT, V_BOOL; V_PID: storage index */
-	const uint8_t *s, *s2;     /* V_STR/V_BYTES: bytes; V_GLOBAL: module, name */
-	size_t n, n2;
-	pv **it;                   /* tuple/list items; dict and object: key, value pairs */
-	size_t nit, cit;
-	pv **li;                   /* object: appended items */
-	size_t nli, cli;
-	pv *args, *state;          /* object: reduction arguments, BUILD state */
-};
+	uint32_t n;                /* V_STR/V_BYTES/V_GLOBAL: bytes of s; V_TUPLE/V_LIST/V_DICT/V_OBJ: items */
+} pv;
+typedef struct { pv h; int64_t i; } pv_int;                          /* V_BOOL, V_INT; V_PID: storage index */
+typedef struct { pv h; const uint8_t *s; } pv_str;                   /* V_STR, V_BYTES */
+typedef struct { pv h; uint32_t n2; const uint8_t *s, *s2; } pv_glob; /* V_GLOBAL: module (n), name (n2) */
+typedef struct { pv h; uint32_t cap; pv **it; } pv_seq;              /* tuple, list; dict: key, value pairs */
+typedef struct { pv_seq kv; pv_seq *li; pv *args, *state; } pv_obj;  /* V_OBJ: set items, appended items */
+#define INT(v)  ((pv_int *)(v))
+#define STR(v)  ((pv_str *)(v))
+#define GLOB(v) ((pv_glob *)(v))
+#define SEQ(v)  ((pv_seq *)(v))
+#define OBJ(v)  ((pv_obj *)(v))
 
 struct ulp_pk {
 	ulp_pk_storage *st;
-	size_t n, cap;
-	size_t *hash;              /* open addressing over st by key: index + 1, 0 empty */
-	size_t hcap;
+	size_t n;
+	char *strs;                /* keys and names */
 };
+
+typedef struct blk {
+	struct blk *next;
+	size_t size;
+} blk;
 
 typedef struct px {
 	const uint8_t *p, *end;
 	ulp_err *e;
-	pv **all;
-	size_t nall, call;
+	int fail;                  /* what pk_alloc's NULL means */
+	size_t budget, used;       /* bytes mapped (and the result), at most budget */
+	blk *blocks;
+	uint8_t *cur;
+	size_t left;
+	unsigned nblk;
+	uint64_t made;             /* values pushed by opcodes that make one */
 	pv **stack;
-	size_t nstack, cstack;
-	size_t *marks;
-	size_t nmarks, cmarks;
+	uint32_t nstack, cstack;
+	uint32_t *marks;
+	uint32_t nmarks, cmarks;
 	pv **memo;
-	size_t nmemo, cmemo;
-	ulp_pk *k;
+	uint32_t nmemo, cmemo;
+	pv none, flt;              /* the shared immutable values (invariant 5) */
+	pv_int bools[2];
+	pv_seq empty_tuple;
+	pv_int *small[256];
+	ulp_pk_storage *st;        /* the storages, in the arena until the copy-out */
+	uint32_t nst, cst;
+	uint32_t *hash;            /* open addressing over st by key: index + 1, 0 empty */
+	size_t hcap;
+	size_t len;
 } px;
 
-static pv *newv(px *x, int type)
+/* ---- the arena (invariants 1 and 5) --------------------------------------- */
+
+static int too_complex(px *x)
 {
-	if (ulp_grow(&x->all, &x->call, x->nall, sizeof(pv *)) < 0)
-		return NULL;
-	pv *v = calloc(1, sizeof(*v));
-	if (!v)
-		return NULL;
-	v->type = (uint8_t)type;
-	x->all[x->nall++] = v;
+	return ULP_CORRUPT(x->e, "pickle too complex: more than %zu bytes of parser memory for %zu bytes",
+	                   x->budget, x->len);
+}
+
+/* n bytes, zeroed, 8-aligned; NULL with x->fail set when the bound or the
+ * system says no */
+static void *pk_alloc(px *x, size_t n)
+{
+	n = (n + 7) & ~(size_t)7;
+	if (n + PK_REDZONE > x->left) {
+		size_t want = n + PK_REDZONE + sizeof(blk), bs = PK_BLOCK_MIN << ULP_MIN(x->nblk, 6u);
+		if (want > bs)
+			bs = (want + 4095) & ~(size_t)4095;
+		if (bs > x->budget - x->used && want <= x->budget - x->used)
+			bs = (x->budget - x->used) & ~(size_t)4095;
+		if (want > bs || bs > x->budget - x->used) {
+			x->fail = too_complex(x);
+			return NULL;
+		}
+		void *m = mmap(NULL, bs, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (m == MAP_FAILED) {
+			x->fail = -ULP_E_NOMEM;
+			return NULL;
+		}
+		blk *b = m;
+		b->next = x->blocks;
+		b->size = bs;
+		x->blocks = b;
+		x->nblk++;
+		x->used += bs;
+		x->cur = (uint8_t *)m + sizeof(blk);
+		x->left = bs - sizeof(blk);
+		PK_POISON(x->cur, x->left);
+	}
+	void *p = x->cur;
+	PK_UNPOISON(p, n);
+	x->cur += n + PK_REDZONE;
+	x->left -= n + PK_REDZONE;
+	return p;
+}
+
+static void pk_unmap(px *x)
+{
+	while (x->blocks) {
+		blk *b = x->blocks;
+		x->blocks = b->next;
+		size_t size = b->size;
+		PK_UNPOISON(b, size); /* the addresses may be mapped again */
+		munmap(b, size);
+	}
+}
+
+/* Room in array *arr (*cap elements of size sz, n used) for one more: a
+ * copy twice as large (the old one stays in the arena, unused). */
+static int pk_grow(px *x, void *arr, uint32_t *cap, size_t n, size_t sz)
+{
+	void **a = arr;
+	if (n < *cap)
+		return 0;
+	size_t nc = *cap ? (size_t)*cap * 2 : 4;
+	if (nc > UINT32_MAX)
+		return too_complex(x);
+	void *p = pk_alloc(x, nc * sz);
+	if (!p)
+		return x->fail;
+	if (n)
+		memcpy(p, *a, n * sz);
+	if (*a)
+		PK_POISON(*a, (size_t)*cap * sz);
+	*a = p;
+	*cap = (uint32_t)nc;
+	return 0;
+}
+
+static char *pk_strndup(px *x, const void *s, size_t n)
+{
+	char *d = pk_alloc(x, n + 1);
+	if (d)
+		memcpy(d, s, n); /* zeroed: terminated */
+	return d;
+}
+
+static pv *newv(px *x, int type, size_t size)
+{
+	pv *v = pk_alloc(x, size);
+	if (v)
+		v->type = (uint8_t)type;
 	return v;
 }
 
-static int add_item(pv ***it, size_t *n, size_t *cap, pv *v)
+static int add_item(px *x, pv_seq *q, pv *v)
 {
-	ULP_TRY(ulp_grow(it, cap, *n, sizeof(pv *)));
-	(*it)[(*n)++] = v;
+	ULP_TRY(pk_grow(x, &q->it, &q->cap, q->h.n, sizeof(pv *)));
+	q->it[q->h.n++] = v;
 	return 0;
 }
 
@@ -89,10 +218,17 @@ static size_t floor_mark(const px *x)
 static int push(px *x, pv *v)
 {
 	if (!v)
-		return -ULP_E_NOMEM;
-	ULP_TRY(ulp_grow(&x->stack, &x->cstack, x->nstack, sizeof(pv *)));
+		return x->fail;
+	ULP_TRY(pk_grow(x, &x->stack, &x->cstack, x->nstack, sizeof(pv *)));
 	x->stack[x->nstack++] = v;
 	return 0;
+}
+
+/* pushes a value an opcode made (the memo may name it) */
+static int made(px *x, pv *v)
+{
+	x->made++;
+	return push(x, v);
 }
 
 /* invariant 2 */
@@ -134,16 +270,13 @@ static int memo_put(px *x, uint64_t idx)
 	ULP_TRY(top(x, &v));
 	/* a pickler numbers its memo 0, 1, 2...: an index past the values made
 	 * so far is a lie, and would size the memo (invariant 5) */
-	if (idx >= MEMO_MAX || idx > x->nall)
+	if (idx >= MEMO_MAX || idx > x->made)
 		return ULP_CORRUPT(x->e, "pickle: memo index %llu", (unsigned long long)idx);
-	while (x->cmemo <= idx) {
-		size_t old = x->cmemo;
-		ULP_TRY(ulp_grow(&x->memo, &x->cmemo, x->cmemo, sizeof(pv *)));
-		memset(x->memo + old, 0, (x->cmemo - old) * sizeof(pv *));
-	}
+	while (x->cmemo <= idx)
+		ULP_TRY(pk_grow(x, &x->memo, &x->cmemo, x->cmemo, sizeof(pv *))); /* zeroed */
 	x->memo[idx] = v;
 	if (idx >= x->nmemo)
-		x->nmemo = (size_t)idx + 1;
+		x->nmemo = (uint32_t)idx + 1;
 	return 0;
 }
 
@@ -156,10 +289,10 @@ static int memo_get(px *x, uint64_t idx)
 
 static int is_str(const pv *v, const char *s)
 {
-	return v->type == V_STR && v->n == strlen(s) && memcmp(v->s, s, v->n) == 0;
+	return v->type == V_STR && v->n == strlen(s) && memcmp(STR(v)->s, s, v->n) == 0;
 }
 
-static ulp_dtype storage_dtype(const pv *g)
+static ulp_dtype storage_dtype(const pv_glob *g)
 {
 	static const struct { const char *name; ulp_dtype dt; } map[] = {
 		{"DoubleStorage", ULP_DT_F64}, {"FloatStorage", ULP_DT_F32},
@@ -169,7 +302,7 @@ static ulp_dtype storage_dtype(const pv *g)
 		{"ByteStorage", ULP_DT_U8},    {"BoolStorage", ULP_DT_BOOL},
 		{"UntypedStorage", ULP_DT_U8},
 	};
-	if (g->n != 5 || memcmp(g->s, "torch", 5) != 0)
+	if (g->h.n != 5 || memcmp(g->s, "torch", 5) != 0)
 		return ULP_DT_UNKNOWN;
 	for (size_t i = 0; i < ULP_ARRAY_LEN(map); i++)
 		if (g->n2 == strlen(map[i].name) && memcmp(g->s2, map[i].name, g->n2) == 0)
@@ -187,34 +320,33 @@ static uint64_t hash_bytes(const void *p, size_t n)
 }
 
 /* Index of the storage with key (len bytes), or -1; *slot: where to insert. */
-static long find_key(const ulp_pk *k, const uint8_t *key, size_t len, size_t *slot)
+static long find_key(const px *x, const uint8_t *key, size_t len, size_t *slot)
 {
-	size_t m = k->hcap - 1, i = (size_t)hash_bytes(key, len) & m;
+	size_t m = x->hcap - 1, i = (size_t)hash_bytes(key, len) & m;
 	for (;; i = (i + 1) & m) {
-		size_t h = k->hash[i];
+		size_t h = x->hash[i];
 		if (!h) {
 			*slot = i;
 			return -1;
 		}
-		const char *s = k->st[h - 1].key;
+		const char *s = x->st[h - 1].key;
 		if (strlen(s) == len && memcmp(s, key, len) == 0)
 			return (long)(h - 1);
 	}
 }
 
-static int rehash(ulp_pk *k)
+static int rehash(px *x)
 {
-	size_t ncap = k->hcap ? k->hcap * 2 : 64;
-	size_t *nh = calloc(ncap, sizeof(size_t));
+	size_t ncap = x->hcap ? x->hcap * 2 : 64;
+	uint32_t *nh = pk_alloc(x, ncap * sizeof(uint32_t));
 	if (!nh)
-		return -ULP_E_NOMEM;
-	free(k->hash);
-	k->hash = nh;
-	k->hcap = ncap;
-	for (size_t j = 0; j < k->n; j++) {
+		return x->fail;
+	x->hash = nh;
+	x->hcap = ncap;
+	for (size_t j = 0; j < x->nst; j++) {
 		size_t slot;
-		find_key(k, (const uint8_t *)k->st[j].key, strlen(k->st[j].key), &slot);
-		k->hash[slot] = j + 1;
+		find_key(x, (const uint8_t *)x->st[j].key, strlen(x->st[j].key), &slot);
+		x->hash[slot] = (uint32_t)j + 1;
 	}
 	return 0;
 }
@@ -224,75 +356,87 @@ static int persid(px *x)
 {
 	pv *t;
 	ULP_TRY(pop(x, &t));
-	if (t->type != V_TUPLE || t->nit != 5 || !is_str(t->it[0], "storage") ||
-	    t->it[1]->type != V_GLOBAL || t->it[2]->type != V_STR || t->it[3]->type != V_STR ||
-	    t->it[4]->type != V_INT || t->it[4]->i < 0)
+	pv **it = t->type == V_TUPLE && t->n == 5 ? SEQ(t)->it : NULL;
+	if (!it || !is_str(it[0], "storage") || it[1]->type != V_GLOBAL || it[2]->type != V_STR ||
+	    it[3]->type != V_STR || it[4]->type != V_INT || INT(it[4])->i < 0)
 		return ULP_CORRUPT(x->e, "pickle: persistent id is not a storage");
-	const pv *key = t->it[2];
-	if (key->n == 0 || key->n > 256 || memchr(key->s, 0, key->n) || memchr(key->s, '/', key->n))
+	const pv_str *key = STR(it[2]);
+	if (key->h.n == 0 || key->h.n > 256 || memchr(key->s, 0, key->h.n) || memchr(key->s, '/', key->h.n))
 		return ULP_CORRUPT(x->e, "pickle: bad storage key");
-	ulp_dtype dt = storage_dtype(t->it[1]);
-	ulp_pk *k = x->k;
-	if (k->n * 2 >= k->hcap)
-		ULP_TRY(rehash(k));
+	ulp_dtype dt = storage_dtype(GLOB(it[1]));
+	uint64_t numel = (uint64_t)INT(it[4])->i;
+	if (x->nst * 2 >= x->hcap)
+		ULP_TRY(rehash(x));
 	size_t slot;
-	long idx = find_key(k, key->s, key->n, &slot);
+	long idx = find_key(x, key->s, key->h.n, &slot);
 	if (idx >= 0) {
-		if (k->st[idx].dtype != dt || k->st[idx].numel != (uint64_t)t->it[4]->i)
+		if (x->st[idx].dtype != dt || x->st[idx].numel != numel)
 			return ULP_CORRUPT(x->e, "pickle: storage '%.*s' used with two types or sizes",
-			                   (int)key->n, key->s);
+			                   (int)key->h.n, key->s);
 	} else {
-		ULP_TRY(ulp_grow(&k->st, &k->cap, k->n, sizeof(*k->st)));
-		ulp_pk_storage *s = &k->st[k->n];
-		memset(s, 0, sizeof(*s));
-		if (!(s->key = strndup((const char *)key->s, key->n)))
-			return -ULP_E_NOMEM;
+		ULP_TRY(pk_grow(x, &x->st, &x->cst, x->nst, sizeof(*x->st)));
+		ulp_pk_storage *s = &x->st[x->nst];
+		if (!(s->key = pk_strndup(x, key->s, key->h.n)))
+			return x->fail;
 		s->dtype = dt;
-		s->numel = (uint64_t)t->it[4]->i;
-		idx = (long)k->n++;
-		k->hash[slot] = k->n;
+		s->numel = numel;
+		idx = (long)x->nst++;
+		x->hash[slot] = x->nst;
 	}
-	pv *v = newv(x, V_PID);
+	pv_int *v = (pv_int *)newv(x, V_PID, sizeof(pv_int));
 	if (!v)
-		return -ULP_E_NOMEM;
+		return x->fail;
 	v->i = idx;
-	return push(x, v);
+	return made(x, &v->h);
 }
 
 static int str_op(px *x, int type, uint64_t n)
 {
 	if ((uint64_t)(x->end - x->p) < n)
 		return ULP_CORRUPT(x->e, "pickle: string past the end");
-	pv *v = newv(x, type);
+	pv_str *v = (pv_str *)newv(x, type, sizeof(pv_str));
 	if (!v)
-		return -ULP_E_NOMEM;
+		return x->fail;
 	v->s = x->p;
-	v->n = (size_t)n;
+	v->h.n = (uint32_t)n; /* < len <= UINT32_MAX */
 	x->p += n;
-	return push(x, v);
+	return made(x, &v->h);
 }
 
 static int int_op(px *x, int64_t i)
 {
-	pv *v = newv(x, V_INT);
+	if (i >= 0 && i < 256) { /* one value each (invariant 5) */
+		if (!x->small[i]) {
+			if (!(x->small[i] = (pv_int *)newv(x, V_INT, sizeof(pv_int))))
+				return x->fail;
+			x->small[i]->i = i;
+		}
+		return made(x, &x->small[i]->h);
+	}
+	pv_int *v = (pv_int *)newv(x, V_INT, sizeof(pv_int));
 	if (!v)
-		return -ULP_E_NOMEM;
+		return x->fail;
 	v->i = i;
-	return push(x, v);
+	return made(x, &v->h);
 }
 
 /* A collection made of stack[from, nstack). */
 static int collect(px *x, int type, size_t from)
 {
-	pv *v = newv(x, type);
-	if (!v)
-		return -ULP_E_NOMEM;
 	if (type == V_DICT && (x->nstack - from) % 2)
 		return ULP_CORRUPT(x->e, "pickle: odd number of dict items");
-	for (size_t i = from; i < x->nstack; i++)
-		ULP_TRY(add_item(&v->it, &v->nit, &v->cit, x->stack[i]));
-	x->nstack = from;
-	return push(x, v);
+	if (type == V_TUPLE && from == x->nstack)
+		return made(x, &x->empty_tuple.h);
+	pv_seq *v = (pv_seq *)newv(x, type, sizeof(pv_seq));
+	if (!v)
+		return x->fail;
+	size_t n = x->nstack - from;
+	if (n && !(v->it = pk_alloc(x, n * sizeof(pv *))))
+		return x->fail;
+	memcpy(v->it, x->stack + from, n * sizeof(pv *));
+	v->h.n = v->cap = (uint32_t)n;
+	x->nstack = (uint32_t)from;
+	return made(x, &v->h);
 }
 
 static int tuple_n(px *x, size_t n)
@@ -310,8 +454,8 @@ static int set_items(px *x, pv *d, size_t from)
 	if ((x->nstack - from) % 2)
 		return ULP_CORRUPT(x->e, "pickle: odd number of dict items");
 	for (size_t i = from; i < x->nstack; i++)
-		ULP_TRY(add_item(&d->it, &d->nit, &d->cit, x->stack[i]));
-	x->nstack = from;
+		ULP_TRY(add_item(x, SEQ(d), x->stack[i]));
+	x->nstack = (uint32_t)from;
 	return 0;
 }
 
@@ -319,13 +463,15 @@ static int append_items(px *x, pv *l, size_t from)
 {
 	if (l->type != V_LIST && l->type != V_OBJ)
 		return ULP_CORRUPT(x->e, "pickle: append to a non-list");
-	for (size_t i = from; i < x->nstack; i++) {
-		if (l->type == V_LIST)
-			ULP_TRY(add_item(&l->it, &l->nit, &l->cit, x->stack[i]));
-		else
-			ULP_TRY(add_item(&l->li, &l->nli, &l->cli, x->stack[i]));
+	pv_seq *q = SEQ(l);
+	if (l->type == V_OBJ) {
+		if (!OBJ(l)->li && !(OBJ(l)->li = (pv_seq *)newv(x, V_LIST, sizeof(pv_seq))))
+			return x->fail;
+		q = OBJ(l)->li;
 	}
-	x->nstack = from;
+	for (size_t i = from; i < x->nstack; i++)
+		ULP_TRY(add_item(x, q, x->stack[i]));
+	x->nstack = (uint32_t)from;
 	return 0;
 }
 
@@ -338,21 +484,21 @@ static int global_op(px *x)
 	const uint8_t *b = nl1 + 1, *nl2 = memchr(b, '\n', (size_t)(x->end - b));
 	if (!nl2)
 		return ULP_CORRUPT(x->e, "pickle: unterminated global");
-	pv *v = newv(x, V_GLOBAL);
+	pv_glob *v = (pv_glob *)newv(x, V_GLOBAL, sizeof(pv_glob));
 	if (!v)
-		return -ULP_E_NOMEM;
+		return x->fail;
 	v->s = a;
-	v->n = (size_t)(nl1 - a);
+	v->h.n = (uint32_t)(nl1 - a);
 	v->s2 = b;
-	v->n2 = (size_t)(nl2 - b);
+	v->n2 = (uint32_t)(nl2 - b);
 	x->p = nl2 + 1;
-	return push(x, v);
+	return made(x, &v->h);
 }
 
 static int run(px *x, pv **result)
 {
 	size_t from = 0;
-	pv *a, *b, *c;
+	pv *a, *b;
 	while (x->p < x->end) {
 		uint8_t op = *x->p++;
 		switch (op) {
@@ -368,11 +514,11 @@ static int run(px *x, pv **result)
 		case '.': /* STOP */
 			if (x->p != x->end || x->nmarks || x->nstack != 1)
 				return ULP_CORRUPT(x->e, "pickle: STOP with %zu values, %zu marks, %zu bytes after",
-				                   x->nstack, x->nmarks, (size_t)(x->end - x->p));
+				                   (size_t)x->nstack, (size_t)x->nmarks, (size_t)(x->end - x->p));
 			*result = x->stack[0];
 			return 0;
 		case '(': /* MARK */
-			ULP_TRY(ulp_grow(&x->marks, &x->cmarks, x->nmarks, sizeof(size_t)));
+			ULP_TRY(pk_grow(x, &x->marks, &x->cmarks, x->nmarks, sizeof(uint32_t)));
 			x->marks[x->nmarks++] = x->nstack;
 			break;
 		case '0': /* POP */
@@ -380,18 +526,17 @@ static int run(px *x, pv **result)
 			break;
 		case '1': /* POP_MARK */
 			ULP_TRY(pop_mark(x, &from));
-			x->nstack = from;
+			x->nstack = (uint32_t)from;
 			break;
 		case '2': /* DUP */
 			ULP_TRY(top(x, &a));
 			ULP_TRY(push(x, a));
 			break;
 		case 'N':
-			ULP_TRY(push(x, newv(x, V_NONE)));
+			ULP_TRY(made(x, &x->none));
 			break;
 		case 0x88: case 0x89: /* NEWTRUE, NEWFALSE */
-			ULP_TRY(push(x, (a = newv(x, V_BOOL))));
-			a->i = op == 0x88;
+			ULP_TRY(made(x, &x->bools[op == 0x88].h));
 			break;
 		case 'J': /* BININT */
 			ULP_TRY(need(x, 4));
@@ -425,7 +570,7 @@ static int run(px *x, pv **result)
 		case 'G': /* BINFLOAT */
 			ULP_TRY(need(x, 8));
 			x->p += 8;
-			ULP_TRY(push(x, newv(x, V_FLOAT)));
+			ULP_TRY(made(x, &x->flt));
 			break;
 		case 'X': case 'T': case 'B': /* BINUNICODE, BINSTRING, BINBYTES */
 			ULP_TRY(need(x, 4));
@@ -442,8 +587,11 @@ static int run(px *x, pv **result)
 			x->p += 8;
 			ULP_TRY(str_op(x, op == 0x8e ? V_BYTES : V_STR, ulp_ld64(x->p - 8)));
 			break;
-		case '}': case ']': case ')': case 0x8f: /* EMPTY_DICT, _LIST, _TUPLE, _SET */
-			ULP_TRY(push(x, newv(x, op == '}' ? V_DICT : op == ')' ? V_TUPLE : V_LIST)));
+		case ')': /* EMPTY_TUPLE */
+			ULP_TRY(made(x, &x->empty_tuple.h));
+			break;
+		case '}': case ']': case 0x8f: /* EMPTY_DICT, _LIST, _SET */
+			ULP_TRY(made(x, newv(x, op == '}' ? V_DICT : V_LIST, sizeof(pv_seq))));
 			break;
 		case 't': case 'l': case 'd': case 0x91: /* TUPLE, LIST, DICT, FROZENSET */
 			ULP_TRY(pop_mark(x, &from));
@@ -478,28 +626,36 @@ static int run(px *x, pv **result)
 		case 'c': /* GLOBAL */
 			ULP_TRY(global_op(x));
 			break;
-		case 0x93: /* STACK_GLOBAL */
+		case 0x93: { /* STACK_GLOBAL */
 			ULP_TRY(pop(x, &b));
 			ULP_TRY(pop(x, &a));
 			if (a->type != V_STR || b->type != V_STR)
 				return ULP_CORRUPT(x->e, "pickle: stack_global of non-strings");
-			ULP_TRY(push(x, (c = newv(x, V_GLOBAL))));
-			c->s = a->s, c->n = a->n, c->s2 = b->s, c->n2 = b->n;
+			pv_glob *g = (pv_glob *)newv(x, V_GLOBAL, sizeof(pv_glob));
+			if (!g)
+				return x->fail;
+			ULP_TRY(made(x, &g->h));
+			g->s = STR(a)->s, g->h.n = a->n, g->s2 = STR(b)->s, g->n2 = b->n;
 			break;
-		case 'R': case 0x81: /* REDUCE, NEWOBJ: callable (or class), args */
+		}
+		case 'R': case 0x81: { /* REDUCE, NEWOBJ: callable (or class), args */
 			ULP_TRY(pop(x, &b));
 			ULP_TRY(pop(x, &a));
 			if (b->type != V_TUPLE)
 				return ULP_CORRUPT(x->e, "pickle: reduce without an argument tuple");
-			ULP_TRY(push(x, (c = newv(x, V_OBJ))));
-			c->args = b;
+			pv_obj *o = (pv_obj *)newv(x, V_OBJ, sizeof(pv_obj));
+			if (!o)
+				return x->fail;
+			ULP_TRY(made(x, &o->kv.h));
+			o->args = b;
 			(void)a; /* what is called does not matter to naming */
 			break;
-		case 'b': /* BUILD */
+		}
+		case 'b': /* BUILD: only an object's state names anything */
 			ULP_TRY(pop(x, &b));
 			ULP_TRY(top(x, &a));
-			if (!a->state)
-				a->state = b;
+			if (a->type == V_OBJ && !OBJ(a)->state)
+				OBJ(a)->state = b;
 			break;
 		case 'Q': /* BINPERSID */
 			ULP_TRY(persid(x));
@@ -550,148 +706,187 @@ static void key_add(char *path, size_t *pl, const pv *k)
 {
 	char num[32];
 	if (k->type == V_STR || k->type == V_BYTES) {
-		path_add(path, pl, k->s, k->n);
+		path_add(path, pl, STR(k)->s, k->n);
 	} else if (k->type == V_INT || k->type == V_BOOL) {
-		int n = snprintf(num, sizeof(num), "%lld", (long long)k->i);
+		int n = snprintf(num, sizeof(num), "%lld", (long long)INT(k)->i);
 		path_add(path, pl, num, (size_t)n);
 	} else {
 		path_add(path, pl, "?", 1);
 	}
 }
 
+static int walk_items(px *x, const pv_seq *q, char *path, size_t pl, unsigned depth);
+
 static int walk(px *x, pv *v, char *path, size_t pl, unsigned depth)
 {
-	char num[32];
 	if (!v || v->visited || depth > WALK_DEPTH)
 		return 0;
 	v->visited = 1;
 	size_t l;
 	switch (v->type) {
 	case V_PID: {
-		ulp_pk_storage *s = &x->k->st[v->i];
-		if (!s->name && pl && !(s->name = strdup(path)))
-			return -ULP_E_NOMEM;
+		ulp_pk_storage *s = &x->st[INT(v)->i];
+		if (!s->name && pl && !(s->name = pk_strndup(x, path, pl)))
+			return x->fail;
 		return 0;
 	}
 	case V_TUPLE: case V_LIST:
-		for (size_t i = 0; i < v->nit; i++) {
-			l = pl;
-			int n = snprintf(num, sizeof(num), "%zu", i);
-			path_add(path, &l, num, (size_t)n);
-			ULP_TRY(walk(x, v->it[i], path, l, depth + 1));
-			path[pl] = 0;
-		}
-		return 0;
-	case V_DICT: case V_OBJ:
+		return walk_items(x, SEQ(v), path, pl, depth);
+	case V_DICT: case V_OBJ: {
 		/* an object's arguments (a tensor's storage, a Parameter's
 		 * tensor) carry the object's own path */
-		if (v->args && !v->args->visited) {
-			v->args->visited = 1;
-			for (size_t i = 0; i < v->args->nit; i++)
-				ULP_TRY(walk(x, v->args->it[i], path, pl, depth + 1));
+		pv *args = v->type == V_OBJ ? OBJ(v)->args : NULL;
+		if (args && !args->visited) {
+			args->visited = 1;
+			for (size_t i = 0; i < args->n; i++)
+				ULP_TRY(walk(x, SEQ(args)->it[i], path, pl, depth + 1));
 		}
-		for (size_t i = 0; i + 1 < v->nit; i += 2) {
+		const pv_seq *q = SEQ(v);
+		for (size_t i = 0; i + 1 < q->h.n; i += 2) {
 			l = pl;
-			key_add(path, &l, v->it[i]);
-			ULP_TRY(walk(x, v->it[i + 1], path, l, depth + 1));
+			key_add(path, &l, q->it[i]);
+			ULP_TRY(walk(x, q->it[i + 1], path, l, depth + 1));
 			path[pl] = 0;
 		}
-		for (size_t i = 0; i < v->nli; i++) {
-			l = pl;
-			int n = snprintf(num, sizeof(num), "%zu", i);
-			path_add(path, &l, num, (size_t)n);
-			ULP_TRY(walk(x, v->li[i], path, l, depth + 1));
-			path[pl] = 0;
-		}
-		if (v->state)
-			ULP_TRY(walk(x, v->state, path, pl, depth + 1));
+		if (v->type == V_OBJ && OBJ(v)->li)
+			ULP_TRY(walk_items(x, OBJ(v)->li, path, pl, depth));
+		if (v->type == V_OBJ && OBJ(v)->state)
+			ULP_TRY(walk(x, OBJ(v)->state, path, pl, depth + 1));
 		return 0;
+	}
 	default:
 		return 0;
 	}
 }
 
+/* items i of a tuple, a list or an object's appends, at PATH.i */
+static int walk_items(px *x, const pv_seq *q, char *path, size_t pl, unsigned depth)
+{
+	char num[32];
+	for (size_t i = 0; i < q->h.n; i++) {
+		size_t l = pl;
+		int n = snprintf(num, sizeof(num), "%zu", i);
+		path_add(path, &l, num, (size_t)n);
+		ULP_TRY(walk(x, q->it[i], path, l, depth + 1));
+		path[pl] = 0;
+	}
+	return 0;
+}
+
 /* Names must be unique (invariant 4): a storage no tensor names is
  * "storage:KEY"; a name already taken becomes "NAME#KEY", then
  * "storage:KEY#INDEX"; past that the pickle is refused. */
-static int unique_names(ulp_pk *k, ulp_err *e)
+static int unique_names(px *x)
 {
 	size_t hcap = 64;
-	while (hcap < k->n * 2 + 2)
+	while (hcap < (size_t)x->nst * 2 + 2)
 		hcap *= 2;
-	size_t *h = calloc(hcap, sizeof(size_t));
+	uint32_t *h = pk_alloc(x, hcap * sizeof(uint32_t));
 	if (!h)
-		return -ULP_E_NOMEM;
-	int rc = 0;
-	for (size_t i = 0; i < k->n && rc == 0; i++) {
-		ulp_pk_storage *s = &k->st[i];
+		return x->fail;
+	for (size_t i = 0; i < x->nst; i++) {
+		ulp_pk_storage *s = &x->st[i];
 		int named = s->name != NULL;
 		for (int attempt = named ? 0 : 1;; attempt++) {
 			char buf[ULP_TZ_NAME_MAX + 300];
-			if (attempt > 2) {
-				rc = ULP_CORRUPT(e, "pickle: storage names collide");
-				break;
-			}
+			int bl = 0;
+			if (attempt > 2)
+				return ULP_CORRUPT(x->e, "pickle: storage names collide");
 			if (attempt == 1 && named)
-				snprintf(buf, sizeof(buf), "%s#%s", s->name, s->key);
+				bl = snprintf(buf, sizeof(buf), "%s#%s", s->name, s->key);
 			else if (attempt == 1)
-				snprintf(buf, sizeof(buf), "storage:%s", s->key);
+				bl = snprintf(buf, sizeof(buf), "storage:%s", s->key);
 			else if (attempt == 2)
-				snprintf(buf, sizeof(buf), "storage:%s#%zu", s->key, i);
-			if (attempt > 0) {
-				free(s->name);
-				if (!(s->name = strdup(buf))) {
-					rc = -ULP_E_NOMEM;
-					break;
-				}
-			}
+				bl = snprintf(buf, sizeof(buf), "storage:%s#%zu", s->key, i);
+			if (attempt > 0 && !(s->name = pk_strndup(x, buf, (size_t)bl)))
+				return x->fail;
 			size_t m = hcap - 1, j = (size_t)hash_bytes(s->name, strlen(s->name)) & m;
 			int taken = 0;
 			for (; h[j]; j = (j + 1) & m)
-				if (strcmp(k->st[h[j] - 1].name, s->name) == 0) {
+				if (strcmp(x->st[h[j] - 1].name, s->name) == 0) {
 					taken = 1;
 					break;
 				}
 			if (!taken) {
-				h[j] = i + 1;
+				h[j] = (uint32_t)i + 1;
 				break;
 			}
 		}
 	}
-	free(h);
+	return 0;
+}
+
+/* The result, out of the arena: the storages and one block of strings. */
+static int copy_out(px *x, ulp_pk **out)
+{
+	size_t sl = 0;
+	for (size_t i = 0; i < x->nst; i++)
+		sl += strlen(x->st[i].key) + strlen(x->st[i].name) + 2;
+	size_t total = sizeof(ulp_pk) + x->nst * sizeof(ulp_pk_storage) + sl;
+	if (total > x->budget - x->used)
+		return too_complex(x);
+	x->used += total;
+	ulp_pk *k = calloc(1, sizeof(*k));
+	if (k) {
+		k->st = malloc(x->nst ? x->nst * sizeof(ulp_pk_storage) : 1);
+		k->strs = malloc(sl ? sl : 1);
+	}
+	if (!k || !k->st || !k->strs) {
+		ulp_pk_free(k);
+		return -ULP_E_NOMEM;
+	}
+	char *p = k->strs;
+	for (size_t i = 0; i < x->nst; i++) {
+		ulp_pk_storage *s = &k->st[k->n++];
+		*s = x->st[i];
+		size_t kl = strlen(s->key) + 1, nl = strlen(s->name) + 1;
+		s->key = memcpy(p, s->key, kl);
+		s->name = memcpy(p + kl, s->name, nl);
+		p += kl + nl;
+	}
+	*out = k;
+	return 0;
+}
+
+int ulp_pk_parse_peak(const uint8_t *p, size_t len, ulp_pk **out, size_t *peak, char *why, size_t cap)
+{
+	ulp_err e = {why, cap};
+	*out = NULL;
+	if (peak)
+		*peak = 0;
+	if (len >= UINT32_MAX)
+		return ULP_CORRUPT(&e, "pickle: %zu bytes", len);
+	px *x = calloc(1, sizeof(*x));
+	if (!x)
+		return -ULP_E_NOMEM;
+	*x = (px){.p = p, .end = p + len, .e = &e, .len = len};
+	x->budget = PK_BYTES_PER_BYTE * len + PK_BYTES_FIXED;
+	x->used = sizeof(*x);
+	x->none.type = V_NONE;
+	x->flt.type = V_FLOAT;
+	x->bools[0] = (pv_int){{V_BOOL, 0, 0}, 0};
+	x->bools[1] = (pv_int){{V_BOOL, 0, 0}, 1};
+	x->empty_tuple.h.type = V_TUPLE;
+	pv *root = NULL;
+	int rc = run(x, &root);
+	if (rc == 0) {
+		char path[ULP_TZ_NAME_MAX + 1] = "";
+		rc = walk(x, root, path, 0, 0);
+	}
+	if (rc == 0)
+		rc = unique_names(x);
+	if (rc == 0)
+		rc = copy_out(x, out);
+	if (peak)
+		*peak = x->used;
+	pk_unmap(x);
+	free(x);
 	return rc;
 }
 
 int ulp_pk_parse(const uint8_t *p, size_t len, ulp_pk **out, char *why, size_t cap)
 {
-	ulp_err e = {why, cap};
-	px x = {.p = p, .end = p + len, .e = &e};
-	*out = NULL;
-	if (!(x.k = calloc(1, sizeof(ulp_pk))))
-		return -ULP_E_NOMEM;
-	pv *root = NULL;
-	int rc = run(&x, &root);
-	if (rc == 0) {
-		char path[ULP_TZ_NAME_MAX + 1] = "";
-		rc = walk(&x, root, path, 0, 0);
-	}
-	if (rc == 0)
-		rc = unique_names(x.k, &e);
-	for (size_t i = 0; i < x.nall; i++) {
-		free(x.all[i]->it);
-		free(x.all[i]->li);
-		free(x.all[i]);
-	}
-	free(x.all);
-	free(x.stack);
-	free(x.marks);
-	free(x.memo);
-	if (rc < 0) {
-		ulp_pk_free(x.k);
-		return rc;
-	}
-	*out = x.k;
-	return 0;
+	return ulp_pk_parse_peak(p, len, out, NULL, why, cap);
 }
 
 size_t ulp_pk_count(const ulp_pk *k)
@@ -708,11 +903,7 @@ void ulp_pk_free(ulp_pk *k)
 {
 	if (!k)
 		return;
-	for (size_t i = 0; i < k->n; i++) {
-		free(k->st[i].key);
-		free(k->st[i].name);
-	}
 	free(k->st);
-	free(k->hash);
+	free(k->strs);
 	free(k);
 }

@@ -1273,6 +1273,20 @@ int64_t ulp_session_write(ulp_sfile *h, const void *src, size_t len, uint64_t of
 	return w;
 }
 
+int ulp_session_kill_suid(ulp_sfile *h)
+{
+	if (!h->n)
+		return 0;
+	pthread_mutex_lock(&h->s->mu);
+	uint32_t mode = h->n->meta.mode;
+	pthread_mutex_unlock(&h->s->mu);
+	uint32_t kill = S_ISUID | (mode & S_IXGRP ? S_ISGID : 0);
+	if (!(mode & kill))
+		return 0;
+	ulp_meta m = {.mode = mode & ~kill};
+	return ulp_session_setattr(h->s, NULL, h, ULP_SET_MODE, &m);
+}
+
 int ulp_session_ftruncate(ulp_sfile *h, uint64_t size)
 {
 	ulp_session *s = h->s;

@@ -43,6 +43,9 @@ typedef struct ulp_pk ulp_pk;
  * reference, named after the path of the first tensor using it (dict keys and
  * list indices joined by '.'; key-derived fallback; names unique). */
 int ulp_pk_parse(const uint8_t *p, size_t len, ulp_pk **out, char *why, size_t cap);
+/* The same; *peak: the most memory it held (its arena and the result), at
+ * most 24 x len + 1 MiB (pickle.c), beyond which it refuses the pickle. */
+int ulp_pk_parse_peak(const uint8_t *p, size_t len, ulp_pk **out, size_t *peak, char *why, size_t cap);
 size_t ulp_pk_count(const ulp_pk *k);
 const ulp_pk_storage *ulp_pk_at(const ulp_pk *k, size_t i);
 void ulp_pk_free(ulp_pk *k);

@@ -649,6 +649,10 @@ int64_t ulp_session_read(ulp_sfile *h, void *dst, size_t dst_cap, uint64_t off);
 /** Writes into the staged file; waits while the queue holds more than
  *  staging_max bytes. Errors: NOSPC, IO. */
 int64_t ulp_session_write(ulp_sfile *h, const void *src, size_t len, uint64_t off);
+/** What write(2) or truncation by a process without CAP_FSETID does to the
+ *  mode (the caller decides who that is): clears S_ISUID, and S_ISGID when
+ *  group execute is set; the cleared mode is what gets archived. */
+int ulp_session_kill_suid(ulp_sfile *h);
 int ulp_session_ftruncate(ulp_sfile *h, uint64_t size);
 int ulp_session_truncate(ulp_session *s, const char *path, uint64_t size);
 /** close(2) of a descriptor of h: the last handle open for writing records

@@ -4,7 +4,7 @@
  * input. The input is the whole file, and then also the pickle alone.
  * Consistency on success: storages sorted, disjoint, inside the file, each
  * of a known dtype with a whole number of elements, names non-empty and
- * unique.
+ * unique; the pickle parser's memory within its bound.
  */
 #include "fuzz.h"
 #include "torchzip.h"
@@ -29,7 +29,11 @@ FUZZ_TARGET(torchzip)
 		ulp_tz_free(z);
 	}
 	ulp_pk *k;
-	if (ulp_pk_parse(data, size, &k, why, sizeof(why)) == 0) {
+	size_t peak;
+	int rc = ulp_pk_parse_peak(data, size, &k, &peak, why, sizeof(why));
+	/* the parser's memory bound (pickle.c): 24 bytes per byte and 1 MiB */
+	FUZZ_ASSERT(peak <= 24 * size + ((size_t)1 << 20));
+	if (rc == 0) {
 		for (size_t i = 0; i < ulp_pk_count(k); i++)
 			FUZZ_ASSERT(ulp_pk_at(k, i)->name && ulp_pk_at(k, i)->key);
 		ulp_pk_free(k);

@@ -11,7 +11,8 @@
 #    old daemon may still archive its queue, waits for it and works;
 #  - a run directory has `latest` (found by name, not listed) -> its
 #    highest step (numeric, not lexical); a step directory has none; a real `latest` wins; -o nolatest;
-#    unlinking the computed one succeeds and changes nothing (rsync --delete).
+#    unlinking the computed one succeeds and changes nothing (rsync --delete),
+#    and rm -r of a run directory removes it (issue 28 item 8).
 . "$(dirname "$0")/lib.sh"
 need_fuse
 A="$T/arch" M="$T/mnt" M2="$T/mnt2"
@@ -77,6 +78,15 @@ ln -s checkpoint-100 "$M/run-TERM/.latest.tmp" && mv -T "$M/run-TERM/.latest.tmp
 	&& ok "a real latest (renamed into place) wins" || fail "real latest: -> $(readlink "$M/run-TERM/latest")"
 [ "$(ls "$M/run-TERM" | grep -cx latest)" = 1 ] && ok "listed once" || fail "latest listed twice"
 rsync -a --delete "$T/run/" "$M/run-INT/" && ok "rsync -a --delete into a run directory" || fail "rsync --delete"
+# issue 28 item 8: rm -r of a run directory (rm reached `latest` after the
+# steps and exited 1, leaving the directory); and a `latest` the kernel
+# still knows of after its last step went unlinks too
+cp -a "$T/run" "$M/run-rm" && [ -L "$M/run-rm/latest" ] || fail "run-rm has no latest"
+out=$(rm -r "$M/run-rm" 2>&1) && [ ! -e "$M/run-rm" ] && ok "rm -r of a run directory" \
+	|| fail "rm -r run: $out; left: $(ls -A "$M/run-rm" 2>&1)"
+cp -a "$T/run" "$M/run-rm2" && [ -L "$M/run-rm2/latest" ] || fail "run-rm2 has no latest"
+out=$(rm -r "$M/run-rm2"/checkpoint-* 2>&1 && rm "$M/run-rm2/latest" 2>&1 && rmdir "$M/run-rm2" 2>&1) \
+	&& ok "the steps, then latest, then the directory" || fail "steps, latest, rmdir: $out"
 umount_fs "$M"
 [ "$("$ULPACK" ls "$A" run-INT --json | "$PY" -c 'import json,sys; print(sum(e["name"]=="latest" for e in json.load(sys.stdin)))')" = 0 ] \
 	&& ok "the computed latest is not archived" || fail "latest archived"

@@ -48,7 +48,48 @@ as_nobody chmod 666 "$M/public" 2> /dev/null && fail "another user chmodded a ro
 as_nobody sh -c "printf mine > '$M/shared/mine' && chmod 600 '$M/shared/mine' && cat '$M/shared/mine'" > /dev/null \
 	&& ok "another user writes and reads its own 0600 file" || fail "own file"
 [ "$(cat "$M/secret" 2> /dev/null)" = secret ] && [ -e "$M/public" ] && ok "root's files intact" || fail "files changed"
+# issue 28 item 3: another user's write clears setuid (and setgid with g+x)
+# whether it opens O_RDWR (page cache: the kernel's chmod), O_WRONLY (direct
+# I/O: the daemon's) or O_WRONLY|O_TRUNC; setgid without g+x stays; the
+# archive keeps the cleared mode
+for f in rw wo tr sg; do printf x > "$M/shared/$f" && chmod 6777 "$M/shared/$f"; done
+chmod 2766 "$M/shared/sg"
+as_nobody "$PY" -c "
+import os, sys
+d = sys.argv[1]
+for f, fl in (('rw', os.O_RDWR), ('wo', os.O_WRONLY), ('tr', os.O_WRONLY | os.O_TRUNC), ('sg', os.O_WRONLY)):
+    fd = os.open(d + '/' + f, fl)
+    os.write(fd, b'written')
+    os.close(fd)
+" "$M/shared" || fail "another user's writes"
 umount_fs "$M"
+mount_fs "$A" "$M" || { fail "remount"; finish; }
+modes=$(cd "$M/shared" && stat -c '%n=%a' rw wo tr sg | tr '\n' ' ')
+[ "$modes" = "rw=777 wo=777 tr=777 sg=2766 " ] && ok "another user's write cleared setuid/setgid: $modes" \
+	|| fail "modes after another user's write: $modes (want rw=777 wo=777 tr=777 sg=2766)"
+umount_fs "$M"
+
+# issue 28 item 9: user.ulpack.sync (ulpack sync) names the files whose
+# archiving failed to root and the mount's owner only; another user gets the
+# barrier and a count. Archiving held until the sync (ULP_SESSION_HOLD), on
+# a disk with room for the staged file but not for its pack as well.
+mkdir -p "$T/small"
+head -c 1048576 /dev/urandom > "$T/rand.bin"
+mount -t tmpfs -o size=1600k tmpfs "$T/small" || skip "cannot mount tmpfs"
+ULP_CLEANUP="umount '$T/small' 2>/dev/null"
+"$ULPACK" init "$T/small/arch" > /dev/null
+ULP_SESSION_HOLD=1 mount_fs "$T/small/arch" "$M" -o allow_other || { fail "mount on the small disk"; finish; }
+mkdir -m 700 "$M/private" && cp "$T/rand.bin" "$M/private/secret-name.bin" || fail "write on the small disk"
+out=$(as_nobody "$ULPACK" sync "$M" 2>&1) && fail "another user's sync succeeded: $out"
+case $out in
+*secret-name*) fail "another user's sync names the failed file: $out" ;;
+*"1 files could not be archived"*) ok "another user's sync: a count, no names" ;;
+*) fail "another user's sync: $out" ;;
+esac
+out=$("$ULPACK" sync "$M" 2>&1) && fail "root's sync succeeded: $out"
+case $out in *private/secret-name.bin*) ok "root's sync names it" ;; *) fail "root's sync: $out" ;; esac
+umount_fs "$M"
+umount "$T/small"
 
 mount_fs "$A" "$M" -o allow_other,no_permission_checks,max_chain=1024 \
 	|| { fail "mount with no_permission_checks and the largest max_chain"; finish; }

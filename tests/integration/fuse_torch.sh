@@ -5,7 +5,8 @@
 # `ulpack export` and a remount; a torch file copied into the mount is
 # archived per storage too; verify; xattrs. Where python3 can import torch,
 # torch.load of each mounted file also gives tensors equal to the original's
-# (an extra check, not a skip: the test passes without torch).
+# (an extra check, not a skip: the test passes without torch). A hostile
+# pickle keeps the daemon's memory bounded (issue 28 item 4).
 . "$(dirname "$0")/lib.sh"
 need_fuse
 
@@ -82,8 +83,31 @@ mount_fs "$A" "$M" || fail remount
 check_tree "$M" "remount"
 cmp -s "$SRC/run/checkpoint-30/optimizer.pt" "$M/copied/checkpoint-40/optimizer.pt" && ok "copied file after remount" \
 	|| fail "copied file after remount"
+
+# issue 28 item 4: a torch zip whose 16 MiB pickle is 16 million empty lists
+# (2.4 GB of parser memory before, 2.1 GB of it kept): the daemon's peak
+# stays under the parser's bound (24 x 16 MiB + 1 MiB) plus 224 MiB for the
+# rest, its resident memory goes back under 256 MiB, and the file is stored
+# opaque and reads back identical
+"$PY" - "$T/hostile.pt" <<'PYEOF' || fail "writing the hostile torch file"
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_STORED) as z:
+    z.writestr("archive/data.pkl", b"\x80\x02" + b"]" * (16 << 20) + b".")
+    z.writestr("archive/version", b"3\n")
+PYEOF
+pid=$(fs_pid "$M")
+mkdir -p "$M/hostile/checkpoint-1" && cp "$T/hostile.pt" "$M/hostile/checkpoint-1/model.pt" && "$ULPACK" sync "$M" > /dev/null \
+	|| fail "hostile torch file through the mount"
+hwm=$(awk '/^VmHWM/ {print $2}' "/proc/$pid/status") rss=$(awk '/^VmRSS/ {print $2}' "/proc/$pid/status")
+[ "$hwm" -le $(( (24 * 16 + 1 + 224) * 1024 )) ] && ok "daemon peak ${hwm} kB with a hostile pickle" \
+	|| fail "daemon peak ${hwm} kB over $(( (24 * 16 + 1 + 224) * 1024 )) kB with a hostile pickle"
+[ "$rss" -le $((256 * 1024)) ] && ok "daemon resident ${rss} kB after it" || fail "daemon keeps ${rss} kB after it"
+cmp -s "$T/hostile.pt" "$M/hostile/checkpoint-1/model.pt" && ok "hostile torch file reads back identical" \
+	|| fail "hostile torch file differs"
 umount_fs "$M"
 "$ULPACK" stat "$A" copied --json | grep -q '"kind": "torch"' && ok "copied torch file coded per storage" \
 	|| fail "copied torch file stored opaque"
+"$ULPACK" stat "$A" hostile --json | grep -q '"kind": "torch"' && fail "hostile torch file coded per storage" \
+	|| ok "hostile torch file stored opaque"
 "$ULPACK" verify "$A" > /dev/null && ok verify || fail verify
 finish

@@ -795,6 +795,47 @@ static void test_overlap_policy(void)
 	}
 }
 
+/*
+ * Issue 28 item 3: a write by a process without CAP_FSETID (the FUSE layer
+ * calls ulp_session_kill_suid for such writers) clears S_ISUID, and S_ISGID
+ * when group execute is set, and the archive gets the cleared mode; a file
+ * reopened with O_TRUNC and not written too.
+ */
+static void test_kill_suid(void)
+{
+	char dir[512];
+	ulp_archive *a = fresh(dir, sizeof(dir));
+	ulp_session *s;
+	REQUIRE(ulp_session_open(a, NULL, &s) == 0, "session");
+	static const struct { const char *path; uint32_t mode, want; int trunc; } c[] = {
+		{"suid", 06775, 0775, 0}, {"sgid_noexec", 02764, 02764, 0}, {"suid_trunc", 04755, 0755, 1},
+	};
+	uint8_t buf[3000];
+	fill(buf, sizeof(buf), 5);
+	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		ulp_meta m = {c[i].mode, 0, 0, {0, 0}};
+		ulp_sfile *h;
+		REQUIRE(put_file(s, c[i].path, buf, sizeof(buf)) == 0, "put %s", c[i].path);
+		CHECK(ulp_session_setattr(s, c[i].path, NULL, ULP_SET_MODE, &m) == 0, "chmod %s", c[i].path);
+		ulp_session_sync(s, NULL, NULL);
+		REQUIRE(ulp_session_open_file(s, c[i].path, O_WRONLY | (c[i].trunc ? O_TRUNC : 0), NULL, &h) == 0,
+		        "open %s", c[i].path);
+		CHECK(ulp_session_kill_suid(h) == 0, "kill_suid %s", c[i].path);
+		if (!c[i].trunc)
+			CHECK(ulp_session_write(h, buf, 100, 0) == 100, "write %s", c[i].path);
+		ulp_stat st;
+		CHECK(ulp_session_fstat(h, &st) == 0 && (st.mode & 07777) == c[i].want, "%s: mode %o while open",
+		      c[i].path, st.mode & 07777);
+		CHECK(ulp_session_flush(h) == 0, "close %s", c[i].path);
+		ulp_session_release(h);
+		ulp_session_sync(s, NULL, NULL);
+		CHECK(ulp_archive_stat(a, c[i].path, &st) == 0 && (st.mode & 07777) == c[i].want, "%s: archived %o",
+		      c[i].path, st.mode & 07777);
+	}
+	ulp_session_close(s);
+	ulp_archive_close(a);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "/tmp/ulp-session-XXXXXX");
@@ -804,6 +845,7 @@ int main(void)
 		test_crash_points();
 	} else if (!only || strcmp(only, "concurrency") != 0) {
 		test_basics();
+		test_kill_suid();
 		test_dup_close();
 		test_busy_under();
 		test_rebase_waits();

@@ -5,7 +5,9 @@
  * (each must be refused by the reader, stored opaque and read back
  * byte-identical), a ZIP64 rewrite, archiving a run (storages coded as
  * tensors, deltas between steps, byte-identical reads of any range, verify)
- * and a read of one storage decoding only that storage.
+ * and a read of one storage decoding only that storage; hostile pickles
+ * (lists, memo, marks, nesting, long names) parse or are refused within the
+ * parser's memory bound, and give the memory back.
  */
 #include "tap.h"
 #include "torchzip.h"
@@ -384,6 +386,151 @@ static void test_archive_run(void)
 	ulp_archive_close(a);
 }
 
+/* ---- hostile pickles: memory (issue 28 item 4) ------------------------- */
+
+/* PK_BYTES_PER_BYTE and PK_BYTES_FIXED of pickle.c */
+#define PK_BOUND(len) ((size_t)24 * (len) + ((size_t)1 << 20))
+
+typedef struct pk_out {
+	uint8_t *p;
+	size_t n, cap;
+} pk_out;
+
+static void put(pk_out *o, const void *b, size_t n)
+{
+	if (o->n + n > o->cap) {
+		o->cap = (o->n + n) * 2;
+		o->p = realloc(o->p, o->cap);
+		REQUIRE(o->p, "realloc");
+	}
+	memcpy(o->p + o->n, b, n);
+	o->n += n;
+}
+#define PUT(o, lit) put((o), (lit), sizeof(lit) - 1)
+
+/* kB of VmHWM or VmRSS of this process, or -1 */
+static long vm_kb(const char *field)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	long v = -1;
+	while (f && fgets(line, sizeof(line), f))
+		if (!strncmp(line, field, strlen(field)))
+			v = atol(line + strlen(field) + 1);
+	if (f)
+		fclose(f);
+	return v;
+}
+
+/* a pickle of about `size` bytes of one hostile shape */
+static pk_out hostile_pickle(int shape, size_t size)
+{
+	pk_out o = {0};
+	PUT(&o, "\x80\x02");
+	char key[400];
+	memset(key, 'k', sizeof(key));
+	switch (shape) {
+	case 0: /* a million empty lists on the stack */
+		while (o.n < size)
+			PUT(&o, "]");
+		break;
+	case 1: /* lists appended to a list, each memoized */
+		PUT(&o, "]");
+		while (o.n < size)
+			PUT(&o, "]\x94" "a");
+		break;
+	case 2: /* marks, never closed */
+		while (o.n < size)
+			PUT(&o, "(");
+		break;
+	case 3: /* a 1 MiB string, then a list of it again and again from the memo */
+		PUT(&o, "B\x00\x00\x10\x00");
+		for (size_t i = 0; i < 1 << 20; i++)
+			PUT(&o, "s");
+		PUT(&o, "q\x00" "0(");
+		while (o.n < size)
+			PUT(&o, "h\x00");
+		PUT(&o, "l");
+		break;
+	case 4: /* reductions of reductions */
+		PUT(&o, "N");
+		while (o.n < size)
+			PUT(&o, ")R");
+		break;
+	case 5: /* deep nesting: a list in a list in a list... */
+		while (o.n < size)
+			PUT(&o, "(]");
+		break;
+	case 6: { /* storages with 400-byte names under a memoized key */
+		PUT(&o, "}X\x90\x01\x00\x00");
+		put(&o, key, sizeof(key));
+		PUT(&o, "q\x01" "0X\x07\x00\x00\x00storageq\x02" "0ctorch\nFloatStorage\nq\x03" "0X\x03\x00\x00\x00"
+		        "cpuq\x04" "0");
+		for (unsigned i = 0; o.n < size; i++) {
+			char k[16];
+			int kl = snprintf(k, sizeof(k), "%x", i);
+			PUT(&o, "h\x01(h\x02h\x03U");
+			uint8_t l = (uint8_t)kl;
+			put(&o, &l, 1);
+			put(&o, k, (size_t)kl);
+			PUT(&o, "h\x04K\x01tQs");
+		}
+		break;
+	}
+	}
+	PUT(&o, ".");
+	return o;
+}
+
+static void test_pickle_memory(void)
+{
+	static const char *const what[] = {"empty lists", "append+memoize", "marks", "memo'd 1 MiB string",
+	                                   "reductions", "nesting", "storages with long names"};
+	size_t size = (size_t)4 << 20;
+	for (int shape = 0; shape < (int)ULP_ARRAY_LEN(what); shape++) {
+		pk_out o = hostile_pickle(shape, size);
+		ulp_pk *k = NULL;
+		char why[256] = "";
+		size_t peak = 0;
+		FILE *cr = fopen("/proc/self/clear_refs", "w"); /* "5": VmHWM starts again from VmRSS */
+		if (cr) {
+			fputs("5", cr);
+			fclose(cr);
+		}
+		long rss0 = vm_kb("VmRSS:");
+		int rc = ulp_pk_parse_peak(o.p, o.n, &k, &peak, why, sizeof(why));
+		long hwm = vm_kb("VmHWM:"), rss1 = vm_kb("VmRSS:");
+		printf("# %s: %zu bytes, rc %d, %zu bytes held (bound %zu), resident +%ld kB at most, +%ld kB after\n",
+		       what[shape], o.n, rc, peak, PK_BOUND(o.n), hwm - rss0, rss1 - rss0);
+		CHECK(rc == 0 || rc == -ULP_E_CORRUPT, "%s: rc %d", what[shape], rc);
+		CHECK(peak > 0 && peak <= PK_BOUND(o.n), "%s: %zu bytes held for %zu (bound %zu)", what[shape], peak,
+		      o.n, PK_BOUND(o.n));
+		if (shape == 0 || shape == 6)
+			CHECK(rc == -ULP_E_CORRUPT && strstr(why, "too complex"), "%s refused: %s", what[shape], why);
+		/* what the system saw: the peak, and given back */
+		if (cr && rss0 > 0 && hwm > 0)
+			CHECK((size_t)(hwm - rss0) * 1024 <= PK_BOUND(o.n) + PK_BOUND(o.n) / 4 + ((size_t)16 << 20),
+			      "%s: resident rose by %ld kB (bound %zu kB)", what[shape], hwm - rss0, PK_BOUND(o.n) / 1024);
+#ifdef ULP_SANITIZED
+		size_t kept = PK_BOUND(o.n) / 8 + ((size_t)8 << 20); /* AddressSanitizer's shadow of the arena */
+#else
+		size_t kept = (size_t)8 << 20;
+#endif
+		if (rss0 > 0 && rss1 > 0)
+			CHECK(rss1 < rss0 || (size_t)(rss1 - rss0) * 1024 < kept, "%s: %ld kB still resident after",
+			      what[shape], rss1 - rss0);
+		ulp_pk_free(k);
+		free(o.p);
+	}
+	/* real files: the same names as ever, far under the bound */
+	buf b = load("small.pt");
+	ulp_tz *z;
+	char why[256];
+	REQUIRE(ulp_tz_parse_mem(b.p, b.n, &z, why, sizeof(why)) == 0, "small.pt: %s", why);
+	ulp_tz_free(z);
+	free(b.p);
+}
+
 int main(void)
 {
 	const char *src = getenv("top_srcdir");
@@ -392,6 +539,7 @@ int main(void)
 	REQUIRE(mkdtemp(root), "mkdtemp");
 	test_parse_real();
 	test_hostile();
+	test_pickle_memory();
 	test_archive_run();
 	char cmd[700];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
