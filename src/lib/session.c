@@ -33,9 +33,10 @@
  *     core meanwhile, while the writer goes on with the next file. A node
  *     written again while it is being archived stays dirty and is archived
  *     again at its next close.
- *  4. What staging records for a node names its current path: a rename
- *     relabels it, an unlink or a rename over it forgets it before the call
- *     returns, so no recovery brings back a superseded file. A node's record
+ *  4. What staging records for a node names its current path and metadata:
+ *     a rename or a chmod, chown or utimens relabels it, an unlink or a
+ *     rename over it forgets it before the call returns, so no recovery
+ *     brings back a superseded file or its old mode, owner or mtime. A node's record
  *     is written under the node's own rec_mu (taken before mu, never the
  *     other way), reading the path under mu, so the last writer writes the
  *     newest path.
@@ -209,7 +210,8 @@ struct ulp_session {
 	int nice;              /* the niceness it takes now: 0 or bg_nice (atomic) */
 	int bg_on;             /* the archiver can go back and forth (invariant 11) */
 	int defer;             /* wait for pauses even with bg_on (invariant 11) */
-	int hold;              /* ULP_SESSION_HOLD (measuring only): archive nothing until a sync or the close */
+	int hold;              /* ULP_SESSION_HOLD (measuring only): archive nothing until a sync, the close
+	                          or a caller that waits for an archiving (urgent) */
 	int syncing;           /* ulp_session_sync callers waiting */
 	int pressed;           /* writers waiting in backpressure (invariant 11) */
 	int rebase_wanted;     /* the index may have queued re-basing work (recode.c) */
@@ -739,7 +741,7 @@ static void *archiver(void *arg)
 	pthread_mutex_lock(&s->mu);
 	s->bg_on = bg_on;
 	for (;;) {
-		while ((!s->qhead && !s->stop && !s->rebase_wanted) || (s->hold && !s->stop && !s->syncing))
+		while ((!s->qhead && !s->stop && !s->rebase_wanted) || (s->hold && !s->stop && !s->syncing && !s->urgent))
 			pthread_cond_wait(&s->cv, &s->mu);
 		if (!s->qhead && !s->stop) { /* idle, and archivings or renames queued work */
 			forget_expected(s);
@@ -1725,7 +1727,9 @@ int ulp_session_setattr(ulp_session *s, const char *path, ulp_sfile *h, unsigned
 		 * nothing written: touch, futimens, fchmod) is not archived again:
 		 * the archive takes the change now */
 		char *p = !n->dirty && final_name(n->path) ? strdup(n->path) : NULL;
+		int dirty = n->dirty;
 		ulp_meta nm = n->meta;
+		n->pins++;
 		pthread_mutex_unlock(&s->mu);
 		int rc = 0;
 		if (p) {
@@ -1733,6 +1737,15 @@ int ulp_session_setattr(ulp_session *s, const char *path, ulp_sfile *h, unsigned
 			if (rc == -ULP_E_NOENT)
 				rc = 0;
 		}
+		/* invariant 4: a staged file's record carries its metadata, so a
+		 * chmod that returned survives a crash before the archiving (a
+		 * record is rewritten only where the close wrote one) */
+		if (rc == 0 && dirty)
+			rc = node_record(s, n, REC_RELABEL);
+		pthread_mutex_lock(&s->mu);
+		n->pins--;
+		maybe_drop(s, n);
+		pthread_mutex_unlock(&s->mu);
 		free(p);
 		return rc;
 	}

@@ -9,7 +9,8 @@
 #  - staged files of a directory renamed meanwhile come back under the new
 #    path, not the old one;
 #  - a name with a newline comes back whole;
-#  - a half-written staging sidecar (PID-N.meta.tmp) is removed.
+#  - a half-written staging sidecar (PID-N.meta.tmp) is removed;
+#  - a chmod, chown and utimens after close come back with the file.
 . "$(dirname "$0")/lib.sh"
 need_fuse
 
@@ -87,4 +88,20 @@ name.bin" 30 newline && ok "a name with a newline is recovered whole" \
 [ -z "$(ls -A "$A/staging")" ] || fail "staging not empty after recovery: $(ls -A "$A/staging")"
 umount_fs "$M"
 "$ULPACK" verify "$A" > "$T/v" 2>&1 && ok "$(cat "$T/v")" || fail "verify: $(cat "$T/v")"
+
+# issue 28 item 2: cp secret x; chmod 600 x; chown; touch -d: then kill -9
+# while x waits in the queue (ULP_SESSION_HOLD: nothing is archived until a
+# sync): the recovered file has the mode, owner and mtime that returned
+ULP_SESSION_HOLD=1 mount_fs "$A" "$M" || fail "mount with archiving held"
+pid=$(fs_pid "$M")
+head -c 50000 /dev/urandom > "$T/secret"
+# (utime by path: touch opens the file for writing, which waits for its archiving)
+cp "$T/secret" "$M/x" && chmod 600 "$M/x" && chown 1234:5678 "$M/x" &&
+	"$PY" -c 'import os, sys; os.utime(sys.argv[1], (1600000000, 1600000000))' "$M/x" || fail "cp, chmod, chown, utime"
+crash_remount "$pid" "$A" "$M"
+got=$(stat -c '%a %u:%g %Y' "$M/x" 2>&1)
+[ "$got" = "600 1234:5678 1600000000" ] && ok "chmod, chown, touch after close survive kill -9 ($got)" \
+	|| fail "item 2: after kill -9 the file came back as '$got', not '600 1234:5678 1600000000'"
+cmp -s "$T/secret" "$M/x" && ok "and its bytes" || fail "item 2: bytes differ"
+umount_fs "$M"
 finish

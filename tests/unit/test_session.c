@@ -704,6 +704,51 @@ static void test_tidy_retry(void)
 	ulp_archive_close(a);
 }
 
+/* issue 28 item 2: a chmod, chown or utimens made after close, while the file
+ * waits in the queue, survives a crash (kill -9) before its archiving: the
+ * recovered file has the new metadata (it came back 0644) */
+static void test_setattr_crash(void)
+{
+	char dir[300];
+	ulp_archive *a = fresh(dir, sizeof(dir));
+	ulp_archive_close(a);
+	static uint8_t b[70000];
+	fill(b, sizeof(b), 3);
+	fflush(NULL);
+	pid_t pid = fork();
+	REQUIRE(pid >= 0, "fork");
+	if (pid == 0) {
+		char err[512];
+		ulp_archive_opts o = {16 << 20, 0, 2, 0};
+		setenv("ULP_SESSION_HOLD", "1", 1); /* the file stays queued */
+		ulp_session *s;
+		if (ulp_archive_open(dir, &o, &a, err, sizeof(err)) < 0 || ulp_session_open(a, NULL, &s) < 0 ||
+		    put_file(s, "secret", b, sizeof(b)) < 0)
+			_exit(1);
+		ulp_meta m = {0600, 1234, 5678, {1600000000, 5}};
+		if (ulp_session_setattr(s, "secret", NULL, ULP_SET_MODE, &m) < 0 ||
+		    ulp_session_setattr(s, "secret", NULL, ULP_SET_OWNER, &m) < 0 ||
+		    ulp_session_setattr(s, "secret", NULL, ULP_SET_MTIME, &m) < 0)
+			_exit(2);
+		_exit(0); /* as kill -9: no close, nothing archived */
+	}
+	int ws;
+	waitpid(pid, &ws, 0);
+	REQUIRE(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "child: %d", ws);
+	char err[512];
+	ulp_archive_opts o = {16 << 20, 0, 2, 0};
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "reopen: %s", err);
+	unsigned rec, rem;
+	CHECK(ulp_stage_recover(a, &rec, &rem) == 0 && rec == 1, "recovered %u", rec);
+	ulp_stat st;
+	CHECK(ulp_archive_stat(a, "secret", &st) == 0 && (st.mode & 07777) == 0600 && st.uid == 1234 &&
+	      st.gid == 5678 && st.mtime.sec == 1600000000 && st.mtime.nsec == 5,
+	      "chmod, chown and utimens after close survive the crash (mode %o, %u:%u, mtime %lld)",
+	      st.mode & 07777, st.uid, st.gid, (long long)st.mtime.sec);
+	CHECK(archived_is(a, "secret", b, sizeof(b)), "its bytes");
+	ulp_archive_close(a);
+}
+
 typedef struct presser {
 	ulp_sfile *h;
 	int64_t rc;
@@ -850,6 +895,7 @@ int main(void)
 		test_busy_under();
 		test_rebase_waits();
 		test_tidy_retry();
+		test_setattr_crash();
 		test_backpressure();
 		test_pressure_forward();
 		test_overlap_policy();
