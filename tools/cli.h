@@ -56,6 +56,12 @@ void cli_progress_end(void);
  * could not be measured (then prints nothing). */
 int cli_print_space(ulp_archive *a, FILE *f);
 
+/* Files an interrupted mount left staged (ulp_stage_orphans): a command
+ * that writes (read_only 0) archives them first, where no mount holds the
+ * archive, so that what it writes comes after them; one that reads says on
+ * stderr that they exist and are not shown. Prints what it did. */
+void cli_staged(ulp_archive *a, int read_only);
+
 /* Monotonic seconds. */
 double cli_now(void);
 

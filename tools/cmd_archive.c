@@ -138,6 +138,7 @@ static ulp_archive *open_archive(const aopts *ao, int read_only)
 		cli_fail("%s", err);
 		return NULL;
 	}
+	cli_staged(a, read_only);
 	return a;
 }
 

@@ -125,6 +125,7 @@ int cmd_forget(int argc, char **argv)
 		free(keep);
 		return cli_fail("%s", err);
 	}
+	cli_staged(a, o.dry_run);
 	fctx c = {json, 0, 0, 0};
 	if (json)
 		printf("{\"run\": \"%s\", \"dry_run\": %s, \"steps\": [", pos[1], o.dry_run ? "true" : "false");

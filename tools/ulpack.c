@@ -85,6 +85,27 @@ void cli_progress_fn(void *what, uint64_t done, uint64_t total)
 	cli_progress(what, done, total);
 }
 
+void cli_staged(ulp_archive *a, int read_only)
+{
+	unsigned n = 0;
+	if (ulp_stage_orphans(a, &n) < 0 || n == 0)
+		return;
+	if (!read_only) {
+		unsigned rec = 0;
+		int rc = ulp_stage_recover_unmounted(a, &rec);
+		if (rc == 0 && rec)
+			fprintf(stderr, "ulpack %s: archived %u file%s that an interrupted mount left in %s/staging\n",
+			        cli_cmd ? cli_cmd : "", rec, rec == 1 ? "" : "s", ulp_archive_dir(a));
+		if (rc == 0 || rc == -ULP_E_BUSY)
+			return;
+		fprintf(stderr, "ulpack %s: could not archive the files an interrupted mount left staged: %s\n",
+		        cli_cmd ? cli_cmd : "", ulp_archive_errmsg(a));
+	}
+	fprintf(stderr, "ulpack %s: note: %s/staging holds %u file%s of an interrupted mount, not archived yet and"
+	        " not shown (the next mount or writing command archives them)\n", cli_cmd ? cli_cmd : "",
+	        ulp_archive_dir(a), n, n == 1 ? "" : "s");
+}
+
 int cli_print_space(ulp_archive *a, FILE *f)
 {
 	ulp_space sp;

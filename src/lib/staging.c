@@ -31,6 +31,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -319,5 +320,61 @@ int ulp_stage_recover(ulp_archive *a, unsigned *recovered, unsigned *removed)
 		unlink(meta);
 	}
 	closedir(d);
+	return rc;
+}
+
+/* 1 if process pid has ended (gone, or a zombie not reaped yet) */
+static int process_gone(long pid)
+{
+	if (kill((pid_t)pid, 0) < 0)
+		return errno == ESRCH;
+	char p[64], st[256];
+	snprintf(p, sizeof(p), "/proc/%ld/stat", pid);
+	FILE *f = fopen(p, "r");
+	if (!f)
+		return 0;
+	size_t n = fread(st, 1, sizeof(st) - 1, f);
+	fclose(f);
+	st[n] = 0;
+	const char *c = strrchr(st, ')'); /* "pid (comm) S ..." */
+	return c && c[1] == ' ' && c[2] == 'Z';
+}
+
+int ulp_stage_orphans(ulp_archive *a, unsigned *n)
+{
+	char dir[4300], meta[4600];
+	snprintf(dir, sizeof(dir), "%s/staging", a->dir);
+	*n = 0;
+	DIR *d = opendir(dir);
+	if (!d)
+		return errno == ENOENT ? 0 : io_err(a, dir, "opendir");
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		size_t l = strlen(de->d_name);
+		long pid = strtol(de->d_name, NULL, 10);
+		if (l < 6 || strcmp(de->d_name + l - 5, ".data") != 0 || pid <= 0)
+			continue;
+		if (pid == (long)getpid() || !process_gone(pid))
+			continue; /* a live process's (a mount's) */
+		snprintf(meta, sizeof(meta), "%s/%.*s.meta", dir, (int)(l - 5), de->d_name);
+		*n += access(meta, F_OK) == 0; /* only recorded ones come back */
+	}
+	closedir(d);
+	return 0;
+}
+
+int ulp_stage_recover_unmounted(ulp_archive *a, unsigned *recovered)
+{
+	int fd;
+	char err[512];
+	*recovered = 0;
+	if (a->read_only)
+		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is open read-only", a->dir);
+	int rc = ulp_mount_lock(a->dir, &fd, NULL, err, sizeof(err));
+	if (rc < 0)
+		return ulp_arch_err(a, rc, "%s", err);
+	unsigned removed;
+	rc = ulp_stage_recover(a, recovered, &removed);
+	close(fd);
 	return rc;
 }

@@ -599,6 +599,16 @@ void ulp_stage_close(ulp_stage *s);
 /** At mount: archives staged files left by a crash after ulp_stage_sync, and
  *  removes the others (never acknowledged to a writer). */
 int ulp_stage_recover(ulp_archive *a, unsigned *recovered, unsigned *removed);
+/** Staged files that a process which is gone left with a record (a mount
+ *  killed before it archived them): invisible to the index until recovered.
+ *  Counts them into *n (read-only archives too). */
+int ulp_stage_orphans(ulp_archive *a, unsigned *n);
+/** Recovers those files (ulp_stage_recover) when no mount holds the archive
+ *  (its mount lock is free, taken for the while): the commands that write
+ *  run it first, so that a staged copy is archived before, never over, what
+ *  they write. Errors: BUSY (a mount holds the archive: its staging is its
+ *  own; nothing done), or ulp_stage_recover's. */
+int ulp_stage_recover_unmounted(ulp_archive *a, unsigned *recovered);
 
 /*
  * The write-back session: POSIX file semantics over an archive, for the

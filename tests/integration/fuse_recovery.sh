@@ -10,7 +10,9 @@
 #    path, not the old one;
 #  - a name with a newline comes back whole;
 #  - a half-written staging sidecar (PID-N.meta.tmp) is removed;
-#  - a chmod, chown and utimens after close come back with the file.
+#  - a chmod, chown and utimens after close come back with the file;
+#  - the CLI sees what stays staged: ls notes it, import and rm archive it
+#    first (a newer import wins, a removed file stays removed).
 . "$(dirname "$0")/lib.sh"
 need_fuse
 
@@ -103,5 +105,24 @@ got=$(stat -c '%a %u:%g %Y' "$M/x" 2>&1)
 [ "$got" = "600 1234:5678 1600000000" ] && ok "chmod, chown, touch after close survive kill -9 ($got)" \
 	|| fail "item 2: after kill -9 the file came back as '$got', not '600 1234:5678 1600000000'"
 cmp -s "$T/secret" "$M/x" && ok "and its bytes" || fail "item 2: bytes differ"
+umount_fs "$M"
+
+# issue 28 item 5: what a killed mount left staged is not lost to the CLI: ls
+# says it is there, an import of a newer copy wins over it (it won at the
+# next mount before), and rm removes a staged file
+ULP_SESSION_HOLD=1 mount_fs "$A" "$M" || fail "mount with archiving held"
+pid=$(fs_pid "$M")
+echo old > "$M/y" && echo staged > "$M/z" || fail "write y, z"
+crash_fs "$pid" "$M"
+"$ULPACK" ls "$A" > /dev/null 2> "$T/ls.err"
+grep -q "staging holds 2 files" "$T/ls.err" && ok "ls names the staged files: $(cat "$T/ls.err")" \
+	|| fail "item 5: ls says nothing of the staged files: $(cat "$T/ls.err")"
+mkdir -p "$T/newer" && echo new > "$T/newer/y"
+"$ULPACK" import "$A" "$T/newer" > /dev/null 2> "$T/imp.err" || fail "import: $(cat "$T/imp.err")"
+"$ULPACK" rm "$A" z 2> "$T/rm.err" || fail "item 5: rm of a staged file: $(cat "$T/rm.err")"
+mount_fs "$A" "$M" || fail "remount"
+[ "$(cat "$M/y" 2>&1)" = new ] && ok "an import after the crash wins over the older staged copy" \
+	|| fail "item 5: y is '$(cat "$M/y" 2>&1)' after the remount, not the imported 'new'"
+[ -e "$M/z" ] && fail "item 5: the removed staged file came back" || ok "rm removed a staged file for good"
 umount_fs "$M"
 finish
