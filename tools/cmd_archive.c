@@ -1496,8 +1496,8 @@ int cmd_gc(int argc, char **argv)
 	int rc = parse_common(argc, argv, &ao,
 	                      "usage: ulpack gc ARCHIVE [--dry-run] [--json] [--cache-size S] [--threads N]\n"
 	                      "Re-codes what removed steps left behind, drops blobs that no file and no chain\n"
-	                      "needs, removes the packs left with nothing live and rewrites those less than half\n"
-	                      "live. Mounts, import, rm and forget do this by themselves: gc is for archives of\n"
+	                      "needs, removes the packs left with nothing live and rewrites those with dead bytes.\n"
+	                      "Mounts, import, rm and forget do this by themselves: gc is for archives of\n"
 	                      "older builds and a forced full pass. --dry-run only measures: disk use, live and\n"
 	                      "reclaimable bytes, pending re-codes.\n",
 	                      1, 1, OPT_DECODE | OPT_JSON | OPT_DRY_RUN);
@@ -1524,7 +1524,7 @@ int cmd_gc(int argc, char **argv)
 	} else {
 		/* what ulp_archive_gc does, with a progress line for each part */
 		ulp_progress_fn bar = ao.json ? NULL : cli_progress_fn;
-		ulp_reclaim_opts o = {.full = 1, .progress = bar, .progress_arg = "gc: rewriting packs"};
+		ulp_reclaim_opts o = {.full = 1, .live_percent = 100, .progress = bar, .progress_arg = "gc: rewriting packs"};
 		rc = ulp_archive_rebase_pending(a, bar, "gc: re-basing", &rb1);
 		if (rc == 0)
 			rc = ulp_archive_rebase_orphans(a, bar, "gc: re-basing", &rb2);

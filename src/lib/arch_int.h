@@ -370,6 +370,9 @@ extern int ulp_recode_fail_nospc;
 
 /* ---- packs (pack.c) ---------------------------------------------------- */
 
+/* Bytes of a pack's header ("ULPpack1"): a pack holds nothing dead when its
+ * size is this plus its live blobs. */
+#define ULP_PACK_HEADER 8
 typedef struct ulp_pack_writer ulp_pack_writer;
 int ulp_pack_writer_new(ulp_archive *a, ulp_pack_writer **out);
 /* Appends a blob; *offset receives its offset in the pack. */

@@ -2130,7 +2130,7 @@ int ulp_index_space(ulp_archive *a, unsigned pct, ulp_space *sp)
 		sp->pack_bytes += size;
 		sp->live_bytes += live;
 		sp->dead_packs += live == 0;
-		sp->sparse_packs += live > 0 && live * 100 < size * pct;
+		sp->sparse_packs += live > 0 && (live + ULP_PACK_HEADER) * 100 < size * pct;
 	}
 	sqlite3_finalize(st);
 	if (r != SQLITE_DONE)

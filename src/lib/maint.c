@@ -453,7 +453,7 @@ static int unlink_pack(ulp_archive *a, const packinfo *pi)
 
 static int want_rewrite(const packinfo *pi, unsigned pct)
 {
-	return pi->blobs > 0 && pi->live * 100 < pi->size * pct;
+	return pi->blobs > 0 && (pi->live + ULP_PACK_HEADER) * 100 < pi->size * pct;
 }
 
 /* Rewrites one sparse pack (invariant 2) in a transaction of its own; its
@@ -634,7 +634,7 @@ int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res)
 	if (rc < 0)
 		return rc;
 	r.blobs_rebased = rb1.recoded + rb2.recoded;
-	ulp_reclaim_opts o = {.full = 1};
+	ulp_reclaim_opts o = {.full = 1, .live_percent = 100}; /* no garbage left */
 	rc = ulp_archive_reclaim(a, &o, &r);
 	if (rc == 0 && res)
 		*res = r;
@@ -686,8 +686,8 @@ int ulp_archive_space(ulp_archive *a, ulp_space *out)
 	/* what the pack files hold beyond the live blobs: dead blobs, dead
 	 * packs, and files the index does not name (what packs/ takes on disk
 	 * beyond the named packs and a block of rounding each) */
-	uint64_t named = sp.pack_bytes + (sp.packs + 1) * 4096;
-	sp.reclaimable_bytes = (sp.pack_bytes > sp.live_bytes ? sp.pack_bytes - sp.live_bytes : 0) +
+	uint64_t named = sp.pack_bytes + (sp.packs + 1) * 4096, held = sp.live_bytes + sp.packs * ULP_PACK_HEADER;
+	sp.reclaimable_bytes = (sp.pack_bytes > held ? sp.pack_bytes - held : 0) +
 	                       (sp.pack_disk_bytes > named ? sp.pack_disk_bytes - named : 0);
 	*out = sp;
 	return 0;

@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #define PACK_MAGIC "ULPpack1"
+_Static_assert(sizeof(PACK_MAGIC) - 1 == ULP_PACK_HEADER, "the header arch_int.h counts");
 
 struct ulp_pack_writer {
 	ulp_archive *a;

@@ -415,7 +415,8 @@ typedef struct ulp_gc_result {
 } ulp_gc_result;
 /** Re-bases first (ulp_archive_rebase_pending, then _orphans: a removed
  *  step's blobs that kept files need are re-coded against a remaining
- *  step), then reclaims everything (ulp_archive_reclaim with full set).
+ *  step), then reclaims everything (ulp_archive_reclaim with full set and
+ *  every pack with a dead byte rewritten: stored bytes = pack bytes after).
  *  The library's write paths (a mount's session when idle and at close;
  *  `ulpack import`, `rm`, `forget`) reclaim by themselves: gc is for
  *  archives of older builds and for a forced full pass. */
