@@ -26,6 +26,14 @@
 extern "C" {
 #endif
 
+/* The shared library (libulpack.so) exports what this header declares and
+ * nothing else: its objects are compiled with -fvisibility=hidden, and every
+ * declaration below takes default visibility from this pragma (internal
+ * functions, declared in ulp_int.h and arch_int.h, stay hidden). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #define ULP_VERSION_STRING "0.1.0"
 
 /* ---- errors ------------------------------------------------------------ */
@@ -900,6 +908,10 @@ int ulp_tz_parse_mem(const uint8_t *data, size_t size, ulp_tz **out, char *errbu
 size_t ulp_tz_count(const ulp_tz *z);
 const ulp_tz_storage *ulp_tz_at(const ulp_tz *z, size_t i);
 void ulp_tz_free(ulp_tz *z);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }
