@@ -66,6 +66,12 @@ class ArchiveFile(io.RawIOBase):
     def size(self):
         return self._size
 
+    def set_readahead(self, on):
+        """Read-ahead (on by default) decodes the chunks after a read in
+        order in the background; off, only what is read is decoded (a reader
+        of single tensors)."""
+        lib.ulp_file_set_readahead(self._handle(), 1 if on else 0)
+
     def readable(self):
         return True
 

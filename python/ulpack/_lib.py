@@ -93,6 +93,7 @@ _PROTOS = {
     "ulp_file_open": (c_int, [c_void_p, c_char_p, _P(c_void_p)]),
     "ulp_file_pread": (c_i64, [c_void_p, c_void_p, c_size_t, c_u64]),
     "ulp_file_get_stat": (_P(Stat), [c_void_p]),
+    "ulp_file_set_readahead": (None, [c_void_p, c_int]),
     "ulp_file_close": (None, [c_void_p]),
     "ulp_archive_put": (c_int, [c_void_p, c_char_p, c_int, _P(Meta), _P(PutResult)]),
     "ulp_archive_expect": (c_int, [c_void_p, _P(c_char_p), c_size_t, _P(c_u32)]),

@@ -83,6 +83,7 @@ def _kind(ar, path):
 
 def names(ar, path):
     with ar.open(path, buffering=0) as f:
+        f.set_readahead(False)
         return _Header(ar, f, path).names()
 
 
@@ -164,6 +165,7 @@ def tensor(ar, path, name, framework):
         raise ValueError("framework must be \"np\" or \"pt\", not %r" % (framework,))
     kind = _kind(ar, path)
     with ar.open(path, buffering=0) as f:
+        f.set_readahead(False)  # the header, then one range: nothing else decoded
         if kind == "torch":
             if framework == "pt":
                 torch = _torch()

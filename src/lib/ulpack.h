@@ -342,6 +342,11 @@ const ulp_stat *ulp_file_get_stat(const ulp_file *f);
  *  Errors: IO, NOSPC (writing to fd: the message says so), and those of
  *  ulp_file_pread. */
 int ulp_file_write_to(ulp_file *f, int fd);
+/** Read-ahead (on by default): reads in order have the chunks after them
+ *  decoded in the background. A reader of chosen ranges (one tensor of a
+ *  checkpoint) turns it off so that only the chunks it reads are decoded,
+ *  as POSIX_FADV_RANDOM. Thread-safe. */
+void ulp_file_set_readahead(ulp_file *f, int on);
 void ulp_file_close(ulp_file *f);
 
 /* Writing. */
