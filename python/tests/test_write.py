@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
@@ -137,3 +138,13 @@ def test_torch_save_roundtrip(tmp_path):
         got = ar.load("run/checkpoint-1/state.pt")
         assert got["step"] == 3 and torch.equal(got["w"], sd["w"]) and torch.equal(got["b"], sd["b"])
         assert ar.stat("run/checkpoint-1/state.pt").kind == "torch"
+
+
+@pytest.mark.skipif(not have_torch(), reason="torch does not import")
+def test_example_train_save(tmp_path):
+    ex = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "train_save.py")
+    out = subprocess.run([sys.executable, ex, str(tmp_path / "a"), "--steps", "10", "--every", "5"],
+                         check=True, stdout=subprocess.PIPE, text=True).stdout
+    assert "parameters identical: True" in out
+    with ulpack.open_archive(tmp_path / "a") as ar:
+        assert [s["step"] for s in ar.steps("mlp")] == [5, 10, 15]
