@@ -202,6 +202,33 @@ def test_missing_and_directory(ar):
         ulpack.open_archive("/nonexistent/archive")
 
 
+def test_permission_denied(tmp_path, archive_dir):
+    a = tmp_path / "locked"
+    shutil.copytree(archive_dir, a)
+    os.chmod(a, 0)
+    try:
+        if os.geteuid() != 0:
+            with pytest.raises(PermissionError):
+                ulpack.open_archive(a)
+            return
+        pid = os.fork()
+        if pid == 0:  # root reads anything: a child as nobody
+            code = 3
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                ulpack.open_archive(a)
+                code = 1
+            except PermissionError as e:
+                code = 0 if str(a) in str(e) else 2
+            except BaseException:
+                code = 4
+            os._exit(code)
+        assert os.waitpid(pid, 0)[1] >> 8 == 0
+    finally:
+        os.chmod(a, 0o755)
+
+
 def test_damaged_pack(tmp_path, src):
     a = tmp_path / "a"
     cli("init", a)

@@ -9,6 +9,7 @@ parallel. The structures below mirror ulpack.h field for field.
 """
 import ctypes
 import ctypes.util
+import errno
 import os
 
 from . import _libpath
@@ -166,6 +167,8 @@ def error(rc, msg, filename=None):
     PermissionError (EACCES, EPERM), IsADirectoryError (EISDIR), ...;
     damaged data (CORRUPT, CHECKSUM) is EIO."""
     err = lib.ulp_to_errno(rc)
+    if err == errno.EIO and os.strerror(errno.EACCES) in msg:  # IO from a refused open(2)
+        err = errno.EACCES
     if filename is None:
         return OSError(err, msg)
     return OSError(err, msg, filename)
