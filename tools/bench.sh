@@ -19,7 +19,11 @@
 #      plain directory, until close() returned; and the write path alone;
 #   R. re-basing (issue 15): `ulpack forget --keep-every` on a 12-step synthetic
 #      run and on tiny-lm, pack bytes before and after against an import of the
-#      kept steps alone, and re-basing MB/s against the import's MB/s.
+#      kept steps alone, and re-basing MB/s against the import's MB/s;
+#   P. the Python package (issue 27; when python3 imports it with numpy):
+#      archive.open in 1 MiB reads vs `ulpack cat`, one tensor of about 1 %
+#      of a checkpoint (decode counters, time), archive.load vs a numpy
+#      reader of a warm read-only mount. ULP_BENCH_ONLY=P runs it alone.
 # Usage: bench.sh BUILD_DIR
 set -eu
 B=${1:-.}
@@ -36,6 +40,83 @@ mbps() { echo "$1 $2" | awk '{ printf "%.1f", $1 / ($2 / 1e9) / 1e6 }'; }
 get() { # FILE KEY: the first value of "KEY" in the report's total
 	sed -n "s/.*\"$2\": \([0-9.]*\).*/\1/p" "$1" | head -1
 }
+# ---- P. the Python package (python/ulpack over libulpack.so)
+bench_python() {
+	PYP=$(command -v /usr/bin/python3 || command -v python3 || true)
+	SRC=$(cd "$(dirname "$0")/.." && pwd)
+	export ULPACK_LIB="$B/libulpack.so.0" PYTHONPATH="$SRC/python"
+	[ -n "$PYP" ] && "$PYP" -c 'import ulpack, numpy' 2> /dev/null || { echo "== P. skipped: python3 does not import ulpack and numpy"; return 0; }
+	echo "== P. Python (ulpack package, ctypes): a delta-coded 3-step synthetic run, --dim 1024"
+	"$ULPACK" synth "$T/pyrun" --steps 3 --dim 1024 > /dev/null && "$ULPACK" init "$T/pyarch" > /dev/null
+	"$ULPACK" import "$T/pyarch" "$T/pyrun" --prefix run > /dev/null
+	mnt=""
+	mkdir -p "$M"
+	if [ -c /dev/fuse ] && "$ULPACKFS" "$T/pyarch" "$M" -o ro 2> /dev/null; then mnt=$M; fi
+	"$PYP" - "$ULPACK" "$T/pyarch" "run/checkpoint-200/model.safetensors" "$mnt" <<'PYEOF' || echo "section P failed"
+import json, struct, subprocess, sys, time
+import numpy as np
+import ulpack
+cli, arch, path, mnt = sys.argv[1:5]
+med = lambda v: sorted(v)[len(v) // 2]
+def timed(fn, n=3):
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
+    return med(ts)
+def read_1m():
+    with ulpack.open_archive(arch) as a, a.open(path, buffering=0) as f:
+        buf = bytearray(1 << 20)
+        while f.readinto(buf):
+            pass
+def cat():
+    subprocess.run([cli, "cat", arch, path], stdout=subprocess.DEVNULL, check=True)
+size = ulpack.open_archive(arch).stat(path).size
+tp, tc = timed(read_1m), timed(cat)
+print("archive.open, 1 MiB reads (cold decode cache): %.1f MB/s; ulpack cat > /dev/null: %.1f MB/s = %.2f x (target >= 0.9)"
+      % (size / tp / 1e6, size / tc / 1e6, tc / tp))
+with ulpack.open_archive(arch) as a:
+    a.read_bytes(path)
+    whole = a.counters()["chunks_decoded"]
+    names = a.tensor_names(path)
+with ulpack.open_archive(arch) as a, a.open(path, buffering=0) as f:
+    n = struct.unpack("<Q", f.pread(8, 0))[0]
+    hdr = json.loads(f.pread(n, 8)); hdr.pop("__metadata__", None)
+nb = lambda k: hdr[k]["data_offsets"][1] - hdr[k]["data_offsets"][0]
+name = min((k for k in names if nb(k) >= size / 100), key=nb)  # the smallest of at least 1 %
+def one():
+    with ulpack.open_archive(arch) as a:
+        a.tensor(path, name)
+        return a.counters()["chunks_decoded"]
+dec = one()
+# its own chunks: its share of the whole file's decodes, whole chunks
+share = max(1, -(-whole * nb(name) // size))
+tt = timed(one)
+print("one tensor (%s, %.2f %% of the file): %d chunks decoded, its share of the whole file's %d is %d = %.2f x (target <= 2);"
+      " %.4f s vs the whole file %.3f s = %.0f x faster (target >= 20)" % (name, 100 * nb(name) / size, dec, whole, share,
+      dec / share if share else 0, tt, tp, tp / tt))
+a = ulpack.open_archive(arch)
+tcold = timed(lambda: ulpack.open_archive(arch).load(path), 1)
+a.load(path)
+twarm = timed(lambda: a.load(path))
+line = "archive.load: %.3f s cold, %.3f s warm (its decode cache)" % (tcold, twarm)
+if mnt:
+    def numpy_reader():
+        with open(mnt + "/" + path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            h = json.loads(f.read(n)); h.pop("__metadata__", None)
+            data = f.read()
+        return {k: np.frombuffer(data, dtype=np.uint16, count=(v["data_offsets"][1] - v["data_offsets"][0]) // 2,
+                                 offset=v["data_offsets"][0]) for k, v in h.items()}
+    numpy_reader()
+    tm = timed(numpy_reader)
+    line += "; numpy reader of a warm mount %.3f s = %.2f x warm, %.2f x cold (target >= 0.8)" % (tm, tm / twarm, tm / tcold)
+print(line)
+PYEOF
+	[ -n "$mnt" ] && fusermount3 -u "$M"
+	return 0
+}
+[ "${ULP_BENCH_ONLY:-}" = P ] && { bench_python; exit 0; }
+
 echo "== 1. codec (ulpack bench: medians of repeated runs, $(nproc) threads for the -mt columns)"
 "$ULPACK" synth "$T/syn" --steps 3 > /dev/null
 "$ULPACK" bench "$T/syn/checkpoint-200/model.safetensors" "$T/syn/checkpoint-300/model.safetensors" \
@@ -369,4 +450,5 @@ PYEOF
 		while [ -n "$pid" ] && kill -0 "$pid" 2> /dev/null; do sleep 0.05; done
 	done
 fi
+bench_python
 exit 0

@@ -20,7 +20,7 @@ done
 # rsync, python3, attr (getfattr): what the README's walkthrough and the demo run
 pkgs="build-essential autoconf automake pkg-config libzstd-dev libsqlite3-dev libssl-dev
       libxxhash-dev libfuse3-dev fuse3 rsync python3 attr"
-[ "$test" = 1 ] && pkgs="$pkgs clang libclang-rt-14-dev python3-numpy zstd"
+[ "$test" = 1 ] && pkgs="$pkgs clang libclang-rt-14-dev python3-numpy python3-pytest zstd"
 [ "$bench" = 1 ] && pkgs="$pkgs squashfs-tools squashfuse borgbackup"
 [ "$cross" = 1 ] && pkgs="$pkgs gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
       libzstd-dev:arm64 libsqlite3-dev:arm64 libssl-dev:arm64 libxxhash-dev:arm64 libfuse3-dev:arm64"

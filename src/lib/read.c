@@ -66,6 +66,7 @@ struct ulp_file {
 	uint64_t ra_from;     /* the first chunk of the last read-ahead window, the same way */
 	uint64_t chain_stored; /* stored bytes of every blob of its chains (locs) */
 	int warmed;           /* the first read asked for the chains' pages (atomic) */
+	int no_ra;            /* ulp_file_set_readahead(f, 0): never read ahead (atomic) */
 	char path[];
 };
 
@@ -707,6 +708,11 @@ int ulp_file_open(ulp_archive *a, const char *path, ulp_file **out)
 	return 0;
 }
 
+void ulp_file_set_readahead(ulp_file *f, int on)
+{
+	__atomic_store_n(&f->no_ra, !on, __ATOMIC_RELAXED);
+}
+
 void ulp_file_close(ulp_file *f)
 {
 	if (!f)
@@ -877,7 +883,7 @@ int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
 	uint64_t prev = __atomic_exchange_n(&f->next_off, off + len, __ATOMIC_RELAXED);
 	if (f->n_ext)
 		warm_chains(f);
-	if (prev == off && off + len < f->st.size && f->n_ext)
+	if (prev == off && off + len < f->st.size && f->n_ext && !__atomic_load_n(&f->no_ra, __ATOMIC_RELAXED))
 		read_ahead(f, off + len - 1);
 	size_t done = 0;
 	/* which chunks: prefetch them in parallel when there are several */

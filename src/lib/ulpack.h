@@ -26,6 +26,14 @@
 extern "C" {
 #endif
 
+/* The shared library (libulpack.so) exports what this header declares and
+ * nothing else: its objects are compiled with -fvisibility=hidden, and every
+ * declaration below takes default visibility from this pragma (internal
+ * functions, declared in ulp_int.h and arch_int.h, stay hidden). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #define ULP_VERSION_STRING "0.1.0"
 
 /* ---- errors ------------------------------------------------------------ */
@@ -334,6 +342,11 @@ const ulp_stat *ulp_file_get_stat(const ulp_file *f);
  *  Errors: IO, NOSPC (writing to fd: the message says so), and those of
  *  ulp_file_pread. */
 int ulp_file_write_to(ulp_file *f, int fd);
+/** Read-ahead (on by default): reads in order have the chunks after them
+ *  decoded in the background. A reader of chosen ranges (one tensor of a
+ *  checkpoint) turns it off so that only the chunks it reads are decoded,
+ *  as POSIX_FADV_RANDOM. Thread-safe. */
+void ulp_file_set_readahead(ulp_file *f, int on);
 void ulp_file_close(ulp_file *f);
 
 /* Writing. */
@@ -911,6 +924,10 @@ int ulp_tz_parse_mem(const uint8_t *data, size_t size, ulp_tz **out, char *errbu
 size_t ulp_tz_count(const ulp_tz *z);
 const ulp_tz_storage *ulp_tz_at(const ulp_tz *z, size_t i);
 void ulp_tz_free(ulp_tz *z);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

@@ -996,6 +996,19 @@ static void test_readahead(void)
 	      (unsigned long long)(c.chunks_decoded - c0.chunks_decoded));
 	ulp_file_close(h);
 	ulp_archive_close(a); /* joins the read-ahead thread */
+	/* issue 27: read-ahead off (a single-tensor reader): only what is read */
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "reopen (read-ahead off)");
+	REQUIRE(ulp_file_open(a, "ra/m.safetensors", &h) == 0, "open file");
+	ulp_file_set_readahead(h, 0);
+	ulp_archive_counters(a, &c0);
+	CHECK(ulp_file_pread(h, buf, sizeof(buf), 0) == 4096 && ulp_file_pread(h, buf, sizeof(buf), 4096) == 4096,
+	      "two reads in order, read-ahead off");
+	usleep(200000);
+	ulp_archive_counters(a, &c);
+	CHECK(c.chunks_decoded == c0.chunks_decoded + 1, "read-ahead off: only the chunk read is decoded (%llu decoded)",
+	      (unsigned long long)(c.chunks_decoded - c0.chunks_decoded));
+	ulp_file_close(h);
+	ulp_archive_close(a);
 	/* issue 17 item 3: two threads, a window of two chunks ahead decoded by
 	 * two read-ahead threads side by side (a cold read keeps both cores on) */
 	o.threads = 2;

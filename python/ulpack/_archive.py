@@ -1,0 +1,598 @@
+# SPDX-License-Identifier: MIT
+"""Archives, their files, and the writer."""
+import ctypes
+import errno
+import io
+import os
+import stat as _stat
+import tempfile
+import threading
+
+from . import _lib
+from ._lib import lib, enc
+
+# A BufferedReader's buffer over an archived file: small reads (a zip
+# directory, a pickle) come from it; reads of at least this size go straight
+# to the library.
+BUFFER_SIZE = 256 << 10
+
+
+class StatResult:
+    """What an archive knows of a path (ulp_stat): is_dir, is_symlink, size,
+    mode, uid, gid, mtime_ns, sha256 (hex, files), stored_bytes, step (-1:
+    none), chain_depth, kind ("safetensors", "torch" or "opaque")."""
+
+    __slots__ = ("is_dir", "is_symlink", "size", "mode", "uid", "gid", "mtime_ns", "sha256", "stored_bytes",
+                 "step", "chain_depth", "kind")
+
+    def __init__(self, st):
+        self.is_dir = bool(st.is_dir)
+        self.is_symlink = bool(st.is_symlink)
+        self.size = st.size
+        self.mode = st.mode
+        self.uid = st.uid
+        self.gid = st.gid
+        self.mtime_ns = st.mtime.sec * 1000000000 + st.mtime.nsec
+        self.sha256 = bytes(st.sha256).hex()
+        self.stored_bytes = st.stored_bytes
+        self.step = st.step
+        self.chain_depth = st.chain_depth
+        self.kind = {1: "safetensors", 2: "torch"}.get(st.kind, "opaque")
+
+    def __repr__(self):
+        return "StatResult(%s)" % ", ".join("%s=%r" % (k, getattr(self, k)) for k in self.__slots__)
+
+
+class ArchiveFile(io.RawIOBase):
+    """An archived file, read-only and seekable (a handle of ulp_file_open).
+    Each read decodes only the chunks it overlaps, through the archive's
+    shared decode cache. pread(size, offset) reads without moving the
+    position and may be called from several threads at once.
+
+    archive.open() returns one of these wrapped in an io.BufferedReader."""
+
+    def __init__(self, archive, path):
+        super().__init__()
+        self._archive = archive
+        self._path = path
+        self.name = path
+        h = ctypes.c_void_p()
+        archive._check(lib.ulp_file_open(archive._a, enc(path), ctypes.byref(h)), path)
+        self._h = h
+        self._size = lib.ulp_file_get_stat(h).contents.size
+        self._pos = 0
+
+    @property
+    def size(self):
+        return self._size
+
+    def set_readahead(self, on):
+        """Read-ahead (on by default) decodes the chunks after a read in
+        order in the background; off, only what is read is decoded (a reader
+        of single tensors)."""
+        lib.ulp_file_set_readahead(self._handle(), 1 if on else 0)
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def _handle(self):
+        if self._h is None:
+            raise ValueError("I/O operation on closed file %s" % self._path)
+        return self._h
+
+    def _pread_into(self, buf, off):
+        """Reads into the writable buffer buf at file offset off until it is
+        full or the file ends; returns the bytes read."""
+        mv = memoryview(buf).cast("B")
+        n = len(mv)
+        if n == 0:
+            return 0
+        addr = ctypes.addressof((ctypes.c_char * n).from_buffer(mv))
+        h = self._handle()
+        done = 0
+        while done < n:
+            r = lib.ulp_file_pread(h, addr + done, n - done, off + done)
+            if r < 0:
+                self._archive._check(r, self._path)
+            if r == 0:
+                break
+            done += r
+        return done
+
+    def readinto(self, b):
+        n = self._pread_into(b, self._pos)
+        self._pos += n
+        return n
+
+    def pread(self, size, offset):
+        """size bytes at offset (fewer at the end of the file)."""
+        if offset >= self._size:
+            return b""
+        buf = bytearray(min(size, self._size - offset))
+        n = self._pread_into(buf, offset)
+        return bytes(buf) if n == len(buf) else bytes(buf[:n])
+
+    def readall(self):
+        buf = bytearray(max(self._size - self._pos, 0))
+        n = self._pread_into(buf, self._pos)
+        self._pos += n
+        return bytes(buf)
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        if whence == io.SEEK_SET:
+            pos = offset
+        elif whence == io.SEEK_CUR:
+            pos = self._pos + offset
+        elif whence == io.SEEK_END:
+            pos = self._size + offset
+        else:
+            raise ValueError("invalid whence (%r)" % whence)
+        if pos < 0:
+            raise OSError(errno.EINVAL, "negative seek position %d" % pos, self._path)
+        self._pos = pos
+        return pos
+
+    def tell(self):
+        return self._pos
+
+    def close(self):
+        if self._h is not None:
+            lib.ulp_file_close(self._h)
+            self._h = None
+        super().close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Archive:
+    """An archive opened with ulpack.open_archive(). Thread-safe: several
+    threads may read it at once (the library releases the GIL)."""
+
+    def __init__(self, path, read_only=True, cache_size=0, threads=0, max_chain=0):
+        self.path = os.fspath(path)
+        opts = _lib.ArchiveOpts(cache_size=cache_size, max_chain=max_chain, threads=threads,
+                                read_only=1 if read_only else 0)
+        h = ctypes.c_void_p()
+        err = ctypes.create_string_buffer(1024)
+        rc = lib.ulp_archive_open(enc(self.path), ctypes.byref(opts), ctypes.byref(h), err, len(err))
+        if rc < 0:
+            raise _lib.error(rc, err.value.decode("utf-8", "replace") or _lib.strerror(rc), self.path)
+        self._a = h
+
+    # ---- errors
+    def _check(self, rc, path=None):
+        """Raises the error of a negative return code rc: its message names
+        the archive and the file (ulp_archive_errmsg of this thread)."""
+        if rc >= 0:
+            return rc
+        m = lib.ulp_archive_errmsg(self._a) if self._a else None
+        msg = m.decode("utf-8", "replace") if m else _lib.strerror(rc)
+        if path is not None and path not in msg:
+            msg = "%s: %s" % (path, msg)
+        if self.path not in msg:
+            msg = "archive %s: %s" % (self.path, msg)
+        raise _lib.error(rc, msg, path)
+
+    def _live(self):
+        if not self._a:
+            raise ValueError("archive %s is closed" % self.path)
+        return self._a
+
+    def close(self):
+        if getattr(self, "_a", None):
+            lib.ulp_archive_close(self._a)
+            self._a = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return "<ulpack.Archive %r%s>" % (self.path, "" if self._a else " closed")
+
+    # ---- metadata
+    def stat(self, path):
+        """StatResult of path ("" is the root), without decoding anything."""
+        st = _lib.Stat()
+        self._check(lib.ulp_archive_stat(self._live(), enc(path), ctypes.byref(st)), path)
+        return StatResult(st)
+
+    def exists(self, path):
+        try:
+            self.stat(path)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def listdir(self, path=""):
+        """Names in directory path, in numeric order (checkpoint-200 before
+        checkpoint-1000) as `ulpack ls` shows them."""
+        return [n for n, _ in self.scandir(path)]
+
+    def scandir(self, path=""):
+        """(name, StatResult) for each entry of directory path."""
+        out = []
+
+        def cb(_arg, name, st):
+            out.append((os.fsdecode(name), StatResult(st.contents)))
+            return 0
+        self._check(lib.ulp_archive_readdir(self._live(), enc(path), _lib.READDIR_CB(cb), None), path)
+        return out
+
+    def files(self, prefix=""):
+        """Paths of every file (and symlink) under prefix, depth first in
+        name order."""
+        out = []
+        st = self.stat(prefix)
+        if not st.is_dir:
+            return [prefix]
+        stack = [prefix]
+        while stack:
+            d = stack.pop()
+            subdirs = []
+            for name, s in self.scandir(d):
+                p = d + "/" + name if d else name
+                if s.is_dir:
+                    subdirs.append(p)
+                else:
+                    out.append(p)
+            stack.extend(reversed(subdirs))
+        return out
+
+    def steps(self, run=None):
+        """The steps of every run (or of run, a path prefix), by run and then
+        in numeric step order: dicts with the figures of `ulpack steps
+        --json` (run, step, dir, type "dir" or "file", files, raw_bytes,
+        stored_bytes, ratio, chain_depth)."""
+        out = []
+        prefix = run or ""
+
+        def cb(_arg, si):
+            s = si.contents
+            out.append({"run": os.fsdecode(s.run), "step": s.step, "dir": os.fsdecode(s.dir),
+                        "type": "file" if s.is_file else "dir", "files": s.files, "raw_bytes": s.raw_bytes,
+                        "stored_bytes": s.stored_bytes,
+                        "ratio": round(s.stored_bytes / s.raw_bytes, 6) if s.raw_bytes else 0.0,
+                        "chain_depth": s.chain_depth})
+            return 0
+        self.stat(prefix)  # NOENT names the prefix
+        self._check(lib.ulp_archive_steps(self._live(), enc(prefix), _lib.STEPS_CB(cb), None), prefix)
+        return out
+
+    def runs(self):
+        """The run directories (paths; "" for steps at the archive's root),
+        in path order."""
+        seen = []
+        for s in self.steps():
+            if not seen or seen[-1] != s["run"]:
+                seen.append(s["run"])
+        return seen
+
+    def latest(self, run=""):
+        """Path of run's newest step (the child `latest` names on a mount)."""
+        buf = ctypes.create_string_buffer(_lib.ULP_PATH_MAX + 1)
+        self._check(lib.ulp_archive_latest(self._live(), enc(run), buf, len(buf)), run)
+        name = os.fsdecode(buf.value)
+        return run + "/" + name if run else name
+
+    def counters(self):
+        """The decode cache's counters (ulp_archive_counters): a dict of
+        chunks_decoded, deltas_decoded, cache_hits, cache_misses, cache_bytes,
+        cache_recycled, max_walk."""
+        c = _lib.Counters()
+        lib.ulp_archive_counters(self._live(), ctypes.byref(c))
+        return {n: getattr(c, n) for n, _ in c._fields_}
+
+    # ---- reading
+    def open(self, path, buffering=BUFFER_SIZE):
+        """A seekable binary file object over an archived file (read, readinto,
+        seek, tell, a context manager) that decodes only what is read:
+        torch.load(archive.open(p)) works. buffering=0 returns the raw
+        ArchiveFile (its pread is thread-safe)."""
+        self._live()
+        if path and self.stat(path).is_dir:
+            raise IsADirectoryError(errno.EISDIR, "archive %s: %s: is a directory" % (self.path, path), path)
+        raw = ArchiveFile(self, path)
+        if buffering == 0:
+            return raw
+        return io.BufferedReader(raw, buffer_size=buffering)
+
+    def read_bytes(self, path):
+        """The whole file as bytes."""
+        with self.open(path, buffering=0) as f:
+            return f.readall()
+
+    def tensor_names(self, path):
+        """The tensor names of a safetensors file (data order)."""
+        from . import _tensors
+        return _tensors.names(self, path)
+
+    def tensor(self, path, name, framework="np"):
+        """One tensor of a safetensors file as a numpy array (framework="pt":
+        a torch tensor), decoding only the chunks that hold its bytes. bf16
+        comes as uint16 (the raw bits) in numpy, as torch.bfloat16 in torch;
+        F8 types as uint8. Of a torch.save file: with framework="pt" the
+        tensor at dotted path name ("state.0.exp_avg") of torch.load's result;
+        with numpy, the flat storage that the first tensor called name uses
+        (its bytes only are decoded)."""
+        from . import _tensors
+        return _tensors.tensor(self, path, name, framework)
+
+    def load(self, path, framework="np", **torch_kwargs):
+        """Every tensor of a file: for safetensors a dict name -> numpy array
+        (framework="pt": torch tensors) as safetensors' load_file; for a
+        torch.save file what torch.load returns (needs torch; torch_kwargs go
+        to torch.load, map_location defaults to "cpu")."""
+        from . import _tensors
+        return _tensors.load(self, path, framework, torch_kwargs)
+
+
+def _meta_of(st):
+    return _lib.Meta(mode=st.st_mode & 0o7777, uid=st.st_uid, gid=st.st_gid,
+                     mtime=_lib.Time(sec=st.st_mtime_ns // 1000000000, nsec=st.st_mtime_ns % 1000000000))
+
+
+def _default_meta(mode=0o644):
+    import time
+    ns = time.time_ns()
+    return _lib.Meta(mode=mode, uid=os.getuid(), gid=os.getgid(),
+                     mtime=_lib.Time(sec=ns // 1000000000, nsec=ns % 1000000000))
+
+
+class Writer(Archive):
+    """An archive open for writing (ulpack.open_archive(path, mode="w") or
+    ulpack.writer(path)): holds the archive's single-writer lock (the mount
+    lock a read-write ulpackfs takes; a mount holding it refuses the writer
+    with BlockingIOError, EBUSY... see open_archive). Each save commits one file
+    atomically; close() re-bases and reclaims (ulp_archive_gc) so that no
+    garbage is left, then lets go of the lock."""
+
+    def __init__(self, path, create=True, **opts):
+        path = os.fspath(path)
+        if create and not os.path.exists(os.path.join(path, "ulpack.db")):
+            err = ctypes.create_string_buffer(1024)
+            rc = lib.ulp_archive_init(enc(path), err, len(err))
+            if rc < 0 and rc != -_lib.ULP_E_EXIST:
+                raise _lib.error(rc, err.value.decode("utf-8", "replace"), path)
+        fd = ctypes.c_int(-1)
+        owner = _lib.MountOwner()
+        err = ctypes.create_string_buffer(1024)
+        self._lock_fd = -1
+        self._a = None
+        rc = lib.ulp_mount_lock(enc(path), ctypes.byref(fd), ctypes.byref(owner), err, len(err))
+        if rc == -_lib.ULP_E_BUSY:
+            where = owner.mountpoint.decode("utf-8", "replace")
+            if owner.mounted:
+                msg = ("archive %s is mounted read-write on %s by ulpackfs pid %d: unmount it first "
+                       "(fusermount3 -u %s) or write through the mount" % (path, where, owner.pid, where))
+            elif owner.pid:
+                msg = "archive %s is held by pid %d (a writer, or an unmounted ulpackfs finishing its queue)" % (
+                    path, owner.pid)
+            else:
+                msg = "archive %s is held by another writer" % path
+            raise BlockingIOError(errno.EBUSY, msg, path)
+        if rc < 0:
+            raise _lib.error(rc, err.value.decode("utf-8", "replace"), path)
+        self._lock_fd = fd.value
+        self._wmu = threading.Lock()
+        try:
+            super().__init__(path, read_only=False, **opts)
+        except BaseException:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+            raise
+
+    def save(self, path, data, mode=0o644):
+        """Archives data (bytes-like, a file system path (str or os.PathLike)
+        of a file to copy, or a binary file object) at path, replacing what
+        was there atomically; safetensors and torch.save files are coded per
+        tensor against the previous step of their series. Returns a dict of
+        raw_bytes, stored_bytes, tensors, deltas, anchors, reused, ref_path."""
+        self._live()
+        res = _lib.PutResult()
+        with self._wmu, _Source(data) as (fd, meta):
+            m = meta if meta is not None else _default_meta(mode)
+            self._mkparents(path)
+            self._check(lib.ulp_archive_put(self._a, enc(path), fd, ctypes.byref(m), ctypes.byref(res)), path)
+        return {"raw_bytes": res.raw_bytes, "stored_bytes": res.stored_bytes, "tensors": res.tensors,
+                "deltas": res.deltas, "anchors": res.anchors, "reused": res.reused,
+                "ref_path": res.ref_path.decode("utf-8", "replace")}
+
+    def _mkparents(self, path):
+        parts = path.split("/")[:-1]
+        cur = ""
+        for p in parts:
+            cur = cur + "/" + p if cur else p
+            st = _lib.Stat()
+            if lib.ulp_archive_stat(self._a, enc(cur), ctypes.byref(st)) < 0:
+                self._check(lib.ulp_archive_mkdir(self._a, enc(cur), ctypes.byref(_default_meta(0o755))), cur)
+
+    def mkdir(self, path, mode=0o755):
+        with self._wmu:
+            self._mkparents(path + "/x")
+
+    def remove(self, path):
+        """Removes a file, symlink or empty directory (space returns at close)."""
+        with self._wmu:
+            self._check(lib.ulp_archive_remove(self._live(), enc(path)), path)
+
+    def save_dir(self, src_dir, prefix=""):
+        """Archives every file under src_dir at prefix/... as `ulpack import`
+        does: in the order that codes each step where the final layout of its
+        series puts it (ulp_archive_expect: no re-coding afterwards), files
+        pipelined (ulp_putq). Files already archived with the same size and
+        mtime are skipped. Returns the number of files archived."""
+        src_dir = os.fspath(src_dir)
+        prefix = prefix.strip("/")
+        if not os.path.isdir(src_dir):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", src_dir)
+        dirs, files, links = [], [], []
+        for root, dnames, fnames in os.walk(src_dir):
+            rel = os.path.relpath(root, src_dir)
+            rel = "" if rel == "." else rel.replace(os.sep, "/")
+            for n in dnames:
+                full = os.path.join(root, n)
+                dst = "/".join(x for x in (prefix, rel, n) if x)
+                (links if os.path.islink(full) else dirs).append((dst, full))
+            for n in fnames:
+                full = os.path.join(root, n)
+                dst = "/".join(x for x in (prefix, rel, n) if x)
+                (links if os.path.islink(full) else files).append((dst, full))
+        with self._wmu:
+            a = self._live()
+            if prefix:
+                self._mkparents(prefix + "/x")
+            for dst, full in sorted(dirs):
+                st = _lib.Stat()
+                if lib.ulp_archive_stat(a, enc(dst), ctypes.byref(st)) < 0:
+                    self._check(lib.ulp_archive_mkdir(a, enc(dst), ctypes.byref(_meta_of(os.lstat(full)))), dst)
+            for dst, full in links:
+                st = _lib.Stat()
+                if lib.ulp_archive_stat(a, enc(dst), ctypes.byref(st)) == 0:
+                    self._check(lib.ulp_archive_remove(a, enc(dst)), dst)
+                self._check(lib.ulp_archive_symlink(a, enc(dst), enc(os.readlink(full)),
+                                                    ctypes.byref(_meta_of(os.lstat(full)))), dst)
+            n = len(files)
+            paths = (ctypes.c_char_p * max(n, 1))(*[enc(d) for d, _ in files])
+            rank = (ctypes.c_uint32 * max(n, 1))()
+            self._check(lib.ulp_archive_expect(a, paths, n, rank), src_dir)
+            order = sorted(range(n), key=lambda i: (rank[i], lib.ulp_parse_step(paths[i], None), files[i][0]))
+            q = ctypes.c_void_p()
+            self._check(lib.ulp_putq_new(a, ctypes.byref(q)))
+            put = 0
+            try:
+                for i in order:
+                    dst, full = files[i]
+                    sb = os.stat(full)
+                    st = _lib.Stat()
+                    if (lib.ulp_archive_stat(a, enc(dst), ctypes.byref(st)) == 0 and not st.is_dir
+                            and st.size == sb.st_size
+                            and st.mtime.sec * 1000000000 + st.mtime.nsec == sb.st_mtime_ns):
+                        continue
+                    fd = os.open(full, os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        res = _lib.PutResult()
+                        self._check(lib.ulp_putq_put(q, enc(dst), fd, ctypes.byref(_meta_of(sb)),
+                                                     ctypes.byref(res)), dst)
+                    finally:
+                        os.close(fd)
+                    put += 1
+            finally:
+                rc = lib.ulp_putq_free(q)
+            self._check(rc, src_dir)
+            self._check(lib.ulp_archive_expect(a, None, 0, None))
+        return put
+
+    def commit(self):
+        """Re-bases and reclaims (ulp_archive_gc): what earlier saves left
+        behind (steps put beside archived ones, replaced files) is re-coded
+        and given back. close() calls it."""
+        with self._wmu:
+            res = _lib.GcResult()
+            self._check(lib.ulp_archive_gc(self._live(), ctypes.byref(res)))
+        return {n: getattr(res, n) for n, _ in res._fields_}
+
+    def close(self):
+        try:
+            if getattr(self, "_a", None):
+                self.commit()
+        finally:
+            super().close()
+            if getattr(self, "_lock_fd", -1) >= 0:
+                os.close(self._lock_fd)
+                self._lock_fd = -1
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is not None and getattr(self, "_a", None):
+            # an error: nothing half-written is in the index; skip the gc
+            super().close()
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+                self._lock_fd = -1
+            return
+        self.close()
+
+
+class _Source:
+    """A file descriptor readable from offset 0 to EOF holding data (what
+    ulp_archive_put takes), and the metadata of a source file (or None)."""
+
+    def __init__(self, data):
+        self.data = data
+        self.fd = -1
+        self.own = False
+
+    def __enter__(self):
+        d = self.data
+        meta = None
+        if isinstance(d, (str, os.PathLike)):
+            self.fd = os.open(d, os.O_RDONLY | os.O_CLOEXEC)
+            self.own = True
+            sb = os.fstat(self.fd)
+            if not _stat.S_ISREG(sb.st_mode):
+                raise IsADirectoryError(errno.EISDIR, "not a regular file", os.fspath(d)) \
+                    if _stat.S_ISDIR(sb.st_mode) else OSError(errno.EINVAL, "not a regular file", os.fspath(d))
+            meta = _meta_of(sb)
+            return self.fd, meta
+        if isinstance(d, (bytes, bytearray, memoryview)):
+            self.fd = _memfd()
+            self.own = True
+            mv = memoryview(d).cast("B")
+            off = 0
+            while off < len(mv):
+                off += os.write(self.fd, mv[off:off + (64 << 20)])
+            return self.fd, None
+        if hasattr(d, "read"):
+            fd = -1
+            try:
+                fd = d.fileno()
+                sb = os.fstat(fd)
+                if not _stat.S_ISREG(sb.st_mode) or d.tell() != 0:
+                    fd = -1
+            except (OSError, AttributeError, io.UnsupportedOperation, ValueError):
+                fd = -1
+            if fd >= 0:
+                self.fd = fd
+                return fd, None
+            self.fd = _memfd()
+            self.own = True
+            while True:
+                chunk = d.read(8 << 20)
+                if not chunk:
+                    break
+                mv = memoryview(chunk)
+                off = 0
+                while off < len(mv):
+                    off += os.write(self.fd, mv[off:])
+            return self.fd, None
+        raise TypeError("save: data must be bytes, a path or a binary file object, not %s" % type(d).__name__)
+
+    def __exit__(self, *exc):
+        if self.own and self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+
+
+def _memfd():
+    try:
+        return os.memfd_create("ulpack-save", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        f = tempfile.TemporaryFile()
+        fd = os.dup(f.fileno())
+        f.close()
+        return fd
