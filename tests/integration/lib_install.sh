@@ -83,7 +83,8 @@ ldd "$T/cat" 2> /dev/null | grep -q 'libulpack\.so\.0' && ok "linked against lib
 	&& ok "libulpack-static.pc links libulpack.a into the program" || fail "static: $(head -3 "$T/cc.log")"
 # the Python package from the installed site directory (configure's
 # --with-python-sitedir, under the prefix), with the library from DESTDIR
-site=$(make -C "$top_builddir" -s --no-print-directory print-python-sitedir prefix="$P" 2> /dev/null)
+site=$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -C "$top_builddir" -s --no-print-directory print-python-sitedir \
+	prefix="$P" 2> /dev/null | grep -v "^make")
 py=${PYTHON3:-python3}
 if [ -n "$site" ] && command -v "$py" > /dev/null; then
 	[ -f "$D$site/ulpack/__init__.py" ] && grep -q "LIBPATH = '$P/lib/libulpack.so.0'" "$D$site/ulpack/_libpath.py" \
