@@ -112,7 +112,8 @@
  *     stays staged (durable after ulp_session_fsync, invariant 2) until its
  *     last close queues it.
  * 13. Space comes back by itself: the re-basing pass of invariant 9 is a
- *     tidy pass (tidy): the index's re-basing queue, then, when an archived
+ *     tidy pass (tidy), at niceness bg_nice where the archiver can come
+ *     back from it (bg_on): the index's re-basing queue, then, when an archived
  *     file was removed since the last pass, the tensors coded against
  *     removed steps (ulp_archive_rebase_orphans), then reclaiming
  *     (ulp_archive_reclaim: packs with nothing live are unlinked, sparse
@@ -571,6 +572,10 @@ static void tidy(ulp_session *s, int final)
 	s->removed = 0;
 	forget_expected(s);
 	archiving_nice(s);
+	/* background priority, readers and writers first; a barrier brings it
+	 * forward (ulp_session_sync), the pass at close is the unmount's */
+	if (!final && s->bg_on)
+		__atomic_store_n(&s->nice, s->bg_nice, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&s->mu);
 	int rc = ulp_archive_rebase_pending(s->a, NULL, NULL, NULL);
 	if (rc == 0 && (removed || final))
