@@ -113,6 +113,22 @@ static int waited_err(ulp_archive *a, int rc, const uint8_t sha[ULP_SHA256_LEN],
 	                    rc == -ULP_E_CHECKSUM ? "checksum mismatch (damaged pack)" : ulp_strerror(rc));
 }
 
+/* ulp_cache_get for a reader of f: a load that another thread (the
+ * read-ahead, which knows no file) failed with NOENT, because gc dropped the
+ * rows of a file removed while f was open, is tried again here, where f's
+ * locations find the blobs (invariant 3): a few times, as the failed entry
+ * goes once its last waiter has let go of it. */
+static int get_for(ulp_archive *a, const ulp_file *f, const ulp_ckey *key, ulp_centry **e, void **data,
+                   int *must_load)
+{
+	int grc = ulp_cache_get(a->cache, key, e, data, must_load);
+	for (int t = 0; grc == -ULP_E_NOENT && f && f->n_locs && t < 50; t++) {
+		usleep(200);
+		grc = ulp_cache_get(a->cache, key, e, data, must_load);
+	}
+	return grc;
+}
+
 /* ulp_read_blob for a reader of f (NULL: none), which knows where its
  * chains' blobs lie even after gc dropped them from the index. */
 static int read_blob(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN],
@@ -123,7 +139,7 @@ static int read_blob(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SH
 	void *data;
 	int must_load;
 	ulp_centry *ce; /* *e only on success: a failed entry is let go here */
-	int grc = ulp_cache_get(a->cache, &key, &ce, &data, &must_load);
+	int grc = get_for(a, f, &key, &ce, &data, &must_load);
 	if (grc < 0) /* another reader's load failed (its message is its thread's) */
 		return waited_err(a, grc, sha, NULL);
 	if (!must_load) {
@@ -242,7 +258,7 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 	if (depth > ULP_WALK_MAX)
 		return ulp_arch_err(a, -ULP_E_CORRUPT, "%s: a delta chain is longer than %d links", a->dir,
 		                    ULP_WALK_MAX);
-	int grc = ulp_cache_get(a->cache, &key, e, &d, &must_load);
+	int grc = get_for(a, f, &key, e, &d, &must_load);
 	if (grc < 0)
 		return waited_err(a, grc, sha, &k);
 	if (!must_load) {
