@@ -433,7 +433,8 @@ static int collect(px *x, int type, size_t from)
 	size_t n = x->nstack - from;
 	if (n && !(v->it = pk_alloc(x, n * sizeof(pv *))))
 		return x->fail;
-	memcpy(v->it, x->stack + from, n * sizeof(pv *));
+	if (n) /* (an empty list or dict has no items array) */
+		memcpy(v->it, x->stack + from, n * sizeof(pv *));
 	v->h.n = v->cap = (uint32_t)n;
 	x->nstack = (uint32_t)from;
 	return made(x, &v->h);
