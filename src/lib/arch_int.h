@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * arch_int.h - internals of the archive modules: index.c (the SQLite index,
- * sole user of sqlite3.h), pack.c (sole writer and mapper of pack files),
- * cache.c (the decode cache), read.c (files as byte ranges over chunks),
- * ingest.c (archiving a file), maint.c (verify, remove, gc, report).
+ * arch_int.h - internals shared by the store and the archive modules.
+ * store/: index.c (the SQLite index, sole user of sqlite3.h), pack.c (sole
+ * writer and mapper of pack files). archive/: cache.c (the decode cache),
+ * read.c (files as byte ranges over chunks), ingest.c (archiving a file),
+ * maint.c (verify, remove, gc, report), and the others of that folder.
  */
 #ifndef ULP_ARCH_INT_H
 #define ULP_ARCH_INT_H
