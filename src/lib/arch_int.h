@@ -317,6 +317,13 @@ int ulp_arch_path(ulp_archive *a, const char *path, char *out, size_t cap);
 /* The cause of a path that cannot be created (what), as a's error: NAMETOOLONG
  * for a too long name (ENAMETOOLONG at the FUSE edge), else 0. */
 int ulp_path_bad(ulp_archive *a, const char *path, const char *what);
+/* The step parser (path.c): the digits after the first of keys (in their
+ * order) found in [start, end) followed by a digit, where it starts a word
+ * (no letter before it, unless the key starts with "global"), or NULL. With
+ * after_global 0 a key right after "global_" (DeepSpeed's global_stepN) does
+ * not count. ulp_parse_step and ulp_name_step are rules over it. */
+const char *ulp_step_key(const char *start, const char *end, const char *const *keys, size_t n_keys,
+                         int after_global);
 
 /* ---- re-basing support (index.c, for recode.c) ---------------------------- */
 

@@ -5,6 +5,12 @@
  * a '..', so nothing escapes the archive; names of at most ULP_NAME_MAX
  * bytes, paths of at most ULP_PATH_MAX), its parent and name, and the step
  * and series a path names (ulp_parse_step).
+ *
+ * The library's one step parser is here: ulp_step_key finds a step key and
+ * its digits in a name. ulp_parse_step (the step and series of a path, for
+ * the index) and steps.c's ulp_name_step (the step of a step directory's
+ * name; ulp_name_step_file wraps it) are rules over it: their own keys, and
+ * what else counts (a path's last number; a name of digits only).
  */
 #include "arch_int.h"
 #include <stdio.h>
@@ -90,33 +96,40 @@ static int is_digit(char c)
 	return c >= '0' && c <= '9';
 }
 
+const char *ulp_step_key(const char *start, const char *end, const char *const *keys, size_t n_keys,
+                         int after_global)
+{
+	for (size_t k = 0; k < n_keys; k++) {
+		size_t kl = strlen(keys[k]);
+		for (const char *s = start; s + kl < end; s++) {
+			if (strncmp(s, keys[k], kl) != 0 || !is_digit(s[kl]))
+				continue;
+			/* "step" must not be the tail of a longer word (e.g. "mystep") */
+			if (s > start && ((s[-1] >= 'a' && s[-1] <= 'z') || (s[-1] >= 'A' && s[-1] <= 'Z')) &&
+			    strncmp(keys[k], "global", 6) != 0)
+				continue;
+			if (!after_global && s - start >= 7 && !strncmp(s - 7, "global_", 7))
+				continue;
+			return s + kl;
+		}
+	}
+	return NULL;
+}
+
 int64_t ulp_parse_step(const char *path, char **series)
 {
 	static const char *const keys[] = {"global_step", "checkpoint-", "checkpoint_", "checkpoint",
 	                                   "step_", "step-", "step", "iter_", "iter-", "iteration_",
 	                                   "iteration-", "iter", "ckpt-", "ckpt_", "ckpt"};
 	size_t len = strlen(path);
-	const char *best = NULL, *digits = NULL;
+	const char *digits = NULL;
 	/* components from the last to the first; within one, the first key */
 	const char *end = path + len;
 	while (end > path && !digits) {
 		const char *start = end;
 		while (start > path && start[-1] != '/')
 			start--;
-		for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]) && !digits; k++) {
-			size_t kl = strlen(keys[k]);
-			for (const char *s = start; s + kl < end; s++) {
-				if (strncmp(s, keys[k], kl) != 0 || !is_digit(s[kl]))
-					continue;
-				/* "step" must not be the tail of a longer word (e.g. "mystep") */
-				if (s > start && ((s[-1] >= 'a' && s[-1] <= 'z') || (s[-1] >= 'A' && s[-1] <= 'Z')) &&
-				    strncmp(keys[k], "global", 6) != 0)
-					continue;
-				best = s;
-				digits = s + kl;
-				break;
-			}
-		}
+		digits = ulp_step_key(start, end, keys, ULP_ARRAY_LEN(keys), 1);
 		end = start > path ? start - 1 : path;
 	}
 	if (!digits) { /* the last number of the file name */
@@ -128,12 +141,10 @@ int64_t ulp_parse_step(const char *path, char **series)
 				while (s > name && is_digit(s[-1]))
 					s--;
 				digits = s;
-				best = s;
 				(void)e;
 				break;
 			}
 	}
-	(void)best;
 	if (!digits) {
 		if (series)
 			*series = NULL;
