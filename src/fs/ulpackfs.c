@@ -6,8 +6,8 @@
  * the background once closed under their final name.
  *
  * Plumbing only: each operation is one libulpack call (the write-back
- * session, src/lib/session.c, holds every open-file rule and invariant) and
- * one errno mapping; errors are mapped, never invented.
+ * session, src/lib/archive/session.c, holds every open-file rule and
+ * invariant) and one errno mapping; errors are mapped, never invented.
  *
  * It uses libfuse's path-based API: the archive's index is keyed by path.
  *  1. hard_remove is off: libfuse renames a file unlinked (or replaced)

@@ -1,9 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * arch_int.h - internals of the archive modules: index.c (the SQLite index,
- * sole user of sqlite3.h), pack.c (sole writer and mapper of pack files),
- * cache.c (the decode cache), read.c (files as byte ranges over chunks),
- * ingest.c (archiving a file), maint.c (verify, remove, gc, report).
+ * arch_int.h - internals shared by the store and the archive modules.
+ * store/: db.c (connections and schema of the SQLite index), index.c (its
+ * rows), namespace.c (operations on its entries) - the only users of
+ * sqlite3.h -, path.c (path rules), pack.c (sole writer and mapper of pack
+ * files). archive/: cache.c (the decode cache),
+ * read.c (files as byte ranges over chunks), ingest.c (archiving a file),
+ * maint.c (verify, remove, gc, report), and the others of that folder.
  */
 #ifndef ULP_ARCH_INT_H
 #define ULP_ARCH_INT_H
@@ -83,7 +86,7 @@ struct ulp_archive {
 	char *dir;
 	int read_only;
 	char *db_uri;                /* read-only, SQLite unable to read the index in
-	                                place: the URI every connection opens (index.c,
+	                                place: the URI every connection opens (db.c,
 	                                ulp_db_check), else NULL */
 	char *db_copy;               /* the private copy that URI names, removed at
 	                                close, or NULL */
@@ -123,7 +126,7 @@ struct ulp_archive {
 int ulp_arch_err(const ulp_archive *a, int code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
-/* ---- index (index.c) ------------------------------------------------- */
+/* ---- index (store/: db.c, index.c, namespace.c) ---------------------- */
 
 #define ULP_SCHEMA_VERSION 4
 
@@ -148,6 +151,23 @@ int ulp_db_stmt(ulp_archive *a, const char *sql, sqlite3_stmt **out);
  * connection (or of opening it), its message recorded naming the index and
  * what failed; the one mapping of SQLite's codes. */
 int ulp_db_err(ulp_archive *a, const char *what);
+/* Steps st once and resets it: 0 (done or a row), or ulp_db_err(a, what). */
+int ulp_db_step_rc(ulp_archive *a, sqlite3_stmt *st, const char *what);
+/* Binds time t to parameters ns (mtime_ns) and sec, sec + 1 (mtime_sec,
+ * mtime_nsec) of st: index.c invariant 6. */
+void ulp_index_bind_time(sqlite3_stmt *st, int ns, int sec, ulp_time t);
+/* The columns ulp_stat_from_row reads (ULP_ENTRY_COLS_V2 in an index of
+ * schema version 1 to 3, opened read-only: no mtime_sec, mtime_nsec). */
+#define ULP_ENTRY_COLS_ "type, size, mode, uid, gid, mtime_ns, sha256, stored, step, depth, anchor, kind, length(CAST(target AS BLOB))"
+#define ULP_ENTRY_COLS ULP_ENTRY_COLS_ ", mtime_sec, mtime_nsec"
+#define ULP_ENTRY_COLS_V2 ULP_ENTRY_COLS_ ", NULL, NULL"
+#define ULP_ENTRY_NCOLS 15 /* the first column after ULP_ENTRY_COLS */
+/* Byte-safe prefix matching (index.c invariant 4): the entries below
+ * directory ?1 are the paths in [?1 || '/', ?1 || '0'), '0' being the byte
+ * after '/'. The BINARY collation compares bytes (memcmp), whereas length()
+ * and substr() count characters of TEXT: "données" is 8 bytes but 7
+ * characters, so a substr() of a byte count never matched (issue 11, 2). */
+#define ULP_BELOW(col, arg) "(" col " >= " arg " || '/' AND " col " < " arg " || '0')"
 void ulp_tstate_free_all(ulp_archive *a);
 void ulp_ingest_free_spare(ulp_archive *a); /* ingest.c */
 /* Streamed tensors (ingest.c, also used by recode.c): the size above which a
@@ -294,6 +314,16 @@ int ulp_path_clean(const char *in, char *out, size_t cap);
 /* ulp_path_clean for a path a caller gave: INVAL or NAMETOOLONG with a
  * message naming the path in a's errmsg. */
 int ulp_arch_path(ulp_archive *a, const char *path, char *out, size_t cap);
+/* The cause of a path that cannot be created (what), as a's error: NAMETOOLONG
+ * for a too long name (ENAMETOOLONG at the FUSE edge), else 0. */
+int ulp_path_bad(ulp_archive *a, const char *path, const char *what);
+/* The step parser (path.c): the digits after the first of keys (in their
+ * order) found in [start, end) followed by a digit, where it starts a word
+ * (no letter before it, unless the key starts with "global"), or NULL. With
+ * after_global 0 a key right after "global_" (DeepSpeed's global_stepN) does
+ * not count. ulp_parse_step and ulp_name_step are rules over it. */
+const char *ulp_step_key(const char *start, const char *end, const char *const *keys, size_t n_keys,
+                         int after_global);
 
 /* ---- re-basing support (index.c, for recode.c) ---------------------------- */
 

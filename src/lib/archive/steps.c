@@ -4,6 +4,9 @@
  * step directory's name, each run's steps with their sizes (`ulpack steps`),
  * and the latest step of a run directory (the mount's `latest` symlink).
  * Reads the index through the public listing calls only; owns no state.
+ * The key scan of a step name is the library's one step parser, path.c's
+ * ulp_step_key (ulp_parse_step, the step and series of an indexed path, is
+ * the other rule over it).
  *
  * Definitions (ulpack(1) STEPS, ulpackfs(1) LATEST):
  *  - A step directory is a directory whose name carries a step in one of the
@@ -92,21 +95,10 @@ int64_t ulp_name_step(const char *name)
 	if (!*p) {
 		digits = name; /* digits only */
 	} else {
-		for (size_t k = 0; k < ULP_ARRAY_LEN(keys) && !digits; k++) {
-			size_t kl = strlen(keys[k]);
-			for (const char *s = name; *s && !digits; s++) {
-				if (strncmp(s, keys[k], kl) != 0 || !digit(s[kl]))
-					continue;
-				/* the key must start a word: "mystep3" and DeepSpeed's
-				 * global_stepN (its run directory holds its own `latest`
-				 * file, which must stay writable) are not step names */
-				if (s > name && ((s[-1] >= 'a' && s[-1] <= 'z') || (s[-1] >= 'A' && s[-1] <= 'Z')))
-					continue;
-				if (s - name >= 7 && !strncmp(s - 7, "global_", 7))
-					continue;
-				digits = s + kl;
-			}
-		}
+		/* the key must start a word: "mystep3" and DeepSpeed's
+		 * global_stepN (its run directory holds its own `latest`
+		 * file, which must stay writable) are not step names */
+		digits = ulp_step_key(name, name + strlen(name), keys, ULP_ARRAY_LEN(keys), 0);
 	}
 	if (!digits)
 		return -1;

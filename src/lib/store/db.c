@@ -1,0 +1,606 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * db.c - the connection and schema layer of an archive's SQLite index; with
+ * index.c and namespace.c the only modules that include sqlite3.h. Every
+ * thread gets its own connection (WAL, foreign keys, busy timeout) and its
+ * own cache of prepared statements; the ulp_db_* helpers (transactions,
+ * statements, the one mapping of SQLite's codes to ULP_E_*) work on the
+ * calling thread's connection. The rows these tables hold, and their
+ * invariants, are index.c's.
+ *
+ * Schema (version 4; version 1 lacks entries.header_sha, version 2 the
+ * re-basing queue and blobs_ref, version 3 entries.mtime_sec and mtime_nsec;
+ * all are upgraded when opened read-write, see upgrade):
+ *   meta(key, value)                 schema_version, max_chain, created_by
+ *   packs(id, name, size)            immutable pack files under packs/
+ *   blobs(id, content, codec, ref, depth, raw_size, stored_size, pack, offset)
+ *                                    one blob per content (sha256 of the
+ *                                    decoded bytes); ref is the content it
+ *                                    needs, depth its chain length (0: none)
+ *   entries(id, path, parent, name, type, size, mode, uid, gid, mtime_ns,
+ *           sha256, kind, header, run, series, step, target, stored, depth,
+ *           anchor, header_sha, mtime_sec, mtime_nsec)
+ *                                    files, directories and symlinks;
+ *                                    header_sha: sha256 of header; the
+ *                                    mtime is mtime_sec + mtime_nsec ns,
+ *                                    mtime_ns the same clamped to int64 ns
+ *   extents(file, offset, length, blob, name, dtype)
+ *                                    how a file's bytes after its header are
+ *                                    made, in order; name/dtype for tensors
+ *   rebase_queue(file, why)         files whose neighbourhood in their series
+ *                                    changed (filled by triggers on entries:
+ *                                    a new file, or a rename that changed its
+ *                                    series), for recode.c; why counts the
+ *                                    changes, so a row queued again while it
+ *                                    is being handled stays (it is deleted
+ *                                    only with the count that was read); a
+ *                                    row goes with its entry (ON DELETE
+ *                                    CASCADE)
+ * Views runs(run, files, raw_bytes, stored_bytes) and steps(run, step, files).
+ */
+#include "arch_int.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define N_STMTS 64
+
+struct ulp_tstate {
+	ulp_archive *a;
+	sqlite3 *db;
+	int open_err;    /* the ULP_E_* of the last failed open of db, or 0 */
+	char err[1024];
+	struct {
+		const char *sql; /* static strings: compared by address */
+		sqlite3_stmt *st;
+	} stmts[N_STMTS];
+	int n_stmts;
+	ulp_tstate *next;
+};
+
+/* Version 3: what recode.c needs (the queue of pending re-basing work, kept
+ * in the same transactions as the puts and renames that make it, so a crash
+ * never loses it; an index on blobs.ref to find a blob's dependents). */
+#define REBASE_SCHEMA \
+	"CREATE INDEX IF NOT EXISTS blobs_ref ON blobs(ref);" \
+	"CREATE TABLE IF NOT EXISTS rebase_queue(file INTEGER PRIMARY KEY REFERENCES entries(id) ON DELETE CASCADE," \
+	" why INTEGER NOT NULL);" \
+	"CREATE TRIGGER IF NOT EXISTS rebase_new AFTER INSERT ON entries WHEN NEW.type = 0 AND NEW.kind <> 0" \
+	" AND NEW.series IS NOT NULL BEGIN INSERT INTO rebase_queue VALUES(NEW.id, 1)" \
+	" ON CONFLICT(file) DO UPDATE SET why = why + 1; END;" \
+	"CREATE TRIGGER IF NOT EXISTS rebase_moved AFTER UPDATE OF series ON entries WHEN NEW.type = 0 AND NEW.kind <> 0" \
+	" AND NEW.series IS NOT NULL AND NEW.series IS NOT OLD.series" \
+	" BEGIN INSERT INTO rebase_queue VALUES(NEW.id, 1) ON CONFLICT(file) DO UPDATE SET why = why + 1; END;"
+
+static const char *const schema =
+	"PRAGMA journal_mode=WAL;"
+	"BEGIN;"
+	"CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+	"CREATE TABLE packs(id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, size INTEGER NOT NULL);"
+	"CREATE TABLE blobs(id INTEGER PRIMARY KEY, content BLOB UNIQUE NOT NULL, codec INTEGER NOT NULL,"
+	" ref BLOB, depth INTEGER NOT NULL, raw_size INTEGER NOT NULL, stored_size INTEGER NOT NULL,"
+	" pack INTEGER NOT NULL REFERENCES packs(id), offset INTEGER NOT NULL);"
+	"CREATE INDEX blobs_pack ON blobs(pack);"
+	"CREATE TABLE entries(id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL, parent TEXT NOT NULL,"
+	" name TEXT NOT NULL, type INTEGER NOT NULL, size INTEGER NOT NULL DEFAULT 0,"
+	" mode INTEGER NOT NULL, uid INTEGER NOT NULL DEFAULT 0, gid INTEGER NOT NULL DEFAULT 0,"
+	" mtime_ns INTEGER NOT NULL, sha256 BLOB, kind INTEGER NOT NULL DEFAULT 0, header BLOB,"
+	" run TEXT, series TEXT, step INTEGER, target TEXT, stored INTEGER NOT NULL DEFAULT 0,"
+	" depth INTEGER NOT NULL DEFAULT 0, anchor INTEGER NOT NULL DEFAULT 1, header_sha BLOB,"
+	" mtime_sec INTEGER, mtime_nsec INTEGER);"
+	"CREATE INDEX entries_parent ON entries(parent);"
+	"CREATE INDEX entries_series ON entries(series, step);"
+	"CREATE TABLE extents(file INTEGER NOT NULL REFERENCES entries(id) ON DELETE CASCADE,"
+	" offset INTEGER NOT NULL, length INTEGER NOT NULL, blob INTEGER NOT NULL REFERENCES blobs(id),"
+	" name TEXT, dtype INTEGER, PRIMARY KEY(file, offset));"
+	"CREATE INDEX extents_blob ON extents(blob);"
+	REBASE_SCHEMA
+	"CREATE VIEW runs AS SELECT run, count(*) AS files, sum(size) AS raw_bytes,"
+	" sum(stored) AS stored_bytes FROM entries WHERE type = 0 GROUP BY run;"
+	"CREATE VIEW steps AS SELECT run, step, count(*) AS files FROM entries"
+	" WHERE type = 0 AND step >= 0 GROUP BY run, step;"
+	"INSERT INTO meta VALUES('schema_version', '4');"
+	"INSERT INTO meta VALUES('created_by', 'ulpack " ULP_VERSION_STRING "');"
+	"INSERT INTO entries(path, parent, name, type, mode, mtime_ns, mtime_sec, mtime_nsec)"
+	" VALUES('', '', '', 1, 16877, 0, 0, 0);"
+	"COMMIT;";
+
+static ulp_tstate *tstate(const ulp_archive *ca)
+{
+	ulp_archive *a = (ulp_archive *)ca;
+	ulp_tstate *t = pthread_getspecific(a->tls);
+	if (!t) {
+		t = calloc(1, sizeof(*t));
+		if (!t)
+			return NULL;
+		t->a = a;
+		pthread_setspecific(a->tls, t);
+		pthread_mutex_lock(&a->mu);
+		t->next = a->tstates;
+		a->tstates = t;
+		pthread_mutex_unlock(&a->mu);
+	}
+	return t;
+}
+
+int ulp_arch_err(const ulp_archive *a, int code, const char *fmt, ...)
+{
+	ulp_tstate *t = tstate(a);
+	if (t) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(t->err, sizeof(t->err), fmt, ap);
+		va_end(ap);
+	}
+	return code;
+}
+
+const char *ulp_archive_errmsg(const ulp_archive *a)
+{
+	ulp_tstate *t = pthread_getspecific(a->tls);
+	return t && t->err[0] ? t->err : "no error";
+}
+
+/* Why path cannot be opened, as strerror names it ("Permission denied",
+ * "Read-only file system"...), or NULL where it opens (the cause is SQLite's). */
+static const char *open_cause(const char *path, int flags)
+{
+	int fd = open(path, flags | O_CLOEXEC);
+	if (fd < 0)
+		return strerror(errno);
+	close(fd);
+	return NULL;
+}
+
+static int open_conn(const ulp_archive *a, sqlite3 **out, ulp_err *err)
+{
+	char path[4096];
+	snprintf(path, sizeof(path), "%s/ulpack.db", a->dir);
+	sqlite3 *db = NULL;
+	int flags = (a->read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) | SQLITE_OPEN_NOMUTEX;
+	int rc = a->db_uri ? sqlite3_open_v2(a->db_uri, &db, flags | SQLITE_OPEN_URI, NULL)
+	                   : sqlite3_open_v2(path, &db, flags, NULL);
+	if (rc != SQLITE_OK) {
+		int code = access(path, F_OK) != 0 && errno == ENOENT ? -ULP_E_NOENT
+		         : rc == SQLITE_NOMEM ? -ULP_E_NOMEM : -ULP_E_IO;
+		const char *cause = a->db_uri ? NULL : open_cause(path, a->read_only ? O_RDONLY : O_RDWR);
+		ULP_ERR(err, code, "%s: %s", path, cause ? cause : db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+		sqlite3_close(db);
+		return code;
+	}
+	sqlite3_busy_timeout(db, 30000);
+	/* FULL: a commit is on disk when it returns (WAL fsynced), so a power
+	 * loss right after never loses a file whose staging copy is already gone;
+	 * one small fsync per archived file */
+	sqlite3_exec(db, "PRAGMA foreign_keys=ON; PRAGMA synchronous=FULL;", NULL, NULL, NULL);
+	*out = db;
+	return 0;
+}
+
+sqlite3 *ulp_db(ulp_archive *a)
+{
+	ulp_tstate *t = tstate(a);
+	if (!t)
+		return NULL;
+	if (!t->db) {
+		ulp_err e = {t->err, sizeof(t->err)};
+		t->open_err = open_conn(a, &t->db, &e);
+		if (t->open_err < 0)
+			return NULL;
+	}
+	return t->db;
+}
+
+static void tstate_close(ulp_tstate *t)
+{
+	for (int i = 0; i < t->n_stmts; i++)
+		sqlite3_finalize(t->stmts[i].st);
+	sqlite3_close(t->db);
+	free(t);
+}
+
+/* Key destructor: a thread that ends takes its connection with it (FUSE
+ * worker threads come and go). */
+void ulp_tstate_exit(void *p)
+{
+	ulp_tstate *t = p;
+	ulp_archive *a = t->a;
+	pthread_mutex_lock(&a->mu);
+	for (ulp_tstate **pp = &a->tstates; *pp; pp = &(*pp)->next)
+		if (*pp == t) {
+			*pp = t->next;
+			break;
+		}
+	pthread_mutex_unlock(&a->mu);
+	tstate_close(t);
+}
+
+size_t ulp_tstate_count(ulp_archive *a)
+{
+	size_t n = 0;
+	pthread_mutex_lock(&a->mu);
+	for (ulp_tstate *t = a->tstates; t; t = t->next)
+		n++;
+	pthread_mutex_unlock(&a->mu);
+	return n;
+}
+
+void ulp_tstate_free_all(ulp_archive *a)
+{
+	ulp_tstate *t = a->tstates;
+	while (t) {
+		ulp_tstate *next = t->next;
+		tstate_close(t);
+		t = next;
+	}
+	a->tstates = NULL;
+}
+
+/*
+ * The one place SQLite's result codes become ULP_E_*: the error of the last
+ * call on the calling thread's connection, with what failed and SQLite's
+ * message in the archive's errmsg (out of memory: NOMEM; disk full: NOSPC;
+ * busy: BUSY; a damaged index: CORRUPT; read-only: INVAL; else IO). Without
+ * a connection, why it could not be opened: NOMEM where even the thread's
+ * state could not be allocated (no message: no room for one), else the code
+ * open_conn gave, its message kept.
+ */
+int ulp_db_err(ulp_archive *a, const char *what)
+{
+	ulp_tstate *t = pthread_getspecific(a->tls);
+	if (!t)
+		return -ULP_E_NOMEM;
+	if (!t->db)
+		return t->open_err < 0 ? t->open_err
+		                       : ulp_arch_err(a, -ULP_E_IO, "%s/ulpack.db: %s: no connection", a->dir, what);
+	int rc = sqlite3_errcode(t->db);
+	int code = rc == SQLITE_FULL ? -ULP_E_NOSPC
+	         : rc == SQLITE_BUSY || rc == SQLITE_LOCKED ? -ULP_E_BUSY
+	         : rc == SQLITE_CORRUPT || rc == SQLITE_NOTADB ? -ULP_E_CORRUPT
+	         : rc == SQLITE_READONLY ? -ULP_E_INVAL
+	         : rc == SQLITE_NOMEM ? -ULP_E_NOMEM : -ULP_E_IO;
+	return ulp_arch_err(a, code, "%s/ulpack.db: %s: %s", a->dir, what, sqlite3_errmsg(t->db));
+}
+
+int ulp_db_exec(ulp_archive *a, const char *sql)
+{
+	sqlite3 *db = ulp_db(a);
+	if (!db)
+		return ulp_db_err(a, sql);
+	if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK)
+		return ulp_db_err(a, sql);
+	return 0;
+}
+
+int ulp_db_begin(ulp_archive *a)
+{
+	return ulp_db_exec(a, "BEGIN IMMEDIATE");
+}
+
+int ulp_db_commit(ulp_archive *a)
+{
+	return ulp_db_exec(a, "COMMIT");
+}
+
+void ulp_db_rollback(ulp_archive *a)
+{
+	sqlite3 *db = ulp_db(a);
+	if (db && !sqlite3_get_autocommit(db))
+		sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+}
+
+int ulp_db_stmt(ulp_archive *a, const char *sql, sqlite3_stmt **out)
+{
+	*out = NULL;
+	sqlite3 *db = ulp_db(a);
+	if (!db)
+		return ulp_db_err(a, "open");
+	ulp_tstate *t = pthread_getspecific(a->tls);
+	for (int i = 0; i < t->n_stmts; i++)
+		if (t->stmts[i].sql == sql) {
+			sqlite3_reset(t->stmts[i].st);
+			sqlite3_clear_bindings(t->stmts[i].st);
+			*out = t->stmts[i].st;
+			return 0;
+		}
+	sqlite3_stmt *st;
+	if (sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "prepare");
+	if (t->n_stmts < N_STMTS) {
+		t->stmts[t->n_stmts].sql = sql;
+		t->stmts[t->n_stmts++].st = st;
+	}
+	*out = st;
+	return 0;
+}
+
+int ulp_db_create(const char *path, ulp_err *err)
+{
+	sqlite3 *db;
+	/* created 0600 here, not by SQLite (0644 less the umask): the index, and
+	 * its -wal and -shm, which SQLite gives the database's mode (archive.c) */
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return ULP_ERR(err, errno == EEXIST ? -ULP_E_EXIST : errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO,
+		               "%s: cannot create the index: %s", path, strerror(errno));
+	close(fd);
+	int rc = sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL);
+	if (rc != SQLITE_OK) {
+		ULP_ERR(err, -ULP_E_IO, "%s: %s", path, db ? sqlite3_errmsg(db) : "cannot create");
+		sqlite3_close(db);
+		return -ULP_E_IO;
+	}
+	char *msg = NULL;
+	rc = sqlite3_exec(db, schema, NULL, NULL, &msg);
+	int code = 0;
+	if (rc != SQLITE_OK) {
+		code = rc == SQLITE_FULL ? -ULP_E_NOSPC : -ULP_E_IO;
+		ULP_ERR(err, code, "%s: creating the index: %s", path, msg ? msg : "?");
+	}
+	sqlite3_free(msg);
+	sqlite3_close(db);
+	return code;
+}
+
+/* Version 1 -> 2: adds entries.header_sha and fills it from the stored
+ * headers. A header that was already damaged before the upgrade is not
+ * caught by its checksum; verify still catches it (the file's sha256). */
+static int upgrade_v1(ulp_archive *a)
+{
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *sel = NULL, *up = NULL;
+	int code = 0;
+	if (sqlite3_exec(db, "ALTER TABLE entries ADD COLUMN header_sha BLOB", NULL, NULL, NULL) != SQLITE_OK ||
+	    sqlite3_prepare_v2(db, "SELECT id, header FROM entries WHERE header IS NOT NULL", -1, &sel, NULL) !=
+	        SQLITE_OK ||
+	    sqlite3_prepare_v2(db, "UPDATE entries SET header_sha = ? WHERE id = ?", -1, &up, NULL) != SQLITE_OK)
+		code = ulp_db_err(a, "upgrading the index to schema version 2");
+	int r = SQLITE_DONE;
+	while (code == 0 && (r = sqlite3_step(sel)) == SQLITE_ROW) {
+		uint8_t sha[ULP_SHA256_LEN];
+		ulp_sha256(sqlite3_column_blob(sel, 1), (size_t)sqlite3_column_bytes(sel, 1), sha);
+		sqlite3_bind_blob(up, 1, sha, ULP_SHA256_LEN, SQLITE_TRANSIENT);
+		sqlite3_bind_int64(up, 2, sqlite3_column_int64(sel, 0));
+		if (sqlite3_step(up) != SQLITE_DONE)
+			code = ulp_db_err(a, "upgrading the index to schema version 2");
+		sqlite3_reset(up);
+	}
+	if (code == 0 && r != SQLITE_DONE)
+		code = ulp_db_err(a, "upgrading the index to schema version 2");
+	sqlite3_finalize(sel);
+	sqlite3_finalize(up);
+	return code;
+}
+
+/* Version 2 -> 3: adds the re-basing queue, its triggers and blobs_ref.
+ * Files archived before are not queued: they were coded as before. */
+static int upgrade_v2(ulp_archive *a)
+{
+	if (sqlite3_exec(ulp_db(a), REBASE_SCHEMA, NULL, NULL, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "upgrading the index to schema version 3");
+	return 0;
+}
+
+/* Version 3 -> 4: adds entries.mtime_sec and mtime_nsec (the time, exact
+ * over the int64 seconds) and fills them from mtime_ns, floored so that
+ * mtime_nsec is in [0, 1e9) before 1970 too; mtime_ns stays (index.c invariant 6). */
+static int upgrade_v3(ulp_archive *a)
+{
+	if (ulp_db_exec(a, "ALTER TABLE entries ADD COLUMN mtime_sec INTEGER") < 0 ||
+	    ulp_db_exec(a, "ALTER TABLE entries ADD COLUMN mtime_nsec INTEGER") < 0 ||
+	    ulp_db_exec(a, "UPDATE entries SET mtime_sec = mtime_ns / 1000000000 - (mtime_ns % 1000000000 < 0),"
+	                   " mtime_nsec = (mtime_ns % 1000000000 + 1000000000) % 1000000000") < 0)
+		return ulp_db_err(a, "upgrading the index to schema version 4");
+	return 0;
+}
+
+/* Upgrades the index to ULP_SCHEMA_VERSION, one version after the other, in
+ * one transaction (another process may have upgraded the index meanwhile:
+ * the version is read again under the write lock). */
+static int upgrade(ulp_archive *a, ulp_err *err)
+{
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *sel = NULL;
+	int code = ulp_db_begin(a), v = 0;
+	if (code == 0 && sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'schema_version'", -1, &sel,
+	                                    NULL) == SQLITE_OK && sqlite3_step(sel) == SQLITE_ROW)
+		v = sqlite3_column_int(sel, 0);
+	sqlite3_finalize(sel);
+	if (code == 0 && v < 1)
+		code = ulp_arch_err(a, -ULP_E_CORRUPT, "%s/ulpack.db: no schema version", a->dir);
+	if (code == 0 && v == 1)
+		code = upgrade_v1(a);
+	if (code == 0 && v <= 2)
+		code = upgrade_v2(a);
+	if (code == 0 && v <= 3)
+		code = upgrade_v3(a);
+	if (code == 0 && v < ULP_SCHEMA_VERSION)
+		code = ulp_db_exec(a, "UPDATE meta SET value = '4' WHERE key = 'schema_version'");
+	if (code == 0)
+		code = ulp_db_commit(a);
+	if (code < 0) {
+		ulp_db_rollback(a);
+		return ULP_ERR(err, code, "%s", ulp_archive_errmsg(a));
+	}
+	a->schema = ULP_SCHEMA_VERSION;
+	return 0;
+}
+
+/* Closes the calling thread's connection and its statements. */
+static void drop_conn(ulp_archive *a)
+{
+	ulp_tstate *t = pthread_getspecific(a->tls);
+	if (!t)
+		return;
+	for (int i = 0; i < t->n_stmts; i++)
+		sqlite3_finalize(t->stmts[i].st);
+	t->n_stmts = 0;
+	sqlite3_close(t->db);
+	t->db = NULL;
+}
+
+/* A file: URI of path (percent-encoded) with query q; NULL: no memory. */
+static char *file_uri(const char *path, const char *q)
+{
+	size_t n = strlen(path);
+	char *u = malloc(n * 3 + strlen(q) + 8), *p = u;
+	if (!u)
+		return NULL;
+	p += sprintf(p, "file:");
+	for (const unsigned char *c = (const unsigned char *)path; *c; c++)
+		if ((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || strchr("/-._~", *c))
+			*p++ = (char)*c;
+		else
+			p += sprintf(p, "%%%02X", *c);
+	sprintf(p, "?%s", q);
+	return u;
+}
+
+/* Copies src into the new file dst (0600). */
+static int copy_file(const char *src, const char *dst, ulp_err *err)
+{
+	int in = open(src, O_RDONLY | O_CLOEXEC), out = -1, rc = 0;
+	if (in < 0)
+		return ULP_ERR(err, -ULP_E_IO, "%s: %s", src, strerror(errno));
+	out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (out < 0)
+		rc = ULP_ERR(err, errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", dst, strerror(errno));
+	char buf[1 << 16];
+	for (ssize_t n; rc == 0 && (n = read(in, buf, sizeof(buf))) != 0;) {
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			rc = ULP_ERR(err, -ULP_E_IO, "%s: %s", src, strerror(errno));
+		else if (write(out, buf, (size_t)n) != n) /* a regular file: short only when full */
+			rc = ULP_ERR(err, -ULP_E_NOSPC, "%s: %s", dst, strerror(errno ? errno : ENOSPC));
+	}
+	close(in);
+	if (out >= 0)
+		close(out);
+	return rc;
+}
+
+void ulp_db_free_copy(ulp_archive *a)
+{
+	if (a->db_copy) {
+		char p[4300];
+		for (int i = 0; i < 3; i++) {
+			snprintf(p, sizeof(p), "%s/ulpack.db%s", a->db_copy, i == 0 ? "" : i == 1 ? "-wal" : "-shm");
+			unlink(p);
+		}
+		rmdir(a->db_copy);
+	}
+	free(a->db_copy);
+	free(a->db_uri);
+	a->db_copy = a->db_uri = NULL;
+}
+
+/*
+ * A read-only open that SQLite cannot serve in place. An index in WAL mode is
+ * read through its wal-index, ulpack.db-shm, which SQLite must create or
+ * open next to ulpack.db: on read-only media, in an archive directory the
+ * user may not write, or in a copy without the -shm, it cannot, and every
+ * read fails (SQLITE_CANTOPEN or _READONLY). Then, where no ulpack.db-wal holds
+ * frames, ulpack.db alone is the data: it is opened immutable (no locks, no
+ * -shm). Where one does, ulpack.db and its WAL are copied into a private
+ * directory under $TMPDIR and read there: a snapshot taken at open, removed
+ * at close.
+ */
+static int ro_fallback(ulp_archive *a, ulp_err *err)
+{
+	char db[4200], wal[4220], dir[4200], p[4300];
+	snprintf(db, sizeof(db), "%s/ulpack.db", a->dir);
+	snprintf(wal, sizeof(wal), "%s-wal", db);
+	struct stat sb;
+	if (stat(wal, &sb) < 0 || sb.st_size <= 32) { /* 32: a WAL header, no frame */
+		a->db_uri = file_uri(db, "immutable=1");
+		return a->db_uri ? 0 : -ULP_E_NOMEM;
+	}
+	const char *tmp = getenv("TMPDIR");
+	snprintf(dir, sizeof(dir), "%s/ulpack-ro-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	if (!mkdtemp(dir))
+		return ULP_ERR(err, -ULP_E_IO, "%s: not writable here, so its WAL is read in a copy, but %s: %s", db, dir,
+		               strerror(errno));
+	if (!(a->db_copy = strdup(dir))) {
+		rmdir(dir);
+		return -ULP_E_NOMEM;
+	}
+	snprintf(p, sizeof(p), "%s/ulpack.db", dir);
+	ULP_TRY(copy_file(db, p, err));
+	a->db_uri = file_uri(p, "mode=ro");
+	snprintf(p, sizeof(p), "%s/ulpack.db-wal", dir);
+	ULP_TRY(copy_file(wal, p, err));
+	return a->db_uri ? 0 : -ULP_E_NOMEM;
+}
+
+/* Checks that the index is an archive of a schema this build reads. */
+int ulp_db_check(ulp_archive *a, ulp_err *err)
+{
+	sqlite3 *db = ulp_db(a);
+	if (!db)
+		return ULP_ERR(err, ulp_db_err(a, "open"), "%s", ulp_archive_errmsg(a));
+	sqlite3_stmt *st;
+	static const char ver[] = "SELECT value FROM meta WHERE key = 'schema_version'";
+	int rc = sqlite3_prepare_v2(db, ver, -1, &st, NULL);
+	/* a read-only connection that fails to read: no wal-index (CANTOPEN where
+	 * there is no ulpack.db-shm, READONLY where one cannot be made) */
+	int ec = rc != SQLITE_OK ? sqlite3_errcode(db) : SQLITE_OK;
+	if ((ec == SQLITE_CANTOPEN || ec == SQLITE_READONLY) && a->read_only && !a->db_uri) {
+		drop_conn(a); /* no -shm possible: read ulpack.db another way */
+		ULP_TRY(ro_fallback(a, err));
+		if (!(db = ulp_db(a)))
+			return ULP_ERR(err, ulp_db_err(a, "open"), "%s", ulp_archive_errmsg(a));
+		rc = sqlite3_prepare_v2(db, ver, -1, &st, NULL);
+	}
+	if (rc != SQLITE_OK && sqlite3_errcode(db) == SQLITE_CANTOPEN && !a->read_only && access(a->dir, W_OK) != 0)
+		return ULP_ERR(err, -ULP_E_IO, "%s: cannot write in the archive directory: %s", a->dir,
+		               strerror(errno));
+	if (rc != SQLITE_OK)
+		return ULP_ERR(err, -ULP_E_CORRUPT, "%s/ulpack.db: not a ulpack archive index (%s)", a->dir,
+		               sqlite3_errmsg(db));
+	int code = 0;
+	if (sqlite3_step(st) != SQLITE_ROW) {
+		code = ULP_ERR(err, -ULP_E_CORRUPT, "%s/ulpack.db: no schema version", a->dir);
+	} else {
+		int v = sqlite3_column_int(st, 0);
+		if (v > ULP_SCHEMA_VERSION)
+			code = ULP_ERR(err, -ULP_E_VERSION,
+			               "%s/ulpack.db: schema version %d is newer than this build reads (%d); upgrade ulpack",
+			               a->dir, v, ULP_SCHEMA_VERSION);
+		else if (v < 1)
+			code = ULP_ERR(err, -ULP_E_CORRUPT, "%s/ulpack.db: bad schema version %d", a->dir, v);
+		a->schema = v;
+	}
+	sqlite3_finalize(st);
+	if (code == 0 && a->schema < ULP_SCHEMA_VERSION && !a->read_only)
+		code = upgrade(a, err);
+	if (code == 0 && a->max_chain == 0) {
+		a->max_chain = ULP_DEFAULT_MAX_CHAIN;
+		if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'max_chain'", -1, &st, NULL) == SQLITE_OK) {
+			if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_int(st, 0) > 0 &&
+			    sqlite3_column_int(st, 0) <= ULP_MAX_CHAIN) /* a damaged value lifts no limit */
+				a->max_chain = (unsigned)sqlite3_column_int(st, 0);
+			sqlite3_finalize(st);
+		}
+	}
+	return code;
+}
+
+int ulp_db_step_rc(ulp_archive *a, sqlite3_stmt *st, const char *what)
+{
+	int rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	return rc == SQLITE_DONE || rc == SQLITE_ROW ? 0 : ulp_db_err(a, what);
+}
+
+void ulp_index_checkpoint(ulp_archive *a)
+{
+	sqlite3 *db = ulp_db(a);
+	if (db) /* busy (a reader holds an older snapshot) is fine: next time */
+		sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
+}
