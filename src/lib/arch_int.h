@@ -75,6 +75,7 @@ int ulp_cache_state_ok(ulp_cache *c);
 /* ---- the archive handle ------------------------------------------------- */
 
 typedef struct ulp_tstate ulp_tstate; /* per-thread: index connection, error text */
+typedef struct ulp_packstore ulp_packstore; /* pack.c: mapped packs, their lock */
 
 /* A file an import is about to put (ulp_archive_expect, layout.c). */
 typedef struct ulp_expected {
@@ -96,18 +97,12 @@ struct ulp_archive {
 	                                or 1 where ULP_TEST_BLOB_VERSION=1 makes an
 	                                archive of an older release (tests) */
 	pthread_key_t tls;
-	pthread_mutex_t mu;          /* guards tstates, packs */
+	pthread_mutex_t mu;          /* guards tstates, spare_jobs, expect, ra */
 	ulp_tstate *tstates;         /* every thread's state, freed at close */
 	ulp_cache *cache;
 	ulp_pool *pool;
 	pthread_mutex_t write_mu;    /* one writer at a time in this process */
-	struct pack_map *packs;      /* mapped packs, by id */
-	size_t n_packs, cap_packs;
-	struct { uintptr_t lo, hi; } released[16]; /* guarded by mu: pages of packs that
-	                                readers are done with, given back in batches
-	                                (ulp_pack_release) */
-	size_t n_released;
-	uint64_t released_bytes;
+	ulp_packstore *ps;           /* the pack store (pack.c), with its own lock */
 	struct job *spare_jobs;      /* guarded by mu: the ingest's job set with its
 	                                buffers, kept between files (ingest.c) */
 	struct readahead *ra;        /* sequential read-ahead (read.c), or NULL */
@@ -437,6 +432,9 @@ void ulp_pack_free(ulp_pack_writer *w);
  * ulp_archive_trim may run (gc's own reads, in a process that does not trim). */
 int ulp_pack_blob(ulp_archive *a, int64_t pack, uint64_t offset, uint64_t len, const uint8_t **p);
 void ulp_pack_unmap_all(ulp_archive *a);
+/* The pack store's handle, a->ps: made at open, unmapped and freed at close. */
+int ulp_packstore_open(ulp_archive *a);
+void ulp_packstore_close(ulp_archive *a);
 /* Drops this process's hold on the pages of a mapped range it has used
  * (batched: the pages go back once some megabytes are pending). */
 void ulp_pack_release(ulp_archive *a, const void *p, size_t len);

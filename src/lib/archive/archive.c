@@ -135,7 +135,9 @@ int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive 
 		free(a);
 		return rc;
 	}
-	rc = ulp_cache_new(o->cache_size ? o->cache_size : ulp_default_cache_size(), &a->cache);
+	rc = ulp_packstore_open(a);
+	if (rc == 0)
+		rc = ulp_cache_new(o->cache_size ? o->cache_size : ulp_default_cache_size(), &a->cache);
 	if (rc == 0)
 		rc = ulp_pool_new(o->threads, &a->pool);
 	if (rc == 0)
@@ -165,7 +167,7 @@ void ulp_archive_close(ulp_archive *a)
 	ulp_pool_free(a->pool);
 	ulp_ingest_free_spare(a);
 	ulp_layout_forget_expected(a);
-	ulp_pack_unmap_all(a);
+	ulp_packstore_close(a);
 	pthread_key_delete(a->tls); /* no destructor runs after this */
 	ulp_tstate_free_all(a);
 	ulp_db_free_copy(a); /* after the connections that read it */

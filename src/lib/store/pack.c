@@ -65,6 +65,42 @@ struct pack_map {
 	char name[128];        /* file name under packs/ */
 };
 
+/*
+ * The pack store's handle (a->ps): the mapping table and the pages given
+ * back in batches. Its mutex is a leaf lock: no other lock is taken while it
+ * is held (no index call, no ulp_arch_err, no cache call under it).
+ */
+struct ulp_packstore {
+	pthread_mutex_t mu;
+	struct pack_map *packs;      /* guarded by mu: mapped packs, by slot (invariant 4) */
+	size_t n_packs, cap_packs;   /* guarded by mu */
+	struct { uintptr_t lo, hi; } released[16]; /* guarded by mu: pages of packs that
+	                                readers are done with, given back in batches
+	                                (ulp_pack_release) */
+	size_t n_released;           /* guarded by mu */
+	uint64_t released_bytes;     /* guarded by mu */
+};
+
+int ulp_packstore_open(ulp_archive *a)
+{
+	ulp_packstore *ps = calloc(1, sizeof(*ps));
+	if (!ps)
+		return -ULP_E_NOMEM;
+	pthread_mutex_init(&ps->mu, NULL);
+	a->ps = ps;
+	return 0;
+}
+
+void ulp_packstore_close(ulp_archive *a)
+{
+	if (!a->ps)
+		return;
+	ulp_pack_unmap_all(a);
+	pthread_mutex_destroy(&a->ps->mu);
+	free(a->ps);
+	a->ps = NULL;
+}
+
 static int io_err(ulp_archive *a, const char *path, const char *what)
 {
 	int e = errno;
@@ -329,49 +365,51 @@ static int map_pack(ulp_archive *a, int64_t id, struct pack_map *out)
 /* The slot of pack id, mapped if needed; optionally pinned. */
 static int find_slot(ulp_archive *a, int64_t pack, int pin, size_t *slot)
 {
-	pthread_mutex_lock(&a->mu);
-	for (size_t i = 0; i < a->n_packs; i++)
-		if (a->packs[i].id == pack && a->packs[i].base) {
-			a->packs[i].users += pin;
+	ulp_packstore *ps = a->ps;
+	pthread_mutex_lock(&ps->mu);
+	for (size_t i = 0; i < ps->n_packs; i++)
+		if (ps->packs[i].id == pack && ps->packs[i].base) {
+			ps->packs[i].users += pin;
 			*slot = i;
-			pthread_mutex_unlock(&a->mu);
+			pthread_mutex_unlock(&ps->mu);
 			return 0;
 		}
-	pthread_mutex_unlock(&a->mu);
+	pthread_mutex_unlock(&ps->mu);
 	struct pack_map pm;
 	ULP_TRY(map_pack(a, pack, &pm));
-	pthread_mutex_lock(&a->mu);
-	for (size_t i = 0; i < a->n_packs; i++)
-		if (a->packs[i].id == pack && a->packs[i].base) { /* another thread won the race */
+	pthread_mutex_lock(&ps->mu);
+	for (size_t i = 0; i < ps->n_packs; i++)
+		if (ps->packs[i].id == pack && ps->packs[i].base) { /* another thread won the race */
 			munmap((void *)pm.base, (size_t)pm.size);
-			a->packs[i].users += pin;
+			ps->packs[i].users += pin;
 			*slot = i;
-			pthread_mutex_unlock(&a->mu);
+			pthread_mutex_unlock(&ps->mu);
 			return 0;
 		}
-	if (a->n_packs == a->cap_packs) {
-		size_t nc = a->cap_packs ? a->cap_packs * 2 : 64;
-		struct pack_map *np = realloc(a->packs, nc * sizeof(*np));
+	if (ps->n_packs == ps->cap_packs) {
+		size_t nc = ps->cap_packs ? ps->cap_packs * 2 : 64;
+		struct pack_map *np = realloc(ps->packs, nc * sizeof(*np));
 		if (!np) {
-			pthread_mutex_unlock(&a->mu);
+			pthread_mutex_unlock(&ps->mu);
 			munmap((void *)pm.base, (size_t)pm.size);
 			return -ULP_E_NOMEM;
 		}
-		a->packs = np;
-		a->cap_packs = nc;
+		ps->packs = np;
+		ps->cap_packs = nc;
 	}
 	pm.users = (unsigned)pin;
-	*slot = a->n_packs;
-	a->packs[a->n_packs++] = pm;
-	pthread_mutex_unlock(&a->mu);
+	*slot = ps->n_packs;
+	ps->packs[ps->n_packs++] = pm;
+	pthread_mutex_unlock(&ps->mu);
 	return 0;
 }
 
 static int slot_blob(ulp_archive *a, size_t slot, uint64_t offset, uint64_t len, const uint8_t **p)
 {
-	pthread_mutex_lock(&a->mu);
-	struct pack_map pm = a->packs[slot];
-	pthread_mutex_unlock(&a->mu);
+	ulp_packstore *ps = a->ps;
+	pthread_mutex_lock(&ps->mu);
+	struct pack_map pm = ps->packs[slot];
+	pthread_mutex_unlock(&ps->mu);
 	if (!pm.base)
 		return ulp_arch_err(a, -ULP_E_IO, "%s/packs/%s: no longer mapped", a->dir, pm.name);
 	if (offset > pm.size || len > pm.size - offset)
@@ -397,11 +435,12 @@ int ulp_pack_pin(ulp_archive *a, int64_t pack, size_t *slot)
 
 int ulp_pack_pin_slot(ulp_archive *a, size_t slot)
 {
-	pthread_mutex_lock(&a->mu);
-	int ok = slot < a->n_packs && a->packs[slot].base;
+	ulp_packstore *ps = a->ps;
+	pthread_mutex_lock(&ps->mu);
+	int ok = slot < ps->n_packs && ps->packs[slot].base;
 	if (ok)
-		a->packs[slot].users++;
-	pthread_mutex_unlock(&a->mu);
+		ps->packs[slot].users++;
+	pthread_mutex_unlock(&ps->mu);
 	return ok ? 0 : ulp_arch_err(a, -ULP_E_IO, "%s/packs: pack slot %zu is not mapped", a->dir, slot);
 }
 
@@ -412,17 +451,19 @@ int ulp_pack_slot_blob(ulp_archive *a, size_t slot, uint64_t offset, uint64_t le
 
 void ulp_pack_unpin(ulp_archive *a, size_t slot)
 {
-	pthread_mutex_lock(&a->mu);
-	if (slot < a->n_packs && a->packs[slot].users)
-		a->packs[slot].users--;
-	pthread_mutex_unlock(&a->mu);
+	ulp_packstore *ps = a->ps;
+	pthread_mutex_lock(&ps->mu);
+	if (slot < ps->n_packs && ps->packs[slot].users)
+		ps->packs[slot].users--;
+	pthread_mutex_unlock(&ps->mu);
 }
 
 int ulp_pack_slot_gone(ulp_archive *a, size_t slot)
 {
-	pthread_mutex_lock(&a->mu);
-	int g = slot < a->n_packs && a->packs[slot].gone;
-	pthread_mutex_unlock(&a->mu);
+	ulp_packstore *ps = a->ps;
+	pthread_mutex_lock(&ps->mu);
+	int g = slot < ps->n_packs && ps->packs[slot].gone;
+	pthread_mutex_unlock(&ps->mu);
 	return g;
 }
 
@@ -433,65 +474,68 @@ int ulp_pack_slot_gone(ulp_archive *a, size_t slot)
  * ulp_pack_unmap_gone, which gives them back first. */
 #define RELEASE_BATCH ((uint64_t)4 << 20)
 
-static void release_flush(ulp_archive *a) /* a->mu held */
+static void release_flush(ulp_packstore *ps) /* ps->mu held */
 {
-	for (size_t i = 0; i < a->n_released; i++)
-		madvise((void *)a->released[i].lo, a->released[i].hi - a->released[i].lo, MADV_DONTNEED);
-	a->n_released = 0;
-	a->released_bytes = 0;
+	for (size_t i = 0; i < ps->n_released; i++)
+		madvise((void *)ps->released[i].lo, ps->released[i].hi - ps->released[i].lo, MADV_DONTNEED);
+	ps->n_released = 0;
+	ps->released_bytes = 0;
 }
 
 void ulp_pack_release(ulp_archive *a, const void *p, size_t len)
 {
+	ulp_packstore *ps = a->ps;
 	/* the pages stay in the page cache; this process just stops holding them,
 	 * so its memory stays near the decode cache's size */
-	const size_t n_max = sizeof(a->released) / sizeof(a->released[0]);
+	const size_t n_max = sizeof(ps->released) / sizeof(ps->released[0]);
 	uintptr_t page = 4096, lo = (uintptr_t)p & ~(page - 1);
 	uintptr_t hi = ((uintptr_t)p + len + page - 1) & ~(page - 1);
 	if (!len || hi <= lo)
 		return;
-	pthread_mutex_lock(&a->mu);
+	pthread_mutex_lock(&ps->mu);
 	size_t i = 0;
-	while (i < a->n_released && (lo > a->released[i].hi || hi < a->released[i].lo))
+	while (i < ps->n_released && (lo > ps->released[i].hi || hi < ps->released[i].lo))
 		i++; /* a range that overlaps or touches this one, if any, grows */
-	if (i == a->n_released) {
+	if (i == ps->n_released) {
 		if (i == n_max) {
-			release_flush(a);
+			release_flush(ps);
 			i = 0;
 		}
-		a->released[i].lo = lo;
-		a->released[i].hi = hi;
-		a->n_released++;
+		ps->released[i].lo = lo;
+		ps->released[i].hi = hi;
+		ps->n_released++;
 	} else {
-		a->released[i].lo = lo < a->released[i].lo ? lo : a->released[i].lo;
-		a->released[i].hi = hi > a->released[i].hi ? hi : a->released[i].hi;
+		ps->released[i].lo = lo < ps->released[i].lo ? lo : ps->released[i].lo;
+		ps->released[i].hi = hi > ps->released[i].hi ? hi : ps->released[i].hi;
 	}
-	a->released_bytes += hi - lo;
-	if (a->released_bytes >= RELEASE_BATCH)
-		release_flush(a);
-	pthread_mutex_unlock(&a->mu);
+	ps->released_bytes += hi - lo;
+	if (ps->released_bytes >= RELEASE_BATCH)
+		release_flush(ps);
+	pthread_mutex_unlock(&ps->mu);
 }
 
 void ulp_pack_forget(ulp_archive *a, int64_t pack)
 {
+	ulp_packstore *ps = a->ps;
 	/* the mapping stays valid (invariant 2); only the lookup entry goes, so
 	 * that a rewritten pack id is mapped afresh */
-	pthread_mutex_lock(&a->mu);
-	for (size_t i = 0; i < a->n_packs; i++)
-		if (a->packs[i].id == pack) {
-			a->packs[i].id = -1;
+	pthread_mutex_lock(&ps->mu);
+	for (size_t i = 0; i < ps->n_packs; i++)
+		if (ps->packs[i].id == pack) {
+			ps->packs[i].id = -1;
 			break;
 		}
-	pthread_mutex_unlock(&a->mu);
+	pthread_mutex_unlock(&ps->mu);
 }
 
 unsigned ulp_pack_mark_gone(ulp_archive *a)
 {
+	ulp_packstore *ps = a->ps;
 	unsigned n = 0;
 	char path[4300];
-	pthread_mutex_lock(&a->mu);
-	for (size_t i = 0; i < a->n_packs; i++) {
-		struct pack_map *pm = &a->packs[i];
+	pthread_mutex_lock(&ps->mu);
+	for (size_t i = 0; i < ps->n_packs; i++) {
+		struct pack_map *pm = &ps->packs[i];
 		if (!pm->base)
 			continue;
 		if (pm->gone) { /* still mapped: a user pinned it at the last trim */
@@ -506,46 +550,49 @@ unsigned ulp_pack_mark_gone(ulp_archive *a)
 		}
 		n += pm->gone;
 	}
-	pthread_mutex_unlock(&a->mu);
+	pthread_mutex_unlock(&ps->mu);
 	return n;
 }
 
 unsigned ulp_pack_unmap_gone(ulp_archive *a)
 {
+	ulp_packstore *ps = a->ps;
 	unsigned n = 0;
-	pthread_mutex_lock(&a->mu);
-	for (size_t i = 0; i < a->n_packs; i++) {
-		struct pack_map *pm = &a->packs[i];
+	pthread_mutex_lock(&ps->mu);
+	for (size_t i = 0; i < ps->n_packs; i++) {
+		struct pack_map *pm = &ps->packs[i];
 		if (!pm->base || !pm->gone || pm->users)
 			continue;
-		if (a->n_released)
-			release_flush(a); /* no pending range may outlive its mapping */
+		if (ps->n_released)
+			release_flush(ps); /* no pending range may outlive its mapping */
 		munmap((void *)pm->base, (size_t)pm->size);
 		pm->base = NULL;
 		n++;
 	}
-	pthread_mutex_unlock(&a->mu);
+	pthread_mutex_unlock(&ps->mu);
 	return n;
 }
 
 size_t ulp_pack_mapped(ulp_archive *a)
 {
+	ulp_packstore *ps = a->ps;
 	size_t n = 0;
-	pthread_mutex_lock(&a->mu);
-	for (size_t i = 0; i < a->n_packs; i++)
-		n += a->packs[i].base != NULL;
-	pthread_mutex_unlock(&a->mu);
+	pthread_mutex_lock(&ps->mu);
+	for (size_t i = 0; i < ps->n_packs; i++)
+		n += ps->packs[i].base != NULL;
+	pthread_mutex_unlock(&ps->mu);
 	return n;
 }
 
 void ulp_pack_unmap_all(ulp_archive *a)
 {
-	for (size_t i = 0; i < a->n_packs; i++)
-		if (a->packs[i].base)
-			munmap((void *)a->packs[i].base, (size_t)a->packs[i].size);
-	free(a->packs);
-	a->packs = NULL;
-	a->n_packs = a->cap_packs = 0;
-	a->n_released = 0; /* unmapped with their packs */
-	a->released_bytes = 0;
+	ulp_packstore *ps = a->ps;
+	for (size_t i = 0; i < ps->n_packs; i++)
+		if (ps->packs[i].base)
+			munmap((void *)ps->packs[i].base, (size_t)ps->packs[i].size);
+	free(ps->packs);
+	ps->packs = NULL;
+	ps->n_packs = ps->cap_packs = 0;
+	ps->n_released = 0; /* unmapped with their packs */
+	ps->released_bytes = 0;
 }
