@@ -76,6 +76,7 @@ int ulp_cache_state_ok(ulp_cache *c);
 
 typedef struct ulp_tstate ulp_tstate; /* per-thread: index connection, error text */
 typedef struct ulp_packstore ulp_packstore; /* pack.c: mapped packs, their lock */
+typedef struct ulp_dbh ulp_dbh;  /* db.c: the thread states' key and list, their lock */
 
 /* A file an import is about to put (ulp_archive_expect, layout.c). */
 typedef struct ulp_expected {
@@ -96,9 +97,9 @@ struct ulp_archive {
 	unsigned blob_version;       /* format of the blobs it writes: ULP_BLOB_VERSION,
 	                                or 1 where ULP_TEST_BLOB_VERSION=1 makes an
 	                                archive of an older release (tests) */
-	pthread_key_t tls;
-	pthread_mutex_t mu;          /* guards tstates, spare_jobs, expect, ra */
-	ulp_tstate *tstates;         /* every thread's state, freed at close */
+	ulp_dbh *dbh;                /* the index's per-thread connections (db.c), with
+	                                their own lock */
+	pthread_mutex_t mu;          /* guards spare_jobs, expect, ra */
 	ulp_cache *cache;
 	ulp_pool *pool;
 	pthread_mutex_t write_mu;    /* one writer at a time in this process */
@@ -164,6 +165,10 @@ void ulp_index_bind_time(sqlite3_stmt *st, int ns, int sec, ulp_time t);
  * characters, so a substr() of a byte count never matched (issue 11, 2). */
 #define ULP_BELOW(col, arg) "(" col " >= " arg " || '/' AND " col " < " arg " || '0')"
 void ulp_tstate_free_all(ulp_archive *a);
+/* The database handle, a->dbh: made first at open (ulp_arch_err needs it),
+ * freed at close with every thread's connection. */
+int ulp_dbh_open(ulp_archive *a);
+void ulp_dbh_close(ulp_archive *a);
 void ulp_ingest_free_spare(ulp_archive *a); /* ingest.c */
 /* Streamed tensors (ingest.c, also used by recode.c): the size above which a
  * tensor is coded a window at a time (ULP_STREAM_MIN, default 64 MiB); an

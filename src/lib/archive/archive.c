@@ -130,7 +130,7 @@ int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive 
 	pthread_mutex_init(&a->mu, NULL);
 	pthread_mutex_init(&a->write_mu, NULL);
 	int rc = -ULP_E_NOMEM;
-	if (!a->dir || pthread_key_create(&a->tls, ulp_tstate_exit) != 0) {
+	if (!a->dir || ulp_dbh_open(a) != 0) {
 		free(a->dir);
 		free(a);
 		return rc;
@@ -168,8 +168,7 @@ void ulp_archive_close(ulp_archive *a)
 	ulp_ingest_free_spare(a);
 	ulp_layout_forget_expected(a);
 	ulp_packstore_close(a);
-	pthread_key_delete(a->tls); /* no destructor runs after this */
-	ulp_tstate_free_all(a);
+	ulp_dbh_close(a); /* every thread's connection */
 	ulp_db_free_copy(a); /* after the connections that read it */
 	pthread_mutex_destroy(&a->mu);
 	pthread_mutex_destroy(&a->write_mu);

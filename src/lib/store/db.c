@@ -60,8 +60,46 @@ struct ulp_tstate {
 		sqlite3_stmt *st;
 	} stmts[N_STMTS];
 	int n_stmts;
-	ulp_tstate *next;
+	ulp_tstate *next;    /* guarded by dbh->mu */
 };
+
+/*
+ * The database handle (a->dbh): the key of each thread's state and the list
+ * of them all, so that close frees the connections of threads still alive.
+ * A thread's own state is its alone (reached through the key); the list is
+ * guarded by mu, a leaf lock: nothing else is taken while it is held.
+ */
+struct ulp_dbh {
+	pthread_key_t tls;           /* set at open, read-only after: each thread's ulp_tstate */
+	pthread_mutex_t mu;
+	ulp_tstate *tstates;         /* guarded by mu: every thread's state, freed at close */
+};
+
+int ulp_dbh_open(ulp_archive *a)
+{
+	ulp_dbh *h = calloc(1, sizeof(*h));
+	if (!h)
+		return -ULP_E_NOMEM;
+	if (pthread_key_create(&h->tls, ulp_tstate_exit) != 0) {
+		free(h);
+		return -ULP_E_NOMEM;
+	}
+	pthread_mutex_init(&h->mu, NULL);
+	a->dbh = h;
+	return 0;
+}
+
+void ulp_dbh_close(ulp_archive *a)
+{
+	ulp_dbh *h = a->dbh;
+	if (!h)
+		return;
+	pthread_key_delete(h->tls); /* no destructor runs after this */
+	ulp_tstate_free_all(a);
+	pthread_mutex_destroy(&h->mu);
+	free(h);
+	a->dbh = NULL;
+}
 
 /* Version 3: what recode.c needs (the queue of pending re-basing work, kept
  * in the same transactions as the puts and renames that make it, so a crash
@@ -113,17 +151,17 @@ static const char *const schema =
 static ulp_tstate *tstate(const ulp_archive *ca)
 {
 	ulp_archive *a = (ulp_archive *)ca;
-	ulp_tstate *t = pthread_getspecific(a->tls);
+	ulp_tstate *t = pthread_getspecific(a->dbh->tls);
 	if (!t) {
 		t = calloc(1, sizeof(*t));
 		if (!t)
 			return NULL;
 		t->a = a;
-		pthread_setspecific(a->tls, t);
-		pthread_mutex_lock(&a->mu);
-		t->next = a->tstates;
-		a->tstates = t;
-		pthread_mutex_unlock(&a->mu);
+		pthread_setspecific(a->dbh->tls, t);
+		pthread_mutex_lock(&a->dbh->mu);
+		t->next = a->dbh->tstates;
+		a->dbh->tstates = t;
+		pthread_mutex_unlock(&a->dbh->mu);
 	}
 	return t;
 }
@@ -142,7 +180,7 @@ int ulp_arch_err(const ulp_archive *a, int code, const char *fmt, ...)
 
 const char *ulp_archive_errmsg(const ulp_archive *a)
 {
-	ulp_tstate *t = pthread_getspecific(a->tls);
+	ulp_tstate *t = pthread_getspecific(a->dbh->tls);
 	return t && t->err[0] ? t->err : "no error";
 }
 
@@ -210,35 +248,35 @@ void ulp_tstate_exit(void *p)
 {
 	ulp_tstate *t = p;
 	ulp_archive *a = t->a;
-	pthread_mutex_lock(&a->mu);
-	for (ulp_tstate **pp = &a->tstates; *pp; pp = &(*pp)->next)
+	pthread_mutex_lock(&a->dbh->mu);
+	for (ulp_tstate **pp = &a->dbh->tstates; *pp; pp = &(*pp)->next)
 		if (*pp == t) {
 			*pp = t->next;
 			break;
 		}
-	pthread_mutex_unlock(&a->mu);
+	pthread_mutex_unlock(&a->dbh->mu);
 	tstate_close(t);
 }
 
 size_t ulp_tstate_count(ulp_archive *a)
 {
 	size_t n = 0;
-	pthread_mutex_lock(&a->mu);
-	for (ulp_tstate *t = a->tstates; t; t = t->next)
+	pthread_mutex_lock(&a->dbh->mu);
+	for (ulp_tstate *t = a->dbh->tstates; t; t = t->next)
 		n++;
-	pthread_mutex_unlock(&a->mu);
+	pthread_mutex_unlock(&a->dbh->mu);
 	return n;
 }
 
 void ulp_tstate_free_all(ulp_archive *a)
 {
-	ulp_tstate *t = a->tstates;
+	ulp_tstate *t = a->dbh->tstates;
 	while (t) {
 		ulp_tstate *next = t->next;
 		tstate_close(t);
 		t = next;
 	}
-	a->tstates = NULL;
+	a->dbh->tstates = NULL;
 }
 
 /*
@@ -252,7 +290,7 @@ void ulp_tstate_free_all(ulp_archive *a)
  */
 int ulp_db_err(ulp_archive *a, const char *what)
 {
-	ulp_tstate *t = pthread_getspecific(a->tls);
+	ulp_tstate *t = pthread_getspecific(a->dbh->tls);
 	if (!t)
 		return -ULP_E_NOMEM;
 	if (!t->db)
@@ -300,7 +338,7 @@ int ulp_db_stmt(ulp_archive *a, const char *sql, sqlite3_stmt **out)
 	sqlite3 *db = ulp_db(a);
 	if (!db)
 		return ulp_db_err(a, "open");
-	ulp_tstate *t = pthread_getspecific(a->tls);
+	ulp_tstate *t = pthread_getspecific(a->dbh->tls);
 	for (int i = 0; i < t->n_stmts; i++)
 		if (t->stmts[i].sql == sql) {
 			sqlite3_reset(t->stmts[i].st);
@@ -434,7 +472,7 @@ static int upgrade(ulp_archive *a, ulp_err *err)
 /* Closes the calling thread's connection and its statements. */
 static void drop_conn(ulp_archive *a)
 {
-	ulp_tstate *t = pthread_getspecific(a->tls);
+	ulp_tstate *t = pthread_getspecific(a->dbh->tls);
 	if (!t)
 		return;
 	for (int i = 0; i < t->n_stmts; i++)
