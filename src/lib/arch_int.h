@@ -84,38 +84,52 @@ typedef struct ulp_expected {
 	int64_t step;
 } ulp_expected;
 
+/*
+ * Locks of an archive: write_mu (one writer) is taken first and held across
+ * a whole put, gc or re-coding commit. mu, the pack store's ps->mu and the
+ * database handle's dbh->mu are leaf locks: each is held for a few field
+ * updates only, and no other lock is taken while it is held (no index or
+ * cache call, no ulp_arch_err, which may take dbh->mu, under them).
+ */
 struct ulp_archive {
-	char *dir;
-	int read_only;
-	char *db_uri;                /* read-only, SQLite unable to read the index in
-	                                place: the URI every connection opens (db.c,
-	                                ulp_db_check), else NULL */
-	char *db_copy;               /* the private copy that URI names, removed at
-	                                close, or NULL */
-	int schema;                  /* schema version of the index (set at open) */
-	unsigned max_chain;
-	unsigned blob_version;       /* format of the blobs it writes: ULP_BLOB_VERSION,
-	                                or 1 where ULP_TEST_BLOB_VERSION=1 makes an
-	                                archive of an older release (tests) */
-	ulp_dbh *dbh;                /* the index's per-thread connections (db.c), with
-	                                their own lock */
-	pthread_mutex_t mu;          /* guards spare_jobs, expect, ra */
-	ulp_cache *cache;
-	ulp_pool *pool;
-	pthread_mutex_t write_mu;    /* one writer at a time in this process */
-	ulp_packstore *ps;           /* the pack store (pack.c), with its own lock */
+	char *dir;                   /* set at open, read-only after */
+	int read_only;               /* set at open, read-only after */
+	char *db_uri;                /* set at open, read-only after: read-only, SQLite
+	                                unable to read the index in place: the URI every
+	                                connection opens (db.c, ulp_db_check), else NULL */
+	char *db_copy;               /* set at open, read-only after: the private copy
+	                                that URI names, removed at close, or NULL */
+	int schema;                  /* set at open, read-only after: schema version of
+	                                the index (ulp_db_check, after any upgrade) */
+	unsigned max_chain;          /* set at open, read-only after */
+	unsigned blob_version;       /* set at open, read-only after: format of the blobs
+	                                it writes: ULP_BLOB_VERSION, or 1 where
+	                                ULP_TEST_BLOB_VERSION=1 makes an archive of an
+	                                older release (tests) */
+	ulp_dbh *dbh;                /* set at open, read-only after: the index's
+	                                per-thread connections (db.c), guarded by
+	                                dbh->mu */
+	pthread_mutex_t mu;          /* guards spare_jobs, ra, expect, n_expect */
+	ulp_cache *cache;            /* set at open, read-only after (its own lock) */
+	ulp_pool *pool;              /* set at open, read-only after (its own lock) */
+	pthread_mutex_t write_mu;    /* one writer at a time in this process; guards inflight */
+	ulp_packstore *ps;           /* set at open, read-only after: the pack store
+	                                (pack.c), guarded by ps->mu */
 	struct job *spare_jobs;      /* guarded by mu: the ingest's job set with its
 	                                buffers, kept between files (ingest.c) */
-	struct readahead *ra;        /* sequential read-ahead (read.c), or NULL */
+	struct readahead *ra;        /* guarded by mu: sequential read-ahead (read.c),
+	                                started on first use, or NULL; stopped at close
+	                                once no other thread uses the archive */
 	ulp_expected *expect;        /* guarded by mu: files an import will put (layout.c) */
-	size_t n_expect;
-	/* counters */
+	size_t n_expect;             /* guarded by mu */
+	/* counters, atomic */
 	uint64_t chunks_decoded, deltas_decoded, hits, misses, max_walk;
 	uint64_t put_done;           /* atomic: bytes of the file being put that are coded
 	                                (ulp_archive_put_progress) */
-	struct coded *inflight;      /* a pipelined put's file whose commit is not over
-	                                (ulp_putq, ingest.c): set by the writer between
-	                                files, read by the jobs of the next file */
+	struct coded *inflight;      /* guarded by write_mu: a pipelined put's file whose
+	                                commit is not over (ulp_putq, ingest.c): set by
+	                                the writer between files, read by the jobs of the
+	                                next file (started and joined under write_mu) */
 };
 
 /* Records the thread's error message; returns code. */

@@ -188,16 +188,18 @@ typedef struct ghost {
 	struct ghost *next;
 } ghost;
 
+/* The fields after cv are guarded by mu (invariant 5) unless their comment
+ * says otherwise. */
 struct ulp_session {
-	ulp_archive *a;
-	ulp_session_opts o;
+	ulp_archive *a;        /* set at start, read-only after */
+	ulp_session_opts o;    /* set at start, read-only after */
 	pthread_mutex_t mu;    /* invariant 5 */
 	pthread_cond_t cv;     /* the queue or a node's state changed */
-	snode *nodes;
-	ghost *ghosts;
-	snode *qhead, *qtail;
-	uint64_t queued_bytes;
-	unsigned qlen;
+	snode *nodes;          /* guarded by mu */
+	ghost *ghosts;         /* guarded by mu */
+	snode *qhead, *qtail;  /* guarded by mu */
+	uint64_t queued_bytes; /* guarded by mu */
+	unsigned qlen;         /* guarded by mu */
 	int archiving;         /* the archiver works on a node now */
 	snode *cur;            /* that node */
 	const char *cur_path;  /* the archive path the archiver writes for it (invariant 10) */
@@ -207,12 +209,15 @@ struct ulp_session {
 	int writers;           /* handles open for writing on staged files */
 	int64_t last_write_close; /* CLOCK_MONOTONIC ns of the last such handle's release */
 	int urgent;            /* callers waiting for an archiving (invariant 11) */
-	int bg_nice;           /* the archiver's niceness while writers > 0 (invariant 11) */
+	int bg_nice;           /* set at start, read-only after: the archiver's niceness
+	                          while writers > 0 (invariant 11) */
 	int nice;              /* the niceness it takes now: 0 or bg_nice (atomic) */
 	int bg_on;             /* the archiver can go back and forth (invariant 11) */
-	int defer;             /* wait for pauses even with bg_on (invariant 11) */
-	int hold;              /* ULP_SESSION_HOLD (measuring only): archive nothing until a sync, the close
-	                          or a caller that waits for an archiving (urgent) */
+	int defer;             /* set at start, read-only after: wait for pauses even
+	                          with bg_on (invariant 11) */
+	int hold;              /* set at start, read-only after: ULP_SESSION_HOLD
+	                          (measuring only): archive nothing until a sync, the
+	                          close or a caller that waits for an archiving (urgent) */
 	int syncing;           /* ulp_session_sync callers waiting */
 	int pressed;           /* writers waiting in backpressure (invariant 11) */
 	int rebase_wanted;     /* the index may have queued re-basing work (recode.c) */
@@ -226,9 +231,9 @@ struct ulp_session {
 	int64_t q_oldest;      /* CLOCK_MONOTONIC ns when the oldest queued entry was queued */
 	int expecting;         /* the archive holds the queue's files as expected (invariant 14) */
 	int err;               /* code of a failed archiving not reported yet (invariant 8) */
-	pthread_t thread;
-	int thread_on;
-	/* counters */
+	pthread_t thread;      /* set at start, joined at stop (no lock: one thread each) */
+	int thread_on;         /* set at start, read at stop */
+	/* counters, guarded by mu */
 	uint64_t archived, archived_bytes, failed;
 	uint64_t tidies, reclaimed_bytes; /* tidy passes, and the bytes they gave back */
 	uint64_t busy_ns;      /* time the archiver spent archiving */

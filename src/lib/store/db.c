@@ -50,8 +50,9 @@
 
 #define N_STMTS 64
 
+/* A thread's state: its own (reached through dbh->tls), but for next. */
 struct ulp_tstate {
-	ulp_archive *a;
+	ulp_archive *a;  /* set at creation, read-only after */
 	sqlite3 *db;
 	int open_err;    /* the ULP_E_* of the last failed open of db, or 0 */
 	char err[1024];
