@@ -454,6 +454,12 @@ void ulp_pack_unmap_all(ulp_archive *a);
 /* The pack store's handle, a->ps: made at open, unmapped and freed at close. */
 int ulp_packstore_open(ulp_archive *a);
 void ulp_packstore_close(ulp_archive *a);
+/* Pack files by name through the pack store's backend (store/backend.h):
+ * removes one (0, or a negative ULP_E_*, no message); calls cb for each
+ * whose name starts with prefix, with its size (cb may remove that one). */
+int ulp_pack_remove(ulp_archive *a, const char *name);
+int ulp_pack_list(ulp_archive *a, const char *prefix, int (*cb)(void *arg, const char *name, uint64_t size),
+                  void *arg);
 /* Drops this process's hold on the pages of a mapped range it has used
  * (batched: the pages go back once some megabytes are pending). */
 void ulp_pack_release(ulp_archive *a, const void *p, size_t len);

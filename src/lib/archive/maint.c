@@ -398,38 +398,34 @@ static int rewrite_pack(rctx *r)
 	return r->appended == r->n ? 0 : ulp_arch_err(r->a, -ULP_E_INVAL, "gc: internal: blobs left behind");
 }
 
+struct sweep {
+	ulp_archive *a;
+	uint64_t freed;
+};
+
+static int sweep_one(void *arg, const char *n, uint64_t size)
+{
+	struct sweep *sw = arg;
+	int drop = 0;
+	if (!strncmp(n, "tmp-", 4)) {
+		long pid = strtol(n + 4, NULL, 10);
+		drop = pid > 0 && kill((pid_t)pid, 0) < 0 && errno == ESRCH;
+	} else if (strlen(n) > 5 && !strcmp(n + strlen(n) - 5, ".pack")) {
+		drop = ulp_index_has_pack(sw->a, n) == 0;
+	}
+	if (drop) {
+		sw->freed += size;
+		ulp_pack_remove(sw->a, n);
+	}
+	return 0;
+}
+
 /* Removes pack files the index does not know and dead processes' temporaries. */
 static uint64_t sweep_files(ulp_archive *a)
 {
-	char dir[4200], path[4400];
-	uint64_t freed = 0;
-	snprintf(dir, sizeof(dir), "%s/packs", a->dir);
-	DIR *d = opendir(dir);
-	if (!d)
-		return 0;
-	struct dirent *de;
-	while ((de = readdir(d))) {
-		const char *n = de->d_name;
-		int drop = 0;
-		if (!strncmp(n, "tmp-", 4)) {
-			long pid = strtol(n + 4, NULL, 10);
-			drop = pid > 0 && kill((pid_t)pid, 0) < 0 && errno == ESRCH;
-		} else if (strlen(n) > 5 && !strcmp(n + strlen(n) - 5, ".pack")) {
-			drop = ulp_index_has_pack(a, n) == 0;
-		}
-		if (drop) {
-			snprintf(path, sizeof(path), "%s/%s", dir, n);
-			FILE *f = fopen(path, "rb");
-			if (f) {
-				fseek(f, 0, SEEK_END);
-				freed += (uint64_t)ftell(f);
-				fclose(f);
-			}
-			unlink(path);
-		}
-	}
-	closedir(d);
-	return freed;
+	struct sweep sw = {a, 0};
+	ulp_pack_list(a, "", sweep_one, &sw);
+	return sw.freed;
 }
 
 int ulp_reclaim_crash_at;
@@ -445,10 +441,8 @@ static void crash_point(int at)
  * was there. */
 static int unlink_pack(ulp_archive *a, const packinfo *pi)
 {
-	char path[4400];
-	snprintf(path, sizeof(path), "%s/packs/%s", a->dir, pi->name);
 	ulp_pack_forget(a, pi->id);
-	return unlink(path) == 0;
+	return ulp_pack_remove(a, pi->name) == 0;
 }
 
 static int want_rewrite(const packinfo *pi, unsigned pct)

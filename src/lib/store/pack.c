@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * pack.c - the pack store: the only module that writes or maps files under
- * ARCHIVE/packs. A pack is "ULPpack1" followed by blobs back to back; the
+ * ARCHIVE/packs, through its backend (backend.h: the local directory,
+ * backend_dir.c; a->ps holds the backend and the mapped packs). A pack is "ULPpack1" followed by blobs back to back; the
  * index knows where each blob starts. Packs are immutable and named by a
  * SHA-256 over their bytes, so they map one to one onto objects of an object
  * store: SHA-256 of the magic, then for each blob its digest (the content
@@ -27,7 +28,7 @@
  *     its pack file is gone (removed by gc, maybe in another process) and
  *     no user pins it, so that the disk space goes back.
  */
-#include "arch_int.h"
+#include "backend.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -44,8 +45,8 @@ _Static_assert(sizeof(PACK_MAGIC) - 1 == ULP_PACK_HEADER, "the header arch_int.h
 struct ulp_pack_writer {
 	ulp_archive *a;
 	int fd;
-	char tmp[4200];
-	char final[4200];
+	char tmpname[64];   /* its temporary object under packs/ */
+	char tmp[4200];     /* the same as a path (the streaming writer's file) */
 	uint64_t size;
 	int renamed;        /* the file is final, no longer tmp */
 	int replaced;       /* a file of that final name was there before the rename */
@@ -71,6 +72,8 @@ struct pack_map {
  * is held (no index call, no ulp_arch_err, no cache call under it).
  */
 struct ulp_packstore {
+	ulp_backend *be;             /* set at open, read-only after: where the packs are
+	                                (backend.h; the local directory ARCHIVE/packs) */
 	pthread_mutex_t mu;
 	struct pack_map *packs;      /* guarded by mu: mapped packs, by slot (invariant 4) */
 	size_t n_packs, cap_packs;   /* guarded by mu */
@@ -86,6 +89,13 @@ int ulp_packstore_open(ulp_archive *a)
 	ulp_packstore *ps = calloc(1, sizeof(*ps));
 	if (!ps)
 		return -ULP_E_NOMEM;
+	char root[4200];
+	snprintf(root, sizeof(root), "%s/packs", a->dir);
+	int rc = ulp_backend_dir_open(a, root, &ps->be); /* the one backend so far */
+	if (rc < 0) {
+		free(ps);
+		return rc;
+	}
 	pthread_mutex_init(&ps->mu, NULL);
 	a->ps = ps;
 	return 0;
@@ -96,6 +106,7 @@ void ulp_packstore_close(ulp_archive *a)
 	if (!a->ps)
 		return;
 	ulp_pack_unmap_all(a);
+	a->ps->be->ops->close(a->ps->be);
 	pthread_mutex_destroy(&a->ps->mu);
 	free(a->ps);
 	a->ps = NULL;
@@ -150,8 +161,12 @@ int ulp_pack_writer_new(ulp_archive *a, ulp_pack_writer **out)
 		free(w);
 		return -ULP_E_NOMEM;
 	}
-	snprintf(w->tmp, sizeof(w->tmp), "%s/packs/tmp-%ld-%u", a->dir, (long)getpid(),
+	snprintf(w->tmpname, sizeof(w->tmpname), "tmp-%ld-%u", (long)getpid(),
 	         __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
+	snprintf(w->tmp, sizeof(w->tmp), "%s/packs/%s", a->dir, w->tmpname);
+	/* not through the backend: the pack is written here a blob at a time,
+	 * from several threads (ulp_pack_write_at), and put_file makes it the
+	 * object at the commit (backend.h: the next issue extends the interface) */
 	w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600); /* private: archive.c */
 	if (w->fd < 0) {
 		int rc = io_err(a, w->tmp, "create");
@@ -239,35 +254,6 @@ uint64_t ulp_pack_size(const ulp_pack_writer *w)
 	return w->size;
 }
 
-/* Nanoseconds spent in the fsyncs below, process-wide (ulp_pack_sync_ns). */
-static uint64_t sync_ns;
-
-uint64_t ulp_pack_sync_ns(void)
-{
-	return __atomic_load_n(&sync_ns, __ATOMIC_RELAXED);
-}
-
-static int timed_fsync(int fd)
-{
-	struct timespec t0, t1;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	int rc = fsync(fd);
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	__atomic_fetch_add(&sync_ns, (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec)),
-	                   __ATOMIC_RELAXED);
-	return rc;
-}
-
-static int fsync_dir(ulp_archive *a, const char *dir)
-{
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0)
-		return io_err(a, dir, "open");
-	int rc = timed_fsync(fd) < 0 ? io_err(a, dir, "fsync") : 0;
-	close(fd);
-	return rc;
-}
-
 void ulp_pack_seal(ulp_pack_writer *w, char name[80])
 {
 	if (!w->sealed) {
@@ -277,7 +263,6 @@ void ulp_pack_seal(ulp_pack_writer *w, char name[80])
 		EVP_DigestFinal_ex(w->sha, sha, &n);
 		ulp_sha256_hex(sha, hex);
 		snprintf(w->name, sizeof(w->name), "%s.pack", hex);
-		snprintf(w->final, sizeof(w->final), "%s/packs/%s", w->a->dir, w->name);
 		w->sealed = 1;
 	}
 	memcpy(name, w->name, 80);
@@ -286,20 +271,12 @@ void ulp_pack_seal(ulp_pack_writer *w, char name[80])
 int ulp_pack_commit(ulp_pack_writer *w, char name[80])
 {
 	ulp_pack_seal(w, name);
-	if (timed_fsync(w->fd) < 0)
-		return io_err(w->a, w->tmp, "fsync");
-	if (close(w->fd) < 0) {
-		w->fd = -1;
-		return io_err(w->a, w->tmp, "close");
-	}
-	w->fd = -1;
-	w->replaced = access(w->final, F_OK) == 0;
-	if (rename(w->tmp, w->final) < 0)
-		return io_err(w->a, w->final, "rename");
-	w->renamed = 1;
-	char dir[4200];
-	snprintf(dir, sizeof(dir), "%s/packs", w->a->dir);
-	return fsync_dir(w->a, dir);
+	ulp_backend *be = w->a->ps->be;
+	unsigned done = (w->replaced ? ULP_PUT_REPLACED : 0) | (w->renamed ? ULP_PUT_RENAMED : 0);
+	int rc = be->ops->put_file(be, &w->fd, w->tmpname, w->name, &done); /* invariant 1 */
+	w->replaced = (done & ULP_PUT_REPLACED) != 0;
+	w->renamed = (done & ULP_PUT_RENAMED) != 0;
+	return rc;
 }
 
 void ulp_pack_discard(ulp_pack_writer *w)
@@ -311,7 +288,8 @@ void ulp_pack_discard(ulp_pack_writer *w)
 	w->fd = -1;
 	/* by what the writer did, not what the caller thinks: a commit that
 	 * failed after its rename (the directory's fsync) leaves the final name */
-	unlink(w->renamed ? w->final : w->tmp);
+	ulp_backend *be = w->a->ps->be;
+	be->ops->remove(be, w->renamed ? w->name : w->tmpname);
 	ulp_pack_free(w);
 }
 
@@ -321,7 +299,7 @@ void ulp_pack_free(ulp_pack_writer *w)
 		return;
 	if (w->fd >= 0) {
 		close(w->fd);
-		unlink(w->tmp);
+		w->a->ps->be->ops->remove(w->a->ps->be, w->tmpname);
 	}
 	EVP_MD_CTX_free(w->sha);
 	free(w);
@@ -334,30 +312,22 @@ static int map_pack(ulp_archive *a, int64_t id, struct pack_map *out)
 	char name[128], path[4200];
 	ULP_TRY(ulp_index_pack_name(a, id, name, sizeof(name)));
 	snprintf(path, sizeof(path), "%s/packs/%s", a->dir, name);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return ulp_arch_err(a, -ULP_E_IO, "%s: %s", path, strerror(errno));
-	struct stat sb;
-	if (fstat(fd, &sb) < 0) {
-		int rc = ulp_arch_err(a, -ULP_E_IO, "%s: %s", path, strerror(errno));
-		close(fd);
-		return rc;
-	}
-	void *m = sb.st_size ? mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0) : NULL;
-	close(fd);
-	if (sb.st_size && m == MAP_FAILED)
-		return ulp_arch_err(a, -ULP_E_IO, "%s: mmap: %s", path, strerror(errno));
-	if ((uint64_t)sb.st_size < 8 || memcmp(m, PACK_MAGIC, 8) != 0) {
-		if (sb.st_size)
-			munmap(m, (size_t)sb.st_size);
+	ulp_backend *be = a->ps->be;
+	if (!be->ops->map)
+		return ulp_arch_err(a, -ULP_E_INVAL, "%s: the %s pack store maps no pack", path, be->ops->name);
+	ulp_backend_map m;
+	ULP_TRY(be->ops->map(be, name, &m));
+	if (m.size < 8 || memcmp(m.base, PACK_MAGIC, 8) != 0) {
+		if (m.size)
+			munmap((void *)m.base, (size_t)m.size);
 		return ulp_arch_err(a, -ULP_E_CORRUPT, "%s: not a pack file", path);
 	}
 	memset(out, 0, sizeof(*out));
 	out->id = id;
-	out->base = m;
-	out->size = (uint64_t)sb.st_size;
-	out->dev = sb.st_dev;
-	out->ino = sb.st_ino;
+	out->base = m.base;
+	out->size = m.size;
+	out->dev = m.dev;
+	out->ino = m.ino;
 	snprintf(out->name, sizeof(out->name), "%s", name);
 	return 0;
 }
@@ -542,6 +512,9 @@ unsigned ulp_pack_mark_gone(ulp_archive *a)
 			n++;
 			continue;
 		}
+		/* not through the backend: the file's identity, to tell a removed
+		 * or replaced pack from its mapping (the next issue extends the
+		 * interface) */
 		struct stat sb;
 		snprintf(path, sizeof(path), "%s/packs/%s", a->dir, pm->name);
 		if (stat(path, &sb) < 0 ? errno == ENOENT : sb.st_ino != pm->ino || sb.st_dev != pm->dev) {
@@ -595,4 +568,15 @@ void ulp_pack_unmap_all(ulp_archive *a)
 	ps->n_packs = ps->cap_packs = 0;
 	ps->n_released = 0; /* unmapped with their packs */
 	ps->released_bytes = 0;
+}
+
+int ulp_pack_remove(ulp_archive *a, const char *name)
+{
+	return a->ps->be->ops->remove(a->ps->be, name);
+}
+
+int ulp_pack_list(ulp_archive *a, const char *prefix, int (*cb)(void *arg, const char *name, uint64_t size),
+                  void *arg)
+{
+	return a->ps->be->ops->list(a->ps->be, prefix, cb, arg);
 }
