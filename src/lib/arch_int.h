@@ -7,6 +7,19 @@
  * files). archive/: cache.c (the decode cache),
  * read.c (files as byte ranges over chunks), ingest.c (archiving a file),
  * maint.c (verify, remove, gc, report), and the others of that folder.
+ *
+ * The archive handle's parts, each with its own lock (struct ulp_archive
+ * below says which lock guards each field, and the order of the locks):
+ *  - the pack store, a->ps (struct ulp_packstore, private to pack.c): the
+ *    table of mapped packs and the pages given back in batches, guarded by
+ *    ps->mu; its backend (store/backend.h, private to pack.c and its
+ *    backends: put, read a range, map, list, remove, publish), chosen at
+ *    open: the local directory ARCHIVE/packs (backend_dir.c);
+ *  - the db handle, a->dbh (struct ulp_dbh, private to db.c): the key of
+ *    each thread's index connection and error text, and the list of them
+ *    that close frees, guarded by dbh->mu;
+ *  - a->mu: the ingest's spare jobs, the read-ahead, the expected files;
+ *    a->write_mu: one writer at a time, and the pipelined put's inflight.
  */
 #ifndef ULP_ARCH_INT_H
 #define ULP_ARCH_INT_H
