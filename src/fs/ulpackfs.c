@@ -533,7 +533,7 @@ static int ulpfs_utimens(const char *path, const struct timespec tv[2], struct f
 }
 
 /*
- * df of the mount: the size is what the archive takes on disk (ulp_archive_space,
+ * df of the mount: the size is what the archive takes on disk (ulp_archive_disk_bytes,
  * as du counts it) plus the space still available beside it, so that "Used"
  * is the archive's own disk use and "Avail" the file system's. Measured at
  * most once a second.
@@ -551,9 +551,8 @@ static int ulpfs_statfs(const char *path, struct statvfs *st)
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	pthread_mutex_lock(&mu);
-	ulp_space sp;
-	if (last != (int64_t)t.tv_sec && ulp_archive_space(fs.a, &sp) == 0) {
-		used = sp.disk_bytes;
+	if (last != (int64_t)t.tv_sec) {
+		used = ulp_archive_disk_bytes(fs.a);
 		last = (int64_t)t.tv_sec;
 	}
 	uint64_t u = used;

@@ -312,6 +312,9 @@ int ulp_index_files(ulp_archive *a, const char *prefix,
 int ulp_index_gc_sweep(ulp_archive *a, uint64_t *removed);
 int ulp_index_packs(ulp_archive *a, int (*cb)(void *arg, int64_t id, const char *name, uint64_t size,
                                               uint64_t live_bytes, uint64_t live_blobs), void *arg);
+/* One pack's size and the bytes and count of the blob rows in it: 1, or 0
+ * if the index has no such pack, or a negative error. */
+int ulp_index_pack(ulp_archive *a, int64_t id, uint64_t *size, uint64_t *live_bytes, uint64_t *live_blobs);
 int ulp_index_pack_blobs(ulp_archive *a, int64_t pack,
                          int (*cb)(void *arg, const uint8_t *content, uint64_t offset, uint64_t stored),
                          void *arg);

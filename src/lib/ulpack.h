@@ -472,6 +472,8 @@ typedef struct ulp_space {
 /** Measures the archive's disk use (a walk of its directory and index
  *  queries; read-only archives too). */
 int ulp_archive_space(ulp_archive *a, ulp_space *out);
+/** Its disk_bytes alone: the walk of the directory, no index query (df). */
+uint64_t ulp_archive_disk_bytes(ulp_archive *a);
 /** sp as one JSON object ({"disk_bytes": ..., ...}, every field) into
  *  dst[cap], NUL-terminated: the form of `ulpack stat --json`'s "space", of
  *  `ulpack gc --json` and of the mount root's user.ulpack.space.

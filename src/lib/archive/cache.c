@@ -4,7 +4,9 @@
  * content, bounded in bytes, LRU, thread-safe, with single-flight loading.
  *
  * Invariants (checked by ulp_cache_state_ok):
- *  1. Every entry is in the hash table exactly once.
+ *  1. Every entry is in the hash table exactly once, but a failed one: it
+ *     leaves the table as it fails (ulp_cache_fail), so that the next lookup
+ *     loads afresh (a reader that can), and its last waiter frees it.
  *  2. An entry is on the LRU list iff it is loaded and unpinned (refs == 0).
  *  3. bytes == sum of the sizes of loaded entries.
  *  4. Eviction only frees loaded, unpinned entries; bytes may exceed cap
@@ -237,12 +239,10 @@ int ulp_cache_get(ulp_cache *c, const ulp_ckey *key, ulp_centry **out, void **da
 		lru_unlink(e);
 	while (e->state == ST_LOADING)
 		pthread_cond_wait(&c->cv, &c->mu);
-	if (e->state == ST_FAILED) {
+	if (e->state == ST_FAILED) { /* (out of the table already: invariant 1) */
 		int rc = e->rc;
-		if (--e->refs == 0) {
-			tab_remove(c, e);
+		if (--e->refs == 0)
 			free(e);
-		}
 		pthread_mutex_unlock(&c->mu);
 		return rc;
 	}
@@ -271,11 +271,10 @@ void ulp_cache_fail(ulp_cache *c, ulp_centry *e, int rc)
 	pthread_mutex_lock(&c->mu);
 	e->state = ST_FAILED;
 	e->rc = rc < 0 ? rc : -ULP_E_IO;
+	tab_remove(c, e); /* invariant 1: a later get loads afresh */
 	pthread_cond_broadcast(&c->cv);
-	if (--e->refs == 0) { /* nobody waits: drop it, a later get retries */
-		tab_remove(c, e);
+	if (--e->refs == 0) /* nobody waits */
 		free(e);
-	}
 	pthread_mutex_unlock(&c->mu);
 }
 
@@ -292,8 +291,9 @@ static void put(ulp_cache *c, ulp_centry *e, int cold)
 			else
 				lru_push(c, e);
 			evict(c);
-		} else { /* failed, last waiter gone */
-			tab_remove(c, e);
+		} else { /* failed (out of the table), last waiter gone */
+			if (e->state != ST_FAILED)
+				tab_remove(c, e);
 			free(e);
 		}
 	}

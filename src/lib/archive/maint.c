@@ -570,19 +570,15 @@ int ulp_archive_reclaim(ulp_archive *a, const ulp_reclaim_opts *o, ulp_gc_result
 		pthread_mutex_lock(&a->write_mu);
 		/* its live share again, inside the lock: a put or a re-coding may
 		 * have moved rows meanwhile */
-		gctx one = {a, NULL, 0, 0};
-		rc = ulp_index_packs(a, collect_pack, &one);
-		packinfo *now = NULL;
-		for (size_t k = 0; rc == 0 && k < one.n; k++)
-			if (one.p[k].id == g.p[i].id)
-				now = &one.p[k];
-		if (rc == 0 && now && want_rewrite(now, pct)) {
-			rc = rewrite_one(a, now, &r);
+		packinfo *pi = &g.p[i];
+		int there = ulp_index_pack(a, pi->id, &pi->size, &pi->live, &pi->blobs);
+		rc = there < 0 ? there : 0;
+		if (there == 1 && want_rewrite(pi, pct)) {
+			rc = rewrite_one(a, pi, &r);
 			if (rc == 0)
-				r.bytes_reclaimed += now->size - now->live;
+				r.bytes_reclaimed += pi->size - pi->live;
 		}
 		pthread_mutex_unlock(&a->write_mu);
-		free(one.p);
 	}
 	if (o && o->progress && total)
 		o->progress(o->progress_arg, total, total);
@@ -662,11 +658,16 @@ static uint64_t du_bytes(const char *path, int depth)
 	return n;
 }
 
+uint64_t ulp_archive_disk_bytes(ulp_archive *a)
+{
+	return du_bytes(a->dir, 0);
+}
+
 int ulp_archive_space(ulp_archive *a, ulp_space *out)
 {
 	ulp_space sp = {0};
 	char path[4400];
-	sp.disk_bytes = du_bytes(a->dir, 0);
+	sp.disk_bytes = ulp_archive_disk_bytes(a);
 	static const char *const idx[] = {"ulpack.db", "ulpack.db-wal", "ulpack.db-shm"};
 	for (size_t i = 0; i < sizeof(idx) / sizeof(idx[0]); i++) {
 		snprintf(path, sizeof(path), "%s/%s", a->dir, idx[i]);

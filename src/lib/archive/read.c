@@ -116,16 +116,14 @@ static int waited_err(ulp_archive *a, int rc, const uint8_t sha[ULP_SHA256_LEN],
 /* ulp_cache_get for a reader of f: a load that another thread (the
  * read-ahead, which knows no file) failed with NOENT, because gc dropped the
  * rows of a file removed while f was open, is tried again here, where f's
- * locations find the blobs (invariant 3): a few times, as the failed entry
- * goes once its last waiter has let go of it. */
+ * locations find the blobs (invariant 3; the failed entry has left the
+ * cache, so the next get loads afresh or joins another thread's load). */
 static int get_for(ulp_archive *a, const ulp_file *f, const ulp_ckey *key, ulp_centry **e, void **data,
                    int *must_load)
 {
 	int grc = ulp_cache_get(a->cache, key, e, data, must_load);
-	for (int t = 0; grc == -ULP_E_NOENT && f && f->n_locs && t < 50; t++) {
-		usleep(200);
+	for (int t = 0; grc == -ULP_E_NOENT && f && f->n_locs && t < 3; t++)
 		grc = ulp_cache_get(a->cache, key, e, data, must_load);
-	}
 	return grc;
 }
 

@@ -607,6 +607,23 @@ static void tidy(ulp_session *s, int final)
 	s->reclaimed_bytes += g.bytes_reclaimed;
 }
 
+/* order_queue's sort (qsort_r): by series (unranked ones first), then rank */
+typedef struct rankv {
+	char **series;
+	const uint32_t *rank;
+} rankv;
+
+static int by_series_rank(const void *x, const void *y, void *arg)
+{
+	const rankv *v = arg;
+	size_t i = *(const size_t *)x, j = *(const size_t *)y;
+	const char *a = v->series[i], *b = v->series[j];
+	int c = !a || !b ? (a != NULL) - (b != NULL) : strcmp(a, b);
+	if (c)
+		return c;
+	return v->rank[i] < v->rank[j] ? -1 : v->rank[i] > v->rank[j] ? 1 : (i > j) - (i < j);
+}
+
 /*
  * Invariant 14: moves to the queue's head the entry to archive next, and
  * notes the oldest entry's time (mu held; released meanwhile). Ranks come
@@ -645,20 +662,30 @@ static void order_queue(ulp_session *s)
 	if (rc == 0) {
 		s->expecting = 1;
 		/* the first entry, in queue order, that no queued step of its
-		 * series precedes in the layout's order */
+		 * series precedes in the layout's order: each series' lowest rank
+		 * marked after a sort by (series, rank); node[] lists the queue's
+		 * entries in its order (the queue only grew meanwhile, at its tail) */
+		size_t *ix = malloc((m ? m : 1) * sizeof(*ix));
+		uint8_t *first = calloc(m ? m : 1, 1);
 		snode *best = NULL;
-		for (snode *q = s->qhead; q && !best; q = q->qnext) {
-			size_t i = 0;
-			while (i < m && node[i] != q)
-				i++;
-			int first = 1;
-			for (size_t j = 0; i < m && series[i] && first && j < m; j++)
-				if (j != i && series[j] && node[j]->queued && rank[j] < rank[i] &&
-				    !strcmp(series[j], series[i]))
-					first = 0;
-			if (first)
-				best = q;
+		if (ix && first) {
+			rankv v = {series, rank};
+			for (size_t i = 0; i < m; i++)
+				ix[i] = i;
+			qsort_r(ix, m, sizeof(*ix), by_series_rank, &v);
+			for (size_t k = 0; k < m; k++)
+				first[ix[k]] = !series[ix[k]] || k == 0 || !series[ix[k - 1]] ||
+				               strcmp(series[ix[k - 1]], series[ix[k]]) != 0;
+			size_t k = 0;
+			for (snode *q = s->qhead; q && !best; q = q->qnext) {
+				int known = k < m && node[k] == q;
+				if (!known || first[k])
+					best = q; /* (an entry not ranked keeps its place) */
+				k += known;
+			}
 		}
+		free(ix);
+		free(first);
 		if (best && best != s->qhead) {
 			snode *prev = s->qhead;
 			while (prev->qnext != best)

@@ -557,12 +557,14 @@ int ulp_archive_report(ulp_archive *a, const char *prefix,
 	return 0;
 }
 
+/* The blobs a file or a chain needs: gc invariant 1 (maint.c). */
+#define LIVE_CTE \
+	"WITH RECURSIVE live(content) AS (SELECT b.content FROM extents e JOIN blobs b ON b.id = e.blob" \
+	" UNION SELECT b.ref FROM blobs b JOIN live l ON b.content = l.content WHERE b.ref IS NOT NULL)"
+
 int ulp_index_gc_sweep(ulp_archive *a, uint64_t *removed)
 {
-	static const char sql[] =
-		"WITH RECURSIVE live(content) AS (SELECT b.content FROM extents e JOIN blobs b ON b.id = e.blob"
-		" UNION SELECT b.ref FROM blobs b JOIN live l ON b.content = l.content WHERE b.ref IS NOT NULL)"
-		" DELETE FROM blobs WHERE content NOT IN (SELECT content FROM live)";
+	static const char sql[] = LIVE_CTE " DELETE FROM blobs WHERE content NOT IN (SELECT content FROM live)";
 	ULP_TRY(ulp_db_exec(a, sql));
 	*removed = (uint64_t)sqlite3_changes(ulp_db(a));
 	return 0;
@@ -584,6 +586,23 @@ int ulp_index_packs(ulp_archive *a, int (*cb)(void *arg, int64_t id, const char 
 		        (uint64_t)sqlite3_column_int64(st, 4));
 	sqlite3_finalize(st);
 	return rc;
+}
+
+int ulp_index_pack(ulp_archive *a, int64_t id, uint64_t *size, uint64_t *live_bytes, uint64_t *live_blobs)
+{
+	static const char sql[] = "SELECT p.size, coalesce(sum(b.stored_size), 0), count(b.id)"
+	                          " FROM packs p LEFT JOIN blobs b ON b.pack = p.id WHERE p.id = ? GROUP BY p.id";
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
+	sqlite3_bind_int64(st, 1, id);
+	int r = sqlite3_step(st);
+	if (r == SQLITE_ROW) {
+		*size = (uint64_t)sqlite3_column_int64(st, 0);
+		*live_bytes = (uint64_t)sqlite3_column_int64(st, 1);
+		*live_blobs = (uint64_t)sqlite3_column_int64(st, 2);
+	}
+	sqlite3_reset(st);
+	return r == SQLITE_ROW ? 1 : r == SQLITE_DONE ? 0 : ulp_db_err(a, "pack");
 }
 
 int ulp_index_pack_blobs(ulp_archive *a, int64_t pack,
@@ -1086,10 +1105,6 @@ int ulp_index_forget_steps(ulp_archive *a, const char *run, const int64_t *steps
 
 /* ---- space (ulp_archive_space, maint.c) ------------------------------------ */
 
-/* The blobs a file or a chain needs: gc invariant 1 (maint.c). */
-#define LIVE_CTE \
-	"WITH RECURSIVE live(content) AS (SELECT b.content FROM extents e JOIN blobs b ON b.id = e.blob" \
-	" UNION SELECT b.ref FROM blobs b JOIN live l ON b.content = l.content WHERE b.ref IS NOT NULL)"
 
 int ulp_index_space(ulp_archive *a, unsigned pct, ulp_space *sp)
 {
