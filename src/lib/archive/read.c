@@ -117,12 +117,16 @@ static int waited_err(ulp_archive *a, int rc, const uint8_t sha[ULP_SHA256_LEN],
  * read-ahead, which knows no file) failed with NOENT, because gc dropped the
  * rows of a file removed while f was open, is tried again here, where f's
  * locations find the blobs (invariant 3; the failed entry has left the
- * cache, so the next get loads afresh or joins another thread's load). */
+ * cache, so the next get loads afresh or joins another thread's load).
+ * As often as it takes: each round either makes this thread the loader,
+ * which finds the blob, or follows one more failed load by a reader of no
+ * file, and those are few (two a try: file_chunk; a bound of 3 lost to the
+ * read-ahead's threads and a racer under load, test_gc_open). */
 static int get_for(ulp_archive *a, const ulp_file *f, const ulp_ckey *key, ulp_centry **e, void **data,
                    int *must_load)
 {
 	int grc = ulp_cache_get(a->cache, key, e, data, must_load);
-	for (int t = 0; grc == -ULP_E_NOENT && f && f->n_locs && t < 3; t++)
+	while (grc == -ULP_E_NOENT && f && f->n_locs)
 		grc = ulp_cache_get(a->cache, key, e, data, must_load);
 	return grc;
 }
