@@ -10,6 +10,7 @@
 int cmd_bench(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_init(int argc, char **argv);
+int cmd_share(int argc, char **argv);
 int cmd_import(int argc, char **argv);
 int cmd_ls(int argc, char **argv);
 int cmd_cat(int argc, char **argv);
@@ -55,6 +56,8 @@ void cli_progress_end(void);
 /* Prints an archive's disk use (ulp_archive_space) as one line, or 0 if it
  * could not be measured (then prints nothing). */
 int cli_print_space(ulp_archive *a, FILE *f);
+/* A shared archive's generation line (ulp_archive_generation); 0: not shared. */
+int cli_print_generation(ulp_archive *a, FILE *f);
 
 /* Files an interrupted mount left staged (ulp_stage_orphans): a command
  * that writes (read_only 0) archives them first, where no mount holds the

@@ -30,12 +30,14 @@ enum {
 	OPT_ALL = 1 << 6,       /* --all */
 	OPT_PROGRESS = 1 << 7,  /* --progress */
 	OPT_DRY_RUN = 1 << 8,   /* --dry-run */
+	OPT_SHARED = 1 << 9,    /* --shared */
+	OPT_GRACE = 1 << 10,    /* --grace SECONDS */
 	OPT_DECODE = OPT_CACHE | OPT_THREADS, /* every command that decodes */
 };
 
 typedef struct aopts {
 	ulp_archive_opts o;
-	int json, recursive, all, progress, dry_run;
+	int json, recursive, all, progress, dry_run, shared;
 	const char *prefix;
 	const char *pos[4];
 	int npos;
@@ -55,6 +57,7 @@ static int parse_common(int argc, char **argv, aopts *ao, const char *usage, int
 		{"--all", OPT_ALL, 0},             {"--max-chain", OPT_MAX_CHAIN, 1}, {"--cache-size", OPT_CACHE, 1},
 		{"--threads", OPT_THREADS, 1},     {"--prefix", OPT_PREFIX, 1},
 		{"--progress", OPT_PROGRESS, 0},   {"--dry-run", OPT_DRY_RUN, 0},
+		{"--shared", OPT_SHARED, 0},       {"--grace", OPT_GRACE, 1},
 	};
 	memset(ao, 0, sizeof(*ao));
 	for (int i = 1; i < argc; i++) {
@@ -96,6 +99,12 @@ static int parse_common(int argc, char **argv, aopts *ao, const char *usage, int
 		case OPT_ALL: ao->all = 1; break;
 		case OPT_PROGRESS: ao->progress = 1; break;
 		case OPT_DRY_RUN: ao->dry_run = 1; break;
+		case OPT_SHARED: ao->shared = 1; break;
+		case OPT_GRACE: /* seconds; 0 would mean the default to the library */
+			if (cli_opt_int(a, v, 0, 100000000, &n))
+				return -2;
+			ao->o.grace_s = n ? (unsigned)n : UINT32_MAX;
+			break;
 		case OPT_PREFIX: ao->prefix = v; break;
 		case OPT_MAX_CHAIN: /* 0 would mean "the archive's value" to the library: not an input */
 			if (cli_opt_int(a, v, 1, ULP_MAX_CHAIN, &n))
@@ -172,14 +181,54 @@ static void human(uint64_t b, char *out, size_t cap)
 int cmd_init(int argc, char **argv)
 {
 	aopts ao;
-	int rc = parse_common(argc, argv, &ao, "usage: ulpack init ARCHIVE\nCreates an empty archive directory.\n", 1, 1, 0);
+	int rc = parse_common(argc, argv, &ao,
+	                      "usage: ulpack init ARCHIVE [--shared]\nCreates an empty archive directory; --shared: one"
+	                      " that many hosts read (ulpack share).\n", 1, 1, OPT_SHARED);
 	if (rc)
 		return rc == -1 ? 0 : 2;
 	char err[1024];
 	if (ulp_archive_init(ao.pos[0], err, sizeof(err)) < 0)
 		return cli_fail("%s", err);
-	printf("initialized empty archive %s\n", ao.pos[0]);
+	if (ao.shared) {
+		ulp_archive *a = open_archive(&ao, 0);
+		if (!a)
+			return 1;
+		rc = ulp_archive_share(a);
+		if (rc < 0)
+			cli_fail("%s", ulp_archive_errmsg(a));
+		ulp_archive_close(a);
+		if (rc < 0)
+			return 1;
+	}
+	printf("initialized empty %sarchive %s\n", ao.shared ? "shared " : "", ao.pos[0]);
 	return 0;
+}
+
+/* ---- share --------------------------------------------------------------- */
+
+int cmd_share(int argc, char **argv)
+{
+	aopts ao;
+	int rc = parse_common(argc, argv, &ao,
+	                      "usage: ulpack share ARCHIVE\nMakes an archive shared by many hosts: from now on its one"
+	                      " writer (a\nread-write mount or command) holds a lease and publishes generations of its"
+	                      " index,\nwhich read-only mounts and read commands on any host follow. See ulpackfs(1),"
+	                      " MANY HOSTS.\n", 1, 1, 0);
+	if (rc)
+		return rc == -1 ? 0 : 2;
+	ulp_archive *a = open_archive(&ao, 0);
+	if (!a)
+		return 1;
+	rc = ulp_archive_share(a);
+	ulp_generation g;
+	ulp_archive_generation(a, &g);
+	if (rc < 0)
+		cli_fail("%s", ulp_archive_errmsg(a));
+	else
+		printf("%s: shared; generation %llu published (writer epoch %llu)\n", ao.pos[0],
+		       (unsigned long long)g.gen, (unsigned long long)g.epoch);
+	ulp_archive_close(a);
+	return rc < 0;
 }
 
 /* ---- import -------------------------------------------------------------- */
@@ -1303,6 +1352,12 @@ int cmd_stat(int argc, char **argv)
 		if (ulp_archive_space(a, &sp) == 0)
 			ulp_space_json(&sp, js, sizeof(js));
 		printf("\n  },\n  \"space\": %s", js);
+		ulp_generation g;
+		ulp_archive_generation(a, &g);
+		if (g.shared)
+			printf(",\n  \"generation\": {\"number\": %llu, \"epoch\": %llu, \"writer\": %s, \"fenced\": %s}",
+			       (unsigned long long)g.gen, (unsigned long long)g.epoch, g.writer ? "true" : "false",
+			       g.fenced ? "true" : "false");
 		printf(",\n  \"total\": {\"files\": %llu, \"raw_bytes\": %llu, \"stored_bytes\": %llu,"
 		       " \"ratio\": %.6f, \"blobs\": %llu, \"pack_bytes\": %llu, \"max_chain_depth\": %u,"
 		       " \"other_raw_bytes\": %llu, \"other_stored_bytes\": %llu}\n}\n",
@@ -1338,6 +1393,7 @@ int cmd_stat(int argc, char **argv)
 		       r.raw_bytes ? (double)r.stored_bytes / (double)r.raw_bytes : 0.0, (unsigned long long)r.blobs,
 		       (unsigned long long)r.pack_bytes, r.max_chain_depth);
 		cli_print_space(a, stdout);
+		cli_print_generation(a, stdout);
 	}
 	free(s.runs);
 	ulp_archive_close(a);
@@ -1494,13 +1550,14 @@ int cmd_gc(int argc, char **argv)
 {
 	aopts ao;
 	int rc = parse_common(argc, argv, &ao,
-	                      "usage: ulpack gc ARCHIVE [--dry-run] [--json] [--cache-size S] [--threads N]\n"
+	                      "usage: ulpack gc ARCHIVE [--dry-run] [--json] [--grace SECONDS] [--cache-size S] [--threads N]\n"
 	                      "Re-codes what removed steps left behind, drops blobs that no file and no chain\n"
 	                      "needs, removes the packs left with nothing live and rewrites those with dead bytes.\n"
 	                      "Mounts, import, rm and forget do this by themselves: gc is for archives of\n"
 	                      "older builds and a forced full pass. --dry-run only measures: disk use, live and\n"
-	                      "reclaimable bytes, pending re-codes.\n",
-	                      1, 1, OPT_DECODE | OPT_JSON | OPT_DRY_RUN);
+	                      "reclaimable bytes, pending re-codes. A shared archive keeps dropped packs and\n"
+	                      "superseded generations for --grace seconds (default 600) for other hosts' readers.\n",
+	                      1, 1, OPT_DECODE | OPT_JSON | OPT_DRY_RUN | OPT_GRACE);
 	if (rc)
 		return rc == -1 ? 0 : 2;
 	ulp_archive *a = open_archive(&ao, ao.dry_run);

@@ -16,7 +16,8 @@ static const struct {
 	int (*fn)(int, char **);
 	const char *summary;
 } commands[] = {
-	{"init", cmd_init, "ARCHIVE: create an empty archive"},
+	{"init", cmd_init, "ARCHIVE [--shared]: create an empty archive"},
+	{"share", cmd_share, "ARCHIVE: let many hosts read it: publish index generations, one writer by lease"},
 	{"import", cmd_import, "ARCHIVE SRC_DIR [--prefix P] [--json]: archive a directory tree, in step order"},
 	{"ls", cmd_ls, "ARCHIVE [PATH] [--json]: list a directory of the archive, numbered names in numeric order"},
 	{"steps", cmd_steps, "ARCHIVE [RUN] [--json]: each run's steps: raw and stored bytes, ratio, chain depth"},
@@ -118,6 +119,17 @@ int cli_print_space(ulp_archive *a, FILE *f)
 	        (unsigned long long)sp.live_bytes, (unsigned long long)sp.reclaimable_bytes,
 	        (unsigned long long)sp.dead_packs, (unsigned long long)sp.packs,
 	        (unsigned long long)sp.sparse_packs, ULP_RECLAIM_LIVE_PERCENT, (unsigned long long)sp.pending_recodes);
+	return 1;
+}
+
+int cli_print_generation(ulp_archive *a, FILE *f)
+{
+	ulp_generation g;
+	if (ulp_archive_generation(a, &g) < 0 || !g.shared)
+		return 0;
+	fprintf(f, "shared: generation %llu, writer epoch %llu%s%s; readers look every %.1f s, grace %u s\n",
+	        (unsigned long long)g.gen, (unsigned long long)g.epoch, g.writer ? " (this writer)" : "",
+	        g.fenced ? ", FENCED (lease lost)" : "", g.poll_ms / 1000.0, g.grace_s);
 	return 1;
 }
 

@@ -36,7 +36,8 @@ class Stat(ctypes.Structure):
 
 
 class ArchiveOpts(ctypes.Structure):
-    _fields_ = [("cache_size", c_u64), ("max_chain", c_uint), ("threads", c_int), ("read_only", c_int)]
+    _fields_ = [("cache_size", c_u64), ("max_chain", c_uint), ("threads", c_int), ("read_only", c_int),
+                ("poll_ms", c_uint), ("lease_ms", c_uint), ("grace_s", c_uint)]
 
 
 class Counters(ctypes.Structure):

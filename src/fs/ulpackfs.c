@@ -166,6 +166,13 @@ static void *ulpfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 	cfg->kernel_cache = 0;  /* per open: keep_cache for archived files only */
 	cfg->entry_timeout = cfg->attr_timeout = fs.read_only ? 3600.0 : 1.0;
 	cfg->negative_timeout = fs.read_only ? 10.0 : 0.0;
+	ulp_generation g;
+	if (fs.a && ulp_archive_generation(fs.a, &g) == 0 && g.shared && fs.read_only) {
+		/* following a writer's generations: what the kernel knows goes stale
+		 * at most a poll interval (at most 1 s) after a new generation */
+		double t = g.poll_ms < 1000 ? g.poll_ms / 1000.0 : 1.0;
+		cfg->entry_timeout = cfg->attr_timeout = cfg->negative_timeout = t;
+	}
 	/* started here, in the process that serves (after daemonizing) */
 	if (!fs.read_only) {
 		ulp_session_opts so = {fs.staging_max, log_msg, NULL};
@@ -663,6 +670,15 @@ static int ulpfs_getxattr(const char *path, const char *name, char *value, size_
 	}
 	if (!p[0] && !strcmp(name, "user.ulpack.sync"))
 		return root_sync(value, size);
+	if (!p[0] && !strcmp(name, "user.ulpack.generation")) { /* a shared archive: "GEN EPOCH" */
+		ulp_generation g;
+		ulp_archive_generation(fs.a, &g);
+		if (!g.shared)
+			return -ENODATA;
+		snprintf(v, sizeof(v), "%llu %llu%s", (unsigned long long)g.gen, (unsigned long long)g.epoch,
+		         g.fenced ? " fenced" : "");
+		return xattr_reply(value, size, v);
+	}
 	if (!p[0] && !strcmp(name, "user.ulpack.space")) { /* disk, live, reclaimable bytes */
 		ulp_space sp;
 		int rc = ulp_archive_space(fs.a, &sp);
@@ -786,7 +802,7 @@ static const struct fuse_operations ulpfs_ops = {
 enum { KEY_HELP, KEY_VERSION, KEY_RO, KEY_ALLOW_OTHER, KEY_DEFAULT_PERMISSIONS, KEY_FSNAME };
 
 static struct opts {
-	char *cache_size, *max_chain, *threads, *readahead, *staging_max;
+	char *cache_size, *max_chain, *threads, *readahead, *staging_max, *poll, *lease, *grace;
 	int allow_other, default_permissions, no_permission_checks, nolatest;
 	int fsname;            /* the user gave -o fsname= */
 } o;
@@ -797,6 +813,9 @@ static const struct fuse_opt ulpfs_opts[] = {
 	{"threads=%s", offsetof(struct opts, threads), 0},
 	{"readahead=%s", offsetof(struct opts, readahead), 0},
 	{"staging_max=%s", offsetof(struct opts, staging_max), 0},
+	{"poll=%s", offsetof(struct opts, poll), 0},
+	{"lease=%s", offsetof(struct opts, lease), 0},
+	{"grace=%s", offsetof(struct opts, grace), 0},
 	FUSE_OPT_KEY("ro", KEY_RO),
 	FUSE_OPT_KEY("allow_other", KEY_ALLOW_OTHER),
 	FUSE_OPT_KEY("default_permissions", KEY_DEFAULT_PERMISSIONS),
@@ -823,7 +842,11 @@ static void usage(FILE *f)
 	        "  -o readahead=SIZE    kernel read-ahead of this mount (default 4M; 0: the kernel's)\n"
 	        "  -o staging_max=SIZE  closed files waiting to be archived before writes wait\n"
 	        "                       (default: half the archive disk's free space, at least 64M)\n"
-	        "  -o ro                read-only\n"
+	        "  -o ro                read-only; of a shared archive: follows what its writer publishes\n"
+	        "  -o poll=SECONDS      shared, read-only: look for a new generation this often (default 2)\n"
+	        "  -o lease=SECONDS     shared, writer: its lease, renewed while it runs (default 15)\n"
+	        "  -o grace=SECONDS     shared, writer: superseded generations and dropped packs stay this\n"
+	        "                       long for other hosts' readers (default 600)\n"
 	        "  -o nolatest          no `latest` symlink in run directories (see ulpackfs(1))\n"
 	        "  -o fsname=NAME       source shown by findmnt and df (default: the archive's path)\n"
 	        "  -o allow_other       let other users in; implies default_permissions (the kernel\n"
@@ -1067,7 +1090,20 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	char err[1024];
-	ulp_archive_opts ao = {fs.cache_size, fs.max_chain, fs.threads, fs.read_only};
+	ulp_archive_opts ao = {.cache_size = fs.cache_size, .max_chain = fs.max_chain, .threads = fs.threads,
+	                       .read_only = fs.read_only};
+	const struct { const char *s, *name; unsigned *to, scale; } secs[] = {
+		{o.poll, "poll", &ao.poll_ms, 1000}, {o.lease, "lease", &ao.lease_ms, 1000}, {o.grace, "grace", &ao.grace_s, 1}};
+	for (size_t i = 0; i < sizeof(secs) / sizeof(secs[0]); i++) {
+		char *end;
+		double x = secs[i].s ? strtod(secs[i].s, &end) : 0;
+		if (secs[i].s && (end == secs[i].s || *end || !(x > 0) || x * secs[i].scale > 4e9)) {
+			fprintf(stderr, "ulpackfs: bad %s '%s' (seconds, more than 0)\n", secs[i].name, secs[i].s);
+			return 1;
+		}
+		if (secs[i].s)
+			*secs[i].to = (unsigned)(x * secs[i].scale + 0.5) ? (unsigned)(x * secs[i].scale + 0.5) : 1;
+	}
 	if (ulp_archive_open(fs.archive, &ao, &fs.a, err, sizeof(err)) < 0) {
 		fprintf(stderr, "ulpackfs: %s\n", err);
 		return 1;

@@ -89,6 +89,7 @@ int ulp_cache_state_ok(ulp_cache *c);
 
 typedef struct ulp_tstate ulp_tstate; /* per-thread: index connection, error text */
 typedef struct ulp_packstore ulp_packstore; /* pack.c: mapped packs, their lock */
+typedef struct ulp_shared ulp_shared; /* store/shared.h: generations, lease */
 typedef struct ulp_dbh ulp_dbh;  /* db.c: the thread states' key and list, their lock */
 
 /* A file an import is about to put (ulp_archive_expect, layout.c). */
@@ -139,6 +140,15 @@ struct ulp_archive {
 	uint64_t chunks_decoded, deltas_decoded, hits, misses, max_walk;
 	uint64_t put_done;           /* atomic: bytes of the file being put that are coded
 	                                (ulp_archive_put_progress) */
+	ulp_shared *sh;              /* set at open, read-only after: a shared archive's
+	                                generations and lease (store/shared.h), or NULL;
+	                                its fields guarded by sh->mu */
+	ulp_archive_opts opts;       /* set at open, read-only after: as given */
+	int follow;                  /* set at open, read-only after: read-only on a
+	                                shared archive: connections open the published
+	                                generation that dbh names (gen.c) */
+	uint64_t commits;            /* atomic: index transactions committed (gen.c
+	                                publishes when it moved) */
 	struct coded *inflight;      /* guarded by write_mu: a pipelined put's file whose
 	                                commit is not over (ulp_putq, ingest.c): set by
 	                                the writer between files, read by the jobs of the
@@ -152,6 +162,30 @@ int ulp_arch_err(const ulp_archive *a, int code, const char *fmt, ...)
 /* ---- index (store/: db.c, index.c, namespace.c) ---------------------- */
 
 #define ULP_SCHEMA_VERSION 4
+
+/* The generation that a following reader's new connections open (gen.c);
+ * its threads move to it at their next ulp_db_follow. */
+int ulp_db_set_follow(ulp_archive *a, const char *path);
+/* At the library's read entry points: a reader of a shared archive looks
+ * for a newer generation when due, and the calling thread moves its
+ * connection to the one followed when it runs no statement (gen.c
+ * invariant 3). */
+void ulp_db_follow(ulp_archive *a);
+void ulp_gen_poll(ulp_archive *a, int force);
+/* A shared archive's writer may write (lease.c invariant 1): 0, or FENCED
+ * with why; 0 for any other archive. */
+int ulp_lease_ok(ulp_archive *a);
+/* Removes the packs whose grace passed (maint.c invariant 7); wait: for
+ * write_mu, else only when it is free. */
+int ulp_archive_grace_sweep(ulp_archive *a, int wait);
+
+/* Packs kept for the grace (index.c invariant 7): recorded with the
+ * generation last published; the rows due (recorded before before_ms, under
+ * generation below_gen) are deleted and cb called with each name. */
+int ulp_index_grace_add(ulp_archive *a, const char *name, uint64_t gen);
+int ulp_index_grace_has(ulp_archive *a, const char *name);
+int ulp_index_grace_due(ulp_archive *a, int64_t before_ms, uint64_t below_gen,
+                        int (*cb)(void *arg, const char *name), void *arg);
 
 typedef struct sqlite3 sqlite3;
 typedef struct sqlite3_stmt sqlite3_stmt;

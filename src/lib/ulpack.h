@@ -56,6 +56,7 @@ enum {
 	ULP_E_NOTEMPTY,    /* directory not empty */
 	ULP_E_NOTDIR,      /* a directory was needed */
 	ULP_E_ISDIR,       /* is a directory */
+	ULP_E_FENCED,      /* this writer lost a shared archive's lease to another */
 	ULP_E__COUNT
 };
 
@@ -275,6 +276,13 @@ typedef struct ulp_archive_opts {
 	                       * at most ULP_MAX_CHAIN */
 	int threads;          /* decode/encode threads; 0: one per CPU; at most ULP_MAX_THREADS */
 	int read_only;        /* open the index read-only; writes fail with -INVAL */
+	/* a shared archive (ulp_archive_share; ulpackfs(1) "MANY HOSTS"): */
+	unsigned poll_ms;     /* read-only: how often to look for a newer published
+	                       * generation; 0: 2000 */
+	unsigned lease_ms;    /* writer: its lease, renewed while it runs; 0: 15000 */
+	unsigned grace_s;     /* writer: a superseded generation, and a pack the index
+	                       * dropped, stay this long for the readers of other
+	                       * hosts; 0: 600 */
 } ulp_archive_opts;
 
 /** Creates an empty archive in dir (created if missing; must be empty of
@@ -285,6 +293,28 @@ int ulp_archive_init(const char *dir, char *errbuf, size_t errcap);
 int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive **out,
                      char *errbuf, size_t errcap);
 void ulp_archive_close(ulp_archive *a);
+
+/* Many hosts (DESIGN.md 7): one writer, fenced by a lease with an epoch,
+ * publishes generations of its index; read-only opens on any host follow
+ * them. An archive is shared once ulp_archive_share made it so (or once a
+ * writer opened it on a network file system). */
+typedef struct ulp_generation {
+	int shared;           /* 0: an archive of one host (the rest is 0) */
+	int writer;           /* 1: this handle holds the lease */
+	int fenced;           /* 1: it lost the lease to another writer, or could not renew it */
+	uint64_t gen;         /* the generation followed (reader) or last published (writer) */
+	uint64_t epoch;       /* the writer's epoch (of that generation, for a reader) */
+	unsigned poll_ms, lease_ms, grace_s;
+} ulp_generation;
+/** Makes an archive open read-write shared: takes the lease and publishes
+ *  the first generation. Errors: BUSY (another writer's lease), IO. */
+int ulp_archive_share(ulp_archive *a);
+/** A shared archive's writer publishes what it archived since the last
+ *  generation (0 at once where nothing changed or the archive is not
+ *  shared). Errors: FENCED, IO, NOSPC. */
+int ulp_archive_publish(ulp_archive *a);
+/** Where this handle stands among the hosts (g->shared 0: not shared). */
+int ulp_archive_generation(ulp_archive *a, ulp_generation *g);
 /** The calling thread's last error on this archive: names the file and cause. */
 const char *ulp_archive_errmsg(const ulp_archive *a);
 /** The archive's directory. */

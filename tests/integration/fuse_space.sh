@@ -82,9 +82,16 @@ n=0
 for d in $(ls "$T/tr" | sort -t- -k2 -n); do
 	n=$((n + 1))
 	if [ $n -gt 1 ]; then # before the save: what the last ones left
-		sleep 0.5     # (the trainer trains)
 		rm -rf "$T/k" && mkdir -p "$T/k" && cp -r "$M/run/." "$T/k/"
-		r=$(ratio "$(du_b "$T/b")" "$(import_of "$T/k")")
+		imp_k=$(import_of "$T/k")
+		# (the trainer trains) the space comes back by itself while the mount
+		# is idle: how soon depends on the machine's load, so the test waits
+		# for it (up to 15 s) and keeps the last figure, never a race
+		for _ in $(seq 30); do
+			sleep 0.5
+			r=$(ratio "$(du_b "$T/b")" "$imp_k")
+			le "$r" 1.3 && break
+		done
 		le "$r" "$worst" || worst=$r
 	fi
 	mkdir "$M/run/$d"
@@ -93,7 +100,7 @@ for d in $(ls "$T/tr" | sort -t- -k2 -n); do
 	ls "$M/run" | grep checkpoint- | sort -t- -k2 -n | head -n -2 | while read -r old; do rm -rf "$M/run/$old"; done
 	"$ULPACK" sync "$M" > /dev/null
 done
-le "$worst" 1.3 && ok "trainer loop, 20 saves, 2 kept: at most ${worst}x an import of the kept steps" \
+le "$worst" 1.3 && ok "trainer loop, 20 saves, 2 kept: at most ${worst}x an import of the kept steps, each within 15 s idle" \
 	|| fail "trainer loop: ${worst}x an import of the kept steps (target <= 1.3)"
 umount_fs "$T/m"
 "$ULPACK" verify "$T/b" > /dev/null && ok "verify after the loop" || fail "verify after the loop"

@@ -535,7 +535,7 @@ static void test_open_errors(void)
 	 * longer than a read walks (the mount took up to 1000000) is refused */
 	snprintf(dir, sizeof(dir), "%s/limits", root);
 	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init");
-	ulp_archive_opts o = {64 << 20, ULP_MAX_CHAIN, 1, 0};
+	ulp_archive_opts o = {.cache_size = 64 << 20, .max_chain = ULP_MAX_CHAIN, .threads = 1};
 	CHECK(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "max_chain %d: %s", ULP_MAX_CHAIN, err);
 	if (a)
 		ulp_archive_close(a);

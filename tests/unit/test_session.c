@@ -31,7 +31,7 @@ static ulp_archive *fresh(char *dir, size_t cap)
 	char err[512];
 	ulp_archive *a = NULL;
 	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init: %s", err);
-	ulp_archive_opts o = {64 << 20, 0, 2, 0};
+	ulp_archive_opts o = {.cache_size = 64 << 20, .max_chain = 0, .threads = 2};
 	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "open: %s", err);
 	return a;
 }
@@ -379,7 +379,7 @@ static void workload(const char *dir, int stop)
 {
 	char err[512];
 	ulp_archive *a;
-	ulp_archive_opts o = {16 << 20, 0, 2, 0};
+	ulp_archive_opts o = {.cache_size = 16 << 20, .max_chain = 0, .threads = 2};
 	if (ulp_archive_open(dir, &o, &a, err, sizeof(err)) < 0)
 		_exit(3);
 	ulp_session *s;
@@ -477,7 +477,7 @@ static void test_crash_points(void)
 		waitpid(pid, &ws, 0);
 		CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "k=%d: workload exit %d", k, ws);
 		char err[512];
-		ulp_archive_opts o = {16 << 20, 0, 2, 0};
+		ulp_archive_opts o = {.cache_size = 16 << 20, .max_chain = 0, .threads = 2};
 		REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "reopen: %s", err);
 		unsigned rec, rem;
 		CHECK(ulp_stage_recover(a, &rec, &rem) == 0, "k=%d: recover: %s", k, ulp_archive_errmsg(a));
@@ -719,7 +719,7 @@ static void test_setattr_crash(void)
 	REQUIRE(pid >= 0, "fork");
 	if (pid == 0) {
 		char err[512];
-		ulp_archive_opts o = {16 << 20, 0, 2, 0};
+		ulp_archive_opts o = {.cache_size = 16 << 20, .max_chain = 0, .threads = 2};
 		setenv("ULP_SESSION_HOLD", "1", 1); /* the file stays queued */
 		ulp_session *s;
 		if (ulp_archive_open(dir, &o, &a, err, sizeof(err)) < 0 || ulp_session_open(a, NULL, &s) < 0 ||
@@ -736,7 +736,7 @@ static void test_setattr_crash(void)
 	waitpid(pid, &ws, 0);
 	REQUIRE(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "child: %d", ws);
 	char err[512];
-	ulp_archive_opts o = {16 << 20, 0, 2, 0};
+	ulp_archive_opts o = {.cache_size = 16 << 20, .max_chain = 0, .threads = 2};
 	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "reopen: %s", err);
 	unsigned rec, rem;
 	CHECK(ulp_stage_recover(a, &rec, &rem) == 0 && rec == 1, "recovered %u", rec);
@@ -765,7 +765,7 @@ static void test_staged_orphans(void)
 	REQUIRE(pid >= 0, "fork");
 	if (pid == 0) {
 		char err[512];
-		ulp_archive_opts o = {16 << 20, 0, 2, 0};
+		ulp_archive_opts o = {.cache_size = 16 << 20, .max_chain = 0, .threads = 2};
 		setenv("ULP_SESSION_HOLD", "1", 1);
 		ulp_session *s;
 		if (ulp_archive_open(dir, &o, &a, err, sizeof(err)) < 0 || ulp_session_open(a, NULL, &s) < 0 ||
@@ -777,7 +777,7 @@ static void test_staged_orphans(void)
 	waitpid(pid, &ws, 0);
 	REQUIRE(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "child: %d", ws);
 	char err[512];
-	ulp_archive_opts o = {16 << 20, 0, 2, 0};
+	ulp_archive_opts o = {.cache_size = 16 << 20, .max_chain = 0, .threads = 2};
 	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "reopen: %s", err);
 	unsigned n = 0, rec = 0;
 	CHECK(ulp_stage_orphans(a, &n) == 0 && n == 1 && !exists(a, "x"), "one staged file, not in the index (%u)", n);
@@ -870,7 +870,7 @@ static void test_overlap_policy(void)
 		char dir[300], err[512];
 		snprintf(dir, sizeof(dir), "%s/a%d", root, n_archives++);
 		REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init: %s", err);
-		ulp_archive_opts ao = {64 << 20, 0, cases[i].threads, 0};
+		ulp_archive_opts ao = {.cache_size = 64 << 20, .max_chain = 0, .threads = cases[i].threads};
 		ulp_archive *a = NULL;
 		REQUIRE(ulp_archive_open(dir, &ao, &a, err, sizeof(err)) == 0, "open: %s", err);
 		if (cases[i].env)

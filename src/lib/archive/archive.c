@@ -10,7 +10,7 @@
  * files) is created 0600. A 0600 file in a mount is not readable with
  * strings(1) on a pack by another local user.
  */
-#include "arch_int.h"
+#include "store/shared.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -94,6 +94,65 @@ uint64_t ulp_default_cache_size(void)
 	return eighth < lo ? lo : eighth > hi ? hi : eighth;
 }
 
+/* A shared archive (store/shared.h): a read-only open follows its published
+ * generations, never the live index; a writer takes the lease first (lease.c
+ * invariant 3). The live index of an archive on a network file system is
+ * the writer's alone. */
+static int shared_open(ulp_archive *a, const ulp_archive_opts *o, ulp_err *err)
+{
+	char fs[64];
+	if (!ulp_gen_is_shared(a->dir)) {
+		if (a->read_only && ulp_netfs(a->dir, fs, sizeof(fs)))
+			return ULP_ERR(err, -ULP_E_UNSUPPORTED,
+			               "%s: on a network file system (%s), whose hosts cannot share the live index "
+			               "(SQLite's WAL needs their shared memory), and not shared: open it read-write once "
+			               "on the writer's host (ulpackfs ARCHIVE MNT, or ulpack share ARCHIVE), which publishes "
+			               "index generations; read-only mounts (ulpackfs -o ro) then follow them",
+			               a->dir, fs);
+		return 0;
+	}
+	(void)o;
+	ULP_TRY(ulp_shared_new(a, &a->opts, !a->read_only));
+	if (!a->read_only)
+		return ulp_lease_take(a, err);
+	a->follow = 1;
+	return ulp_gen_reader_open(a, err);
+}
+
+/* The writer's list of packs the index dropped, kept for the grace
+ * (maint.c invariant 7). */
+static int grace_table(ulp_archive *a, ulp_err *err)
+{
+	int rc = ulp_db_exec(a, "CREATE TABLE IF NOT EXISTS pack_grace(name TEXT PRIMARY KEY,"
+	                        " since_ms INTEGER NOT NULL, gen INTEGER NOT NULL)");
+	return rc < 0 ? ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a)) : 0;
+}
+
+int ulp_archive_share(ulp_archive *a)
+{
+	if (a->read_only)
+		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is open read-only", a->dir);
+	if (a->sh)
+		return ulp_gen_publish(a, 0);
+	char p[4200], msg[1024];
+	ulp_err e = {msg, sizeof(msg)};
+	snprintf(p, sizeof(p), "%s/index", a->dir);
+	if (mkdir(p, 0700) < 0 && errno != EEXIST)
+		return ulp_arch_err(a, -ULP_E_IO, "%s: %s", p, strerror(errno));
+	int rc = ulp_shared_new(a, &a->opts, 1);
+	if (rc == 0 && (rc = ulp_lease_take(a, &e)) < 0)
+		ulp_arch_err(a, rc, "%s", msg);
+	if (rc == 0 && (rc = grace_table(a, &e)) < 0)
+		ulp_arch_err(a, rc, "%s", msg);
+	if (rc == 0)
+		rc = ulp_gen_publish(a, 1);
+	if (rc < 0) {
+		ulp_shared_free(a);
+		rmdir(p); /* only where nothing was published in it */
+	}
+	return rc;
+}
+
 int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive **out,
                      char *errbuf, size_t errcap)
 {
@@ -124,6 +183,7 @@ int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive 
 		return -ULP_E_NOMEM;
 	a->dir = strdup(dir);
 	a->read_only = o->read_only;
+	a->opts = *o;
 	a->max_chain = o->max_chain;
 	const char *bv = getenv("ULP_TEST_BLOB_VERSION");
 	a->blob_version = bv && !strcmp(bv, "1") ? 1 : ULP_BLOB_VERSION;
@@ -141,7 +201,17 @@ int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive 
 	if (rc == 0)
 		rc = ulp_pool_new(o->threads, &a->pool);
 	if (rc == 0)
+		rc = shared_open(a, o, &err);
+	if (rc == 0)
 		rc = ulp_db_check(a, &err);
+	if (rc == 0 && a->sh && a->sh->writer)
+		rc = grace_table(a, &err);
+	char fs[64];
+	if (rc == 0 && !a->read_only && !a->sh && ulp_netfs(dir, fs, sizeof(fs))) { /* DESIGN.md 7 */
+		rc = ulp_archive_share(a);
+		if (rc < 0)
+			ULP_ERR(&err, rc, "%s", ulp_archive_errmsg(a));
+	}
 	if (rc < 0) {
 		ulp_archive_close(a);
 		return rc;
@@ -163,6 +233,7 @@ void ulp_archive_close(ulp_archive *a)
 	if (!a)
 		return;
 	ulp_readahead_stop(a); /* first: its thread uses the cache and the index */
+	ulp_shared_free(a); /* the renewer, which publishes, and the lease given back */
 	ulp_cache_free(a->cache);
 	ulp_pool_free(a->pool);
 	ulp_ingest_free_spare(a);

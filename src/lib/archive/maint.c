@@ -27,13 +27,21 @@
  *  5. A removed pack stays readable to whoever mapped it (pack.c invariant
  *     2: open files pin the packs of their chains), and its disk space
  *     comes back once nobody does (ulp_archive_trim).
+ *  7. In a shared archive (store/shared.h) the readers of other hosts read
+ *     the packs their generation names, which this process cannot see: a
+ *     dropped pack's file is not removed with its row but recorded in
+ *     pack_grace (index.c invariant 7) with the generation last published,
+ *     the last one that names it; it is removed (ulp_archive_grace_sweep)
+ *     once the grace has passed and every generation left is newer (gen.c
+ *     invariant 4 retires them), and the sweep of unnamed files (invariant
+ *     3) leaves it alone meanwhile.
  *
  * verify invariant:
  *  6. Every file under the prefix is decoded and its sha256 compared, in
  *     whatever order the threads take them; damage is reported in the
  *     index's order (step order), after all are checked.
  */
-#include "arch_int.h"
+#include "store/shared.h"
 #include <dirent.h>
 #include <errno.h>
 #include <openssl/evp.h>
@@ -182,6 +190,7 @@ int64_t ulp_archive_verify_progress(ulp_archive *a, const char *prefix,
                                     void (*bad)(void *arg, const char *path, const char *why), void *arg,
                                     ulp_progress_fn progress, void *parg)
 {
+	ulp_db_follow(a); /* gen.c invariant 3 */
 	vctx v = {.a = a, .progress = progress, .parg = parg};
 	pthread_mutex_init(&v.mu, NULL);
 	int rc = ulp_index_files(a, prefix, list_file, &v);
@@ -411,7 +420,7 @@ static int sweep_one(void *arg, const char *n, uint64_t size)
 		long pid = strtol(n + 4, NULL, 10);
 		drop = pid > 0 && kill((pid_t)pid, 0) < 0 && errno == ESRCH;
 	} else if (strlen(n) > 5 && !strcmp(n + strlen(n) - 5, ".pack")) {
-		drop = ulp_index_has_pack(sw->a, n) == 0;
+		drop = ulp_index_has_pack(sw->a, n) == 0 && (!sw->a->sh || ulp_index_grace_has(sw->a, n) == 0);
 	}
 	if (drop) {
 		sw->freed += size;
@@ -510,9 +519,18 @@ static int drop_dead(ulp_archive *a, int sweep, gctx *g, ulp_gc_result *r)
 		rc = ulp_index_gc_sweep(a, &removed);
 	if (rc == 0)
 		rc = ulp_index_packs(a, collect_pack, g);
+	uint64_t gen = 0;
+	if (a->sh) {
+		pthread_mutex_lock(&a->sh->mu);
+		gen = a->sh->gen;
+		pthread_mutex_unlock(&a->sh->mu);
+	}
 	for (size_t i = 0; rc == 0 && i < g->n; i++)
-		if (g->p[i].blobs == 0 && (rc = ulp_index_pack_drop(a, g->p[i].id)) == 0)
+		if (g->p[i].blobs == 0 && (rc = ulp_index_pack_drop(a, g->p[i].id)) == 0) {
 			g->p[i].new_name[0] = 'x'; /* its row dropped */
+			if (a->sh) /* invariant 7 */
+				rc = ulp_index_grace_add(a, g->p[i].name, gen);
+		}
 	crash_point(sweep ? 1 : 5);
 	if (rc == 0)
 		rc = ulp_db_commit(a);
@@ -522,7 +540,10 @@ static int drop_dead(ulp_archive *a, int sweep, gctx *g, ulp_gc_result *r)
 	}
 	crash_point(sweep ? 2 : 6);
 	for (size_t i = 0; i < g->n; i++)
-		if (g->p[i].new_name[0] && unlink_pack(a, &g->p[i])) {
+		if (g->p[i].new_name[0] && a->sh) { /* invariant 7: kept for the grace */
+			ulp_pack_forget(a, g->p[i].id);
+			packs++;
+		} else if (g->p[i].new_name[0] && unlink_pack(a, &g->p[i])) {
 			packs++;
 			bytes += g->p[i].size;
 			crash_point(sweep ? 3 : 7);
@@ -611,6 +632,60 @@ int ulp_archive_reclaim(ulp_archive *a, const ulp_reclaim_opts *o, ulp_gc_result
 	return rc;
 }
 
+/* the names of the packs whose rows ulp_archive_grace_sweep deletes */
+typedef struct gone {
+	struct gone *next;
+	char name[];
+} gone;
+
+static int note_gone(void *arg, const char *name)
+{
+	gone **list = arg;
+	size_t l = strlen(name);
+	gone *g = malloc(sizeof(*g) + l + 1);
+	if (!g)
+		return -ULP_E_NOMEM;
+	memcpy(g->name, name, l + 1);
+	g->next = *list;
+	*list = g;
+	return 0;
+}
+
+/* Invariant 7: the packs whose grace has passed and that no generation
+ * left names; their rows go in one transaction, their files after it. */
+int ulp_archive_grace_sweep(ulp_archive *a, int wait)
+{
+	ulp_shared *sh = a->sh;
+	if (!sh || !sh->writer || a->read_only)
+		return 0;
+	uint64_t oldest;
+	ULP_TRY(ulp_gen_oldest(a, &oldest));
+	if (wait)
+		pthread_mutex_lock(&a->write_mu);
+	else if (pthread_mutex_trylock(&a->write_mu) != 0)
+		return 0;
+	gone *list = NULL;
+	int rc = ulp_db_begin(a);
+	if (rc == 0)
+		rc = ulp_index_grace_due(a, ulp_wall_ms() - (int64_t)sh->grace_s * 1000, oldest, note_gone, &list);
+	if (rc == 0)
+		rc = ulp_db_commit(a);
+	else
+		ulp_db_rollback(a);
+	int removed = 0;
+	while (list) {
+		gone *next = list->next;
+		if (rc == 0 && ulp_pack_remove(a, list->name) == 0)
+			removed++;
+		free(list);
+		list = next;
+	}
+	pthread_mutex_unlock(&a->write_mu);
+	if (removed)
+		ulp_archive_trim(a);
+	return rc < 0 ? rc : removed;
+}
+
 int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res)
 {
 	ulp_gc_result r = {0};
@@ -626,6 +701,13 @@ int ulp_archive_gc(ulp_archive *a, ulp_gc_result *res)
 	r.blobs_rebased = rb1.recoded + rb2.recoded;
 	ulp_reclaim_opts o = {.full = 1, .live_percent = 100}; /* no garbage left */
 	rc = ulp_archive_reclaim(a, &o, &r);
+	if (rc == 0 && a->sh) { /* the readers move on; what is past its grace goes */
+		rc = ulp_gen_publish(a, 0);
+		if (rc == 0)
+			ulp_gen_retire(a);
+		int n = rc == 0 ? ulp_archive_grace_sweep(a, 1) : rc;
+		rc = n < 0 ? n : rc;
+	}
 	if (rc == 0 && res)
 		*res = r;
 	return rc;
@@ -665,6 +747,7 @@ uint64_t ulp_archive_disk_bytes(ulp_archive *a)
 
 int ulp_archive_space(ulp_archive *a, ulp_space *out)
 {
+	ulp_db_follow(a); /* gen.c invariant 3 */
 	ulp_space sp = {0};
 	char path[4400];
 	sp.disk_bytes = ulp_archive_disk_bytes(a);

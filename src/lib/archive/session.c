@@ -832,6 +832,7 @@ int ulp_session_open(ulp_archive *a, const ulp_session_opts *o, ulp_session **ou
 {
 	if (a->read_only)
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is open read-only", a->dir);
+	ULP_TRY(ulp_lease_ok(a)); /* a shared archive's writer: its renewer starts here (lease.c) */
 	ulp_session *s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ULP_E_NOMEM;
@@ -956,6 +957,10 @@ int ulp_session_sync(ulp_session *s, void (*failed)(void *arg, const char *path,
 	if (bad)
 		s->err = 0; /* reported */
 	pthread_mutex_unlock(&s->mu);
+	/* a shared archive: what is archived is published for the other hosts
+	 * before sync returns (gen.c) */
+	if (ulp_archive_publish(s->a) < 0 && failed)
+		failed(arg, "", ulp_archive_errmsg(s->a));
 	return bad;
 }
 

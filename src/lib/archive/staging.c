@@ -60,6 +60,7 @@ int ulp_stage_new(ulp_archive *a, const char *copy_from, ulp_stage **out)
 	static unsigned counter;
 	if (a->read_only)
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is mounted read-only", a->dir);
+	ULP_TRY(ulp_lease_ok(a)); /* a writer that lost a shared archive's lease takes no more files */
 	ulp_stage *s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ULP_E_NOMEM;

@@ -38,7 +38,7 @@
  *                                    CASCADE)
  * Views runs(run, files, raw_bytes, stored_bytes) and steps(run, step, files).
  */
-#include "arch_int.h"
+#include "shared.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <sqlite3.h>
@@ -61,6 +61,7 @@ struct ulp_tstate {
 		sqlite3_stmt *st;
 	} stmts[N_STMTS];
 	int n_stmts;
+	uint64_t seq;        /* the dbh's follow_seq that db was opened at */
 	ulp_tstate *next;    /* guarded by dbh->mu */
 };
 
@@ -74,6 +75,9 @@ struct ulp_dbh {
 	pthread_key_t tls;           /* set at open, read-only after: each thread's ulp_tstate */
 	pthread_mutex_t mu;
 	ulp_tstate *tstates;         /* guarded by mu: every thread's state, freed at close */
+	char *follow_uri;            /* guarded by mu: a following reader's generation
+	                                (gen.c), which its new connections open */
+	uint64_t follow_seq;         /* guarded by mu: bumped with each follow_uri */
 };
 
 int ulp_dbh_open(ulp_archive *a)
@@ -98,6 +102,7 @@ void ulp_dbh_close(ulp_archive *a)
 	pthread_key_delete(h->tls); /* no destructor runs after this */
 	ulp_tstate_free_all(a);
 	pthread_mutex_destroy(&h->mu);
+	free(h->follow_uri);
 	free(h);
 	a->dbh = NULL;
 }
@@ -196,22 +201,41 @@ static const char *open_cause(const char *path, int flags)
 	return NULL;
 }
 
-static int open_conn(const ulp_archive *a, sqlite3 **out, ulp_err *err)
+static char *file_uri(const char *path, const char *q);
+
+/* A connection to the index: ulpack.db, or the URI db_uri names (a
+ * read-only fallback), or the generation a following reader follows (its
+ * seq in *seq). */
+static int open_conn(const ulp_archive *a, sqlite3 **out, uint64_t *seq, ulp_err *err)
 {
 	char path[4096];
 	snprintf(path, sizeof(path), "%s/ulpack.db", a->dir);
 	sqlite3 *db = NULL;
 	int flags = (a->read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) | SQLITE_OPEN_NOMUTEX;
-	int rc = a->db_uri ? sqlite3_open_v2(a->db_uri, &db, flags | SQLITE_OPEN_URI, NULL)
-	                   : sqlite3_open_v2(path, &db, flags, NULL);
+	char *uri = NULL;
+	if (a->follow) {
+		pthread_mutex_lock(&a->dbh->mu);
+		if (a->dbh->follow_uri)
+			uri = strdup(a->dbh->follow_uri);
+		*seq = a->dbh->follow_seq;
+		pthread_mutex_unlock(&a->dbh->mu);
+		if (!uri)
+			return ULP_ERR(err, -ULP_E_NOMEM, "%s: out of memory", path);
+	}
+	const char *u = uri ? uri : a->db_uri;
+	int rc = u ? sqlite3_open_v2(u, &db, flags | SQLITE_OPEN_URI, NULL) : sqlite3_open_v2(path, &db, flags, NULL);
+	if (rc == SQLITE_OK && uri) /* immutable: the first read tells a generation gone */
+		rc = sqlite3_exec(db, "SELECT 1 FROM meta LIMIT 1", NULL, NULL, NULL);
 	if (rc != SQLITE_OK) {
 		int code = access(path, F_OK) != 0 && errno == ENOENT ? -ULP_E_NOENT
 		         : rc == SQLITE_NOMEM ? -ULP_E_NOMEM : -ULP_E_IO;
-		const char *cause = a->db_uri ? NULL : open_cause(path, a->read_only ? O_RDONLY : O_RDWR);
-		ULP_ERR(err, code, "%s: %s", path, cause ? cause : db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+		const char *cause = u ? NULL : open_cause(path, a->read_only ? O_RDONLY : O_RDWR);
+		ULP_ERR(err, code, "%s: %s", uri ? uri : path, cause ? cause : db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
 		sqlite3_close(db);
+		free(uri);
 		return code;
 	}
+	free(uri);
 	sqlite3_busy_timeout(db, 30000);
 	/* FULL: a commit is on disk when it returns (WAL fsynced), so a power
 	 * loss right after never loses a file whose staging copy is already gone;
@@ -228,11 +252,51 @@ sqlite3 *ulp_db(ulp_archive *a)
 		return NULL;
 	if (!t->db) {
 		ulp_err e = {t->err, sizeof(t->err)};
-		t->open_err = open_conn(a, &t->db, &e);
+		t->open_err = open_conn(a, &t->db, &t->seq, &e);
+		if (t->open_err < 0 && a->follow) { /* its generation retired meanwhile: the newest */
+			ulp_gen_poll(a, 1);
+			t->open_err = open_conn(a, &t->db, &t->seq, &e);
+		}
 		if (t->open_err < 0)
 			return NULL;
 	}
 	return t->db;
+}
+
+int ulp_db_set_follow(ulp_archive *a, const char *path)
+{
+	char *u = file_uri(path, "immutable=1");
+	if (!u)
+		return -ULP_E_NOMEM;
+	pthread_mutex_lock(&a->dbh->mu);
+	free(a->dbh->follow_uri);
+	a->dbh->follow_uri = u;
+	a->dbh->follow_seq++;
+	pthread_mutex_unlock(&a->dbh->mu);
+	return 0;
+}
+
+static void drop_conn(ulp_archive *a);
+
+/* Gen.c invariant 3: a connection that runs no statement (none stepped and
+ * not reset, no transaction) moves to the generation followed. */
+void ulp_db_follow(ulp_archive *a)
+{
+	if (!a->follow)
+		return;
+	ulp_gen_poll(a, 0);
+	ulp_tstate *t = pthread_getspecific(a->dbh->tls);
+	if (!t || !t->db)
+		return;
+	pthread_mutex_lock(&a->dbh->mu);
+	uint64_t seq = a->dbh->follow_seq;
+	pthread_mutex_unlock(&a->dbh->mu);
+	if (t->seq == seq || !sqlite3_get_autocommit(t->db))
+		return;
+	for (sqlite3_stmt *st = sqlite3_next_stmt(t->db, NULL); st; st = sqlite3_next_stmt(t->db, st))
+		if (sqlite3_stmt_busy(st))
+			return;
+	drop_conn(a); /* the next ulp_db opens the generation followed */
 }
 
 static void tstate_close(ulp_tstate *t)
@@ -316,14 +380,26 @@ int ulp_db_exec(ulp_archive *a, const char *sql)
 	return 0;
 }
 
+/* A shared archive's writer writes only while its lease holds (lease.c
+ * invariant 1): checked as a transaction starts and again right before it
+ * commits. */
 int ulp_db_begin(ulp_archive *a)
 {
+	ULP_TRY(ulp_lease_ok(a));
 	return ulp_db_exec(a, "BEGIN IMMEDIATE");
 }
 
 int ulp_db_commit(ulp_archive *a)
 {
-	return ulp_db_exec(a, "COMMIT");
+	int rc = ulp_lease_ok(a);
+	if (rc < 0) {
+		ulp_db_rollback(a);
+		return rc;
+	}
+	rc = ulp_db_exec(a, "COMMIT");
+	if (rc == 0)
+		__atomic_fetch_add(&a->commits, 1, __ATOMIC_RELAXED);
+	return rc;
 }
 
 void ulp_db_rollback(ulp_archive *a)

@@ -25,6 +25,11 @@
  *     with them; a row where they disagree (or mtime_sec is NULL) was written
  *     by an older (version 2 or 3) build after the upgrade, and its time is mtime_ns
  *     (ulp_stat_from_row).
+ *  7. A pack row dropped by
+ *     a shared archive's writer goes into pack_grace in the same
+ *     transaction, and out of it when a pack of that name is added again.
+ *  8. A pack id is never given twice (meta pack_seq holds the last one):
+ *     readers of different generations (gen.c) agree on what an id names.
  */
 #include "arch_int.h"
 #include <sqlite3.h>
@@ -309,7 +314,6 @@ int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_na
                        uint64_t pack_size, const ulp_newblob *b, size_t nb, const ulp_newext *x,
                        size_t nx)
 {
-	static const char sql_pack[] = "INSERT INTO packs(name, size) VALUES(?, ?)";
 	static const char sql_blob[] = "INSERT OR IGNORE INTO blobs(content, codec, ref, depth, raw_size,"
 	                               " stored_size, pack, offset) VALUES(?, ?, ?, ?, ?, ?, ?, ?)";
 	static const char sql_old[] = "SELECT type FROM entries WHERE path = ?";
@@ -333,13 +337,8 @@ int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_na
 	if (old == ULP_ENT_DIR)
 		return ulp_arch_err(a, -ULP_E_EXIST, "%s: is a directory", f->path);
 	int64_t pack = 0;
-	if (pack_name) {
-		ULP_TRY(ulp_db_stmt(a, sql_pack, &st));
-		sqlite3_bind_text(st, 1, pack_name, -1, SQLITE_STATIC);
-		sqlite3_bind_int64(st, 2, (sqlite3_int64)pack_size);
-		ULP_TRY(ulp_db_step_rc(a, st, "insert pack"));
-		pack = sqlite3_last_insert_rowid(ulp_db(a));
-	}
+	if (pack_name)
+		ULP_TRY(ulp_index_pack_add(a, pack_name, pack_size, &pack)); /* invariants 7, 8 */
 	for (size_t i = 0; i < nb; i++) {
 		ULP_TRY(ulp_db_stmt(a, sql_blob, &st));
 		sqlite3_bind_blob(st, 1, b[i].content, ULP_SHA256_LEN, SQLITE_STATIC);
@@ -504,6 +503,7 @@ int ulp_archive_report(ulp_archive *a, const char *prefix,
                        int (*per_file)(void *arg, const char *path, const ulp_stat *st), void *arg,
                        ulp_report *out)
 {
+	ulp_db_follow(a); /* gen.c invariant 3 */
 	static const char sql_dt[] =
 		"WITH f AS (SELECT id FROM entries WHERE type = 0 AND (?1 = '' OR path = ?1 OR "
 		ULP_BELOW("path", "?1") ")),"
@@ -628,13 +628,31 @@ int ulp_index_pack_add(ulp_archive *a, const char *name, uint64_t size, int64_t 
 	/* a pack's name is a digest of its blobs' digests and lengths in order:
 	 * a row of that name is a pack of the same bytes (same blobs at the
 	 * same offsets), which the caller's rows may name as well */
-	static const char sql[] = "INSERT INTO packs(name, size) VALUES(?, ?) ON CONFLICT(name) DO NOTHING";
+	/* invariant 8: an id is never given twice (meta pack_seq: the last one) */
+	static const char sql[] = "INSERT INTO packs(id, name, size) VALUES(1 + max("
+	                          "ifnull((SELECT max(id) FROM packs), 0),"
+	                          " ifnull((SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'pack_seq'), 0)), ?, ?)"
+	                          " ON CONFLICT(name) DO NOTHING";
+	static const char sql_seq[] = "INSERT INTO meta VALUES('pack_seq', ?) ON CONFLICT(key) DO UPDATE"
+	                              " SET value = excluded.value";
 	static const char sql_id[] = "SELECT id FROM packs WHERE name = ?";
+	static const char sql_kept[] = "DELETE FROM pack_grace WHERE name = ?";
 	sqlite3_stmt *st;
 	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
 	sqlite3_bind_int64(st, 2, (sqlite3_int64)size);
 	ULP_TRY(ulp_db_step_rc(a, st, "insert pack"));
+	if (sqlite3_changes(ulp_db(a)) > 0) {
+		sqlite3_int64 nid = sqlite3_last_insert_rowid(ulp_db(a));
+		ULP_TRY(ulp_db_stmt(a, sql_seq, &st));
+		sqlite3_bind_int64(st, 1, nid);
+		ULP_TRY(ulp_db_step_rc(a, st, "pack_seq"));
+	}
+	if (a->sh) { /* a pack of these bytes kept for the grace is named again: it stays */
+		ULP_TRY(ulp_db_stmt(a, sql_kept, &st));
+		sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+		ULP_TRY(ulp_db_step_rc(a, st, "pack_grace"));
+	}
 	ULP_TRY(ulp_db_stmt(a, sql_id, &st));
 	sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
 	int r = sqlite3_step(st);
@@ -1138,4 +1156,54 @@ int ulp_index_space(ulp_archive *a, unsigned pct, ulp_space *sp)
 		sp->pending_recodes = (uint64_t)sqlite3_column_int64(st, 0);
 	sqlite3_finalize(st);
 	return r == SQLITE_ROW ? 0 : ulp_db_err(a, "pending re-codes");
+}
+
+/* ---- packs kept for the grace (maint.c invariant 7) ------------------------ */
+
+int ulp_index_grace_add(ulp_archive *a, const char *name, uint64_t gen)
+{
+	static const char sql[] = "INSERT OR REPLACE INTO pack_grace VALUES(?, ?, ?)";
+	sqlite3_stmt *st;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
+	sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 2, (sqlite3_int64)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+	sqlite3_bind_int64(st, 3, (sqlite3_int64)gen);
+	return ulp_db_step_rc(a, st, "pack_grace");
+}
+
+int ulp_index_grace_has(ulp_archive *a, const char *name)
+{
+	static const char sql[] = "SELECT 1 FROM pack_grace WHERE name = ?";
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
+	sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+	int r = sqlite3_step(st);
+	sqlite3_reset(st);
+	return r == SQLITE_ROW ? 1 : r == SQLITE_DONE ? 0 : ulp_db_err(a, "pack_grace");
+}
+
+int ulp_index_grace_due(ulp_archive *a, int64_t before_ms, uint64_t below_gen,
+                        int (*cb)(void *arg, const char *name), void *arg)
+{
+	static const char sql[] = "SELECT name FROM pack_grace WHERE since_ms <= ? AND gen < ?";
+	static const char del[] = "DELETE FROM pack_grace WHERE name = ?";
+	sqlite3_stmt *st, *d;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
+	ULP_TRY(ulp_db_stmt(a, del, &d));
+	sqlite3_bind_int64(st, 1, before_ms);
+	sqlite3_bind_int64(st, 2, (sqlite3_int64)below_gen);
+	int r, rc = 0;
+	while (rc == 0 && (r = sqlite3_step(st)) == SQLITE_ROW) {
+		const char *n = (const char *)sqlite3_column_text(st, 0);
+		sqlite3_bind_text(d, 1, n, -1, SQLITE_TRANSIENT);
+		rc = ulp_db_step_rc(a, d, "pack_grace");
+		if (rc == 0)
+			rc = cb(arg, n);
+	}
+	if (rc == 0 && r != SQLITE_DONE)
+		rc = ulp_db_err(a, "pack_grace");
+	sqlite3_reset(st);
+	return rc;
 }

@@ -316,7 +316,17 @@ static int map_pack(ulp_archive *a, int64_t id, struct pack_map *out)
 	if (!be->ops->map)
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: the %s pack store maps no pack", path, be->ops->name);
 	ulp_backend_map m;
-	ULP_TRY(be->ops->map(be, name, &m));
+	int rc = be->ops->map(be, name, &m);
+	if (rc < 0 && a->follow && access(path, F_OK) != 0 && errno == ENOENT) { /* gen.c invariant 4 */
+		ulp_generation g;
+		ulp_archive_generation(a, &g);
+		char why[1024];
+		snprintf(why, sizeof(why), "%s", ulp_archive_errmsg(a));
+		return ulp_arch_err(a, rc, "%s (the writer removed it: this reader's generation %llu was superseded more "
+		                    "than the writer's grace ago; reopen the file to read the newest)", why,
+		                    (unsigned long long)g.gen);
+	}
+	ULP_TRY(rc);
 	if (m.size < 8 || memcmp(m.base, PACK_MAGIC, 8) != 0) {
 		if (m.size)
 			munmap((void *)m.base, (size_t)m.size);

@@ -24,6 +24,7 @@ static const char *const messages[ULP_E__COUNT] = {
 	[ULP_E_NOTEMPTY] = "directory not empty",
 	[ULP_E_NOTDIR] = "not a directory",
 	[ULP_E_ISDIR] = "is a directory",
+	[ULP_E_FENCED] = "another writer took the archive over (lease lost)",
 };
 
 const char *ulp_strerror(int rc)
@@ -44,7 +45,7 @@ int ulp_to_errno(int rc)
 		[ULP_E_EXIST] = EEXIST, [ULP_E_BUSY] = EBUSY, [ULP_E_OVERFLOW] = EOVERFLOW,
 		[ULP_E_UNSUPPORTED] = EOPNOTSUPP, [ULP_E_NAMETOOLONG] = ENAMETOOLONG,
 		[ULP_E_NOTEMPTY] = ENOTEMPTY,
-		[ULP_E_NOTDIR] = ENOTDIR, [ULP_E_ISDIR] = EISDIR,
+		[ULP_E_NOTDIR] = ENOTDIR, [ULP_E_ISDIR] = EISDIR, [ULP_E_FENCED] = EROFS,
 	};
 	if (rc < 0)
 		rc = -rc;

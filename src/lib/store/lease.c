@@ -1,0 +1,294 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * lease.c - one writer for a shared archive, fenced by an epoch: flock on
+ * mount.lock is no fence on a network file system (a partition longer than
+ * the client's ping timeout drops it: ../shared/notes/scaleout-measured.md).
+ *
+ * A writer takes epoch E+1 by creating lease/<E+1> (O_CREAT|O_EXCL: one
+ * host wins) once the holder of E gave it back or let it expire, renews it
+ * while it runs, and writes its epoch into every CURRENT it publishes. The
+ * renewer thread also publishes what was archived since the last
+ * publication, and retires generations and packs past the grace.
+ *
+ * Invariants:
+ *  1. A writer writes (index transactions: ulp_db_begin/commit; publication:
+ *     gen.c invariant 2) only while ulp_lease_ok: no higher epoch seen, and
+ *     less than 3/4 of the lease since the start of its last renewal that
+ *     succeeded, by its own monotonic clock. Another host takes over only
+ *     after a whole lease past the renewal time written in the file, so a
+ *     quarter of a lease covers the hosts' clock skew and a write in flight.
+ *  2. Once lost, the lease stays lost for that handle (fenced): the writer
+ *     stops archiving and publishing and says why; its staged files stay
+ *     for the next writer's recovery.
+ *  3. A new writer takes its epoch before it recovers staging (archive.c
+ *     opens the archive, and so takes the lease, before ulp_stage_recover).
+ */
+#include "shared.h"
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+
+typedef struct holder {
+	uint64_t epoch;
+	int64_t renewed_ms, lease_ms, mtime_ms;
+	long pid;
+	char host[256];
+	int parsed;
+} holder;
+
+static void lease_path(const ulp_archive *a, uint64_t epoch, char *p, size_t cap)
+{
+	snprintf(p, cap, "%s/lease/%020" PRIu64, a->dir, epoch);
+}
+
+/* The highest epoch in lease/ (0: none) and what its file says. */
+static int highest(ulp_archive *a, holder *h, ulp_err *err)
+{
+	char p[4200];
+	snprintf(p, sizeof(p), "%s/lease", a->dir);
+	memset(h, 0, sizeof(*h));
+	DIR *d = opendir(p);
+	if (!d)
+		return ULP_ERR(err, -ULP_E_IO, "%s: %s", p, strerror(errno));
+	for (struct dirent *e; (e = readdir(d));) {
+		char *end;
+		uint64_t ep = strtoull(e->d_name, &end, 10);
+		if (*end == 0 && strlen(e->d_name) == 20 && ep > h->epoch)
+			h->epoch = ep;
+	}
+	closedir(d);
+	if (!h->epoch)
+		return 0;
+	lease_path(a, h->epoch, p, sizeof(p));
+	char buf[512];
+	int fd = open(p, O_RDONLY | O_CLOEXEC);
+	ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+	struct stat sb;
+	if (fd >= 0 && fstat(fd, &sb) == 0)
+		h->mtime_ms = (int64_t)sb.st_mtim.tv_sec * 1000 + sb.st_mtim.tv_nsec / 1000000;
+	if (fd >= 0)
+		close(fd);
+	unsigned v;
+	uint64_t ep;
+	if (n > 0) {
+		buf[n] = 0;
+		h->parsed = sscanf(buf, "ulpack-lease %u %" SCNu64 " %" SCNd64 " %" SCNd64 " %ld %255s", &v, &ep,
+		                   &h->renewed_ms, &h->lease_ms, &h->pid, h->host) == 6 &&
+		            v == 1 && ep == h->epoch;
+	}
+	return 0;
+}
+
+static int write_lease(ulp_archive *a, int64_t renewed_ms, int durable)
+{
+	ulp_shared *sh = a->sh;
+	char p[4200], line[512];
+	lease_path(a, sh->epoch, p, sizeof(p));
+	int l = snprintf(line, sizeof(line), "ulpack-lease 1 %" PRIu64 " %" PRId64 " %u %ld %s\n", sh->epoch,
+	                 renewed_ms, sh->lease_ms, (long)getpid(), sh->host);
+	return ulp_shared_replace_file(a, p, line, (size_t)l, durable);
+}
+
+static void fence(ulp_archive *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fence(ulp_archive *a, const char *fmt, ...)
+{
+	ulp_shared *sh = a->sh;
+	pthread_mutex_lock(&sh->mu);
+	if (!sh->fenced) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(sh->why, sizeof(sh->why), fmt, ap);
+		va_end(ap);
+		__atomic_store_n(&sh->fenced, 1, __ATOMIC_RELEASE);
+		fprintf(stderr, "ulpack: %s\n", sh->why);
+	}
+	pthread_mutex_unlock(&sh->mu);
+}
+
+static void *renewer(void *arg);
+
+/* The renewer runs in the process that writes: started by the first check
+ * of the lease in this process (a daemon forks after it opened the archive,
+ * and threads do not cross a fork). */
+static void ensure_renewer(ulp_archive *a)
+{
+	ulp_shared *sh = a->sh;
+	long me = (long)getpid();
+	if (__atomic_load_n(&sh->renewer_pid, __ATOMIC_ACQUIRE) == me)
+		return;
+	pthread_mutex_lock(&sh->mu);
+	if (sh->renewer_pid != me && !sh->stop && pthread_create(&sh->renewer, NULL, renewer, a) == 0)
+		__atomic_store_n(&sh->renewer_pid, me, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&sh->mu);
+}
+
+int ulp_lease_ok(ulp_archive *a)
+{
+	ulp_shared *sh = a->sh;
+	if (!sh || !sh->writer)
+		return 0;
+	ensure_renewer(a);
+	if (!__atomic_load_n(&sh->fenced, __ATOMIC_ACQUIRE)) {
+		int64_t ok = __atomic_load_n(&sh->ok_mono_ms, __ATOMIC_RELAXED), now = ulp_mono_ms();
+		if (now - ok > (int64_t)sh->lease_ms * 3 / 4)
+			fence(a, "%s: this writer (epoch %" PRIu64 ") could not renew its lease for %.1f s (of %.1f s): it "
+			      "stopped archiving and publishing; another host may take the archive over",
+			      a->dir, sh->epoch, (double)(now - ok) / 1000, (double)sh->lease_ms / 1000);
+	}
+	if (!__atomic_load_n(&sh->fenced, __ATOMIC_ACQUIRE))
+		return 0;
+	pthread_mutex_lock(&sh->mu);
+	int rc = ulp_arch_err(a, -ULP_E_FENCED, "%s", sh->why);
+	pthread_mutex_unlock(&sh->mu);
+	return rc;
+}
+
+int ulp_lease_test_stall; /* tests: renewals fail, as behind a network partition */
+
+/* One tick of the renewer: a higher epoch fences (invariant 2); else the
+ * lease is renewed. */
+static void renew(ulp_archive *a)
+{
+	ulp_shared *sh = a->sh;
+	char p[4200], msg[256];
+	ulp_err e = {msg, sizeof(msg)};
+	int64_t start = ulp_mono_ms();
+	holder h;
+	if (highest(a, &h, &e) == 0 && h.epoch > sh->epoch) {
+		fence(a, "%s: another writer took the archive over (epoch %" PRIu64 ", host %s, pid %ld): this writer "
+		      "(epoch %" PRIu64 ") stopped archiving and publishing", a->dir, h.epoch, h.parsed ? h.host : "?",
+		      h.parsed ? h.pid : 0L, sh->epoch);
+		return;
+	}
+	lease_path(a, sh->epoch, p, sizeof(p));
+	if (access(p, F_OK) < 0 && errno == ENOENT) {
+		fence(a, "%s: this writer's lease file %s is gone: it stopped archiving and publishing", a->dir, p);
+		return;
+	}
+	if (ulp_lease_ok(a) == 0 && !__atomic_load_n(&ulp_lease_test_stall, __ATOMIC_RELAXED) &&
+	    write_lease(a, ulp_wall_ms(), 0) == 0)
+		__atomic_store_n(&sh->ok_mono_ms, start, __ATOMIC_RELAXED);
+}
+
+static uint64_t gen_now(ulp_shared *sh)
+{
+	pthread_mutex_lock(&sh->mu);
+	uint64_t g = sh->gen;
+	pthread_mutex_unlock(&sh->mu);
+	return g;
+}
+
+static void *renewer(void *arg)
+{
+	/* (no signal of the daemon's lands here: the loop ends by stop) */
+	ulp_archive *a = arg;
+	ulp_shared *sh = a->sh;
+	int64_t last_renew = ulp_mono_ms(), last_pub = 0, pub_cost = 0;
+	pthread_mutex_lock(&sh->mu);
+	while (!sh->stop) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += 1; /* a tick a second (at most a quarter lease) */
+		if (sh->lease_ms < 4000) {
+			ts.tv_sec -= 1;
+			ts.tv_nsec += (long)sh->lease_ms / 4 * 1000000;
+			if (ts.tv_nsec >= 1000000000) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000;
+			}
+		}
+		pthread_cond_timedwait(&sh->cv, &sh->mu, &ts);
+		if (sh->stop || sh->fenced)
+			break;
+		pthread_mutex_unlock(&sh->mu);
+		int64_t now = ulp_mono_ms();
+		if (now - last_renew >= (int64_t)sh->lease_ms / 4) {
+			renew(a);
+			last_renew = now;
+		}
+		/* what was archived since the last publication, at most a tenth of the
+		 * time spent publishing (gen.c) */
+		if (ulp_lease_ok(a) == 0 && now - last_pub >= 10 * pub_cost) {
+			int64_t t0 = ulp_mono_ms();
+			pthread_mutex_lock(&sh->mu);
+			uint64_t before = sh->gen;
+			pthread_mutex_unlock(&sh->mu);
+			if (ulp_gen_publish(a, 0) == 0 && gen_now(sh) != before) {
+				pub_cost = ulp_mono_ms() - t0;
+				last_pub = ulp_mono_ms();
+			}
+			ulp_gen_retire(a);
+			ulp_archive_grace_sweep(a, 0);
+		}
+		pthread_mutex_lock(&sh->mu);
+	}
+	pthread_mutex_unlock(&sh->mu);
+	return NULL;
+}
+
+int ulp_lease_take(ulp_archive *a, ulp_err *err)
+{
+	ulp_shared *sh = a->sh;
+	char p[4200];
+	snprintf(p, sizeof(p), "%s/lease", a->dir);
+	if (mkdir(p, 0700) < 0 && errno != EEXIST)
+		return ULP_ERR(err, -ULP_E_IO, "%s: %s", p, strerror(errno));
+	holder h;
+	ULP_TRY(highest(a, &h, err));
+	int64_t now = ulp_wall_ms();
+	if (h.epoch) {
+		/* a file not written yet (its taker is between create and write): by
+		 * its mtime; one given back: renewed 0 */
+		int64_t renewed = h.parsed ? h.renewed_ms : h.mtime_ms;
+		int64_t lease = h.parsed ? h.lease_ms : (int64_t)ULP_LEASE_MS_DEFAULT;
+		if (renewed > 0 && now < renewed + lease)
+			return ULP_ERR(err, -ULP_E_BUSY,
+			               "%s: another writer holds the archive's lease (host %s, pid %ld, epoch %" PRIu64
+			               ", renewed %.1f s ago; free in %.1f s unless renewed): one writer at a time on a "
+			               "shared archive; mount read-only (-o ro) to follow what it publishes",
+			               a->dir, h.parsed ? h.host : "?", h.parsed ? h.pid : 0L, h.epoch,
+			               (double)(now - renewed) / 1000, (double)(renewed + lease - now) / 1000);
+	}
+	sh->epoch = h.epoch + 1;
+	lease_path(a, sh->epoch, p, sizeof(p));
+	int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return ULP_ERR(err, errno == EEXIST ? -ULP_E_BUSY : -ULP_E_IO, "%s: %s", p,
+		               errno == EEXIST ? "another writer took this epoch first" : strerror(errno));
+	close(fd);
+	__atomic_store_n(&sh->ok_mono_ms, ulp_mono_ms(), __ATOMIC_RELAXED);
+	int rc = write_lease(a, ulp_wall_ms(), 1);
+	if (rc < 0)
+		return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
+	/* older epochs' files: all but the one before */
+	for (uint64_t ep = h.epoch > 1 ? h.epoch - 1 : 0; ep > 0; ep--) {
+		lease_path(a, ep, p, sizeof(p));
+		if (unlink(p) < 0 && errno == ENOENT)
+			break;
+	}
+	return 0; /* the renewer starts with the first write (ensure_renewer) */
+}
+
+void ulp_lease_give_back(ulp_archive *a)
+{
+	ulp_shared *sh = a->sh;
+	if (!sh || !sh->writer)
+		return;
+	pthread_mutex_lock(&sh->mu);
+	sh->stop = 1;
+	pthread_cond_broadcast(&sh->cv);
+	int mine = sh->renewer_pid == (long)getpid();
+	pthread_mutex_unlock(&sh->mu);
+	if (mine)
+		pthread_join(sh->renewer, NULL);
+	if (sh->epoch && ulp_lease_ok(a) == 0) {
+		ulp_gen_publish(a, 0); /* what was archived last */
+		write_lease(a, 0, 1); /* given back: the next writer need not wait */
+	}
+}

@@ -1,0 +1,90 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * shared.h - an archive that many hosts share (DESIGN.md section 7): its
+ * published index generations (gen.c) and its writer's lease (lease.c).
+ * An archive is shared once ARCHIVE/index/ exists (ulp_archive_share).
+ *
+ * On disk, beside ulpack.db, packs/ and staging/:
+ *   index/gen-<20 digits>.db   a generation: a consistent copy of ulpack.db
+ *                              (SQLite's online backup), journal mode DELETE,
+ *                              never written again; readers open it with
+ *                              immutable=1 (no locks, no -wal, no -shm)
+ *   index/CURRENT              "ulpack-current 1 GEN EPOCH BYTES\n": the
+ *                              newest generation, the epoch of the writer
+ *                              that published it and the file's size
+ *   lease/<20 digits>          the writer lease of that epoch:
+ *                              "ulpack-lease 1 EPOCH RENEWED_MS LEASE_MS PID HOST\n"
+ *                              (RENEWED_MS: wall clock, ms since 1970; 0:
+ *                              given back at close)
+ * The live ulpack.db stays the writer's alone: SQLite's WAL needs memory
+ * shared by its readers, which hosts do not share (measured stale and
+ * "malformed" pages over GlusterFS: ../shared/notes/scaleout-measured.md).
+ */
+#ifndef ULP_SHARED_H
+#define ULP_SHARED_H
+
+#include "arch_int.h"
+
+#define ULP_GEN_KEEP 4              /* generations kept beside the current one's
+                                       predecessors younger than the grace */
+#define ULP_POLL_MS_DEFAULT 2000    /* a reader looks for a new generation */
+#define ULP_LEASE_MS_DEFAULT 15000  /* a writer's lease lasts, unless renewed */
+#define ULP_GRACE_S_DEFAULT 600     /* a superseded generation and a pack the index
+                                       dropped stay this long */
+
+/*
+ * The shared state of an archive handle (a->sh), NULL for an archive that
+ * is not shared. Lock order: sh->mu is taken under write_mu and never the
+ * other way; no index call is made under it.
+ */
+struct ulp_shared {
+	int writer;                  /* set at open, read-only after: holds a lease */
+	unsigned poll_ms, lease_ms, grace_s; /* set at open, read-only after */
+	char host[256];              /* set at open, read-only after: gethostname */
+	pthread_mutex_t mu;
+	/* generations (gen.c) */
+	uint64_t gen, gen_epoch;     /* guarded by mu: the generation followed (reader) or
+	                                last published (writer) and its epoch */
+	int64_t next_poll_ms;        /* atomic: monotonic time of a reader's next look at
+	                                CURRENT */
+	pthread_mutex_t pub_mu;      /* one publication at a time (taken before mu) */
+	uint64_t published_changes;  /* guarded by pub_mu: a->commits at the last
+	                                publication */
+	int64_t published_ms;        /* guarded by pub_mu: monotonic time of it */
+	/* the lease (lease.c) */
+	uint64_t epoch;              /* set at open, read-only after (writer) */
+	int64_t ok_mono_ms;          /* atomic: monotonic start of the last renewal that
+	                                succeeded; the lease holds until ok + 3/4 lease */
+	int fenced;                  /* atomic: 1 once the lease is lost, for good */
+	char why[512];               /* guarded by mu: why it was lost */
+	pthread_t renewer;           /* guarded by mu: renews the lease, publishes,
+	                                retires generations and packs past the grace */
+	long renewer_pid;            /* atomic, written under mu: the process the
+	                                renewer runs in (0: none yet) */
+	int stop;                    /* guarded by mu: the renewer ends */
+	pthread_cond_t cv;           /* with mu: wakes the renewer to end */
+};
+
+int64_t ulp_mono_ms(void);
+int64_t ulp_wall_ms(void);
+
+/* gen.c */
+int ulp_gen_is_shared(const char *dir);
+int ulp_gen_reader_open(ulp_archive *a, ulp_err *err);
+int ulp_gen_publish(ulp_archive *a, int force);
+void ulp_gen_retire(ulp_archive *a);
+int ulp_gen_oldest(ulp_archive *a, uint64_t *oldest);
+int ulp_netfs(const char *dir, char *name, size_t cap);
+/* Writes data into path whole (a temporary and a rename); durable: fsynced
+ * with its directory. */
+int ulp_shared_replace_file(ulp_archive *a, const char *path, const char *data, size_t n, int durable);
+int ulp_shared_new(ulp_archive *a, const ulp_archive_opts *o, int writer);
+void ulp_shared_free(ulp_archive *a);
+
+/* lease.c */
+int ulp_lease_take(ulp_archive *a, ulp_err *err);
+void ulp_lease_give_back(ulp_archive *a);
+int ulp_lease_ok(ulp_archive *a);
+extern int ulp_lease_test_stall; /* tests: renewals fail (a partition) */
+
+#endif
