@@ -62,6 +62,8 @@ struct ulp_tstate {
 	} stmts[N_STMTS];
 	int n_stmts;
 	uint64_t seq;        /* the dbh's follow_seq that db was opened at */
+	int64_t hook_changes; /* sqlite3_total_changes64 at the last commit_hook */
+	int hooked;          /* commit_hook installed on db */
 	ulp_tstate *next;    /* guarded by dbh->mu */
 };
 
@@ -245,6 +247,23 @@ static int open_conn(const ulp_archive *a, sqlite3 **out, uint64_t *seq, ulp_err
 	return 0;
 }
 
+/* Every commit of a shared archive's writer, a statement's own included:
+ * none while the lease does not hold (lease.c invariant 1: the commit turns
+ * into a rollback), and one that wrote rows counts (gen.c publishes when
+ * a->commits moved). */
+static int commit_hook(void *arg)
+{
+	ulp_tstate *t = arg;
+	if (ulp_lease_ok(t->a) < 0)
+		return 1;
+	int64_t c = sqlite3_total_changes64(t->db);
+	if (c != t->hook_changes) {
+		t->hook_changes = c;
+		__atomic_fetch_add(&t->a->commits, 1, __ATOMIC_RELAXED);
+	}
+	return 0;
+}
+
 sqlite3 *ulp_db(ulp_archive *a)
 {
 	ulp_tstate *t = tstate(a);
@@ -259,6 +278,10 @@ sqlite3 *ulp_db(ulp_archive *a)
 		}
 		if (t->open_err < 0)
 			return NULL;
+	}
+	if (!t->hooked && a->sh && !a->read_only) { /* a shared archive's writer (ulp_archive_share) */
+		sqlite3_commit_hook(t->db, commit_hook, t);
+		t->hooked = 1;
 	}
 	return t->db;
 }
@@ -396,10 +419,7 @@ int ulp_db_commit(ulp_archive *a)
 		ulp_db_rollback(a);
 		return rc;
 	}
-	rc = ulp_db_exec(a, "COMMIT");
-	if (rc == 0)
-		__atomic_fetch_add(&a->commits, 1, __ATOMIC_RELAXED);
-	return rc;
+	return ulp_db_exec(a, "COMMIT");
 }
 
 void ulp_db_rollback(ulp_archive *a)
@@ -557,6 +577,7 @@ static void drop_conn(ulp_archive *a)
 	t->n_stmts = 0;
 	sqlite3_close(t->db);
 	t->db = NULL;
+	t->hooked = 0;
 }
 
 /* A file: URI of path (percent-encoded) with query q; NULL: no memory. */
