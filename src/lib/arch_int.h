@@ -163,9 +163,12 @@ int ulp_arch_err(const ulp_archive *a, int code, const char *fmt, ...)
 
 #define ULP_SCHEMA_VERSION 4
 
-/* The generation that a following reader's new connections open (gen.c);
- * its threads move to it at their next ulp_db_follow. */
-int ulp_db_set_follow(ulp_archive *a, const char *path);
+/* The generation that a following reader's new connections open (gen.c):
+ * uri, which the dbh takes; its threads move to it at their next
+ * ulp_db_follow. */
+void ulp_db_set_follow(ulp_archive *a, char *uri);
+/* A file: URI of path (percent-encoded) with query q; NULL: no memory. */
+char *ulp_db_file_uri(const char *path, const char *q);
 /* At the library's read entry points: a reader of a shared archive looks
  * for a newer generation when due, and the calling thread moves its
  * connection to the one followed when it runs no statement (gen.c

@@ -203,8 +203,6 @@ static const char *open_cause(const char *path, int flags)
 	return NULL;
 }
 
-static char *file_uri(const char *path, const char *q);
-
 /* A connection to the index: ulpack.db, or the URI db_uri names (a
  * read-only fallback), or the generation a following reader follows (its
  * seq in *seq). */
@@ -281,22 +279,19 @@ sqlite3 *ulp_db(ulp_archive *a)
 	}
 	if (!t->hooked && a->sh && !a->read_only) { /* a shared archive's writer (ulp_archive_share) */
 		sqlite3_commit_hook(t->db, commit_hook, t);
+		sqlite3_wal_autocheckpoint(t->db, 0); /* publication checkpoints (gen.c invariant 5) */
 		t->hooked = 1;
 	}
 	return t->db;
 }
 
-int ulp_db_set_follow(ulp_archive *a, const char *path)
+void ulp_db_set_follow(ulp_archive *a, char *u)
 {
-	char *u = file_uri(path, "immutable=1");
-	if (!u)
-		return -ULP_E_NOMEM;
 	pthread_mutex_lock(&a->dbh->mu);
 	free(a->dbh->follow_uri);
 	a->dbh->follow_uri = u;
 	a->dbh->follow_seq++;
 	pthread_mutex_unlock(&a->dbh->mu);
-	return 0;
 }
 
 static void drop_conn(ulp_archive *a);
@@ -581,7 +576,7 @@ static void drop_conn(ulp_archive *a)
 }
 
 /* A file: URI of path (percent-encoded) with query q; NULL: no memory. */
-static char *file_uri(const char *path, const char *q)
+char *ulp_db_file_uri(const char *path, const char *q)
 {
 	size_t n = strlen(path);
 	char *u = malloc(n * 3 + strlen(q) + 8), *p = u;
@@ -654,7 +649,7 @@ static int ro_fallback(ulp_archive *a, ulp_err *err)
 	snprintf(wal, sizeof(wal), "%s-wal", db);
 	struct stat sb;
 	if (stat(wal, &sb) < 0 || sb.st_size <= 32) { /* 32: a WAL header, no frame */
-		a->db_uri = file_uri(db, "immutable=1");
+		a->db_uri = ulp_db_file_uri(db, "immutable=1");
 		return a->db_uri ? 0 : -ULP_E_NOMEM;
 	}
 	const char *tmp = getenv("TMPDIR");
@@ -668,7 +663,7 @@ static int ro_fallback(ulp_archive *a, ulp_err *err)
 	}
 	snprintf(p, sizeof(p), "%s/ulpack.db", dir);
 	ULP_TRY(copy_file(db, p, err));
-	a->db_uri = file_uri(p, "mode=ro");
+	a->db_uri = ulp_db_file_uri(p, "mode=ro");
 	snprintf(p, sizeof(p), "%s/ulpack.db-wal", dir);
 	ULP_TRY(copy_file(wal, p, err));
 	return a->db_uri ? 0 : -ULP_E_NOMEM;
@@ -736,6 +731,8 @@ int ulp_db_step_rc(ulp_archive *a, sqlite3_stmt *st, const char *what)
 
 void ulp_index_checkpoint(ulp_archive *a)
 {
+	if (a->sh) /* a shared archive's publication checkpoints (gen.c invariant 5) */
+		return;
 	sqlite3 *db = ulp_db(a);
 	if (db) /* busy (a reader holds an older snapshot) is fine: next time */
 		sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * gen.c - published index generations (shared.h has the files): the writer
- * copies its live index into a new generation after each archived batch and
- * at sync; readers on any host open the newest one immutable and follow the
+ * copies its live index into a new generation (whole, or the pages that
+ * changed since the last whole one) after each archived batch and at sync; readers on any host open the newest one immutable and follow the
  * next ones; a generation superseded more than the grace ago goes, and with
  * it the packs the index dropped before it (pack_grace, maint.c).
  *
@@ -21,9 +21,21 @@
  *     open (read.c invariant 3), so it keeps the bytes of its generation.
  *  4. Retirement (ulp_gen_retire) keeps the current generation and, of the
  *     others, the newest ULP_GEN_KEEP that were superseded less than the
- *     grace ago; a generation file is the only thing a reader opens by name,
- *     and a pack a retained generation names is never removed (maint.c
- *     invariant 7).
+ *     grace ago, and the base of every patch it keeps; a generation file is
+ *     the only thing a reader opens by name, and a pack a generation kept
+ *     as one names is never removed (maint.c invariant 7). A base kept only
+ *     for its patches names nothing by itself: its readers read the
+ *     patches.
+ *  5. No checkpoint runs in the writer's process but publication's (its
+ *     connections' auto-checkpoint is off, ulp_index_checkpoint defers to
+ *     it, and the lease keeps other processes out), so after publication's
+ *     full checkpoint ulpack.db holds exactly the committed pages it reads,
+ *     however the other threads commit meanwhile (into the WAL).
+ *  6. A generation is published whole (gen-G.db) or as a patch (gen-G.patch:
+ *     the pages that differ from the last whole one, its base; genvfs.c);
+ *     whole when there is no base or the patch would exceed a quarter of
+ *     the index (or 256 KiB), so that a reader's memory for a patch stays
+ *     below that.
  */
 #include "shared.h"
 #include <dirent.h>
@@ -159,8 +171,11 @@ int ulp_shared_replace_file(ulp_archive *a, const char *path, const char *data, 
 	return replace_file(a, path, data, n, durable);
 }
 
+/* What index/CURRENT says: generation gen of the writer of epoch epoch, a
+ * file of bytes bytes: whole (base == gen: gen-G.db) or a patch of
+ * generation base (gen-G.patch, genvfs.c). */
 typedef struct current {
-	uint64_t gen, epoch, bytes;
+	uint64_t gen, epoch, bytes, base;
 } current;
 
 /* CURRENT of dir: 0, NOENT (none), CORRUPT (not one). */
@@ -176,20 +191,35 @@ static int read_current(const char *dir, current *c, ulp_err *err)
 	if (n < 0)
 		return ULP_ERR(err, -ULP_E_IO, "%s: %s", p, strerror(errno));
 	buf[n] = 0;
-	unsigned v;
-	if (sscanf(buf, "ulpack-current %u %" SCNu64 " %" SCNu64 " %" SCNu64, &v, &c->gen, &c->epoch, &c->bytes) != 4 ||
-	    v != 1 || c->gen == 0)
+	unsigned v = 0;
+	int k = sscanf(buf, "ulpack-current %u %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &v, &c->gen, &c->epoch,
+	               &c->bytes, &c->base);
+	if (k == 4 && v == 1)
+		c->base = c->gen;
+	if (!((k == 4 && v == 1) || (k == 5 && v == 2)) || c->gen == 0 || c->base == 0 || c->base > c->gen)
 		return ULP_ERR(err, -ULP_E_CORRUPT, "%s: not a generation pointer (\"%.40s\")", p, buf);
 	return 0;
 }
 
-static void gen_path(const ulp_archive *a, uint64_t gen, char *p, size_t cap)
+static void gen_path(const ulp_archive *a, uint64_t gen, int patch, char *p, size_t cap)
 {
-	snprintf(p, cap, "%s/index/gen-%020" PRIu64 ".db", a->dir, gen);
+	snprintf(p, cap, "%s/index/gen-%020" PRIu64 ".%s", a->dir, gen, patch ? "patch" : "db");
 }
 
-/* The generation numbers in index/, ascending, in *out (caller frees). */
-static int list_gens(ulp_archive *a, uint64_t **out, size_t *n)
+typedef struct genfile {
+	uint64_t gen;
+	int patch;
+	int64_t at;    /* published: the file's mtime, ms */
+} genfile;
+
+static int genfile_cmp(const void *x, const void *y)
+{
+	const genfile *a = x, *b = y;
+	return a->gen < b->gen ? -1 : a->gen > b->gen;
+}
+
+/* The generation files in index/, ascending. */
+static int list_gens(ulp_archive *a, genfile **out, size_t *n)
 {
 	char p[4200];
 	snprintf(p, sizeof(p), "%s/index", a->dir);
@@ -203,28 +233,31 @@ static int list_gens(ulp_archive *a, uint64_t **out, size_t *n)
 	for (struct dirent *e; rc == 0 && (e = readdir(d));) {
 		uint64_t g;
 		char tail[8];
-		if (sscanf(e->d_name, "gen-%" SCNu64 "%7s", &g, tail) != 2 || strcmp(tail, ".db") || g == 0)
+		if (sscanf(e->d_name, "gen-%" SCNu64 ".%7s", &g, tail) != 2 || g == 0 ||
+		    (strcmp(tail, "db") && strcmp(tail, "patch")))
 			continue;
-		if ((rc = ulp_grow(out, &cap, *n, sizeof(**out))) == 0)
-			(*out)[(*n)++] = g;
+		if ((rc = ulp_grow(out, &cap, *n, sizeof(**out))) == 0) {
+			char f[4600];
+			struct stat sb;
+			snprintf(f, sizeof(f), "%s/%s", p, e->d_name);
+			(*out)[*n] = (genfile){g, tail[0] == 'p', 0};
+			if (stat(f, &sb) == 0)
+				(*out)[*n].at = (int64_t)sb.st_mtim.tv_sec * 1000 + sb.st_mtim.tv_nsec / 1000000;
+			(*n)++;
+		}
 	}
 	closedir(d);
-	for (size_t i = 1; i < *n; i++) /* insertion sort: a handful */
-		for (size_t j = i; j > 0 && (*out)[j - 1] > (*out)[j]; j--) {
-			uint64_t t = (*out)[j];
-			(*out)[j] = (*out)[j - 1];
-			(*out)[j - 1] = t;
-		}
+	if (*n > 1)
+		qsort(*out, *n, sizeof(**out), genfile_cmp);
 	return rc;
 }
 
 int ulp_gen_oldest(ulp_archive *a, uint64_t *oldest)
 {
-	uint64_t *g;
-	size_t n;
-	ULP_TRY(list_gens(a, &g, &n));
-	*oldest = n ? g[0] : 0;
-	free(g);
+	ulp_gen_retire(a);
+	pthread_mutex_lock(&a->sh->mu);
+	*oldest = a->sh->oldest_kept;
+	pthread_mutex_unlock(&a->sh->mu);
 	return 0;
 }
 
@@ -258,6 +291,7 @@ void ulp_shared_free(ulp_archive *a)
 	if (!sh)
 		return;
 	ulp_lease_give_back(a); /* joins the renewer */
+	free(sh->base_hash);
 	pthread_mutex_destroy(&sh->mu);
 	pthread_mutex_destroy(&sh->pub_mu);
 	pthread_cond_destroy(&sh->cv);
@@ -267,11 +301,13 @@ void ulp_shared_free(ulp_archive *a)
 
 /* ---- readers ------------------------------------------------------------ */
 
-/* Follows generation c (a reader): new connections open it. */
+/* Follows generation c (a reader): new connections open it, whole or as a
+ * patch over its base (genvfs.c). */
 static int follow(ulp_archive *a, const current *c, ulp_err *err)
 {
-	char p[4200];
-	gen_path(a, c->gen, p, sizeof(p));
+	char p[4200], b[4200];
+	int patch = c->base != c->gen;
+	gen_path(a, c->gen, patch, p, sizeof(p));
 	struct stat sb;
 	if (stat(p, &sb) < 0)
 		return ULP_ERR(err, errno == ENOENT ? -ULP_E_NOENT : -ULP_E_IO,
@@ -279,7 +315,25 @@ static int follow(ulp_archive *a, const current *c, ulp_err *err)
 	if ((uint64_t)sb.st_size != c->bytes)
 		return ULP_ERR(err, -ULP_E_CORRUPT, "%s: %lld bytes where index/CURRENT says %" PRIu64 " (not whole yet?)",
 		               p, (long long)sb.st_size, c->bytes);
-	ULP_TRY(ulp_db_set_follow(a, p));
+	char *uri;
+	if (!patch) {
+		uri = ulp_db_file_uri(p, "immutable=1");
+	} else {
+		if (ulp_genvfs_register() < 0)
+			return ULP_ERR(err, -ULP_E_UNSUPPORTED, "%s: this SQLite cannot read a patched generation", p);
+		char *pq = ulp_db_file_uri(p, ""), q[8800];
+		if (!pq)
+			return -ULP_E_NOMEM;
+		/* the patch's path, as a URI parameter (its file: prefix and ? off) */
+		size_t l = strlen(pq);
+		snprintf(q, sizeof(q), "immutable=1&vfs=ulpgen&patch=%.*s", (int)(l - 6), pq + 5);
+		free(pq);
+		gen_path(a, c->base, 0, b, sizeof(b));
+		uri = ulp_db_file_uri(b, q);
+	}
+	if (!uri)
+		return -ULP_E_NOMEM;
+	ulp_db_set_follow(a, uri);
 	pthread_mutex_lock(&a->sh->mu);
 	a->sh->gen = c->gen;
 	a->sh->gen_epoch = c->epoch;
@@ -319,41 +373,13 @@ void ulp_gen_poll(ulp_archive *a, int force)
 	if (read_current(a->dir, &c, &e) < 0)
 		return; /* the generation followed stays */
 	pthread_mutex_lock(&sh->mu);
-	int newer = c.epoch > sh->gen_epoch || (c.epoch == sh->gen_epoch && c.gen > sh->gen);
-	newer = newer && c.gen > sh->gen;
+	int newer = c.epoch >= sh->gen_epoch && c.gen > sh->gen;
 	pthread_mutex_unlock(&sh->mu);
 	if (newer)
 		follow(a, &c, &e); /* a generation not whole yet: the next poll */
 }
 
 /* ---- the writer ----------------------------------------------------------- */
-
-/* Copies the live index into tmp: SQLite's online backup, from the calling
- * thread's connection, in one step (one read transaction: a consistent
- * snapshot however the other connections write meanwhile), then journal
- * mode DELETE, so that readers need no -wal or -shm. */
-static int backup_to(ulp_archive *a, const char *tmp)
-{
-	sqlite3 *src = ulp_db(a), *dst = NULL;
-	if (!src)
-		return ulp_db_err(a, "open");
-	int rc = sqlite3_open_v2(tmp, &dst, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
-	sqlite3_backup *b = rc == SQLITE_OK ? sqlite3_backup_init(dst, "main", src, "main") : NULL;
-	int code = 0;
-	if (!b) {
-		code = ulp_arch_err(a, -ULP_E_IO, "%s: %s", tmp, dst ? sqlite3_errmsg(dst) : sqlite3_errstr(rc));
-	} else {
-		int s = sqlite3_backup_step(b, -1);
-		sqlite3_backup_finish(b);
-		if (s != SQLITE_DONE)
-			code = ulp_arch_err(a, s == SQLITE_FULL ? -ULP_E_NOSPC : -ULP_E_IO, "%s: copying the index: %s", tmp,
-			                    sqlite3_errstr(s));
-		else if (sqlite3_exec(dst, "PRAGMA journal_mode=DELETE", NULL, NULL, NULL) != SQLITE_OK)
-			code = ulp_arch_err(a, -ULP_E_IO, "%s: %s", tmp, sqlite3_errmsg(dst));
-	}
-	sqlite3_close(dst);
-	return code;
-}
 
 static int fsync_path(ulp_archive *a, const char *p, int dir)
 {
@@ -367,50 +393,307 @@ static int fsync_path(ulp_archive *a, const char *p, int dir)
 	return rc;
 }
 
-/* Publishes the live index as a new generation (invariants 1, 2); without
- * force, only where it changed since the last one. */
+static int io_err(ulp_archive *a, const char *p, const char *what)
+{
+	int e = errno;
+	return ulp_arch_err(a, e == ENOSPC || e == EDQUOT ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s: %s", p, what,
+	                    strerror(e));
+}
+
+static int pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
+{
+	const uint8_t *p = buf;
+	while (n) {
+		ssize_t w = pwrite(fd, p, n, (off_t)off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			if (w == 0)
+				errno = ENOSPC;
+			return -1;
+		}
+		p += w;
+		n -= (size_t)w;
+		off += (uint64_t)w;
+	}
+	return 0;
+}
+
+static int pread_full(int fd, void *buf, size_t n, uint64_t off)
+{
+	uint8_t *p = buf;
+	while (n) {
+		ssize_t r = pread(fd, p, n, (off_t)off);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			if (r == 0)
+				errno = EIO;
+			return -1;
+		}
+		p += r;
+		n -= (size_t)r;
+		off += (uint64_t)r;
+	}
+	return 0;
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+	put32(p, (uint32_t)v);
+	put32(p + 4, (uint32_t)(v >> 32));
+}
+
+/* A published copy is a rollback-journal database to its readers (header
+ * bytes 18 and 19: no WAL), which open it immutable. */
+static void unwal(uint8_t *page1)
+{
+	page1[18] = page1[19] = 1;
+}
+
+/* One page at a time over the live ulpack.db after a full checkpoint, which
+ * holds every committed page while no other checkpoint runs (invariant 5):
+ * the pages that differ from the base go into *chg (up to limit bytes; -1
+ * past it), every page's hash into hash. */
+#define SCAN_BLOCK ((size_t)1 << 20)
+#define PATCH_MIN ((uint64_t)256 << 10) /* a small index's patch may exceed a quarter of it */
+
+typedef struct scan {
+	uint32_t ps, pages;
+	uint64_t *hash;       /* pages entries */
+	uint8_t *chg;         /* changed pages, n_chg of them */
+	uint32_t *chg_no;
+	uint32_t n_chg;
+	int over;             /* more than the limit changed: publish whole */
+} scan;
+
+static int scan_live(ulp_archive *a, int fd, const char *path, uint64_t size, uint64_t limit, scan *sc)
+{
+	ulp_shared *sh = a->sh;
+	uint8_t *blk = malloc(SCAN_BLOCK);
+	sc->hash = malloc((sc->pages ? sc->pages : 1) * sizeof(*sc->hash));
+	if (!blk || !sc->hash) {
+		free(blk);
+		return -ULP_E_NOMEM;
+	}
+	size_t cap = 0;
+	int rc = 0;
+	uint32_t per = (uint32_t)(SCAN_BLOCK / sc->ps);
+	for (uint32_t pg = 0; rc == 0 && pg < sc->pages; pg += per) {
+		uint32_t k = ULP_MIN(per, sc->pages - pg);
+		if (pread_full(fd, blk, (size_t)k * sc->ps, (uint64_t)pg * sc->ps) < 0) {
+			rc = io_err(a, path, "read");
+			break;
+		}
+		for (uint32_t i = 0; i < k; i++) {
+			const uint8_t *page = blk + (size_t)i * sc->ps;
+			uint32_t no = pg + i + 1;
+			sc->hash[no - 1] = ulp_xxh64(page, sc->ps);
+			int same = no != 1 && sh->base_hash && no <= sh->base_pages && sh->base_hash[no - 1] == sc->hash[no - 1];
+			if (same || sc->over)
+				continue;
+			if ((uint64_t)(sc->n_chg + 1) * sc->ps > limit) {
+				sc->over = 1;
+				continue;
+			}
+			if (sc->n_chg == cap) {
+				size_t nc = cap ? cap * 2 : 64;
+				uint8_t *np = realloc(sc->chg, nc * sc->ps);
+				uint32_t *nn = np ? realloc(sc->chg_no, nc * sizeof(*nn)) : NULL;
+				if (np)
+					sc->chg = np;
+				if (!nn) {
+					rc = -ULP_E_NOMEM;
+					break;
+				}
+				sc->chg_no = nn;
+				cap = nc;
+			}
+			memcpy(sc->chg + (size_t)sc->n_chg * sc->ps, page, sc->ps);
+			sc->chg_no[sc->n_chg++] = no;
+		}
+	}
+	free(blk);
+	(void)size;
+	return rc;
+}
+
+/* Writes the whole live file (scanned: its hashes in sc) into tmp. */
+static int write_whole(ulp_archive *a, int in, const char *path, const char *tmp, int out, const scan *sc)
+{
+	uint8_t *blk = malloc(SCAN_BLOCK);
+	if (!blk)
+		return -ULP_E_NOMEM;
+	uint64_t size = (uint64_t)sc->pages * sc->ps;
+	int rc = 0;
+	for (uint64_t off = 0; rc == 0 && off < size; off += SCAN_BLOCK) {
+		size_t n = (size_t)ULP_MIN((uint64_t)SCAN_BLOCK, size - off);
+		if (pread_full(in, blk, n, off) < 0)
+			rc = io_err(a, path, "read");
+		else {
+			if (off == 0)
+				unwal(blk);
+			if (pwrite_full(out, blk, n, off) < 0)
+				rc = io_err(a, tmp, "write");
+		}
+	}
+	free(blk);
+	return rc;
+}
+
+/* Writes the changed pages as a patch of the base (genvfs.c's format). */
+static int write_patch(ulp_archive *a, const char *tmp, int out, const scan *sc)
+{
+	size_t n = sc->n_chg, body = n * 4 + n * (size_t)sc->ps;
+	uint8_t *m = malloc(ULP_GENPATCH_HEADER + body);
+	if (!m)
+		return -ULP_E_NOMEM;
+	memcpy(m, "ULPGENP1", 8);
+	put64(m + 8, a->sh->base_gen);
+	put32(m + 16, sc->ps);
+	put32(m + 20, sc->pages);
+	put32(m + 24, (uint32_t)n);
+	put32(m + 28, 0);
+	uint8_t *q = m + ULP_GENPATCH_HEADER;
+	for (size_t i = 0; i < n; i++)
+		put32(q + 4 * i, sc->chg_no[i]);
+	memcpy(q + 4 * n, sc->chg, n * (size_t)sc->ps);
+	if (n && sc->chg_no[0] == 1)
+		unwal(q + 4 * n);
+	put64(m + 32, ulp_xxh64(q, body));
+	int rc = pwrite_full(out, m, ULP_GENPATCH_HEADER + body, 0) < 0 ? io_err(a, tmp, "write") : 0;
+	free(m);
+	return rc;
+}
+
+/* The whole generation gen, published by an earlier writer of this index,
+ * as this writer's base: its pages' hashes (page 1 is always patched). */
+static void adopt_base(ulp_archive *a, uint64_t gen, uint32_t ps)
+{
+	ulp_shared *sh = a->sh;
+	char p[4200];
+	gen_path(a, gen, 0, p, sizeof(p));
+	int fd = open(p, O_RDONLY | O_CLOEXEC);
+	struct stat sb;
+	if (fd < 0)
+		return;
+	scan sc = {.ps = ps};
+	if (fstat(fd, &sb) == 0 && sb.st_size % ps == 0 && sb.st_size > 0) {
+		sc.pages = (uint32_t)(sb.st_size / ps);
+		uint64_t *keep = sh->base_hash;
+		sh->base_hash = NULL; /* (scan_live compares with nothing: hashes only) */
+		if (scan_live(a, fd, p, (uint64_t)sb.st_size, 0, &sc) == 0) {
+			free(keep);
+			sh->base_hash = sc.hash;
+			sh->base_gen = gen;
+			sh->base_page_size = ps;
+			sh->base_pages = sc.pages;
+			sc.hash = NULL;
+		} else {
+			sh->base_hash = keep;
+		}
+	}
+	free(sc.hash);
+	free(sc.chg);
+	free(sc.chg_no);
+	close(fd);
+}
+
+/*
+ * Publishes the live index as a new generation (invariants 1, 2, 5); without
+ * force, only where it changed since the last one. A checkpoint first puts
+ * every committed page into ulpack.db; the pages that differ from the base
+ * generation are then written as a patch of it (genvfs.c), or, where they
+ * are more than a quarter of the index (or there is no base), the whole
+ * file as a new base. Publication then costs what changed since the base,
+ * not the index's size (a thousand steps of 300 tensors: 66 MB).
+ */
 int ulp_gen_publish(ulp_archive *a, int force)
 {
 	ulp_shared *sh = a->sh;
 	if (!sh || !sh->writer)
 		return 0;
 	pthread_mutex_lock(&sh->pub_mu);
-	/* every commit of this process counts (ulp_db_commit): the lease keeps
-	 * other processes from writing */
+	/* every commit of this process counts (db.c's commit hook): the lease
+	 * keeps other processes from writing */
 	uint64_t changes = __atomic_load_n(&a->commits, __ATOMIC_RELAXED);
 	int rc = ulp_lease_ok(a);
 	if (rc < 0 || (!force && changes == sh->published_changes)) {
 		pthread_mutex_unlock(&sh->pub_mu);
 		return rc;
 	}
-	uint64_t *gens = NULL;
-	size_t n = 0;
+	int64_t t0 = ulp_mono_ms();
+	sqlite3 *db = ulp_db(a);
+	if (!db)
+		rc = ulp_db_err(a, "open");
+	int log = -1, done = -1;
+	if (rc == 0 && (sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_TRUNCATE, &log, &done) != SQLITE_OK ||
+	                log != 0))
+		rc = ulp_arch_err(a, -ULP_E_BUSY, "%s/ulpack.db: a reader holds an older snapshot: no full checkpoint; "
+		                  "publishing later", a->dir);
+	int64_t t_ckpt = ulp_mono_ms();
+	genfile *gens = NULL;
+	size_t ng = 0;
 	current c = {0};
-	char msg[256], tmp[4300], fin[4200], cur[4200];
+	char msg[256], live[4200], tmp[4300], fin[4200], cur[4200];
 	ulp_err e = {msg, sizeof(msg)};
-	rc = list_gens(a, &gens, &n);
-	uint64_t next = n ? gens[n - 1] + 1 : 1;
+	if (rc == 0)
+		rc = list_gens(a, &gens, &ng);
+	uint64_t next = ng ? gens[ng - 1].gen + 1 : 1;
 	free(gens);
 	if (rc == 0 && read_current(a->dir, &c, &e) == 0 && c.gen >= next)
 		next = c.gen + 1;
-	snprintf(tmp, sizeof(tmp), "%s/index/tmp-%ld-%" PRIu64 ".db", a->dir, (long)getpid(), next);
-	gen_path(a, next, fin, sizeof(fin));
+	snprintf(live, sizeof(live), "%s/ulpack.db", a->dir);
+	snprintf(tmp, sizeof(tmp), "%s/index/tmp-%ld-%" PRIu64, a->dir, (long)getpid(), next);
 	snprintf(cur, sizeof(cur), "%s/index/CURRENT", a->dir);
-	unlink(tmp);
-	int tfd = rc == 0 ? open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600) : -1; /* private: archive.c */
-	if (rc == 0 && tfd < 0)
-		rc = ulp_arch_err(a, errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", tmp, strerror(errno));
-	if (tfd >= 0)
-		close(tfd);
-	if (rc == 0)
-		rc = backup_to(a, tmp);
+	int in = rc == 0 ? open(live, O_RDONLY | O_CLOEXEC) : -1;
+	if (rc == 0 && in < 0)
+		rc = io_err(a, live, "open");
+	uint8_t hdr[100];
 	struct stat sb;
-	if (rc == 0 && stat(tmp, &sb) < 0)
-		rc = ulp_arch_err(a, -ULP_E_IO, "%s: %s", tmp, strerror(errno));
+	scan sc = {0};
+	if (rc == 0 && (fstat(in, &sb) < 0 || pread_full(in, hdr, sizeof(hdr), 0) < 0))
+		rc = io_err(a, live, "read");
+	if (rc == 0) {
+		sc.ps = (uint32_t)hdr[16] << 8 | hdr[17];
+		if (sc.ps == 1)
+			sc.ps = 65536;
+		if (sc.ps < 512 || (sc.ps & (sc.ps - 1)) || sb.st_size % sc.ps)
+			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: page size %u, %lld bytes", live, sc.ps, (long long)sb.st_size);
+		sc.pages = sc.ps ? (uint32_t)(sb.st_size / sc.ps) : 0;
+	}
+	if (rc == 0 && !sh->base_gen && c.gen)
+		adopt_base(a, c.base, sc.ps); /* a new writer builds on its predecessor's base */
+	int whole = !sh->base_gen || sh->base_page_size != sc.ps || force > 1;
 	if (rc == 0)
-		rc = fsync_path(a, tmp, 0);
+		rc = scan_live(a, in, live, (uint64_t)sb.st_size,
+		               whole ? 0 : ULP_MAX((uint64_t)sb.st_size / 4, PATCH_MIN), &sc);
+	whole = whole || sc.over;
+	int64_t t_scan = ulp_mono_ms();
+	gen_path(a, next, !whole, fin, sizeof(fin));
+	unlink(tmp);
+	int out = rc == 0 ? open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600) : -1; /* private: archive.c */
+	if (rc == 0 && out < 0)
+		rc = io_err(a, tmp, "create");
+	if (rc == 0)
+		rc = whole ? write_whole(a, in, live, tmp, out, &sc) : write_patch(a, tmp, out, &sc);
+	if (rc == 0 && fsync(out) < 0)
+		rc = io_err(a, tmp, "fsync");
+	struct stat ob;
+	if (rc == 0 && fstat(out, &ob) < 0)
+		rc = io_err(a, tmp, "stat");
+	if (out >= 0)
+		close(out);
+	if (in >= 0)
+		close(in);
 	if (rc == 0 && rename(tmp, fin) < 0)
-		rc = ulp_arch_err(a, -ULP_E_IO, "%s: %s", fin, strerror(errno));
+		rc = io_err(a, fin, "rename");
 	if (rc == 0) {
 		char idx[4200];
 		snprintf(idx, sizeof(idx), "%s/index", a->dir);
@@ -419,64 +702,115 @@ int ulp_gen_publish(ulp_archive *a, int force)
 	if (rc == 0)
 		rc = ulp_lease_ok(a); /* invariant 2: the last look before the pointer moves */
 	if (rc == 0) {
-		char line[128];
-		int l = snprintf(line, sizeof(line), "ulpack-current 1 %" PRIu64 " %" PRIu64 " %lld\n", next, sh->epoch,
-		                 (long long)sb.st_size);
+		char line[160];
+		int l = whole ? snprintf(line, sizeof(line), "ulpack-current 1 %" PRIu64 " %" PRIu64 " %lld\n", next,
+		                         sh->epoch, (long long)ob.st_size)
+		              : snprintf(line, sizeof(line), "ulpack-current 2 %" PRIu64 " %" PRIu64 " %lld %" PRIu64 "\n",
+		                         next, sh->epoch, (long long)ob.st_size, sh->base_gen);
 		rc = replace_file(a, cur, line, (size_t)l, 1);
 	}
 	if (rc < 0) {
 		unlink(tmp);
+		free(sc.hash);
 	} else {
+		if (whole) { /* the new base */
+			free(sh->base_hash);
+			sh->base_hash = sc.hash;
+			sh->base_gen = next;
+			sh->base_page_size = sc.ps;
+			sh->base_pages = sc.pages;
+		} else {
+			free(sc.hash);
+		}
 		sh->published_changes = changes;
 		sh->published_ms = ulp_mono_ms();
+		if (getenv("ULP_DEBUG_PUBLISH")) /* (measuring: bench, the figures) */
+			fprintf(stderr, "ulpack: published generation %" PRIu64 ": %s, %lld bytes of an index of %lld, %lld ms"
+			        " (checkpoint %lld, scan %lld, write %lld)\n", next, whole ? "whole" : "patch",
+			        (long long)ob.st_size, (long long)sb.st_size, (long long)(sh->published_ms - t0),
+			        (long long)(t_ckpt - t0), (long long)(t_scan - t_ckpt), (long long)(sh->published_ms - t_scan));
 		pthread_mutex_lock(&sh->mu);
 		sh->gen = next;
 		sh->gen_epoch = sh->epoch;
 		pthread_mutex_unlock(&sh->mu);
 	}
+	free(sc.chg);
+	free(sc.chg_no);
 	pthread_mutex_unlock(&sh->pub_mu);
 	if (rc == 0)
 		ulp_gen_retire(a);
 	return rc;
 }
 
-/* Invariant 4: removes the generations no reader needs any more, and the
- * temporaries of dead publications. */
+/* The base generation a patch file names (0: unreadable). */
+static uint64_t patch_base(ulp_archive *a, uint64_t gen)
+{
+	char p[4200];
+	uint8_t h[16];
+	gen_path(a, gen, 1, p, sizeof(p));
+	int fd = open(p, O_RDONLY | O_CLOEXEC);
+	int ok = fd >= 0 && pread_full(fd, h, sizeof(h), 0) == 0 && !memcmp(h, "ULPGENP1", 8);
+	if (fd >= 0)
+		close(fd);
+	if (!ok)
+		return 0;
+	uint64_t b = 0;
+	for (int i = 7; i >= 0; i--)
+		b = b << 8 | h[8 + i];
+	return b;
+}
+
+/* Invariant 4: removes the generations no reader needs any more (a base
+ * stays while a kept patch builds on it), and the temporaries of dead
+ * publications. */
 void ulp_gen_retire(ulp_archive *a)
 {
 	ulp_shared *sh = a->sh;
 	if (!sh || !sh->writer || __atomic_load_n(&sh->fenced, __ATOMIC_RELAXED))
 		return;
-	uint64_t *g;
+	genfile *g;
 	size_t n;
 	if (list_gens(a, &g, &n) < 0)
 		return;
 	pthread_mutex_lock(&sh->mu);
 	uint64_t cur = sh->gen;
 	pthread_mutex_unlock(&sh->mu);
+	pthread_mutex_lock(&sh->pub_mu);
+	uint64_t base = sh->base_gen;
+	pthread_mutex_unlock(&sh->pub_mu);
 	int64_t now = ulp_wall_ms(), grace = (int64_t)sh->grace_s * 1000;
-	/* when each was published (its file's mtime), all taken before any goes */
-	int64_t *at = malloc((n ? n : 1) * sizeof(*at));
-	for (size_t i = 0; at && i < n; i++) {
-		char p[4200];
-		struct stat sb;
-		gen_path(a, g[i], p, sizeof(p));
-		at[i] = stat(p, &sb) == 0 ? (int64_t)sb.st_mtim.tv_sec * 1000 + sb.st_mtim.tv_nsec / 1000000 : now;
-	}
+	char *keep = calloc(n ? n : 1, 1);
 	size_t kept = 0;
-	for (size_t i = n; at && i-- > 0;) {
-		if (g[i] >= cur || i + 1 == n)
-			continue; /* the current one (the newest file) */
+	for (size_t i = n; keep && i-- > 0;) {
+		if (g[i].gen >= cur || i + 1 == n) {
+			keep[i] = 1; /* the current one (the newest file) */
+			continue;
+		}
 		/* superseded when its successor was published */
-		if (kept < ULP_GEN_KEEP && now - at[i + 1] < grace) {
+		if (kept < ULP_GEN_KEEP && now - g[i + 1].at < grace) {
+			keep[i] = 1;
 			kept++;
-		} else {
-			char p[4200];
-			gen_path(a, g[i], p, sizeof(p));
-			unlink(p);
 		}
 	}
-	free(at);
+	uint64_t oldest = 0; /* kept as a generation, not only as a base */
+	for (size_t i = 0; keep && i < n && !oldest; i++)
+		oldest = keep[i] ? g[i].gen : 0;
+	pthread_mutex_lock(&sh->mu);
+	sh->oldest_kept = keep ? oldest : 0;
+	pthread_mutex_unlock(&sh->mu);
+	for (size_t i = 0; keep && i < n; i++) { /* the bases of the patches kept, and the writer's own */
+		uint64_t b = g[i].gen == base ? base : keep[i] && g[i].patch ? patch_base(a, g[i].gen) : 0;
+		for (size_t j = 0; b && j < n; j++)
+			if (g[j].gen == b && !g[j].patch)
+				keep[j] = 1;
+	}
+	for (size_t i = 0; keep && i < n; i++)
+		if (!keep[i]) {
+			char p[4200];
+			gen_path(a, g[i].gen, g[i].patch, p, sizeof(p));
+			unlink(p);
+		}
+	free(keep);
 	free(g);
 }
 

@@ -9,9 +9,13 @@
  *                              (SQLite's online backup), journal mode DELETE,
  *                              never written again; readers open it with
  *                              immutable=1 (no locks, no -wal, no -shm)
- *   index/CURRENT              "ulpack-current 1 GEN EPOCH BYTES\n": the
- *                              newest generation, the epoch of the writer
- *                              that published it and the file's size
+ *   index/gen-<20 digits>.patch  a generation as the pages that differ from
+ *                              a whole one, its base (genvfs.c has the format)
+ *   index/CURRENT              "ulpack-current 1 GEN EPOCH BYTES\n" (whole) or
+ *                              "ulpack-current 2 GEN EPOCH BYTES BASE\n" (a
+ *                              patch of generation BASE): the newest
+ *                              generation, the epoch of the writer that
+ *                              published it and the file's size
  *   lease/<20 digits>          the writer lease of that epoch:
  *                              "ulpack-lease 1 EPOCH RENEWED_MS LEASE_MS PID HOST\n"
  *                              (RENEWED_MS: wall clock, ms since 1970; 0:
@@ -45,12 +49,19 @@ struct ulp_shared {
 	/* generations (gen.c) */
 	uint64_t gen, gen_epoch;     /* guarded by mu: the generation followed (reader) or
 	                                last published (writer) and its epoch */
+	uint64_t oldest_kept;        /* guarded by mu: the writer's oldest generation kept
+	                                as one (not only as a patch's base: gen.c
+	                                invariant 4); 0: none known */
 	int64_t next_poll_ms;        /* atomic: monotonic time of a reader's next look at
 	                                CURRENT */
 	pthread_mutex_t pub_mu;      /* one publication at a time (taken before mu) */
 	uint64_t published_changes;  /* guarded by pub_mu: a->commits at the last
 	                                publication */
 	int64_t published_ms;        /* guarded by pub_mu: monotonic time of it */
+	uint64_t base_gen;           /* guarded by pub_mu: the last generation published
+	                                whole (0: none yet), which patches build on */
+	uint32_t base_page_size, base_pages; /* guarded by pub_mu: its geometry */
+	uint64_t *base_hash;         /* guarded by pub_mu: XXH3 of each of its pages */
 	/* the lease (lease.c) */
 	uint64_t epoch;              /* set at open, read-only after (writer) */
 	int64_t ok_mono_ms;          /* atomic: monotonic start of the last renewal that
@@ -80,6 +91,19 @@ int ulp_netfs(const char *dir, char *name, size_t cap);
 int ulp_shared_replace_file(ulp_archive *a, const char *path, const char *data, size_t n, int durable);
 int ulp_shared_new(ulp_archive *a, const ulp_archive_opts *o, int writer);
 void ulp_shared_free(ulp_archive *a);
+
+/* genvfs.c: a generation published as a patch of a base generation */
+#define ULP_GENPATCH_HEADER 40
+typedef struct ulp_genpatch {
+	uint64_t base;           /* the base generation */
+	uint32_t page_size, n_pages, n_patch;
+	const uint8_t *pgno;     /* n_patch u32 (little endian), ascending */
+	const uint8_t *pages;    /* n_patch pages */
+} ulp_genpatch;
+/* Checks a patch file's bytes whole (genvfs.c invariant 1): 0 or CORRUPT. */
+int ulp_genpatch_parse(const uint8_t *m, size_t len, ulp_genpatch *out);
+/* The "ulpgen" SQLite VFS, registered once: 0 or UNSUPPORTED. */
+int ulp_genvfs_register(void);
 
 /* lease.c */
 int ulp_lease_take(ulp_archive *a, ulp_err *err);
