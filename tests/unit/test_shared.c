@@ -225,7 +225,7 @@ static void test_fenced_by_expiry(void)
 	ulp_archive *w = open_as(dir, 0, 600, 0, err, &rc);
 	REQUIRE(w && ulp_archive_share(w) == 0, "share");
 	REQUIRE(put(w, "a", 1) == 0, "put");
-	ulp_lease_test_stall = 1;
+	__atomic_store_n(&ulp_lease_test_stall, 1, __ATOMIC_RELAXED);
 	ulp_archive *w2 = open_as(dir, 0, 600, 0, err2, &rc2);
 	CHECK(!w2 && rc2 == -ULP_E_BUSY, "refused while the lease holds: %s", err2);
 	ulp_archive_close(w2);
@@ -239,7 +239,7 @@ static void test_fenced_by_expiry(void)
 		ulp_archive_generation(w2, &g);
 	CHECK(w2 && g.epoch == 2 && exists(w2, "a") && !exists(w2, "b"), "another writer took over with epoch %llu: %s",
 	      (unsigned long long)g.epoch, w2 ? "" : err2);
-	ulp_lease_test_stall = 0;
+	__atomic_store_n(&ulp_lease_test_stall, 0, __ATOMIC_RELAXED);
 	CHECK(w2 && put(w2, "c", 3) == 0 && ulp_archive_publish(w2) == 0, "the new writer archives and publishes");
 	ulp_archive_close(w);
 	ulp_archive_close(w2);
