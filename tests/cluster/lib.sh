@@ -377,29 +377,24 @@ cl_teardown() {
 		mountpoint -q "$_t_m" 2> /dev/null || [ -n "$(cl_mounted "$_t_m")" ] || continue
 		timeout 10 umount "$_t_m" 2> /dev/null || umount -l "$_t_m" 2> /dev/null
 	done
-	# the daemons by pid: the hosts' clients first (their servers are still
-	# up for a clean shutdown), then the servers; TERM, KILL after 8 s
-	# (ceph-mds takes 5)
-	_t_pids=""
-	for _t_d in $CL_DAEMONS; do _t_pids="$_t_pids ${_t_d#*:}"; done
-	for _t_pass in clients servers; do
-		_t_these=""
-		for _t_d in $CL_DAEMONS; do
-			case ${_t_d%:*}:$_t_pass in
-			*-h[0-9]*:clients | *:servers) ;;
-			*) continue ;;
-			esac
-			case " $_t_these " in *" ${_t_d#*:} "*) continue ;; esac
-			kill "${_t_d#*:}" 2> /dev/null && _t_these="$_t_these ${_t_d#*:}"
-		done
-		cl_wait 8 cl_all_gone $_t_these && continue
-		for _t_d in $CL_DAEMONS; do
-			running "${_t_d#*:}" || continue
-			case " $_t_these " in *" ${_t_d#*:} "*) ;; *) continue ;; esac
-			echo "# daemon ${_t_d%:*} (pid ${_t_d#*:}) needed SIGKILL" >&2
-			kill -9 "${_t_d#*:}" 2> /dev/null
-			wait "${_t_d#*:}" 2> /dev/null # (bash: no "Killed" notice)
-		done
+	# the daemons by pid: the hosts' clients first (unmounted, they end by
+	# themselves and close their sessions; TERM after 3 s), then the servers
+	# one by one, newest first (each shuts down cleanly while those it
+	# reports to still run); TERM, KILL after 8 s (ceph-mds takes 5)
+	_t_pids="" _t_rev="" _t_cl=""
+	for _t_d in $CL_DAEMONS; do
+		_t_pids="$_t_pids ${_t_d#*:}"
+		case ${_t_d%:*} in
+		*-h[0-9]*) _t_cl="$_t_cl ${_t_d#*:}" ;;
+		*) _t_rev="$_t_d $_t_rev" ;;
+		esac
+	done
+	cl_wait 3 cl_all_gone $_t_cl
+	for _t_d in $CL_DAEMONS; do
+		case ${_t_d%:*} in *-h[0-9]*) kill "${_t_d#*:}" 2> /dev/null && cl_stop "$_t_d" ;; esac
+	done
+	for _t_d in $_t_rev; do
+		kill "${_t_d#*:}" 2> /dev/null && cl_stop "$_t_d"
 	done
 	# whatever still runs in the namespaces (a daemon's own children)
 	for _t_n in $CL_NETNS; do
@@ -415,6 +410,13 @@ cl_teardown() {
 	for _t_n in $CL_NETNS; do ip netns del "$_t_n" 2> /dev/null; done
 	for _t_f in $CL_RMFILES; do rm -f "$_t_f"; done
 	[ -n "$CL_DAEMONS$CL_NETNS" ] && echo "# teardown in $(cl_secs "$_t_t0") s; test in all $(cl_secs "$CL_T0") s"
+	return 0
+}
+cl_stop() { # NAME:PID (sent TERM): waits 8 s for it to exit, then kill -9
+	cl_wait 8 cl_gone "${1#*:}" && return 0
+	echo "# daemon ${1%:*} (pid ${1#*:}) needed SIGKILL" >&2
+	kill -9 "${1#*:}" 2> /dev/null
+	wait "${1#*:}" 2> /dev/null # (bash: no "Killed" notice)
 	return 0
 }
 # the mount table's line for mount point $1 (a dead FUSE mount fails mountpoint -q)
