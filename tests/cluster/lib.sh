@@ -35,7 +35,10 @@
 #   cl_wait SECONDS CMD...           retry CMD every 0.1 s until it succeeds
 #   cl_sleep SECONDS                 sleep (cut short by a signal: a foreground
 #                                    command holds the EXIT trap off until it ends)
-#   cl_ms                            milliseconds since the epoch (for timings)
+#   cl_ms, cl_secs MS [MS]           milliseconds since the epoch; seconds between two
+#   cl_daemon NAME I|srv OUT CMD...  a daemon more (stopped at teardown)
+#   cl_gl ARGS, cl_ceph ARGS         the gluster / ceph CLI against this run's cluster
+#   cl_check_shared_archive          the checks of gluster_hosts.sh and cephfs_hosts.sh
 . "$(dirname "$0")/../integration/lib.sh"
 
 CL_NET=${CL_NET:-10.77.0}  # the /24 of the run's bridge
@@ -93,6 +96,25 @@ cl_wait() { # SECONDS CMD...: whether CMD succeeds within SECONDS (tried every 0
 		[ "$(cl_ms)" -ge "$_w_end" ] && return 1
 		sleep 0.1
 	done
+}
+
+# cl_wait_for NAME SECONDS CMD...: cl_wait, but gives up as soon as daemon
+# NAME (of cl_daemon) has exited
+cl_wait_for() {
+	_wf_n=$1
+	shift
+	cl_wait "$1" cl_ready_or_dead "$_wf_n" "$@" && cl_up "$_wf_n"
+}
+cl_up() { # NAME: whether daemon NAME runs
+	for _u_d in $CL_DAEMONS; do
+		[ "${_u_d%:*}" = "$1" ] && running "${_u_d#*:}" && return 0
+	done
+	return 1
+}
+cl_ready_or_dead() { # NAME SECONDS CMD...
+	_r_n=$1
+	shift 2
+	"$@" || ! cl_up "$_r_n"
 }
 
 cl_setup_fail() { # MSG: the daemons' log tails, then a skip (a failure under CI=true)
@@ -184,7 +206,7 @@ EOF
 	CL_LOGS="$CL_LOGS $CL_G/log/glusterd.log"
 	cl_daemon glusterd srv "$CL_G/log/glusterd.out" glusterd -N -f "$CL_G/glusterd.vol" \
 		--log-file="$CL_G/log/glusterd.log"
-	cl_wait 30 cl_gl volume list > /dev/null 2>&1 || cl_setup_fail "glusterd does not answer in 30 s"
+	cl_wait_for glusterd 30 cl_gl volume list > /dev/null 2>&1 || cl_setup_fail "glusterd exited or does not answer in 30 s"
 	_g_t1=$(cl_ms)
 	# glusterd names the brick's log after its path, in the global log folder
 	CL_RMFILES="$CL_RMFILES /var/log/glusterfs/bricks/$(echo "$CL_G/brick" | sed 's|^/||; s|/|-|g').log"
@@ -293,7 +315,7 @@ EOF
 	timeout 60 nsenter --net="/run/netns/$(cl_ns srv)" ceph-osd -c "$CL_C/ceph.conf" -i 0 --mkfs \
 		--osd-uuid "$_c_uuid" >> "$CL_C/log/mkfs.out" 2>&1 || cl_setup_fail "ceph-osd --mkfs"
 	cl_daemon osd srv "$CL_C/log/osd.out" ceph-osd -c "$CL_C/ceph.conf" -f -i 0
-	cl_wait 60 cl_ceph_osd_up || cl_setup_fail "the OSD is not up in 60 s"
+	cl_wait_for osd 60 cl_ceph_osd_up || cl_setup_fail "ceph-osd exited or is not up in 60 s"
 	echo "# ceph up in $(cl_secs "$_c_t0") s (mon $(cl_secs "$_c_t0" "$_c_t1") s, mgr + osd $(cl_secs "$_c_t1") s)"
 }
 cl_ceph_osd_up() { cl_ceph osd stat 2> /dev/null | grep -q ' 1 up'; }
@@ -308,7 +330,7 @@ cl_cephfs_up() {
 	{ cl_ceph osd pool create ckfs_meta 8 && cl_ceph osd pool create ckfs_data 8 &&
 		cl_ceph fs new ckfs ckfs_meta ckfs_data; } > "$CL_C/log/fs.out" 2>&1 ||
 		{ CL_LOGS="$CL_LOGS $CL_C/log/fs.out" && cl_setup_fail "pools / ceph fs new"; }
-	cl_wait 60 cl_ceph_mds_active || cl_setup_fail "no active MDS in 60 s"
+	cl_wait_for mds 60 cl_ceph_mds_active || cl_setup_fail "ceph-mds exited or is not active in 60 s"
 	_f_t1=$(cl_ms)
 	for _f_i in $(seq "$CL_HOSTS"); do
 		mkdir -p "$(cl_path "$_f_i")"
