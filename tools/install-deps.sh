@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 # install-deps.sh - the Debian 12 packages that build and test ulpackfs.
 # Usage: install-deps.sh [--test] [--bench] [--cross-arm64]
-#   --test         adds what the test suite needs
+#   --test         adds what the test suite needs (make check-cluster's
+#                  GlusterFS and Ceph packages too)
 #   --bench        adds the peers `make bench` compares cold reads with
 #                  (squashfs-tools, squashfuse, borgbackup)
 #   --cross-arm64  adds the aarch64 cross toolchain, qemu-user and the arm64
@@ -21,16 +22,23 @@ done
 pkgs="build-essential autoconf automake pkg-config libzstd-dev libsqlite3-dev libssl-dev
       libxxhash-dev libfuse3-dev fuse3 rsync python3 attr"
 [ "$test" = 1 ] && pkgs="$pkgs clang libclang-rt-14-dev python3-numpy python3-pytest zstd"
+# the many-host tests (make check-cluster, tests/cluster): GlusterFS and Ceph
+# servers and FUSE clients, without their recommends (installed apart below)
+cluster=""
+[ "$test" = 1 ] && cluster="iproute2 glusterfs-server glusterfs-client ceph-mon ceph-mgr ceph-osd ceph-mds ceph-fuse ceph-common"
 [ "$bench" = 1 ] && pkgs="$pkgs squashfs-tools squashfuse borgbackup"
 [ "$cross" = 1 ] && pkgs="$pkgs gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
       libzstd-dev:arm64 libsqlite3-dev:arm64 libssl-dev:arm64 libxxhash-dev:arm64 libfuse3-dev:arm64"
-missing=""
+missing="" cmissing=""
 for p in $pkgs; do
 	dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
 done
-[ -z "$missing" ] && exit 0
+for p in $cluster; do
+	dpkg -s "$p" >/dev/null 2>&1 || cmissing="$cmissing $p"
+done
+[ -z "$missing$cmissing" ] && exit 0
 if [ "$(id -u)" != 0 ]; then
-	echo "install-deps: missing packages:$missing (run as root, or install them)" >&2
+	echo "install-deps: missing packages:$missing$cmissing (run as root, or install them)" >&2
 	exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
@@ -38,7 +46,15 @@ if [ "$cross" = 1 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; th
 	dpkg --add-architecture arm64
 	apt-get update -q >/dev/null 2>&1 || true
 fi
-apt-get install -y -q $missing >/dev/null 2>&1 || {
-	apt-get update -q >/dev/null 2>&1 || true
-	apt-get install -y -q $missing
-}
+if [ -n "$missing" ]; then
+	apt-get install -y -q $missing >/dev/null 2>&1 || {
+		apt-get update -q >/dev/null 2>&1 || true
+		apt-get install -y -q $missing
+	}
+fi
+if [ -n "$cmissing" ]; then
+	apt-get install -y -q --no-install-recommends $cmissing >/dev/null 2>&1 || {
+		apt-get update -q >/dev/null 2>&1 || true
+		apt-get install -y -q --no-install-recommends $cmissing
+	}
+fi
