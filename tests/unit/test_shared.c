@@ -400,12 +400,69 @@ static void test_patches(void)
 	ulp_archive_close(w);
 }
 
+/* A patched generation's connection makes the temporary files of a sort
+ * that outgrows memory (SQLite opens them through the connection's VFS,
+ * ulpgen): genvfs.c hands them to the default VFS, as a whole generation's
+ * connection has them. */
+static void test_patch_temp(void)
+{
+	char base[512], patch[512], *uri;
+	snprintf(base, sizeof(base), "%s/temp-base.db", root);
+	snprintf(patch, sizeof(patch), "%s/temp.patch", root);
+	sqlite3 *db;
+	REQUIRE(sqlite3_open(base, &db) == SQLITE_OK &&
+	                sqlite3_exec(db, "PRAGMA page_size=512; CREATE TABLE t(a INTEGER PRIMARY KEY, b BLOB);"
+	                                 "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 400) "
+	                                 "INSERT INTO t SELECT i, randomblob(1000) FROM n;",
+	                             NULL, NULL, NULL) == SQLITE_OK,
+	        "base: %s", sqlite3_errmsg(db));
+	sqlite3_close(db);
+	/* the patch: page 1 as it is (genvfs.c's format) */
+	uint8_t m[ULP_GENPATCH_HEADER + 4 + 512] = "ULPGENP1";
+	struct stat sb;
+	int fd = open(base, O_RDONLY);
+	REQUIRE(fd >= 0 && fstat(fd, &sb) == 0 && pread(fd, m + ULP_GENPATCH_HEADER + 4, 512, 0) == 512, "read %s", base);
+	close(fd);
+	uint32_t hd[4] = {512, (uint32_t)(sb.st_size / 512), 1, 0};
+	m[8] = 1;
+	for (int i = 0; i < 4; i++)
+		for (int k = 0; k < 4; k++)
+			m[16 + 4 * i + k] = (uint8_t)(hd[i] >> (8 * k));
+	m[ULP_GENPATCH_HEADER] = 1; /* page 1 */
+	uint64_t h = ulp_xxh64(m + ULP_GENPATCH_HEADER, sizeof(m) - ULP_GENPATCH_HEADER);
+	for (int k = 0; k < 8; k++)
+		m[32 + k] = (uint8_t)(h >> (8 * k));
+	FILE *f = fopen(patch, "wb");
+	REQUIRE(f && fwrite(m, 1, sizeof(m), f) == sizeof(m) && fclose(f) == 0, "write %s", patch);
+	REQUIRE(ulp_genvfs_register() == 0, "register ulpgen");
+	uri = sqlite3_mprintf("file:%s?immutable=1&vfs=ulpgen&patch=%s", base, patch);
+	int rc = sqlite3_open_v2(uri, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, NULL);
+	char *msg = NULL;
+	int n = 0;
+	if (rc == SQLITE_OK) /* a small cache: the sort of 400 kB spills to temporary files */
+		rc = sqlite3_exec(db, "PRAGMA cache_size=1", NULL, NULL, &msg);
+	sqlite3_stmt *st = NULL;
+	if (rc == SQLITE_OK)
+		rc = sqlite3_prepare_v2(db, "SELECT a FROM t ORDER BY b", -1, &st, NULL);
+	while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+		n++;
+		rc = SQLITE_OK;
+	}
+	CHECK(rc == SQLITE_DONE && n == 400, "a sort past memory through a patch: %d rows, %d %s", n, rc,
+	      sqlite3_errmsg(db));
+	sqlite3_finalize(st);
+	sqlite3_free(msg);
+	sqlite3_close(db);
+	sqlite3_free(uri);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "%s/ulp-shared-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
 	REQUIRE(mkdtemp(root), "mkdtemp");
 	test_follow();
 	test_patches();
+	test_patch_temp();
 	test_lease();
 	test_fenced_by_epoch();
 	test_fenced_by_expiry();

@@ -17,6 +17,10 @@
  *     fails the open (SQLITE_CORRUPT), never serves a page.
  *  2. A read never goes past the database's pages: the part past them
  *     reads as zeros with SQLITE_IOERR_SHORT_READ, as a short file does.
+ *  3. The temporary files SQLite makes for a connection (a sort or a
+ *     DISTINCT that outgrows memory, temp tables, statement journals) are
+ *     the default VFS's own, opened in place (szOsFile fits both), as a
+ *     whole generation's connection has them.
  */
 #include "shared.h"
 #include <errno.h>
@@ -220,6 +224,8 @@ static int load(const char *path, uint8_t **mem, size_t *len)
 static int p_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int flags, int *out_flags)
 {
 	(void)vfs;
+	if (flags & (SQLITE_OPEN_TEMP_DB | SQLITE_OPEN_TEMP_JOURNAL | SQLITE_OPEN_TRANSIENT_DB | SQLITE_OPEN_SUBJOURNAL))
+		return deflt->xOpen(deflt, name, f, flags, out_flags); /* invariant 3 */
 	pfile *p = (pfile *)f;
 	memset(p, 0, sizeof(*p));
 	const char *patch = name && (flags & SQLITE_OPEN_MAIN_DB) ? sqlite3_uri_parameter(name, "patch") : NULL;
@@ -321,6 +327,8 @@ static void reg(void)
 	deflt = sqlite3_vfs_find(NULL);
 	if (!deflt || deflt->iVersion < 2)
 		return;
+	if (deflt->szOsFile > vfs.szOsFile) /* invariant 3 */
+		vfs.szOsFile = deflt->szOsFile;
 	registered = sqlite3_vfs_register(&vfs, 0) == SQLITE_OK;
 }
 
