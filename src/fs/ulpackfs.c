@@ -57,7 +57,8 @@ static struct {
 	int read_only, foreground;
 	int no_latest;         /* -o nolatest: no `latest` symlinks */
 	int no_dio;            /* (measuring only) no direct I/O for writers */
-	int lock_fd;           /* the mount lock (read-write mounts), or -1 */
+	int lock_fd;           /* the mount lock (read-write mounts), or -1; -2: a shared archive
+	                          whose lock another host still holds, fenced by the lease */
 	unsigned kept;         /* files left staged at unmount (exit status 1) */
 	uint64_t cache_size, staging_max;
 	unsigned max_chain;
@@ -983,9 +984,10 @@ static int parse_count(const char *name, const char *v, long min, long max, long
  * pid. After `fusermount3 -u` the old daemon still archives what is queued
  * and holds the lock until it exits: a new mount then waits (up to a
  * minute), saying so, rather than recovering its staged files under it.
- * Returns the lock's descriptor, or -1 (printed).
+ * Returns the lock's descriptor, or -1 (printed); -2 where another host holds it
+ * and this mount took a shared archive's lease (its holder is fenced).
  */
-static int lock_archive(const char *dir)
+static int lock_archive(const char *dir, const ulp_generation *g)
 {
 	char err[1024];
 	ulp_mount_owner h;
@@ -997,6 +999,13 @@ static int lock_archive(const char *dir)
 		if (rc != -ULP_E_BUSY) {
 			fprintf(stderr, "ulpackfs: %s\n", err);
 			return -1;
+		}
+		if (g->writer) { /* a shared archive whose lease this mount took: the lease fences (ulpackfs(1)) */
+			fprintf(stderr, "ulpackfs: %s: mount.lock is still held (pid %ld, %s), by a writer whose lease"
+			        " expired (a partitioned or dead host): this mount holds the lease now (epoch %llu),"
+			        " which fences it\n", dir, h.pid, h.mountpoint[0] ? h.mountpoint : "?",
+			        (unsigned long long)g->epoch);
+			return -2;
 		}
 		if (h.mounted) {
 			fprintf(stderr, "ulpackfs: %s: already mounted read-write on %s by ulpackfs pid %ld"
@@ -1110,8 +1119,10 @@ int main(int argc, char **argv)
 	}
 	fs.lock_fd = -1;
 	if (!fs.read_only) { /* an archive, now: take its lock, then recover */
-		fs.lock_fd = lock_archive(fs.archive);
-		if (fs.lock_fd < 0) {
+		ulp_generation g;
+		ulp_archive_generation(fs.a, &g);
+		fs.lock_fd = lock_archive(fs.archive, &g);
+		if (fs.lock_fd == -1) {
 			ulp_archive_close(fs.a);
 			return 1;
 		}

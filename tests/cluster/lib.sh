@@ -492,9 +492,12 @@ cl_check_shared_archive() {
 		else
 			ok "host 2: read-write mount refused: $(head -c 200 "$T/m2.log")"
 		fi
-		# (not checked: that host 3 reads the new file. It does not, today, on
-		# GlusterFS at times: "not a ulpack archive index (disk I/O error)",
-		# host 3's client cache of the live WAL index is stale; issue 25)
+		# host 3 reads it from the generation sync published (before them,
+		# over the live WAL index, GlusterFS gave "disk I/O error" at times)
+		"$ULPACK" cat "$(cl_path 3)/arch" r1/checkpoint-400/model.safetensors 2> "$T/err" |
+			cmp -s - "$_b_run/checkpoint-300/model.safetensors" &&
+			ok "host 3 reads the new file from the published generation" ||
+			fail "host 3: the new file: $(cat "$T/err")"
 		cl_umount_fs "$T/m1"
 	else
 		fail "host 1: ulpackfs over the shared volume: $(cat "$T/m1.log")"
