@@ -30,7 +30,10 @@
  *     connections' auto-checkpoint is off, ulp_index_checkpoint defers to
  *     it, and the lease keeps other processes out), so after publication's
  *     full checkpoint ulpack.db holds exactly the committed pages it reads,
- *     however the other threads commit meanwhile (into the WAL).
+ *     however the other threads commit meanwhile (into the WAL). Where the
+ *     checkpoint cannot complete (a reader of an older snapshot), it reads
+ *     a copy made by SQLite's online backup instead: a publication never
+ *     waits for readers, nor is it skipped.
  *  6. A generation is published whole (gen-G.db) or as a patch (gen-G.patch:
  *     the pages that differ from the last whole one, its base; genvfs.c);
  *     whole when there is no base or the patch would exceed a quarter of
@@ -572,6 +575,34 @@ static int write_patch(ulp_archive *a, const char *tmp, int out, const scan *sc)
 	return rc;
 }
 
+/* A consistent copy of the live index into the new file path (0600): SQLite's
+ * online backup in one step (one read transaction), page for page, so that
+ * its pages compare with a base's as the checkpointed file's do. */
+static int backup_copy(ulp_archive *a, sqlite3 *src, const char *path)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600); /* private: archive.c */
+	if (fd < 0)
+		return io_err(a, path, "create");
+	close(fd);
+	sqlite3 *dst = NULL;
+	int rc = sqlite3_open_v2(path, &dst, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
+	sqlite3_backup *b = rc == SQLITE_OK ? sqlite3_backup_init(dst, "main", src, "main") : NULL;
+	int code = 0;
+	if (!b) {
+		code = ulp_arch_err(a, -ULP_E_IO, "%s: %s", path, dst ? sqlite3_errmsg(dst) : sqlite3_errstr(rc));
+	} else {
+		int st = sqlite3_backup_step(b, -1);
+		sqlite3_backup_finish(b);
+		if (st != SQLITE_DONE)
+			code = ulp_arch_err(a, st == SQLITE_FULL ? -ULP_E_NOSPC : -ULP_E_IO, "%s: copying the index: %s", path,
+			                    sqlite3_errstr(st));
+	}
+	sqlite3_close(dst);
+	if (code < 0)
+		unlink(path);
+	return code;
+}
+
 /* The whole generation gen, published by an earlier writer of this index,
  * as this writer's base: its pages' hashes (page 1 is always patched). */
 static void adopt_base(ulp_archive *a, uint64_t gen, uint32_t ps)
@@ -632,16 +663,29 @@ int ulp_gen_publish(ulp_archive *a, int force)
 	sqlite3 *db = ulp_db(a);
 	if (!db)
 		rc = ulp_db_err(a, "open");
-	int log = -1, done = -1;
-	if (rc == 0 && (sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_TRUNCATE, &log, &done) != SQLITE_OK ||
-	                log != 0))
-		rc = ulp_arch_err(a, -ULP_E_BUSY, "%s/ulpack.db: a reader holds an older snapshot: no full checkpoint; "
-		                  "publishing later", a->dir);
+	/* a full checkpoint, waiting a little for readers of older snapshots;
+	 * where one stays (a statement of another thread not reset yet), a
+	 * consistent copy through SQLite's online backup is read instead */
+	int log = -1, done = -1, full = 0;
+	if (rc == 0) {
+		sqlite3_busy_timeout(db, 300);
+		full = sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_TRUNCATE, &log, &done) == SQLITE_OK &&
+		       log == done;
+		sqlite3_busy_timeout(db, 30000);
+	}
+	char live[4300], snap[4300];
+	snprintf(live, sizeof(live), "%s/ulpack.db", a->dir);
+	snprintf(snap, sizeof(snap), "%s/index/snap-%ld", a->dir, (long)getpid());
+	if (rc == 0 && !full) {
+		unlink(snap);
+		rc = backup_copy(a, db, snap);
+		snprintf(live, sizeof(live), "%s", snap);
+	}
 	int64_t t_ckpt = ulp_mono_ms();
 	genfile *gens = NULL;
 	size_t ng = 0;
 	current c = {0};
-	char msg[256], live[4200], tmp[4300], fin[4200], cur[4200];
+	char msg[256], tmp[4300], fin[4200], cur[4200];
 	ulp_err e = {msg, sizeof(msg)};
 	if (rc == 0)
 		rc = list_gens(a, &gens, &ng);
@@ -649,7 +693,6 @@ int ulp_gen_publish(ulp_archive *a, int force)
 	free(gens);
 	if (rc == 0 && read_current(a->dir, &c, &e) == 0 && c.gen >= next)
 		next = c.gen + 1;
-	snprintf(live, sizeof(live), "%s/ulpack.db", a->dir);
 	snprintf(tmp, sizeof(tmp), "%s/index/tmp-%ld-%" PRIu64, a->dir, (long)getpid(), next);
 	snprintf(cur, sizeof(cur), "%s/index/CURRENT", a->dir);
 	int in = rc == 0 ? open(live, O_RDONLY | O_CLOEXEC) : -1;
@@ -736,6 +779,8 @@ int ulp_gen_publish(ulp_archive *a, int force)
 	}
 	free(sc.chg);
 	free(sc.chg_no);
+	if (!full)
+		unlink(snap);
 	pthread_mutex_unlock(&sh->pub_mu);
 	if (rc == 0)
 		ulp_gen_retire(a);
