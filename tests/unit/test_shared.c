@@ -175,7 +175,7 @@ static void test_fenced_by_epoch(void)
 	char dir[512], err[512], lp[700];
 	int rc;
 	mkarchive("epoch", dir, sizeof(dir));
-	ulp_archive *w = open_as(dir, 0, 400, 0, err, &rc);
+	ulp_archive *w = open_as(dir, 0, 2000, 0, err, &rc);
 	REQUIRE(w && ulp_archive_share(w) == 0, "share");
 	REQUIRE(put(w, "a", 1) == 0, "put");
 	REQUIRE(ulp_archive_publish(w) == 0, "publish");
@@ -186,7 +186,7 @@ static void test_fenced_by_epoch(void)
 	REQUIRE(f, "lease 2");
 	fprintf(f, "ulpack-lease 1 2 %lld 15000 1 otherhost\n", (long long)ulp_wall_ms());
 	fclose(f);
-	usleep(400000); /* the renewer looks every lease/4 */
+	usleep(1200000); /* the renewer looks every lease/4 (500 ms) */
 	rc = put(w, "b", 2);
 	CHECK(rc == -ULP_E_FENCED && strstr(ulp_archive_errmsg(w), "another writer took the archive over (epoch 2, host "
 	                                                                 "otherhost"),
@@ -222,24 +222,24 @@ static void test_fenced_by_expiry(void)
 	char dir[512], err[512], err2[512];
 	int rc, rc2;
 	mkarchive("expiry", dir, sizeof(dir));
-	ulp_archive *w = open_as(dir, 0, 600, 0, err, &rc);
+	ulp_archive *w = open_as(dir, 0, 1500, 0, err, &rc);
 	REQUIRE(w && ulp_archive_share(w) == 0, "share");
 	REQUIRE(put(w, "a", 1) == 0, "put");
 	__atomic_store_n(&ulp_lease_test_stall, 1, __ATOMIC_RELAXED);
-	ulp_archive *w2 = open_as(dir, 0, 600, 0, err2, &rc2);
+	ulp_archive *w2 = open_as(dir, 0, 1500, 0, err2, &rc2);
 	CHECK(!w2 && rc2 == -ULP_E_BUSY, "refused while the lease holds: %s", err2);
 	ulp_archive_close(w2);
-	usleep(700000); /* more than the lease: it was not renewed */
+	usleep(1700000); /* more than the lease: it was not renewed */
 	rc = put(w, "b", 2);
 	CHECK(rc == -ULP_E_FENCED && strstr(ulp_archive_errmsg(w), "could not renew its lease"),
 	      "the partitioned writer stopped: %s", ulp_archive_errmsg(w));
-	w2 = open_as(dir, 0, 600, 0, err2, &rc2);
+	__atomic_store_n(&ulp_lease_test_stall, 0, __ATOMIC_RELAXED); /* (the hook is the process's: w2's too) */
+	w2 = open_as(dir, 0, 2000, 0, err2, &rc2);
 	ulp_generation g = {0};
 	if (w2)
 		ulp_archive_generation(w2, &g);
 	CHECK(w2 && g.epoch == 2 && exists(w2, "a") && !exists(w2, "b"), "another writer took over with epoch %llu: %s",
 	      (unsigned long long)g.epoch, w2 ? "" : err2);
-	__atomic_store_n(&ulp_lease_test_stall, 0, __ATOMIC_RELAXED);
 	CHECK(w2 && put(w2, "c", 3) == 0 && ulp_archive_publish(w2) == 0, "the new writer archives and publishes");
 	ulp_archive_close(w);
 	ulp_archive_close(w2);
