@@ -400,6 +400,17 @@ static void srv_stop(struct srv *v)
 	close(v->lfd);
 }
 
+static void *head_twice(void *arg)
+{
+	intptr_t n = 0;
+	for (int i = 0; i < 2; i++) {
+		uint64_t size = 0;
+		char etag[ULP_S3_ETAG_MAX];
+		n += ulp_s3_head(arg, "k", &size, etag, NULL) == 0 && size == 7 && strcmp(etag, "\"abc\"") == 0;
+	}
+	return (void *)n;
+}
+
 #define OK_HDR "HTTP/1.1 200 OK\r\nConnection: close\r\n"
 
 static void test_wire(void)
@@ -502,6 +513,27 @@ static void test_wire(void)
 	/* a body cut short: retried, then the right bytes */
 	rc = ulp_s3_get_range(s, "k", 10, buf, 4, &e);
 	CHECK(rc == 0 && memcmp(buf, "wxyz", 4) == 0, "a cut body retried: %d %s", rc, msg);
+	srv_stop(&v);
+	ulp_s3_close(s);
+
+	/* one client, four threads at once (its handle pool; TSan in CI) */
+#define HEAD_ANS "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 7\r\nETag: \"abc\"\r\n\r\n"
+	static const char *const head_ans[] = {HEAD_ANS, HEAD_ANS, HEAD_ANS, HEAD_ANS, HEAD_ANS, HEAD_ANS,
+	                                       HEAD_ANS, HEAD_ANS, NULL};
+	REQUIRE(srv_start(&v, head_ans) == 0, "server");
+	snprintf(ep, sizeof(ep), "http://127.0.0.1:%d", v.port);
+	s = client(ep, NULL, &e);
+	REQUIRE(s, "open");
+	pthread_t th[4];
+	int good_heads = 0;
+	for (int i = 0; i < 4; i++)
+		REQUIRE(pthread_create(&th[i], NULL, head_twice, s) == 0, "pthread_create");
+	for (int i = 0; i < 4; i++) {
+		void *r;
+		pthread_join(th[i], &r);
+		good_heads += (int)(intptr_t)r;
+	}
+	CHECK(good_heads == 8, "%d of 8 HEADs from 4 threads", good_heads);
 	srv_stop(&v);
 	ulp_s3_close(s);
 }
