@@ -25,6 +25,7 @@
 #   cl_need_gluster | cl_need_ceph   skip unless root with the engine installed
 #   cl_netns_up N                    server + N hosts
 #   cl_gluster_up | cl_cephfs_up     the cluster and one client per host
+#   cl_rgw_up                        Ceph's S3 gateway, a user (CL_S3_ENDPOINT, _KEY, _SECRET)
 #   cl_path I                        host I's client mount ($T/hI)
 #   cl_on I|srv CMD...               CMD in host I's (or the server's) network namespace
 #   cl_host_down I / cl_host_up I    partition host I (eth0 down) / heal it
@@ -241,11 +242,9 @@ EOF
 # A cluster under $T/ceph (cephx: radosgw never came up without it): mon a,
 # mgr x, one memstore OSD (in RAM, no disk) in the server's namespace. Every
 # key is in $T/ceph/keyring before `ceph-mon --mkfs`, which imports them with
-# their caps, so that no `ceph auth` call is needed. For the S3 tests, add
-# radosgw: its key client.rgw.a is there already and ceph.conf has its
-# section; start `radosgw -f -n client.rgw.a` with cl_daemon, wait for
-# $CL_SRV_IP:7480 and create a user with radosgw-admin (see
-# /work/shared/notes/scaleout-measured.md, ceph-up.sh, for the steps).
+# their caps, so that no `ceph auth` call is needed. For the S3 tests,
+# cl_rgw_up adds radosgw (its key client.rgw.a is there already and
+# ceph.conf has its section) and an S3 user.
 cl_ceph() { # ceph CLI ARGS... against this run's cluster
 	timeout 30 nsenter --net="/run/netns/$(cl_ns srv)" ceph -c "$CL_C/ceph.conf" --connect-timeout 25 "$@"
 }
@@ -346,6 +345,30 @@ cl_cephfs_up() {
 	echo "# cephfs up in $(cl_secs "$_f_t0") s (mds active $(cl_secs "$_f_t0" "$_f_t1") s, $CL_HOSTS clients $(cl_secs "$_f_t1") s)"
 }
 cl_ceph_mds_active() { cl_ceph mds stat 2> /dev/null | grep -q 'up:active'; }
+
+# radosgw (S3, key client.rgw.a, section [client.rgw.a] of ceph.conf) on the
+# cluster of cl_ceph_up (started here if it is not up), listening on
+# $CL_S3_ENDPOINT, with an S3 user ci whose keys are $CL_S3_KEY and
+# $CL_S3_SECRET. cl_rgw_start alone starts the daemon again (after a kill).
+CL_S3_KEY=CIACCESSKEY
+CL_S3_SECRET=CISECRETKEY
+cl_rgw_start() {
+	mkdir -p "$CL_C/rgw"
+	cl_daemon rgw srv "$CL_C/log/rgw.out" radosgw -c "$CL_C/ceph.conf" -f -n client.rgw.a
+}
+cl_rgw_listening() { cl_on srv bash -c "echo > /dev/tcp/$CL_SRV_IP/7480" 2> /dev/null; }
+cl_rgw_up() {
+	[ -n "${CL_C:-}" ] || cl_ceph_up
+	_r_t0=$(cl_ms)
+	CL_LOGS="$CL_LOGS $CL_C/log/client.rgw.a.log"
+	cl_rgw_start
+	cl_wait_for rgw 60 cl_rgw_listening || cl_setup_fail "radosgw exited or does not listen in 60 s"
+	timeout 60 nsenter --net="/run/netns/$(cl_ns srv)" radosgw-admin -c "$CL_C/ceph.conf" user create --uid=ci \
+		--display-name=ci --access-key="$CL_S3_KEY" --secret-key="$CL_S3_SECRET" > "$CL_C/log/rgw-user.out" 2>&1 ||
+		{ CL_LOGS="$CL_LOGS $CL_C/log/rgw-user.out" && cl_setup_fail "radosgw-admin user create"; }
+	CL_S3_ENDPOINT=http://$CL_SRV_IP:7480
+	echo "# radosgw up in $(cl_secs "$_r_t0") s"
+}
 
 # ---- ulpackfs on a host's path ------------------------------------------------------
 # cl_mount_fs I REL MNT [options...]: ulpackfs (foreground daemon, a child
