@@ -23,7 +23,10 @@
 #   P. the Python package (issue 27; when python3 imports it with numpy):
 #      archive.open in 1 MiB reads vs `ulpack cat`, one tensor of about 1 %
 #      of a checkpoint (decode counters, time), archive.load vs a numpy
-#      reader of a warm read-only mount. ULP_BENCH_ONLY=P runs it alone.
+#      reader of a warm read-only mount. ULP_BENCH_ONLY=P runs it alone;
+#   G. a shared archive's index generation published after a 150 MB step of
+#      300 tensors into an index of 1,000 such steps, against that step's
+#      import (issue 25). ULP_BENCH_ONLY=G runs it alone.
 # Usage: bench.sh BUILD_DIR
 set -eu
 B=${1:-.}
@@ -116,6 +119,67 @@ PYEOF
 	return 0
 }
 [ "${ULP_BENCH_ONLY:-}" = P ] && { bench_python; exit 0; }
+
+# ---- G. publishing a shared archive's index generation (issue 25) on a big
+# index: ULP_BENCH_PUB_STEPS (1000) steps of a model of 300 small tensors
+# (the index's rows are what a publication copies, not the bytes), then two
+# steps of the same 300 tensors at 512 KiB each (150 MB): the publications
+# their import made (ULP_DEBUG_PUBLISH), against the import's time
+bench_publish() {
+	PYP=$(command -v python3 || true)
+	[ -n "$PYP" ] || { echo "(G skipped: no python3)"; return 0; }
+	n=${ULP_BENCH_PUB_STEPS:-1000}
+	echo "== G. publishing a generation of a shared archive's index ($n steps x 300 tensors, then 150 MB steps)"
+	"$PYP" - "$T/pub" "$n" <<'PYEOF'
+import json, os, struct, sys, random
+out, steps = sys.argv[1], int(sys.argv[2])
+def write(d, tensors):
+    os.makedirs(d, exist_ok=True)
+    hdr, off = {}, 0
+    for name, b in tensors:
+        hdr[name] = {"dtype": "BF16", "shape": [len(b) // 2], "data_offsets": [off, off + len(b)]}
+        off += len(b)
+    h = json.dumps(hdr).encode(); h += b" " * ((8 - len(h) % 8) % 8)
+    with open(os.path.join(d, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h))); f.write(h)
+        for _, b in tensors: f.write(b)
+rnd = random.Random(7)
+names = ["model.layers.%d.w%d" % (i // 10, i % 10) for i in range(300)]
+small = [bytes(rnd.getrandbits(8) for _ in range(512)) for _ in names]
+for s in range(1, steps + 1):
+    t = []
+    for i, n in enumerate(names):
+        b = bytearray(small[i])
+        for k in range(0, 512, 97): b[k] = (b[k] + s) & 0xff
+        t.append((n, bytes(b)))
+    write(os.path.join(out, "small", "checkpoint-%d" % (s * 10)), t)
+big = [os.urandom(1 << 19) for _ in names]
+for k, s in enumerate((steps * 10 + 10, steps * 10 + 20)):
+    t = []
+    for i, n in enumerate(names):
+        b = bytearray(big[i])
+        for j in range(k, len(b), 64): b[j] ^= 1
+        t.append((n, bytes(b)))
+    write(os.path.join(out, "big%d" % k, "checkpoint-%d" % s), t)
+PYEOF
+	A=$T/pub/A
+	"$ULPACK" init --shared "$A" > /dev/null
+	"$ULPACK" import "$A" "$T/pub/small" --prefix run > /dev/null
+	idx=$(stat -c %s "$A/ulpack.db")
+	for k in 0 1; do
+		t0=$(now)
+		ULP_DEBUG_PUBLISH=1 "$ULPACK" import "$A" "$T/pub/big$k" --prefix run > /dev/null 2> "$T/pub/pub$k.log"
+		t1=$(now)
+		imp=$(( (t1 - t0) / 1000000 ))
+		pubs=$(sed -n 's/.*generation [0-9]*: \([a-z]*\), \([0-9]*\) bytes.*, \([0-9]*\) ms.*/\1 \2 B \3 ms/p' \
+			"$T/pub/pub$k.log" | paste -sd';' -)
+		ms=$(sed -n 's/.*, \([0-9]*\) ms (.*/\1/p' "$T/pub/pub$k.log" | awk '{ s += $1 } END { print s + 0 }')
+		echo "step $((k + 1)) (150 MB, 300 tensors) into an index of $((idx >> 20)) MiB: imported in $imp ms;" \
+			"its publications: $pubs; $(echo "$ms $imp" | awk '{ printf "%.1f", 100 * $1 / $2 }') % of the import" \
+			"(target <= 10 %)"
+	done
+}
+[ "${ULP_BENCH_ONLY:-}" = G ] && { bench_publish; exit 0; }
 
 echo "== 1. codec (ulpack bench: medians of repeated runs, $(nproc) threads for the -mt columns)"
 "$ULPACK" synth "$T/syn" --steps 3 > /dev/null
@@ -451,4 +515,5 @@ PYEOF
 	done
 fi
 bench_python
+bench_publish
 exit 0
