@@ -605,6 +605,63 @@ static int backup_copy(ulp_archive *a, sqlite3 *src, const char *path)
 
 /* The whole generation gen, published by an earlier writer of this index,
  * as this writer's base: its pages' hashes (page 1 is always patched). */
+/* index/gen-G.hash: the page hashes of whole generation G, so that the next
+ * writer need not read G again ("ULPGENH1", u64 G, u32 page size, u32
+ * pages, u64 XXH3-64 of the hashes, then the hashes; little endian, as
+ * every host of this project). A sidecar that does not check is ignored. */
+#define HASH_HEADER 32
+
+static void hash_path(const ulp_archive *a, uint64_t gen, char *p, size_t cap)
+{
+	snprintf(p, cap, "%s/index/gen-%020" PRIu64 ".hash", a->dir, gen);
+}
+
+static void write_hashes(ulp_archive *a, uint64_t gen, uint32_t ps, uint32_t pages, const uint64_t *h)
+{
+	size_t n = HASH_HEADER + (size_t)pages * 8;
+	uint8_t *m = malloc(n);
+	if (!m)
+		return; /* a hint: the next writer reads the generation instead */
+	memcpy(m, "ULPGENH1", 8);
+	put64(m + 8, gen);
+	put32(m + 16, ps);
+	put32(m + 20, pages);
+	memcpy(m + HASH_HEADER, h, (size_t)pages * 8);
+	put64(m + 24, ulp_xxh64(m + HASH_HEADER, (size_t)pages * 8));
+	char p[4200];
+	hash_path(a, gen, p, sizeof(p));
+	replace_file(a, p, (const char *)m, n, 0);
+	free(m);
+}
+
+static uint64_t *read_hashes(ulp_archive *a, uint64_t gen, uint32_t ps, uint32_t pages)
+{
+	char p[4200];
+	hash_path(a, gen, p, sizeof(p));
+	size_t n = HASH_HEADER + (size_t)pages * 8;
+	uint8_t *m = malloc(n);
+	int fd = m ? open(p, O_RDONLY | O_CLOEXEC) : -1;
+	struct stat sb;
+	int ok = fd >= 0 && fstat(fd, &sb) == 0 && (size_t)sb.st_size == n && pread_full(fd, m, n, 0) == 0 &&
+	         !memcmp(m, "ULPGENH1", 8);
+	if (fd >= 0)
+		close(fd);
+	uint64_t g = 0, sum = 0;
+	uint32_t gps = 0, gpages = 0;
+	if (ok) {
+		memcpy(&g, m + 8, 8);
+		memcpy(&gps, m + 16, 4);
+		memcpy(&gpages, m + 20, 4);
+		memcpy(&sum, m + 24, 8);
+		ok = g == gen && gps == ps && gpages == pages && sum == ulp_xxh64(m + HASH_HEADER, (size_t)pages * 8);
+	}
+	uint64_t *h = ok ? malloc((pages ? pages : 1) * sizeof(*h)) : NULL;
+	if (h)
+		memcpy(h, m + HASH_HEADER, (size_t)pages * 8);
+	free(m);
+	return h;
+}
+
 static void adopt_base(ulp_archive *a, uint64_t gen, uint32_t ps)
 {
 	ulp_shared *sh = a->sh;
@@ -615,7 +672,15 @@ static void adopt_base(ulp_archive *a, uint64_t gen, uint32_t ps)
 	if (fd < 0)
 		return;
 	scan sc = {.ps = ps};
-	if (fstat(fd, &sb) == 0 && sb.st_size % ps == 0 && sb.st_size > 0) {
+	uint64_t *known = NULL;
+	if (fstat(fd, &sb) == 0 && sb.st_size % ps == 0 && sb.st_size > 0 &&
+	    (known = read_hashes(a, gen, ps, (uint32_t)(sb.st_size / ps))) != NULL) {
+		free(sh->base_hash);
+		sh->base_hash = known;
+		sh->base_gen = gen;
+		sh->base_page_size = ps;
+		sh->base_pages = (uint32_t)(sb.st_size / ps);
+	} else if (fstat(fd, &sb) == 0 && sb.st_size % ps == 0 && sb.st_size > 0) {
 		sc.pages = (uint32_t)(sb.st_size / ps);
 		uint64_t *keep = sh->base_hash;
 		sh->base_hash = NULL; /* (scan_live compares with nothing: hashes only) */
@@ -757,6 +822,7 @@ int ulp_gen_publish(ulp_archive *a, int force)
 		free(sc.hash);
 	} else {
 		if (whole) { /* the new base */
+			write_hashes(a, next, sc.ps, sc.pages, sc.hash);
 			free(sh->base_hash);
 			sh->base_hash = sc.hash;
 			sh->base_gen = next;
@@ -854,6 +920,8 @@ void ulp_gen_retire(ulp_archive *a)
 			char p[4200];
 			gen_path(a, g[i].gen, g[i].patch, p, sizeof(p));
 			unlink(p);
+			hash_path(a, g[i].gen, p, sizeof(p));
+			unlink(p); /* (a whole one's) */
 		}
 	free(keep);
 	free(g);

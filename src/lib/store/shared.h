@@ -11,6 +11,8 @@
  *                              immutable=1 (no locks, no -wal, no -shm)
  *   index/gen-<20 digits>.patch  a generation as the pages that differ from
  *                              a whole one, its base (genvfs.c has the format)
+ *   index/gen-<20 digits>.hash   a whole generation's page hashes, for the
+ *                              next writer's patches (gen.c write_hashes)
  *   index/CURRENT              "ulpack-current 1 GEN EPOCH BYTES\n" (whole) or
  *                              "ulpack-current 2 GEN EPOCH BYTES BASE\n" (a
  *                              patch of generation BASE): the newest
