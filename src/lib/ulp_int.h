@@ -122,6 +122,11 @@ void *ulp_scratch_or_malloc(unsigned slot, size_t size, int *owned);
 
 /* 64-bit content checksum of a decoded chunk (XXH3-64, seed 0). */
 uint64_t ulp_xxh64(const void *data, size_t len);
+
+/* io.c: all n bytes at off (short transfers continued, EINTR retried):
+ * 0, or the errno (EIO where a write wrote nothing or a read met the end). */
+int ulp_pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
+int ulp_pread_full(int fd, void *buf, size_t n, uint64_t off);
 /* the content digest's parts (hash.c, ulpack-format(5) 2.4): leaves of
  * [p, p + len) where p is at a leaf boundary of its content, into
  * leaves[32 * i]; the number of leaves of a content; the digest from all

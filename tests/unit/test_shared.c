@@ -378,10 +378,8 @@ static void test_patches(void)
 	ulp_archive *r = open_as(dir, 1, 0, 0, err, &rc);
 	CHECK(r && exists(r, "run/checkpoint-999/model.bin") && exists(r, "run/checkpoint-10/model.bin") &&
 	      exists(r, "run/checkpoint-600/model.bin"), "a reader reads through the patch: %s", r ? "" : err);
-	int64_t last = -1;
 	CHECK(r && ulp_archive_latest(r, "run", name, sizeof(name)) == 0 && !strcmp(name, "checkpoint-999"),
 	      "latest through the patch: %s", r ? name : "");
-	(void)last;
 	ulp_archive_close(r);
 	/* one byte of the patch's pages flipped: the open fails, naming it */
 	unsigned long long g = 0, e = 0, b = 0, base = 0;

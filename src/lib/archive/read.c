@@ -994,21 +994,6 @@ typedef struct xctx {
 	int werr;      /* errno of the first failed write (atomic) */
 } xctx;
 
-static int pwrite_all(int fd, const uint8_t *p, size_t n, uint64_t off)
-{
-	while (n) {
-		ssize_t w = pwrite(fd, p, n, (off_t)off);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return w < 0 ? errno : EIO;
-		p += w;
-		n -= (size_t)w;
-		off += (uint64_t)w;
-	}
-	return 0;
-}
-
 static void x_failed(xctx *x, size_t i, int werr)
 {
 	size_t zero = 0;
@@ -1034,7 +1019,7 @@ static int job_export(void *arg, size_t i)
 		return rc;
 	}
 	uint64_t at = (uint64_t)k * x->cb[x->jobs[i].ext];
-	int werr = at + l <= e->length ? pwrite_all(x->fd, d, l, e->offset + at) : EINVAL;
+	int werr = at + l <= e->length ? ulp_pwrite_full(x->fd, d, l, e->offset + at) : EINVAL;
 	ulp_cache_put(x->f->a->cache, ce);
 	if (werr) {
 		x_failed(x, i, werr);
@@ -1052,7 +1037,7 @@ int ulp_file_write_to(ulp_file *f, int fd)
 	for (size_t i = 0; i <= f->n_ext && !werr; i++) {
 		uint64_t end = i < f->n_ext ? f->ext[i].offset : f->st.size;
 		if (end > at)
-			werr = pwrite_all(fd, f->header + (f->hoff[i] - (end - at)), (size_t)(end - at), at);
+			werr = ulp_pwrite_full(fd, f->header + (f->hoff[i] - (end - at)), (size_t)(end - at), at);
 		if (i < f->n_ext)
 			at = f->ext[i].offset + f->ext[i].length;
 	}

@@ -126,25 +126,15 @@ int ulp_netfs(const char *dir, char *name, size_t cap)
 	return 0;
 }
 
-/* Writes data into path whole, through path.tmp-PID and a rename; durable:
- * fsynced with its directory. */
-static int replace_file(ulp_archive *a, const char *path, const char *data, size_t n, int durable)
+/* shared.h: data into path whole, through path.tmp-PID and a rename */
+int ulp_shared_replace_file(ulp_archive *a, const char *path, const char *data, size_t n, int durable)
 {
 	char tmp[4300];
 	snprintf(tmp, sizeof(tmp), "%s.tmp-%ld", path, (long)getpid());
 	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return ulp_arch_err(a, errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", tmp, strerror(errno));
-	size_t done = 0;
-	while (done < n) {
-		ssize_t w = write(fd, data + done, n - done);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			break;
-		done += (size_t)w;
-	}
-	int e = done == n ? 0 : errno ? errno : ENOSPC;
+	int e = ulp_pwrite_full(fd, data, n, 0);
 	if (!e && durable && fsync(fd) < 0)
 		e = errno;
 	close(fd);
@@ -169,10 +159,6 @@ static int replace_file(ulp_archive *a, const char *path, const char *data, size
 	return 0;
 }
 
-int ulp_shared_replace_file(ulp_archive *a, const char *path, const char *data, size_t n, int durable)
-{
-	return replace_file(a, path, data, n, durable);
-}
 
 /* What index/CURRENT says: generation gen of the writer of epoch epoch, a
  * file of bytes bytes: whole (base == gen: gen-G.db) or a patch of
@@ -403,44 +389,6 @@ static int io_err(ulp_archive *a, const char *p, const char *what)
 	                    strerror(e));
 }
 
-static int pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
-{
-	const uint8_t *p = buf;
-	while (n) {
-		ssize_t w = pwrite(fd, p, n, (off_t)off);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0) {
-			if (w == 0)
-				errno = ENOSPC;
-			return -1;
-		}
-		p += w;
-		n -= (size_t)w;
-		off += (uint64_t)w;
-	}
-	return 0;
-}
-
-static int pread_full(int fd, void *buf, size_t n, uint64_t off)
-{
-	uint8_t *p = buf;
-	while (n) {
-		ssize_t r = pread(fd, p, n, (off_t)off);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			if (r == 0)
-				errno = EIO;
-			return -1;
-		}
-		p += r;
-		n -= (size_t)r;
-		off += (uint64_t)r;
-	}
-	return 0;
-}
-
 static void put32(uint8_t *p, uint32_t v)
 {
 	for (int i = 0; i < 4; i++)
@@ -490,7 +438,7 @@ static int scan_live(ulp_archive *a, int fd, const char *path, uint64_t size, ui
 	uint32_t per = (uint32_t)(SCAN_BLOCK / sc->ps);
 	for (uint32_t pg = 0; rc == 0 && pg < sc->pages; pg += per) {
 		uint32_t k = ULP_MIN(per, sc->pages - pg);
-		if (pread_full(fd, blk, (size_t)k * sc->ps, (uint64_t)pg * sc->ps) < 0) {
+		if ((errno = ulp_pread_full(fd, blk, (size_t)k * sc->ps, (uint64_t)pg * sc->ps)) != 0) {
 			rc = io_err(a, path, "read");
 			break;
 		}
@@ -537,12 +485,12 @@ static int write_whole(ulp_archive *a, int in, const char *path, const char *tmp
 	int rc = 0;
 	for (uint64_t off = 0; rc == 0 && off < size; off += SCAN_BLOCK) {
 		size_t n = (size_t)ULP_MIN((uint64_t)SCAN_BLOCK, size - off);
-		if (pread_full(in, blk, n, off) < 0)
+		if ((errno = ulp_pread_full(in, blk, n, off)) != 0)
 			rc = io_err(a, path, "read");
 		else {
 			if (off == 0)
 				unwal(blk);
-			if (pwrite_full(out, blk, n, off) < 0)
+			if ((errno = ulp_pwrite_full(out, blk, n, off)) != 0)
 				rc = io_err(a, tmp, "write");
 		}
 	}
@@ -570,7 +518,7 @@ static int write_patch(ulp_archive *a, const char *tmp, int out, const scan *sc)
 	if (n && sc->chg_no[0] == 1)
 		unwal(q + 4 * n);
 	put64(m + 32, ulp_xxh64(q, body));
-	int rc = pwrite_full(out, m, ULP_GENPATCH_HEADER + body, 0) < 0 ? io_err(a, tmp, "write") : 0;
+	int rc = (errno = ulp_pwrite_full(out, m, ULP_GENPATCH_HEADER + body, 0)) != 0 ? io_err(a, tmp, "write") : 0;
 	free(m);
 	return rc;
 }
@@ -630,7 +578,7 @@ static void write_hashes(ulp_archive *a, uint64_t gen, uint32_t ps, uint32_t pag
 	put64(m + 24, ulp_xxh64(m + HASH_HEADER, (size_t)pages * 8));
 	char p[4200];
 	hash_path(a, gen, p, sizeof(p));
-	replace_file(a, p, (const char *)m, n, 0);
+	ulp_shared_replace_file(a, p, (const char *)m, n, 0);
 	free(m);
 }
 
@@ -642,7 +590,7 @@ static uint64_t *read_hashes(ulp_archive *a, uint64_t gen, uint32_t ps, uint32_t
 	uint8_t *m = malloc(n);
 	int fd = m ? open(p, O_RDONLY | O_CLOEXEC) : -1;
 	struct stat sb;
-	int ok = fd >= 0 && fstat(fd, &sb) == 0 && (size_t)sb.st_size == n && pread_full(fd, m, n, 0) == 0 &&
+	int ok = fd >= 0 && fstat(fd, &sb) == 0 && (size_t)sb.st_size == n && ulp_pread_full(fd, m, n, 0) == 0 &&
 	         !memcmp(m, "ULPGENH1", 8);
 	if (fd >= 0)
 		close(fd);
@@ -766,7 +714,7 @@ int ulp_gen_publish(ulp_archive *a, int force)
 	uint8_t hdr[100];
 	struct stat sb;
 	scan sc = {0};
-	if (rc == 0 && (fstat(in, &sb) < 0 || pread_full(in, hdr, sizeof(hdr), 0) < 0))
+	if (rc == 0 && (fstat(in, &sb) < 0 || (errno = ulp_pread_full(in, hdr, sizeof(hdr), 0)) != 0))
 		rc = io_err(a, live, "read");
 	if (rc == 0) {
 		sc.ps = (uint32_t)hdr[16] << 8 | hdr[17];
@@ -815,7 +763,7 @@ int ulp_gen_publish(ulp_archive *a, int force)
 		                         sh->epoch, (long long)ob.st_size)
 		              : snprintf(line, sizeof(line), "ulpack-current 2 %" PRIu64 " %" PRIu64 " %lld %" PRIu64 "\n",
 		                         next, sh->epoch, (long long)ob.st_size, sh->base_gen);
-		rc = replace_file(a, cur, line, (size_t)l, 1);
+		rc = ulp_shared_replace_file(a, cur, line, (size_t)l, 1);
 	}
 	if (rc < 0) {
 		unlink(tmp);
@@ -860,7 +808,7 @@ static uint64_t patch_base(ulp_archive *a, uint64_t gen)
 	uint8_t h[16];
 	gen_path(a, gen, 1, p, sizeof(p));
 	int fd = open(p, O_RDONLY | O_CLOEXEC);
-	int ok = fd >= 0 && pread_full(fd, h, sizeof(h), 0) == 0 && !memcmp(h, "ULPGENP1", 8);
+	int ok = fd >= 0 && ulp_pread_full(fd, h, sizeof(h), 0) == 0 && !memcmp(h, "ULPGENP1", 8);
 	if (fd >= 0)
 		close(fd);
 	if (!ok)

@@ -201,19 +201,11 @@ static int load(const char *path, uint8_t **mem, size_t *len)
 	}
 	*len = (size_t)sb.st_size;
 	*mem = malloc(*len ? *len : 1);
-	size_t got = 0;
-	while (*mem && got < *len) {
-		ssize_t r = pread(fd, *mem + got, *len - got, (off_t)got);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			break;
-		got += (size_t)r;
-	}
+	int e = *mem ? ulp_pread_full(fd, *mem, *len, 0) : 0;
 	close(fd);
 	if (!*mem)
 		return SQLITE_NOMEM;
-	if (got != *len) {
+	if (e) {
 		free(*mem);
 		*mem = NULL;
 		return SQLITE_IOERR;
