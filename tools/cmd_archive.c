@@ -416,9 +416,11 @@ int cmd_import(int argc, char **argv)
 		return 2;
 	}
 	g_root_len = strlen(ao.pos[1]);
-	if (stat(ao.pos[0], &g_archive_sb) < 0) {
+	if (stat(ulp_archive_dir(a), &g_archive_sb) < 0) { /* (an s3:// archive's local home) */
+		int e = errno;
+		cli_fail("%s: %s", ulp_archive_dir(a), strerror(e));
 		ulp_archive_close(a);
-		return cli_fail("%s: %s", ao.pos[0], strerror(errno));
+		return 1;
 	}
 	int walked = nftw(ao.pos[1], walk_cb, 64, FTW_PHYS);
 	free(g_skip);

@@ -53,7 +53,8 @@
 static struct {
 	ulp_archive *a;
 	ulp_session *s;        /* NULL when read-only */
-	char *archive;
+	char *archive;     /* as given: a directory (made absolute) or an s3:// URL */
+	char *home;        /* the archive's directory: the local home of an s3:// one */
 	int read_only, foreground;
 	int no_latest;         /* -o nolatest: no `latest` symlinks */
 	int no_dio;            /* (measuring only) no direct I/O for writers */
@@ -554,7 +555,7 @@ static int ulpfs_statfs(const char *path, struct statvfs *st)
 	(void)path;
 	readahead_once();
 	trim_packs(1);
-	if (statvfs(fs.archive, st) < 0)
+	if (statvfs(fs.home, st) < 0)
 		return -errno;
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
@@ -615,7 +616,7 @@ static int sync_names_allowed(void)
 {
 	struct fuse_context *cx = fuse_get_context();
 	struct stat st;
-	return !cx || cx->uid == 0 || cx->uid == getuid() || (stat(fs.archive, &st) == 0 && st.st_uid == cx->uid);
+	return !cx || cx->uid == 0 || cx->uid == getuid() || (stat(fs.home, &st) == 0 && st.st_uid == cx->uid);
 }
 
 /* the barrier of `ulpack sync` (invariant 4): each call waits (a second one,
@@ -804,6 +805,7 @@ enum { KEY_HELP, KEY_VERSION, KEY_RO, KEY_ALLOW_OTHER, KEY_DEFAULT_PERMISSIONS, 
 
 static struct opts {
 	char *cache_size, *max_chain, *threads, *readahead, *staging_max, *poll, *lease, *grace;
+	char *cache_dir, *pack_cache; /* an archive in a bucket */
 	int allow_other, default_permissions, no_permission_checks, nolatest;
 	int fsname;            /* the user gave -o fsname= */
 } o;
@@ -817,6 +819,8 @@ static const struct fuse_opt ulpfs_opts[] = {
 	{"poll=%s", offsetof(struct opts, poll), 0},
 	{"lease=%s", offsetof(struct opts, lease), 0},
 	{"grace=%s", offsetof(struct opts, grace), 0},
+	{"cache_dir=%s", offsetof(struct opts, cache_dir), 0},
+	{"pack_cache=%s", offsetof(struct opts, pack_cache), 0},
 	FUSE_OPT_KEY("ro", KEY_RO),
 	FUSE_OPT_KEY("allow_other", KEY_ALLOW_OTHER),
 	FUSE_OPT_KEY("default_permissions", KEY_DEFAULT_PERMISSIONS),
@@ -848,6 +852,10 @@ static void usage(FILE *f)
 	        "  -o lease=SECONDS     shared, writer: its lease, renewed while it runs (default 15)\n"
 	        "  -o grace=SECONDS     shared, writer: superseded generations and dropped packs stay this\n"
 	        "                       long for other hosts' readers (default 600)\n"
+	        "  -o cache_dir=DIR     s3://BUCKET/PREFIX archives: the local home (the writer's live index\n"
+	        "                       and staging, the pack cache), DIR/s3/BUCKET/PREFIX/{writer,reader}\n"
+	        "                       (default: $ULPACK_CACHE_DIR, $XDG_CACHE_HOME/ulpack, ~/.cache/ulpack)\n"
+	        "  -o pack_cache=SIZE   s3:// archives: packs kept in the local home, LRU (default 8G)\n"
 	        "  -o nolatest          no `latest` symlink in run directories (see ulpackfs(1))\n"
 	        "  -o fsname=NAME       source shown by findmnt and df (default: the archive's path)\n"
 	        "  -o allow_other       let other users in; implies default_permissions (the kernel\n"
@@ -855,6 +863,7 @@ static void usage(FILE *f)
 	        "  -f                   stay in the foreground; -d for debug output\n"
 	        "  and the usual FUSE options (allow_other, default_permissions, ...)\n\n"
 	        "fstab: /data/ckpt-archive /mnt/ckpt fuse.ulpackfs defaults,cache_size=4G 0 0\n"
+	        "       s3://ckpt/run1 /mnt/run1 fuse.ulpackfs ro,cache_dir=/var/cache/ulpack,_netdev 0 0\n"
 	        "See ulpackfs(1).\n");
 }
 
@@ -882,7 +891,7 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
 		return 1; /* for the kernel: findmnt and df show it */
 	case FUSE_OPT_KEY_NONOPT:
 		if (!fs.archive) {
-			fs.archive = realpath(arg, NULL);
+			fs.archive = ulp_archive_is_url(arg) ? strdup(arg) : realpath(arg, NULL);
 			if (!fs.archive) {
 				fprintf(stderr, "ulpackfs: %s: %s\n", arg, strerror(errno));
 				exit(1);
@@ -1100,7 +1109,11 @@ int main(int argc, char **argv)
 	}
 	char err[1024];
 	ulp_archive_opts ao = {.cache_size = fs.cache_size, .max_chain = fs.max_chain, .threads = fs.threads,
-	                       .read_only = fs.read_only};
+	                       .read_only = fs.read_only, .cache_dir = o.cache_dir};
+	if (o.pack_cache && (ulp_parse_size(o.pack_cache, &ao.pack_cache) < 0 || ao.pack_cache == 0)) {
+		fprintf(stderr, "ulpackfs: bad pack_cache '%s' (examples: 2G, 500M)\n", o.pack_cache);
+		return 2;
+	}
 	const struct { const char *s, *name; unsigned *to, scale; } secs[] = {
 		{o.poll, "poll", &ao.poll_ms, 1000}, {o.lease, "lease", &ao.lease_ms, 1000}, {o.grace, "grace", &ao.grace_s, 1}};
 	for (size_t i = 0; i < sizeof(secs) / sizeof(secs[0]); i++) {
@@ -1117,11 +1130,12 @@ int main(int argc, char **argv)
 		fprintf(stderr, "ulpackfs: %s\n", err);
 		return 1;
 	}
+	fs.home = strdup(ulp_archive_dir(fs.a));
 	fs.lock_fd = -1;
 	if (!fs.read_only) { /* an archive, now: take its lock, then recover */
 		ulp_generation g;
 		ulp_archive_generation(fs.a, &g);
-		fs.lock_fd = lock_archive(fs.archive, &g);
+		fs.lock_fd = lock_archive(fs.home, &g);
 		if (fs.lock_fd == -1) {
 			ulp_archive_close(fs.a);
 			return 1;
@@ -1171,7 +1185,7 @@ int main(int argc, char **argv)
 	 * started with, which daemonizing would otherwise close */
 	if (access("/dev/log", F_OK) != 0) {
 		char lp[4200];
-		snprintf(lp, sizeof(lp), "%s/ulpackfs.log", fs.archive);
+		snprintf(lp, sizeof(lp), "%s/ulpackfs.log", fs.home);
 		int lfd = open(lp, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600); /* private, as the archive */
 		if (lfd < 0) {
 			fprintf(stderr, "ulpackfs: no syslog, and %s cannot be written (%s): errors go to this stderr\n", lp,
@@ -1190,7 +1204,7 @@ int main(int argc, char **argv)
 		goto out_unmount;
 	}
 	if (fs.lock_fd >= 0 && ulp_mount_lock_note(fs.lock_fd, (long)getpid(), fs.mountpoint) < 0)
-		syslog(LOG_WARNING, "ulpackfs: %s/mount.lock: cannot record pid and mount point", fs.archive);
+		syslog(LOG_WARNING, "ulpackfs: %s/mount.lock: cannot record pid and mount point", fs.home);
 	if (fuse_set_signal_handlers(fuse_get_session(f)) != 0)
 		goto out_unmount;
 	if (co.singlethread) {
@@ -1221,5 +1235,6 @@ out:
 	free(fs.mountpoint);
 	fuse_opt_free_args(&args);
 	free(fs.archive);
+	free(fs.home);
 	return rc || fs.kept ? 1 : 0; /* kept: files left staged for the next mount (logged) */
 }

@@ -90,6 +90,7 @@ int ulp_cache_state_ok(ulp_cache *c);
 typedef struct ulp_tstate ulp_tstate; /* per-thread: index connection, error text */
 typedef struct ulp_packstore ulp_packstore; /* pack.c: mapped packs, their lock */
 typedef struct ulp_shared ulp_shared; /* store/shared.h: generations, lease */
+typedef struct ulp_remote ulp_remote; /* store/remote.h: a home in an S3 bucket */
 typedef struct ulp_dbh ulp_dbh;  /* db.c: the thread states' key and list, their lock */
 
 /* A file an import is about to put (ulp_archive_expect, layout.c). */
@@ -144,6 +145,9 @@ struct ulp_archive {
 	                                generations and lease (store/shared.h), or NULL;
 	                                its fields guarded by sh->mu */
 	ulp_archive_opts opts;       /* set at open, read-only after: as given */
+	ulp_remote *rm;              /* set at open, read-only after: the home in a
+	                                bucket (store/remote.h), or NULL; dir is then
+	                                the local home */
 	int follow;                  /* set at open, read-only after: read-only on a
 	                                shared archive: connections open the published
 	                                generation that dbh names (gen.c) */

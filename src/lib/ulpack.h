@@ -283,8 +283,19 @@ typedef struct ulp_archive_opts {
 	unsigned grace_s;     /* writer: a superseded generation, and a pack the index
 	                       * dropped, stay this long for the readers of other
 	                       * hosts; 0: 600 */
+	/* an archive in an object store (dir "s3://BUCKET/PREFIX"; ulpackfs(1)
+	 * "OBJECT STORES"): */
+	const char *cache_dir; /* the local home: the writer's live index and
+	                        * staging, a reader's generations, and the pack
+	                        * cache, under CACHE_DIR/s3/BUCKET/PREFIX/writer or
+	                        * reader; NULL: $ULPACK_CACHE_DIR, else
+	                        * $XDG_CACHE_HOME/ulpack, else ~/.cache/ulpack */
+	uint64_t pack_cache;   /* bytes of packs kept in it; 0: 8 GiB */
 } ulp_archive_opts;
 
+/** 1 where name is an archive in an object store ("s3://BUCKET/PREFIX"),
+ *  which ulp_archive_init and ulp_archive_open take as well as a directory. */
+int ulp_archive_is_url(const char *name);
 /** Creates an empty archive in dir (created if missing; must be empty of
  *  archive files). Errors: EXIST, IO. errbuf gets the cause. */
 int ulp_archive_init(const char *dir, char *errbuf, size_t errcap);

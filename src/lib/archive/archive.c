@@ -11,6 +11,7 @@
  * strings(1) on a pack by another local user.
  */
 #include "store/shared.h"
+#include "store/remote.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -62,10 +63,14 @@ static int check_empty(const char *dir, ulp_err *err)
 	return rc;
 }
 
+static int init_remote(const char *url, ulp_err *err);
+
 int ulp_archive_init(const char *dir, char *errbuf, size_t errcap)
 {
 	ulp_err err = {errbuf, errcap};
 	char path[4200];
+	if (ulp_remote_is_url(dir))
+		return init_remote(dir, &err);
 	ULP_TRY(make_parents(dir, &err));
 	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
 		return ULP_ERR(&err, errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", dir, strerror(errno));
@@ -112,9 +117,13 @@ static int shared_open(ulp_archive *a, const ulp_archive_opts *o, ulp_err *err)
 		return 0;
 	}
 	(void)o;
+	if (a->rm && !a->read_only)
+		ULP_TRY(ulp_gen_remote_writer(a, err)); /* the live index as new as the bucket's */
 	ULP_TRY(ulp_shared_new(a, &a->opts, !a->read_only));
-	if (!a->read_only)
-		return ulp_lease_take(a, err);
+	if (!a->read_only) {
+		ULP_TRY(ulp_lease_take(a, err));
+		return a->rm ? ulp_gen_remote_claim(a, err) : 0;
+	}
 	a->follow = 1;
 	return ulp_gen_reader_open(a, err);
 }
@@ -153,14 +162,77 @@ int ulp_archive_share(ulp_archive *a)
 	return rc;
 }
 
+static int open_dir(const char *dir, const ulp_archive_opts *o, ulp_remote *rm, ulp_archive **out, ulp_err *e);
+
+/* An archive in a bucket (store/remote.h): its local home, opened as a
+ * shared archive whose generations and packs come from the bucket. */
+static int open_remote(const char *url, const ulp_archive_opts *o, int creating, ulp_archive **out, ulp_err *err)
+{
+	ulp_remote *rm;
+	char *home;
+	ULP_TRY(ulp_remote_open(url, o, !o->read_only, &rm, &home, err));
+	rm->creating = creating;
+	int rc = open_dir(home, o, rm, out, err); /* rm is the archive's, or closed */
+	free(home);
+	return rc;
+}
+
+/* ulp_archive_init of s3://BUCKET/PREFIX: the bucket (made if missing), a
+ * local home with an empty index, and generation 1 published with the
+ * pointer created only where there is none (If-None-Match). */
+static int init_remote(const char *url, ulp_err *err)
+{
+	static const ulp_archive_opts o = {0};
+	ulp_remote *rm;
+	char *home, p[4300], key[1200];
+	ULP_TRY(ulp_remote_open(url, &o, 1, &rm, &home, err));
+	snprintf(key, sizeof(key), "%sindex/CURRENT", rm->prefix);
+	snprintf(p, sizeof(p), "%s/ulpack.db", home);
+	int rc = ulp_s3_bucket_create(rm->s3, err);
+	if (rc == 0) {
+		int h = ulp_s3_head(rm->s3, key, NULL, NULL, err);
+		rc = h == 0 ? ULP_ERR(err, -ULP_E_EXIST, "%s: already an archive", url) : h == -ULP_E_NOENT ? 0 : h;
+	}
+	if (rc == 0 && access(p, F_OK) == 0)
+		rc = ULP_ERR(err, -ULP_E_EXIST, "%s: holds the index of an archive that is no longer in the bucket: remove "
+		             "that directory (or choose another cache_dir) to create %s", home, url);
+	if (rc == 0)
+		rc = ulp_db_create(p, err);
+	ulp_remote_close(rm);
+	ulp_archive *a = NULL;
+	if (rc == 0)
+		rc = open_remote(url, &o, 1, &a, err);
+	if (rc == 0 && (rc = ulp_gen_publish(a, 1)) < 0)
+		ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
+	ulp_archive_close(a);
+	if (rc < 0 && rc != -ULP_E_EXIST)
+		unlink(p); /* nothing published: the next init starts afresh */
+	free(home);
+	return rc;
+}
+
 int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive **out,
                      char *errbuf, size_t errcap)
 {
 	ulp_err err = {errbuf, errcap};
 	static const ulp_archive_opts defaults = {0};
 	const ulp_archive_opts *o = opts ? opts : &defaults;
+	if (ulp_remote_is_url(dir))
+		return open_remote(dir, o, 0, out, &err);
+	return open_dir(dir, o, NULL, out, &err);
+}
+
+/* Opens the archive in directory dir (rm: its home in a bucket, whose
+ * handle it takes). */
+static int open_dir(const char *dir, const ulp_archive_opts *o, ulp_remote *rm, ulp_archive **out, ulp_err *e)
+{
+	ulp_err err = *e;
 	struct stat sb;
 	char path[4200];
+	if (rm && (o->max_chain > ULP_MAX_CHAIN || o->threads > ULP_MAX_THREADS)) {
+		ulp_remote_close(rm);
+		rm = NULL;
+	}
 	if (o->max_chain > ULP_MAX_CHAIN)
 		return ULP_ERR(&err, -ULP_E_INVAL, "%s: max_chain %u: at most %d", dir, o->max_chain, ULP_MAX_CHAIN);
 	if (o->threads > ULP_MAX_THREADS)
@@ -172,15 +244,19 @@ int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive 
 	if (!S_ISDIR(sb.st_mode))
 		return ULP_ERR(&err, -ULP_E_NOTDIR, "%s: not a directory (an archive is a directory)", dir);
 	snprintf(path, sizeof(path), "%s/ulpack.db", dir);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0 && errno == ENOENT)
+	int fd = rm ? -1 : open(path, O_RDONLY | O_CLOEXEC); /* a bucket's: made from its generation */
+	if (!rm && fd < 0 && errno == ENOENT)
 		return ULP_ERR(&err, -ULP_E_NOENT, "%s: not a ulpack archive (no ulpack.db; create one with 'ulpack init')", dir);
-	if (fd < 0)
+	if (!rm && fd < 0)
 		return ULP_ERR(&err, errno == EISDIR ? -ULP_E_ISDIR : -ULP_E_IO, "%s: %s", path, strerror(errno));
-	close(fd);
+	if (fd >= 0)
+		close(fd);
 	ulp_archive *a = calloc(1, sizeof(*a));
-	if (!a)
+	if (!a) {
+		ulp_remote_close(rm);
 		return -ULP_E_NOMEM;
+	}
+	a->rm = rm;
 	a->dir = strdup(dir);
 	a->read_only = o->read_only;
 	a->opts = *o;
@@ -191,6 +267,7 @@ int ulp_archive_open(const char *dir, const ulp_archive_opts *opts, ulp_archive 
 	pthread_mutex_init(&a->write_mu, NULL);
 	int rc = -ULP_E_NOMEM;
 	if (!a->dir || ulp_dbh_open(a) != 0) {
+		ulp_remote_close(rm);
 		free(a->dir);
 		free(a);
 		return rc;
@@ -239,12 +316,18 @@ void ulp_archive_close(ulp_archive *a)
 	ulp_ingest_free_spare(a);
 	ulp_layout_forget_expected(a);
 	ulp_packstore_close(a);
+	ulp_remote_close(a->rm); /* after the pack store, its user */
 	ulp_dbh_close(a); /* every thread's connection */
 	ulp_db_free_copy(a); /* after the connections that read it */
 	pthread_mutex_destroy(&a->mu);
 	pthread_mutex_destroy(&a->write_mu);
 	free(a->dir);
 	free(a);
+}
+
+int ulp_archive_is_url(const char *name)
+{
+	return ulp_remote_is_url(name);
 }
 
 const char *ulp_archive_dir(const ulp_archive *a)

@@ -41,6 +41,7 @@
  *     below that.
  */
 #include "shared.h"
+#include "remote.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -167,6 +168,20 @@ typedef struct current {
 	uint64_t gen, epoch, bytes, base;
 } current;
 
+/* A pointer's text (buf, NUL-terminated; p names it in the message):
+ * 0 or CORRUPT. */
+static int parse_current(const char *p, const char *buf, current *c, ulp_err *err)
+{
+	unsigned v = 0;
+	int k = sscanf(buf, "ulpack-current %u %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &v, &c->gen, &c->epoch,
+	               &c->bytes, &c->base);
+	if (k == 4 && v == 1)
+		c->base = c->gen;
+	if (!((k == 4 && v == 1) || (k == 5 && v == 2)) || c->gen == 0 || c->base == 0 || c->base > c->gen)
+		return ULP_ERR(err, -ULP_E_CORRUPT, "%s: not a generation pointer (\"%.40s\")", p, buf);
+	return 0;
+}
+
 /* CURRENT of dir: 0, NOENT (none), CORRUPT (not one). */
 static int read_current(const char *dir, current *c, ulp_err *err)
 {
@@ -180,14 +195,16 @@ static int read_current(const char *dir, current *c, ulp_err *err)
 	if (n < 0)
 		return ULP_ERR(err, -ULP_E_IO, "%s: %s", p, strerror(errno));
 	buf[n] = 0;
-	unsigned v = 0;
-	int k = sscanf(buf, "ulpack-current %u %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &v, &c->gen, &c->epoch,
-	               &c->bytes, &c->base);
-	if (k == 4 && v == 1)
-		c->base = c->gen;
-	if (!((k == 4 && v == 1) || (k == 5 && v == 2)) || c->gen == 0 || c->base == 0 || c->base > c->gen)
-		return ULP_ERR(err, -ULP_E_CORRUPT, "%s: not a generation pointer (\"%.40s\")", p, buf);
-	return 0;
+	return parse_current(p, buf, c, err);
+}
+
+/* The pointer's text for c. */
+static int format_current(const current *c, char *line, size_t cap)
+{
+	return c->base == c->gen
+	       ? snprintf(line, cap, "ulpack-current 1 %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", c->gen, c->epoch, c->bytes)
+	       : snprintf(line, cap, "ulpack-current 2 %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", c->gen, c->epoch,
+	                  c->bytes, c->base);
 }
 
 static void gen_path(const ulp_archive *a, uint64_t gen, int patch, char *p, size_t cap)
@@ -288,6 +305,238 @@ void ulp_shared_free(ulp_archive *a)
 	a->sh = NULL;
 }
 
+/* ---- a home in a bucket (remote.h) ---------------------------------------- */
+
+static int io_err(ulp_archive *a, const char *p, const char *what);
+
+static void gen_rel(uint64_t gen, int patch, char *rel, size_t cap)
+{
+	snprintf(rel, cap, "index/gen-%020" PRIu64 ".%s", gen, patch ? "patch" : "db");
+}
+
+/* The bucket's CURRENT (etag may be NULL): 0, NOENT, CORRUPT, IO. */
+static int remote_current(ulp_archive *a, current *c, char etag[ULP_S3_ETAG_MAX], ulp_err *err)
+{
+	char buf[256], where[1300];
+	size_t n = 0;
+	int rc = ulp_remote_get_small(a, "index/CURRENT", buf, sizeof(buf) - 1, &n, etag);
+	if (rc < 0)
+		return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
+	buf[n] = 0;
+	snprintf(where, sizeof(where), "%s/index/CURRENT", a->rm->url);
+	return parse_current(where, buf, c, err);
+}
+
+/* remote.h invariant 3: generation c's files (and its base's) in index/. */
+static int fetch_gen(ulp_archive *a, const current *c, ulp_err *err)
+{
+	int patch = c->base != c->gen;
+	for (int k = 0; k <= patch; k++) {
+		uint64_t g = k == 0 ? c->gen : c->base;
+		int pt = k == 0 && patch;
+		char p[4200], rel[64];
+		struct stat sb;
+		gen_path(a, g, pt, p, sizeof(p));
+		if (stat(p, &sb) == 0 && sb.st_size > 0)
+			continue;
+		gen_rel(g, pt, rel, sizeof(rel));
+		int rc = ulp_remote_fetch(a, rel, p, k == 0 ? c->bytes : 0);
+		if (rc < 0)
+			return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
+	}
+	return 0;
+}
+
+/* The writer's live index rebuilt from generation c: its base, with a
+ * patch's pages over it, in WAL mode again (header bytes 18 and 19). */
+static int materialize(ulp_archive *a, const current *c, ulp_err *err)
+{
+	char base[4200], pf[4200], live[4300], tmp[4300];
+	gen_path(a, c->base, 0, base, sizeof(base));
+	gen_path(a, c->gen, 1, pf, sizeof(pf));
+	snprintf(live, sizeof(live), "%s/ulpack.db", a->dir);
+	snprintf(tmp, sizeof(tmp), "%s/ulpack.db.tmp-%ld", a->dir, (long)getpid());
+	int in = open(base, O_RDONLY | O_CLOEXEC);
+	int out = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	uint8_t *buf = malloc(1 << 20), *pm = NULL;
+	int rc = 0, e = 0;
+	if (in < 0 || out < 0 || !buf)
+		rc = ULP_ERR(err, !buf ? -ULP_E_NOMEM : -ULP_E_IO, "%s: %s", in < 0 ? base : tmp, strerror(errno));
+	for (uint64_t off = 0; rc == 0;) {
+		ssize_t n = pread(in, buf, 1 << 20, (off_t)off);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 || (n > 0 && (e = ulp_pwrite_full(out, buf, (size_t)n, off)) != 0))
+			rc = ULP_ERR(err, e == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", n < 0 ? base : tmp,
+			             strerror(n < 0 ? errno : e));
+		if (n <= 0)
+			break;
+		off += (uint64_t)n;
+	}
+	if (rc == 0 && c->base != c->gen) {
+		ulp_genpatch gp;
+		int pfd = open(pf, O_RDONLY | O_CLOEXEC);
+		pm = pfd >= 0 && c->bytes < ((uint64_t)1 << 32) ? malloc((size_t)c->bytes + 1) : NULL;
+		if (!pm || ulp_pread_full(pfd, pm, (size_t)c->bytes, 0) != 0)
+			rc = ULP_ERR(err, -ULP_E_IO, "%s: cannot read it", pf);
+		if (pfd >= 0)
+			close(pfd);
+		if (rc == 0 && (ulp_genpatch_parse(pm, (size_t)c->bytes, &gp) < 0 || gp.base != c->base))
+			rc = ULP_ERR(err, -ULP_E_CORRUPT, "%s: not a patch of generation %" PRIu64, pf, c->base);
+		for (uint32_t i = 0; rc == 0 && i < gp.n_patch; i++) {
+			uint32_t no = ulp_ld32(gp.pgno + 4 * (size_t)i);
+			if (no == 0 || (e = ulp_pwrite_full(out, gp.pages + (size_t)i * gp.page_size, gp.page_size,
+			                                    (uint64_t)(no - 1) * gp.page_size)) != 0)
+				rc = ULP_ERR(err, -ULP_E_IO, "%s: page %u: %s", tmp, no, no ? strerror(e) : "page 0");
+		}
+		if (rc == 0 && ftruncate(out, (off_t)((uint64_t)gp.n_pages * gp.page_size)) < 0)
+			rc = ULP_ERR(err, -ULP_E_IO, "%s: %s", tmp, strerror(errno));
+	}
+	uint8_t two[2] = {2, 2}; /* WAL (the generation was a rollback database: unwal) */
+	if (rc == 0 && (e = ulp_pwrite_full(out, two, 2, 18)) != 0)
+		rc = ULP_ERR(err, -ULP_E_IO, "%s: %s", tmp, strerror(e));
+	if (rc == 0 && fsync(out) < 0)
+		rc = ULP_ERR(err, -ULP_E_IO, "%s: fsync: %s", tmp, strerror(errno));
+	if (in >= 0)
+		close(in);
+	if (out >= 0)
+		close(out);
+	free(buf);
+	free(pm);
+	if (rc == 0) {
+		char w[4400];
+		snprintf(w, sizeof(w), "%s-wal", live);
+		unlink(w);
+		snprintf(w, sizeof(w), "%s-shm", live);
+		unlink(w);
+		if (rename(tmp, live) < 0)
+			rc = ULP_ERR(err, -ULP_E_IO, "%s: %s", live, strerror(errno));
+	}
+	if (rc < 0)
+		unlink(tmp);
+	return rc;
+}
+
+/* The bucket's generations this home does not have: empty files in index/,
+ * which retirement removes (with their objects) as it removes the writer's
+ * own; a reader never opens them (it fetches what it follows). */
+static int placeholder(void *arg, const char *rel, uint64_t size)
+{
+	ulp_archive *a = arg;
+	char p[4300];
+	uint64_t g;
+	char tail[8];
+	(void)size;
+	if (sscanf(rel, "index/gen-%" SCNu64 ".%7s", &g, tail) != 2 || (strcmp(tail, "db") && strcmp(tail, "patch")))
+		return 0;
+	snprintf(p, sizeof(p), "%s/%s", a->dir, rel);
+	int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd >= 0)
+		close(fd);
+	return 0;
+}
+
+int ulp_gen_remote_writer(ulp_archive *a, ulp_err *err)
+{
+	ulp_remote *rm = a->rm;
+	current c, l;
+	char etag[ULP_S3_ETAG_MAX], msg[256], live[4300];
+	ulp_err e = {msg, sizeof(msg)};
+	int rc = remote_current(a, &c, etag, err);
+	if (rc == -ULP_E_NOENT && rm->creating)
+		return 0;
+	if (rc == -ULP_E_NOENT)
+		return ULP_ERR(err, rc, "%s: no archive there (no index/CURRENT in the bucket): create one with 'ulpack init "
+		               "%s'", rm->url, rm->url);
+	ULP_TRY(rc);
+	if (rm->creating)
+		return ULP_ERR(err, -ULP_E_EXIST, "%s: already an archive", rm->url);
+	snprintf(live, sizeof(live), "%s/ulpack.db", a->dir);
+	struct stat sb;
+	/* this home published that generation itself: its live index is as new,
+	 * or newer (commits not published yet) */
+	int keep = read_current(a->dir, &l, &e) == 0 && l.gen == c.gen && l.epoch == c.epoch && stat(live, &sb) == 0 &&
+	           sb.st_size > 0;
+	if (!keep) {
+		char line[160];
+		int n = format_current(&c, line, sizeof(line)), k;
+		ULP_TRY(fetch_gen(a, &c, err));
+		ULP_TRY(materialize(a, &c, err));
+		char cur[4300];
+		snprintf(cur, sizeof(cur), "%s/index/CURRENT", a->dir);
+		if ((k = ulp_shared_replace_file(a, cur, line, (size_t)n, 1)) < 0)
+			return ULP_ERR(err, k, "%s", ulp_archive_errmsg(a));
+	}
+	if ((rc = ulp_remote_list(a, "index/gen-", placeholder, a)) < 0)
+		return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
+	rm->floor_epoch = c.epoch;
+	pthread_mutex_lock(&rm->mu);
+	snprintf(rm->etag, sizeof(rm->etag), "%s", etag);
+	pthread_mutex_unlock(&rm->mu);
+	return 0;
+}
+
+int ulp_gen_remote_claim(ulp_archive *a, ulp_err *err)
+{
+	ulp_remote *rm = a->rm;
+	current c;
+	char line[160], cur[4300];
+	if (rm->creating)
+		return 0; /* the first publication creates the pointer */
+	ULP_TRY(read_current(a->dir, &c, err));
+	c.epoch = a->sh->epoch;
+	int n = format_current(&c, line, sizeof(line));
+	int rc = ulp_remote_swap_current(a, line, (size_t)n);
+	if (rc == -ULP_E_EXIST)
+		return ULP_ERR(err, -ULP_E_BUSY, "%s: another writer took the archive while this one opened it (its "
+		               "index/CURRENT changed): one writer at a time; mount read-only (-o ro) to follow it", rm->url);
+	if (rc < 0)
+		return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
+	pthread_mutex_lock(&a->sh->mu);
+	a->sh->gen = c.gen;
+	a->sh->gen_epoch = c.epoch;
+	pthread_mutex_unlock(&a->sh->mu);
+	snprintf(cur, sizeof(cur), "%s/index/CURRENT", a->dir);
+	rc = ulp_shared_replace_file(a, cur, line, (size_t)n, 1);
+	return rc < 0 ? ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a)) : 0;
+}
+
+/* Invariant 1 for a bucket: the generation file fin in the bucket, created
+ * (never replaced: a generation of that number there is another writer's). */
+static int remote_put_gen(ulp_archive *a, uint64_t gen, int patch, const char *fin)
+{
+	char rel[64];
+	gen_rel(gen, patch, rel, sizeof(rel));
+	int fd = open(fin, O_RDONLY | O_CLOEXEC);
+	struct stat sb;
+	if (fd < 0 || fstat(fd, &sb) < 0) {
+		int rc = io_err(a, fin, "open");
+		if (fd >= 0)
+			close(fd);
+		return rc;
+	}
+	int rc = ulp_remote_put_fd(a, rel, fd, (uint64_t)sb.st_size, 1);
+	close(fd);
+	if (rc == -ULP_E_EXIST) {
+		ulp_lease_fence(a, "%s: generation %" PRIu64 " is in the bucket already: another writer published it; this "
+		                "writer (epoch %" PRIu64 ") stopped archiving and publishing", a->rm->url, gen, a->sh->epoch);
+		return ulp_lease_ok(a);
+	}
+	return rc;
+}
+
+/* Invariant 2 for a bucket (remote.h invariant 2): the pointer swapped. */
+static int remote_swap(ulp_archive *a, const char *line, size_t n)
+{
+	int rc = ulp_remote_swap_current(a, line, n);
+	if (rc == -ULP_E_EXIST) {
+		ulp_lease_fence(a, "%s: another writer took the archive over (index/CURRENT is not as this writer left it): "
+		                "this writer (epoch %" PRIu64 ") stopped archiving and publishing", a->rm->url, a->sh->epoch);
+		return ulp_lease_ok(a);
+	}
+	return rc;
+}
+
 /* ---- readers ------------------------------------------------------------ */
 
 /* Follows generation c (a reader): new connections open it, whole or as a
@@ -333,7 +582,11 @@ static int follow(ulp_archive *a, const current *c, ulp_err *err)
 int ulp_gen_reader_open(ulp_archive *a, ulp_err *err)
 {
 	current c;
-	int rc = read_current(a->dir, &c, err);
+	int rc = a->rm ? remote_current(a, &c, NULL, err) : read_current(a->dir, &c, err);
+	if (rc == 0 && a->rm)
+		rc = fetch_gen(a, &c, err);
+	if (rc == -ULP_E_NOENT && a->rm)
+		return ULP_ERR(err, rc, "%s: no archive there (no index/CURRENT in the bucket)", a->rm->url);
 	if (rc == -ULP_E_NOENT)
 		return ULP_ERR(err, rc, "%s: a shared archive with no published generation yet (no index/CURRENT): "
 		               "the writer publishes one when it opens the archive", a->dir);
@@ -359,12 +612,12 @@ void ulp_gen_poll(ulp_archive *a, int force)
 	current c;
 	char msg[512];
 	ulp_err e = {msg, sizeof(msg)};
-	if (read_current(a->dir, &c, &e) < 0)
+	if ((a->rm ? remote_current(a, &c, NULL, &e) : read_current(a->dir, &c, &e)) < 0)
 		return; /* the generation followed stays */
 	pthread_mutex_lock(&sh->mu);
 	int newer = c.epoch >= sh->gen_epoch && c.gen > sh->gen;
 	pthread_mutex_unlock(&sh->mu);
-	if (newer)
+	if (newer && (!a->rm || fetch_gen(a, &c, &e) == 0))
 		follow(a, &c, &e); /* a generation not whole yet: the next poll */
 }
 
@@ -706,6 +959,8 @@ int ulp_gen_publish(ulp_archive *a, int force)
 	free(gens);
 	if (rc == 0 && read_current(a->dir, &c, &e) == 0 && c.gen >= next)
 		next = c.gen + 1;
+	if (a->rm && next < sh->epoch << 32)
+		next = sh->epoch << 32; /* remote.h invariant 4: this epoch's own numbers */
 	snprintf(tmp, sizeof(tmp), "%s/index/tmp-%ld-%" PRIu64, a->dir, (long)getpid(), next);
 	snprintf(cur, sizeof(cur), "%s/index/CURRENT", a->dir);
 	int in = rc == 0 ? open(live, O_RDONLY | O_CLOEXEC) : -1;
@@ -755,15 +1010,18 @@ int ulp_gen_publish(ulp_archive *a, int force)
 		snprintf(idx, sizeof(idx), "%s/index", a->dir);
 		rc = fsync_path(a, idx, 1);
 	}
+	if (rc == 0 && a->rm)
+		rc = remote_put_gen(a, next, !whole, fin);
 	if (rc == 0)
 		rc = ulp_lease_ok(a); /* invariant 2: the last look before the pointer moves */
 	if (rc == 0) {
 		char line[160];
-		int l = whole ? snprintf(line, sizeof(line), "ulpack-current 1 %" PRIu64 " %" PRIu64 " %lld\n", next,
-		                         sh->epoch, (long long)ob.st_size)
-		              : snprintf(line, sizeof(line), "ulpack-current 2 %" PRIu64 " %" PRIu64 " %lld %" PRIu64 "\n",
-		                         next, sh->epoch, (long long)ob.st_size, sh->base_gen);
-		rc = ulp_shared_replace_file(a, cur, line, (size_t)l, 1);
+		current nc = {next, sh->epoch, (uint64_t)ob.st_size, whole ? next : sh->base_gen};
+		int l = format_current(&nc, line, sizeof(line));
+		if (a->rm)
+			rc = remote_swap(a, line, (size_t)l);
+		if (rc == 0)
+			rc = ulp_shared_replace_file(a, cur, line, (size_t)l, 1);
 	}
 	if (rc < 0) {
 		unlink(tmp);
@@ -868,6 +1126,11 @@ void ulp_gen_retire(ulp_archive *a)
 			char p[4200];
 			gen_path(a, g[i].gen, g[i].patch, p, sizeof(p));
 			unlink(p);
+			if (a->rm) { /* the bucket's too (its readers fetched theirs whole) */
+				char rel[64];
+				gen_rel(g[i].gen, g[i].patch, rel, sizeof(rel));
+				ulp_remote_delete(a, rel);
+			}
 			hash_path(a, g[i].gen, p, sizeof(p));
 			unlink(p); /* (a whole one's) */
 		}

@@ -24,6 +24,7 @@
  *     opens the archive, and so takes the lease, before ulp_stage_recover).
  */
 #include "shared.h"
+#include "remote.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -45,6 +46,14 @@ typedef struct holder {
 static void lease_path(const ulp_archive *a, uint64_t epoch, char *p, size_t cap)
 {
 	snprintf(p, cap, "%s/lease/%020" PRIu64, a->dir, epoch);
+}
+
+/* A lease line into h: 1 where it is one. */
+static int parse_holder(const char *buf, holder *h)
+{
+	unsigned v;
+	return sscanf(buf, "ulpack-lease %u %" SCNu64 " %" SCNd64 " %" SCNd64 " %ld %255s", &v, &h->epoch,
+	              &h->renewed_ms, &h->lease_ms, &h->pid, h->host) == 6 && v == 1;
 }
 
 /* The highest epoch in lease/ (0: none) and what its file says. */
@@ -74,29 +83,71 @@ static int highest(ulp_archive *a, holder *h, ulp_err *err)
 		h->mtime_ms = (int64_t)sb.st_mtim.tv_sec * 1000 + sb.st_mtim.tv_nsec / 1000000;
 	if (fd >= 0)
 		close(fd);
-	unsigned v;
-	uint64_t ep;
 	if (n > 0) {
 		buf[n] = 0;
-		h->parsed = sscanf(buf, "ulpack-lease %u %" SCNu64 " %" SCNd64 " %" SCNd64 " %ld %255s", &v, &ep,
-		                   &h->renewed_ms, &h->lease_ms, &h->pid, h->host) == 6 &&
-		            v == 1 && ep == h->epoch;
+		uint64_t ep = h->epoch;
+		h->parsed = parse_holder(buf, h) && h->epoch == ep;
+		h->epoch = ep;
 	}
 	return 0;
 }
 
-static int write_lease(ulp_archive *a, int64_t renewed_ms, int durable)
+static int lease_line(ulp_archive *a, int64_t renewed_ms, char *line, size_t cap)
 {
 	ulp_shared *sh = a->sh;
+	return snprintf(line, cap, "ulpack-lease 1 %" PRIu64 " %" PRId64 " %u %ld %s\n", sh->epoch, renewed_ms,
+	                sh->lease_ms, (long)getpid(), sh->host);
+}
+
+static int write_lease(ulp_archive *a, int64_t renewed_ms, int durable)
+{
 	char p[4200], line[512];
-	lease_path(a, sh->epoch, p, sizeof(p));
-	int l = snprintf(line, sizeof(line), "ulpack-lease 1 %" PRIu64 " %" PRId64 " %u %ld %s\n", sh->epoch,
-	                 renewed_ms, sh->lease_ms, (long)getpid(), sh->host);
+	lease_path(a, a->sh->epoch, p, sizeof(p));
+	int l = lease_line(a, renewed_ms, line, sizeof(line));
 	return ulp_shared_replace_file(a, p, line, (size_t)l, durable);
 }
 
-static void fence(ulp_archive *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void fence(ulp_archive *a, const char *fmt, ...)
+/* ---- the lease in a bucket (remote.h invariant 2): the object "lease" ---- */
+
+/* Its holder (epoch 0: none, or not a lease line) and ETag ("": none). */
+static int remote_holder(ulp_archive *a, holder *h, char etag[ULP_S3_ETAG_MAX], ulp_err *err)
+{
+	char buf[512];
+	size_t n = 0;
+	memset(h, 0, sizeof(*h));
+	etag[0] = 0;
+	int rc = ulp_remote_get_small(a, "lease", buf, sizeof(buf) - 1, &n, etag);
+	if (rc == -ULP_E_NOENT)
+		return 0;
+	if (rc < 0)
+		return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
+	buf[n] = 0;
+	h->parsed = parse_holder(buf, h);
+	if (!h->parsed)
+		h->epoch = 0;
+	return 0;
+}
+
+/* The object rewritten for this writer by compare-and-swap: EXIST where
+ * another writer wrote it since. */
+static int remote_renew(ulp_archive *a, int64_t renewed_ms)
+{
+	ulp_remote *rm = a->rm;
+	char line[512], etag[ULP_S3_ETAG_MAX];
+	int l = lease_line(a, renewed_ms, line, sizeof(line));
+	pthread_mutex_lock(&rm->mu);
+	snprintf(etag, sizeof(etag), "%s", rm->lease_etag);
+	pthread_mutex_unlock(&rm->mu);
+	int rc = ulp_remote_swap(a, "lease", line, (size_t)l, etag);
+	if (rc == 0) {
+		pthread_mutex_lock(&rm->mu);
+		snprintf(rm->lease_etag, sizeof(rm->lease_etag), "%s", etag);
+		pthread_mutex_unlock(&rm->mu);
+	}
+	return rc;
+}
+
+void ulp_lease_fence(ulp_archive *a, const char *fmt, ...)
 {
 	ulp_shared *sh = a->sh;
 	pthread_mutex_lock(&sh->mu);
@@ -137,7 +188,7 @@ int ulp_lease_ok(ulp_archive *a)
 	if (!__atomic_load_n(&sh->fenced, __ATOMIC_ACQUIRE)) {
 		int64_t ok = __atomic_load_n(&sh->ok_mono_ms, __ATOMIC_RELAXED), now = ulp_mono_ms();
 		if (now - ok > (int64_t)sh->lease_ms * 3 / 4)
-			fence(a, "%s: this writer (epoch %" PRIu64 ") could not renew its lease for %.1f s (of %.1f s): it "
+			ulp_lease_fence(a, "%s: this writer (epoch %" PRIu64 ") could not renew its lease for %.1f s (of %.1f s): it "
 			      "stopped archiving and publishing; another host may take the archive over",
 			      a->dir, sh->epoch, (double)(now - ok) / 1000, (double)sh->lease_ms / 1000);
 	}
@@ -160,15 +211,26 @@ static void renew(ulp_archive *a)
 	ulp_err e = {msg, sizeof(msg)};
 	int64_t start = ulp_mono_ms();
 	holder h;
+	if (a->rm) { /* the bucket's lease is the one that counts */
+		if (ulp_lease_ok(a) < 0 || __atomic_load_n(&ulp_lease_test_stall, __ATOMIC_RELAXED))
+			return;
+		int rc = remote_renew(a, ulp_wall_ms());
+		if (rc == -ULP_E_EXIST)
+			ulp_lease_fence(a, "%s: another writer took the archive over (its lease object changed): this writer "
+			                "(epoch %" PRIu64 ") stopped archiving and publishing", a->rm->url, sh->epoch);
+		else if (rc == 0 && write_lease(a, ulp_wall_ms(), 0) == 0)
+			__atomic_store_n(&sh->ok_mono_ms, start, __ATOMIC_RELAXED);
+		return;
+	}
 	if (highest(a, &h, &e) == 0 && h.epoch > sh->epoch) {
-		fence(a, "%s: another writer took the archive over (epoch %" PRIu64 ", host %s, pid %ld): this writer "
+		ulp_lease_fence(a, "%s: another writer took the archive over (epoch %" PRIu64 ", host %s, pid %ld): this writer "
 		      "(epoch %" PRIu64 ") stopped archiving and publishing", a->dir, h.epoch, h.parsed ? h.host : "?",
 		      h.parsed ? h.pid : 0L, sh->epoch);
 		return;
 	}
 	lease_path(a, sh->epoch, p, sizeof(p));
 	if (access(p, F_OK) < 0 && errno == ENOENT) {
-		fence(a, "%s: this writer's lease file %s is gone: it stopped archiving and publishing", a->dir, p);
+		ulp_lease_fence(a, "%s: this writer's lease file %s is gone: it stopped archiving and publishing", a->dir, p);
 		return;
 	}
 	if (ulp_lease_ok(a) == 0 && !__atomic_load_n(&ulp_lease_test_stall, __ATOMIC_RELAXED) &&
@@ -232,7 +294,17 @@ static void *renewer(void *arg)
 	return NULL;
 }
 
+static int take(ulp_archive *a, ulp_err *err);
+
 int ulp_lease_take(ulp_archive *a, ulp_err *err)
+{
+	int rc = take(a, err);
+	if (rc < 0)
+		a->sh->epoch = 0; /* not taken: its close neither publishes nor gives back */
+	return rc;
+}
+
+static int take(ulp_archive *a, ulp_err *err)
 {
 	ulp_shared *sh = a->sh;
 	char p[4200];
@@ -255,7 +327,24 @@ int ulp_lease_take(ulp_archive *a, ulp_err *err)
 			               a->dir, h.parsed ? h.host : "?", h.parsed ? h.pid : 0L, h.epoch,
 			               (double)(now - renewed) / 1000, (double)(renewed + lease - now) / 1000);
 	}
-	sh->epoch = h.epoch + 1;
+	uint64_t floor = 0;
+	if (a->rm) { /* the bucket's lease (remote.h invariant 2) */
+		holder r;
+		char et[ULP_S3_ETAG_MAX];
+		ULP_TRY(remote_holder(a, &r, et, err));
+		if (r.epoch && r.renewed_ms > 0 && now < r.renewed_ms + r.lease_ms)
+			return ULP_ERR(err, -ULP_E_BUSY,
+			               "%s: another writer holds the archive's lease (host %s, pid %ld, epoch %" PRIu64
+			               ", renewed %.1f s ago; free in %.1f s unless renewed): one writer at a time; mount "
+			               "read-only (-o ro) to follow what it publishes",
+			               a->rm->url, r.host, r.pid, r.epoch, (double)(now - r.renewed_ms) / 1000,
+			               (double)(r.renewed_ms + r.lease_ms - now) / 1000);
+		pthread_mutex_lock(&a->rm->mu);
+		snprintf(a->rm->lease_etag, sizeof(a->rm->lease_etag), "%s", et);
+		pthread_mutex_unlock(&a->rm->mu);
+		floor = ULP_MAX(r.epoch, a->rm->floor_epoch);
+	}
+	sh->epoch = ULP_MAX(h.epoch, floor) + 1; /* in a bucket: above its epochs */
 	lease_path(a, sh->epoch, p, sizeof(p));
 	int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (fd < 0)
@@ -263,7 +352,15 @@ int ulp_lease_take(ulp_archive *a, ulp_err *err)
 		               errno == EEXIST ? "another writer took this epoch first" : strerror(errno));
 	close(fd);
 	__atomic_store_n(&sh->ok_mono_ms, ulp_mono_ms(), __ATOMIC_RELAXED);
-	int rc = write_lease(a, ulp_wall_ms(), 1);
+	int rc = a->rm ? remote_renew(a, ulp_wall_ms()) : 0;
+	if (rc < 0)
+		unlink(p); /* not taken: this home's next writer need not wait for it */
+	if (rc == -ULP_E_EXIST)
+		return ULP_ERR(err, -ULP_E_BUSY, "%s: another writer took the archive's lease first: one writer at a time",
+		               a->rm->url);
+	if (rc < 0)
+		return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
+	rc = write_lease(a, ulp_wall_ms(), 1);
 	if (rc < 0)
 		return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
 	/* older epochs' files: all but the one before */
@@ -289,6 +386,8 @@ void ulp_lease_give_back(ulp_archive *a)
 		pthread_join(sh->renewer, NULL);
 	if (sh->epoch && ulp_lease_ok(a) == 0) {
 		ulp_gen_publish(a, 0); /* what was archived last */
+		if (a->rm)
+			remote_renew(a, 0);
 		write_lease(a, 0, 1); /* given back: the next writer need not wait */
 	}
 }

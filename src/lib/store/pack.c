@@ -29,6 +29,7 @@
  *     no user pins it, so that the disk space goes back.
  */
 #include "backend.h"
+#include "remote.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -91,7 +92,7 @@ int ulp_packstore_open(ulp_archive *a)
 		return -ULP_E_NOMEM;
 	char root[4200];
 	snprintf(root, sizeof(root), "%s/packs", a->dir);
-	int rc = ulp_backend_dir_open(a, root, &ps->be); /* the one backend so far */
+	int rc = a->rm ? ulp_backend_s3_open(a, root, &ps->be) : ulp_backend_dir_open(a, root, &ps->be);
 	if (rc < 0) {
 		free(ps);
 		return rc;

@@ -1548,6 +1548,29 @@ int ulp_s3_get_range(ulp_s3 *s, const char *key, uint64_t off, void *p, size_t l
 	return rc;
 }
 
+int ulp_s3_get(ulp_s3 *s, const char *key, void *p, size_t cap, size_t *len, char etag[ULP_S3_ETAG_MAX],
+               ulp_err *e)
+{
+	int rc = key_ok(s, key, e);
+	if (rc < 0)
+		return rc;
+	s3_req r = {.op = "GET", .method = "GET", .key = key, .out = p, .out_cap = cap, .body.max = S3_ERRBODY_MAX};
+	memcpy(r.sha, EMPTY_SHA, sizeof(EMPTY_SHA));
+	rc = req_run(s, &r, e);
+	if (rc == 0 && r.status != 200)
+		rc = ULP_ERR(e, -ULP_E_CORRUPT, "s3://%s/%s: GET: HTTP %ld, not 200", s->bucket, key, r.status);
+	if (rc == 0 && r.has_clen && r.clen != r.out_len)
+		rc = ULP_ERR(e, -ULP_E_CORRUPT, "s3://%s/%s: GET: %zu bytes came of %llu", s->bucket, key, r.out_len,
+		             (unsigned long long)r.clen);
+	if (rc == 0) {
+		*len = r.out_len;
+		if (etag)
+			snprintf(etag, ULP_S3_ETAG_MAX, "%s", r.etag);
+	}
+	free(r.body.p);
+	return rc;
+}
+
 int ulp_s3_head(ulp_s3 *s, const char *key, uint64_t *size, char etag[ULP_S3_ETAG_MAX], ulp_err *e)
 {
 	int rc = key_ok(s, key, e);

@@ -91,6 +91,10 @@ int ulp_s3_put_cond(ulp_s3 *s, const char *key, const void *p, size_t len, const
                     char etag[ULP_S3_ETAG_MAX], ulp_err *e);
 /* len bytes of key from offset off into p (a range GET, 206). */
 int ulp_s3_get_range(ulp_s3 *s, const char *key, uint64_t off, void *p, size_t len, ulp_err *e);
+/* A whole small object into p (at most cap bytes: a longer one is
+ * -ULP_E_CORRUPT), its length in *len and its ETag in etag (may be NULL). */
+int ulp_s3_get(ulp_s3 *s, const char *key, void *p, size_t cap, size_t *len, char etag[ULP_S3_ETAG_MAX],
+               ulp_err *e);
 /* key's size and ETag (either may be NULL). */
 int ulp_s3_head(ulp_s3 *s, const char *key, uint64_t *size, char etag[ULP_S3_ETAG_MAX], ulp_err *e);
 /* Removes key (0 also when it was not there: S3 does not tell). */

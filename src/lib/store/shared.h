@@ -87,6 +87,12 @@ int ulp_gen_reader_open(ulp_archive *a, ulp_err *err);
 int ulp_gen_publish(ulp_archive *a, int force);
 void ulp_gen_retire(ulp_archive *a);
 int ulp_gen_oldest(ulp_archive *a, uint64_t *oldest);
+/* An archive in a bucket (remote.h): the writer's local home made current
+ * with the bucket's generation before the lease (its live index rebuilt
+ * from it where another writer moved on), the pointer claimed for the new
+ * epoch after it (BUSY: another writer won). */
+int ulp_gen_remote_writer(ulp_archive *a, ulp_err *err);
+int ulp_gen_remote_claim(ulp_archive *a, ulp_err *err);
 int ulp_netfs(const char *dir, char *name, size_t cap);
 /* Writes data into path whole (a temporary and a rename); durable: fsynced
  * with its directory. */
@@ -111,6 +117,8 @@ int ulp_genvfs_register(void);
 int ulp_lease_take(ulp_archive *a, ulp_err *err);
 void ulp_lease_give_back(ulp_archive *a);
 int ulp_lease_ok(ulp_archive *a);
+/* Fences the writer for good (invariant 2 of lease.c), saying why (once). */
+void ulp_lease_fence(ulp_archive *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 extern int ulp_lease_test_stall; /* tests: renewals fail (a partition) */
 
 #endif

@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * remote.h - an archive whose home is an S3 bucket prefix (issue 26;
+ * DESIGN.md 7): s3://BUCKET/PREFIX holds what a shared archive's directory
+ * holds for other hosts, as objects:
+ *   PREFIX/packs/<sha256>.pack     the packs (immutable, content-named)
+ *   PREFIX/index/gen-<20 digits>.db|.patch  the published generations
+ *   PREFIX/lease                   the writer's lease (shared.h's lease
+ *                                  line), replaced only by a conditional PUT
+ *                                  on the ETag its holder last wrote
+ *   PREFIX/index/CURRENT           the pointer (shared.h's format), replaced
+ *                                  only by a conditional PUT (If-Match: the
+ *                                  ETag its writer last wrote; If-None-Match: *
+ *                                  by init): a compare-and-swap, so of two
+ *                                  writers exactly one wins
+ * Every host works in a local directory of its own (the "local home": the
+ * cache_dir option, else $ULPACK_CACHE_DIR, $XDG_CACHE_HOME/ulpack or
+ * ~/.cache/ulpack, then /s3/BUCKET/PREFIX/writer or /reader), laid out as a
+ * shared archive (shared.h): the writer's live ulpack.db, staging/, lease/,
+ * index/ (the generations it published or fetched), and packs/, the pack
+ * cache (backend_s3.c). The rest of the library sees that directory as
+ * a->dir; remote.c moves objects between it and the bucket.
+ *
+ * Invariants:
+ *  1. A pack is in the bucket before any index row names it (backend_s3.c
+ *     uploads in put_file, before pack.c's commit returns); a generation
+ *     file is in the bucket before the CURRENT that names it (gen.c).
+ *  2. The writer replaces CURRENT only by compare-and-swap on the ETag it
+ *     last wrote (rm->etag); a failed swap (412) fences it for good (lease.c
+ *     invariant 2): another writer took the archive.
+ *     The lease object is taken and renewed the same way (lease.c): a
+ *     writer that finds it renewed less than a lease ago stops (BUSY), and
+ *     of two that find it expired, one swaps it.
+ *  3. A reader fetches a generation's files whole into its index/ (a
+ *     temporary and a rename) before it follows it; a file fetched is never
+ *     fetched again (generations are never rewritten).
+ *  4. A writer numbers its generations from EPOCH * 2^32 up, so two writers
+ *     never make objects of the same name: a generation a fenced writer
+ *     uploaded before its swap failed is never taken for the next writer's.
+ */
+#ifndef ULP_REMOTE_H
+#define ULP_REMOTE_H
+
+#include "arch_int.h"
+#include "s3.h"
+
+#define ULP_PACK_CACHE_DEFAULT ((uint64_t)8 << 30) /* a reader's pack cache, bytes */
+
+struct ulp_remote {
+	ulp_s3 *s3;            /* set at open, read-only after (its own lock) */
+	char *url;             /* set at open, read-only after: s3://BUCKET/PREFIX */
+	char *bucket;          /* set at open, read-only after */
+	char *prefix;          /* set at open, read-only after: "" or "PREFIX/" */
+	uint64_t cache_limit;  /* set at open, read-only after: packs/ bytes kept */
+	int writer;            /* set at open, read-only after */
+	int creating;          /* set at open, read-only after: init (no CURRENT yet) */
+	uint64_t floor_epoch;  /* set at open, read-only after: the epoch of the
+	                          CURRENT the writer found (its own is higher) */
+	pthread_mutex_t mu;
+	char etag[ULP_S3_ETAG_MAX]; /* guarded by mu: the ETag of CURRENT as this
+	                          writer last read or wrote it ("": none yet) */
+	char lease_etag[ULP_S3_ETAG_MAX]; /* guarded by mu: the ETag of the lease
+	                          object as this writer last wrote it */
+	uint64_t cached;       /* guarded by mu: bytes in packs/ (counted at open,
+	                          plus what was fetched or written since) */
+};
+
+/* 1 where s names an archive in an object store ("s3://..."). */
+int ulp_remote_is_url(const char *s);
+/* Parses url, loads the credentials (s3.h), and makes the local home (its
+ * path in *dir, malloc'ed). */
+int ulp_remote_open(const char *url, const ulp_archive_opts *o, int writer, ulp_remote **out, char **dir,
+                    ulp_err *err);
+void ulp_remote_close(ulp_remote *rm);
+/* The local home a handle of url would use (for a mount's lock). */
+int ulp_remote_local_dir(const char *url, const char *cache_dir, int writer, char *out, size_t cap, ulp_err *err);
+
+/* Objects, named relative to the prefix ("packs/x.pack"); errors through
+ * the archive's message. */
+int ulp_remote_get_small(ulp_archive *a, const char *rel, char *buf, size_t cap, size_t *len,
+                         char etag[ULP_S3_ETAG_MAX]);
+/* The object rel into the local file path, whole (size 0: asked first),
+ * through a temporary and a rename; ranges fetched in parallel. */
+int ulp_remote_fetch(ulp_archive *a, const char *rel, const char *path, uint64_t size);
+/* The len bytes of fd as object rel; cond: only where rel does not exist
+ * (EXIST otherwise). */
+int ulp_remote_put_fd(ulp_archive *a, const char *rel, int fd, uint64_t len, int cond);
+/* CURRENT replaced by compare-and-swap (invariant 2): EXIST when another
+ * writer moved it; rm->etag follows. */
+int ulp_remote_swap_current(ulp_archive *a, const char *line, size_t len);
+/* The small object rel replaced by compare-and-swap on *etag ("": only
+ * where it does not exist), *etag then its new ETag: EXIST when it moved. */
+int ulp_remote_swap(ulp_archive *a, const char *rel, const char *p, size_t len, char etag[ULP_S3_ETAG_MAX]);
+int ulp_remote_delete(ulp_archive *a, const char *rel);
+int ulp_remote_list(ulp_archive *a, const char *rel_prefix, int (*cb)(void *arg, const char *rel, uint64_t size),
+                    void *arg);
+
+/* backend_s3.c: the pack store's backend over the bucket, with the local
+ * pack cache packs/ (bounded by rm->cache_limit, LRU by mtime). */
+struct ulp_backend;
+int ulp_backend_s3_open(ulp_archive *a, const char *root, struct ulp_backend **out);
+
+#endif

@@ -1,0 +1,232 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# s3_archive.sh - issue 26 items 2-5: an archive whose home is a bucket of a
+# real Ceph radosgw (cephx, memstore OSD, in network namespaces), each "host"
+# a network namespace with a local home of its own (-o cache_dir):
+#   - ulpack init s3://; rsync into a read-write mount on host 1; ulpack sync;
+#     a read-only mount on host 2 (empty pack cache) compares every byte
+#   - the read-only mount follows new steps
+#   - two writers racing: exactly one wins, the other stops with BUSY or
+#     FENCED; the winner's step is there, byte-identical
+#   - a second writer while one holds the lease: BUSY, naming the holder
+#   - takeover from another host after the holder is gone (its live index
+#     rebuilt from the bucket's generation)
+#   - gc on the store: a forgotten step's packs leave the bucket after the grace
+#   - radosgw killed and restarted mid-read (EIO or the right bytes) and
+#     mid-upload (nothing published half: every step listed reads whole)
+#   - a corrupted object: EIO, never wrong bytes
+#   - a wrong secret: a clear error naming the object and HTTP 403
+. "$(dirname "$0")/lib.sh"
+cl_need_ceph
+cl_need radosgw radosgw-admin rsync
+cl_netns_up 3
+cl_rgw_up
+
+export AWS_ENDPOINT_URL="$CL_S3_ENDPOINT" AWS_ACCESS_KEY_ID="$CL_S3_KEY" AWS_SECRET_ACCESS_KEY="$CL_S3_SECRET"
+export AWS_REGION=us-east-1 AWS_SHARED_CREDENTIALS_FILE="$T/none" AWS_CONFIG_FILE="$T/none"
+unset AWS_PROFILE AWS_SESSION_TOKEN AWS_ENDPOINT_URL_S3 AWS_CA_BUNDLE ULPACK_CACHE_DIR 2> /dev/null
+URL=s3://ckpt/runs/a
+t0=$(cl_ms)
+
+"$ULPACK" synth "$T/run" --steps 9 --dim 64 > /dev/null || fail "ulpack synth"
+# on host I, with host I's local home
+u() { _u_i=$1; shift; cl_on "$_u_i" env ULPACK_CACHE_DIR="$T/c$_u_i" "$ULPACK" "$@"; }
+# s3_mount I MNT [opts]: ulpackfs of $URL on host I (foreground child, FS_PID)
+s3_mount() {
+	_s_i=$1 _s_m=$2
+	shift 2
+	mkdir -p "$_s_m"
+	cl_on "$_s_i" "$ULPACKFS" "$URL" "$_s_m" -f -o "cache_dir=$T/c$_s_i,lease=4,grace=6" "$@" > "$_s_m.log" 2>&1 &
+	FS_PID=$!
+	CL_FS="$CL_FS $_s_m"
+	cl_wait 20 mountpoint -q "$_s_m"
+}
+steps_same() { # MNT STEP...: each step of the run byte-identical under MNT/r
+	_q_m=$1
+	shift
+	for _q_s in "$@"; do
+		diff -r "$T/run/checkpoint-$_q_s" "$_q_m/r/checkpoint-$_q_s" > /dev/null 2>&1 || return 1
+	done
+}
+
+# ---- init, write through a mount, read from another host -----------------------
+u 1 init "$URL" > "$T/out" 2>&1 && ok "ulpack init $URL: $(cat "$T/out")" || fail "init: $(cat "$T/out")"
+u 2 init "$URL" > "$T/out" 2>&1 && fail "a second init succeeded" ||
+	{ grep -q "already an archive" "$T/out" && ok "a second init from host 2: $(cat "$T/out")" || fail "second init: $(cat "$T/out")"; }
+s3_mount 1 "$T/w1" && ok "host 1: read-write mount of $URL" || fail "host 1 mount: $(cat "$T/w1.log")"
+W1=$FS_PID
+mkdir -p "$T/w1/r"
+ms=$(cl_ms)
+for s in 100 200 300 400; do rsync -a "$T/run/checkpoint-$s" "$T/w1/r/" || fail "rsync step $s"; done
+timeout 120 "$ULPACK" sync "$T/w1" > "$T/out" 2>&1 && ok "rsync of 4 steps and ulpack sync in $(cl_secs "$ms") s" ||
+	fail "sync: $(cat "$T/out")"
+g=$(getfattr --only-values -n user.ulpack.generation "$T/w1" 2> /dev/null)
+echo "# writer generation: $g"
+s3_mount 2 "$T/r2" -o ro,poll=1 && ok "host 2: read-only mount, empty pack cache" || fail "host 2 mount: $(cat "$T/r2.log")"
+steps_same "$T/r2" 100 200 300 400 && ok "host 2 reads all 4 steps byte-identical" || fail "host 2: steps differ"
+n=$(ls "$T/c2/s3/ckpt/runs/a/reader/packs" | grep -c '\.pack$')
+[ "$n" -gt 0 ] && ok "host 2's pack cache holds $n packs" || fail "host 2: no pack cached"
+
+# ---- the read-only mount follows a new step ----------------------------------
+rsync -a "$T/run/checkpoint-500" "$T/w1/r/" && timeout 60 "$ULPACK" sync "$T/w1" > "$T/out" 2>&1 || fail "step 500: $(cat "$T/out")"
+ms=$(cl_ms)
+if cl_wait 20 steps_same "$T/r2" 500; then
+	ok "host 2 shows step 500 byte-identical $(cl_secs "$ms") s after the sync"
+else
+	fail "host 2 does not show step 500 in 20 s"
+fi
+u 3 ls "$URL" r > "$T/out" 2> "$T/err" && grep -q checkpoint-500 "$T/out" && ok "ulpack ls from host 3 lists step 500" ||
+	fail "ulpack ls from host 3: $(cat "$T/err")"
+u 3 cat "$URL" r/checkpoint-300/model.safetensors 2> "$T/err" | cmp -s - "$T/run/checkpoint-300/model.safetensors" &&
+	ok "ulpack cat from host 3: the same bytes" || fail "ulpack cat from host 3: $(cat "$T/err")"
+
+# ---- a second writer while the first holds the lease --------------------------
+u 2 import "$URL" "$T/run/checkpoint-600" --prefix r/x > "$T/out" 2>&1 && fail "a second writer archived while the first holds the lease" ||
+	{ grep -q "another writer holds" "$T/out" && ok "host 2 as a second writer: $(head -c 300 "$T/out")" ||
+		fail "second writer: $(cat "$T/out")"; }
+
+# ---- the holder goes; host 3 takes over (its live index from the bucket) -----
+cl_umount_fs "$T/w1"
+ms=$(cl_ms)
+s3_mount 3 "$T/w3" && ok "host 3 takes the archive over after host 1 unmounted ($(cl_secs "$ms") s)" ||
+	fail "host 3 mount: $(cat "$T/w3.log")"
+steps_same "$T/w3" 100 500 && ok "host 3's writer mount shows host 1's steps" || fail "host 3: steps differ"
+rsync -a "$T/run/checkpoint-600" "$T/w3/r/" && timeout 60 "$ULPACK" sync "$T/w3" > "$T/out" 2>&1 || fail "step 600: $(cat "$T/out")"
+cl_wait 20 steps_same "$T/r2" 600 && ok "host 2 follows host 3's step 600" || fail "host 2 does not show step 600"
+cl_umount_fs "$T/w3"
+
+# ---- two writers racing: exactly one wins ----------------------------------------
+mkdir -p "$T/race1" "$T/race2"
+cp -r "$T/run/checkpoint-700" "$T/race1/"
+cp -r "$T/run/checkpoint-800" "$T/race2/"
+u 1 import "$URL" "$T/race1" --prefix r > "$T/race1.out" 2>&1 &
+p1=$!
+u 2 import "$URL" "$T/race2" --prefix r > "$T/race2.out" 2>&1 &
+p2=$!
+wait $p1
+r1=$?
+wait $p2
+r2=$?
+echo "# race: host 1 exit $r1, host 2 exit $r2"
+if [ "$r1" = 0 ] && [ "$r2" = 0 ]; then
+	# both may succeed only one after the other (the first gave the lease back)
+	steps_same "$T/r2" 700 800 2> /dev/null && ok "race: both imports ran one after the other, both steps whole" ||
+		fail "race: both succeeded but the steps are not both there"
+elif [ "$r1" = 0 ] || [ "$r2" = 0 ]; then
+	win=1 lose=2 ws=700
+	[ "$r2" = 0 ] && win=2 lose=1 ws=800
+	grep -q -e "another writer" "$T/race$lose.out" && ok "race: host $win won, host $lose stopped: $(head -c 200 "$T/race$lose.out")" ||
+		fail "race: host $lose failed without naming the other writer: $(cat "$T/race$lose.out")"
+	cl_wait 20 steps_same "$T/r2" "$ws" && ok "race: the winner's step $ws is there, byte-identical" ||
+		fail "race: the winner's step $ws is not there"
+else
+	fail "race: both writers failed: $(cat "$T/race1.out" "$T/race2.out")"
+fi
+
+# ---- a writer fenced by a takeover: its next publication fails -------------------
+s3_mount 1 "$T/w1" && ok "host 1 writes again" || fail "host 1 remount: $(cat "$T/w1.log")"
+W1=$FS_PID
+# host 1 stalls (a partition: its lease runs out); host 3 takes over
+ip -n "$(cl_ns 1)" link set eth0 down
+sleep 6
+cl_on 3 env ULPACK_CACHE_DIR="$T/c3" "$ULPACK" import "$URL" "$T/run/checkpoint-900" --prefix r/checkpoint-900 > "$T/out" 2>&1 &&
+	ok "host 3 takes over while host 1 is cut off" || fail "host 3 takeover: $(cat "$T/out")"
+ip -n "$(cl_ns 1)" link set eth0 up
+rsync -a "$T/run/checkpoint-100" "$T/w1/r/late/" 2> /dev/null
+timeout 60 "$ULPACK" sync "$T/w1" > "$T/out" 2>&1
+if grep -qi -e fenced -e "another writer" -e "stopped" "$T/out" "$T/w1.log"; then
+	ok "host 1, back, is fenced: $(grep -hi -e fenced -e 'another writer' -e stopped "$T/out" "$T/w1.log" | head -1 | head -c 200)"
+else
+	fail "host 1 was not fenced after host 3 took over: $(cat "$T/out")"
+fi
+cl_wait 20 steps_same "$T/r2" 900 && ok "host 2 shows host 3's step 900" || fail "host 2 lacks step 900"
+[ ! -e "$T/r2/r/late" ] && ok "the fenced writer's late step was never published" || fail "a fenced writer published"
+cl_umount_fs "$T/w1"
+
+# ---- radosgw killed mid-read (a cold mount: the packs come during the read) -------
+rgw_pid() { for _p_d in $CL_DAEMONS; do case $_p_d in rgw:*) _p_p=${_p_d#rgw:} ;; esac; done; echo "$_p_p"; }
+rm -rf "$T/c1"
+s3_mount 1 "$T/r1" -o ro,poll=1 && ok "host 1: a cold read-only mount" || fail "host 1 ro: $(cat "$T/r1.log")"
+( for s in 100 200 300 400 500 600; do cat "$T/r1/r/checkpoint-$s/model.safetensors" > "$T/read-$s" 2> "$T/read-$s.err" || echo "$s" >> "$T/read-failed"; done ) &
+rp=$!
+sleep 0.3
+kill -9 "$(rgw_pid)"
+sleep 2
+cl_rgw_start
+cl_wait_for rgw 60 cl_rgw_listening || fail "radosgw did not listen again in 60 s"
+wait $rp
+bad=0
+for s in 100 200 300 400 500 600; do
+	if [ -s "$T/read-$s.err" ]; then
+		grep -q -e "Input/output error" -e "No such" "$T/read-$s.err" || bad=1
+	else
+		cmp -s "$T/read-$s" "$T/run/checkpoint-$s/model.safetensors" || bad=1
+	fi
+done
+[ $bad = 0 ] && ok "reads across a radosgw kill -9 and restart: right bytes or EIO ($(cat "$T/read-failed" 2> /dev/null | wc -l) failed)" ||
+	fail "a read across a radosgw kill gave wrong bytes"
+steps_same "$T/r1" 100 200 300 && ok "after the restart the same mount reads right" || fail "reads after the restart differ"
+cl_umount_fs "$T/r1"
+
+# ---- radosgw killed mid-upload: nothing published half -----------------------------
+s3_mount 3 "$T/w3" && ok "host 3 writes again" || fail "host 3 mount: $(cat "$T/w3.log")"
+"$ULPACK" synth "$T/big" --steps 2 --dim 512 > /dev/null || fail "synth big"
+( rsync -a "$T/big/" "$T/w3/big/" 2> /dev/null; timeout 120 "$ULPACK" sync "$T/w3" > "$T/bsync.out" 2>&1 ) &
+bp=$!
+sleep 1
+kill -9 "$(rgw_pid)"
+sleep 2
+cl_rgw_start
+cl_wait_for rgw 60 cl_rgw_listening || fail "radosgw did not listen again in 60 s"
+wait $bp
+echo "# sync across the kill: $(head -c 300 "$T/bsync.out")"
+timeout 120 "$ULPACK" sync "$T/w3" > /dev/null 2>&1
+cl_umount_fs "$T/w3" 60
+rm -rf "$T/c1"
+s3_mount 1 "$T/r1" -o ro,poll=1 || fail "host 1 ro: $(cat "$T/r1.log")"
+half=0
+for f in $(cd "$T/r1" && find big -type f 2> /dev/null); do
+	cmp -s "$T/r1/$f" "$T/$f" || half=1
+done
+[ $half = 0 ] && ok "after a radosgw kill mid-upload every published file reads whole ($(cd "$T/r1" && find big -type f 2> /dev/null | wc -l) files)" ||
+	fail "a file published half"
+cl_umount_fs "$T/r1"
+
+# ---- a corrupted object: EIO, never wrong bytes ----------------------------------
+rm -rf "$T/c1"
+PROBE=${S3_PROBE:-${top_builddir:-.}/tests/unit/s3_probe}
+pk=$(cl_on 1 "$PROBE" ckpt list runs/a/packs/ 2> /dev/null | sort -k2 -n | tail -1 | cut -d' ' -f1)
+if [ -n "$pk" ]; then
+	sz=$(cl_on 1 "$PROBE" ckpt head "$pk" | cut -d' ' -f1)
+	cl_on 1 "$PROBE" ckpt get "$pk" 0 "$sz" > "$T/obj" 2> /dev/null
+	python3 -c "
+import sys; b=bytearray(open(sys.argv[1],'rb').read()); n=len(b)
+for i in range(64, n, max(1, n // 64)): b[i] ^= 0x5a
+open(sys.argv[1],'wb').write(b)" "$T/obj"
+	cl_on 1 "$PROBE" ckpt putfile "$pk" "$T/obj" 2> "$T/err" || fail "put corrupted: $(cat "$T/err")"
+	s3_mount 1 "$T/r1" -o ro || fail "host 1 ro: $(cat "$T/r1.log")"
+	wrong=0 eio=0 n=0
+	for f in $(cd "$T/r1" && find r big -name '*.safetensors' 2> /dev/null); do
+		case $f in r/late*) continue ;; r/checkpoint-9*) src=$T/run/checkpoint-900/${f##*/} ;; r/*) src=$T/run/${f#r/} ;; *) src=$T/$f ;; esac
+		n=$((n + 1))
+		if cat "$T/r1/$f" > "$T/got" 2> "$T/err"; then
+			cmp -s "$T/got" "$src" || wrong=$((wrong + 1))
+		else
+			grep -q "Input/output error" "$T/err" && eio=$((eio + 1))
+		fi
+	done
+	[ $wrong = 0 ] && [ $eio -gt 0 ] && ok "a corrupted pack object ($pk): of $n files $eio EIO, 0 with wrong bytes" ||
+		fail "corrupted object: of $n files $wrong with wrong bytes, $eio EIO"
+	cl_umount_fs "$T/r1"
+else
+	fail "no pack object listed"
+fi
+
+# ---- wrong credentials ---------------------------------------------------------
+AWS_SECRET_ACCESS_KEY=WRONGSECRET cl_on 2 env ULPACK_CACHE_DIR="$T/cx" "$ULPACK" ls "$URL" > "$T/out" 2>&1 &&
+	fail "a wrong secret listed the archive" ||
+	{ grep -q "HTTP 403" "$T/out" && grep -q "ckpt/runs/a" "$T/out" && ! grep -q WRONGSECRET "$T/out" &&
+		ok "a wrong secret: $(head -c 240 "$T/out")" || fail "wrong secret: $(cat "$T/out")"; }
+cl_umount_fs "$T/r2"
+echo "# S3 archive checks in $(cl_secs "$t0") s"
+finish
