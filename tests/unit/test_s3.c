@@ -7,18 +7,24 @@
  * the environment, the HTTP status mapping; then requests to a scripted
  * HTTP server on 127.0.0.1 (a thread of this test): what goes on the wire,
  * retries after 503 and a dropped connection, 403/404/412 as errors that name
- * the key and the status. Against a real radosgw: tests/cluster/ceph_s3.sh.
+ * the key and the status; then the client against the S3 emulator
+ * (s3mock.c): buckets, objects, ranges, conditional PUTs, lists in pages,
+ * multipart uploads, injected 5xx, dropped connections, a wrong key id and
+ * a corrupted object. Against a real radosgw: tests/cluster/ceph_s3.sh.
  */
 #include "tap.h"
 #include "ulpack.h"
 #include "store/s3.h"
+#include "s3mock.h"
 #include <arpa/inet.h>
+#include <openssl/evp.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 static int count_cb(void *arg, const char *key, uint64_t size)
@@ -538,6 +544,313 @@ static void test_wire(void)
 	ulp_s3_close(s);
 }
 
+/* ---- the client against the S3 emulator (s3mock.c) ------------------------ */
+static ulp_s3 *mock_client(s3mock *m, const char *bucket, const char *key_id, ulp_err *e)
+{
+	ulp_s3_conf c = {0};
+	ulp_s3 *s = NULL;
+	c.endpoint = (char *)s3mock_endpoint(m);
+	c.region = (char *)"us-east-1";
+	c.access_key = (char *)key_id;
+	c.secret_key = (char *)"SECRETSECRET";
+	c.max_tries = 3;
+	c.backoff_ms = 5;
+	c.multipart_threshold = 6u << 20; /* a 12 MB object goes in 5 MiB parts */
+	c.part_size = 5u << 20;
+	return ulp_s3_open(&c, bucket, &s, e) == 0 ? s : NULL;
+}
+
+/* the quoted hex MD5 of p (a single PUT's ETag) */
+static void md5_etag(const void *p, size_t n, char out[ULP_S3_ETAG_MAX])
+{
+	unsigned char d[16];
+	unsigned dn = sizeof(d);
+	EVP_Digest(p, n, d, &dn, EVP_md5(), NULL);
+	out[0] = '"';
+	for (int i = 0; i < 16; i++)
+		snprintf(out + 1 + 2 * i, 3, "%02x", d[i]);
+	strcpy(out + 33, "\"");
+}
+
+/* S3's ETag of a multipart object of n bytes at p in parts of psz */
+static void multipart_etag(const unsigned char *p, size_t n, size_t psz, char out[ULP_S3_ETAG_MAX])
+{
+	EVP_MD_CTX *x = EVP_MD_CTX_new();
+	unsigned char d[16];
+	unsigned dn = sizeof(d);
+	size_t parts = 0;
+	EVP_DigestInit_ex(x, EVP_md5(), NULL);
+	for (size_t off = 0; off < n; off += psz, parts++) {
+		EVP_Digest(p + off, n - off < psz ? n - off : psz, d, &dn, EVP_md5(), NULL);
+		EVP_DigestUpdate(x, d, 16);
+	}
+	EVP_DigestFinal_ex(x, d, &dn);
+	EVP_MD_CTX_free(x);
+	out[0] = '"';
+	for (int i = 0; i < 16; i++)
+		snprintf(out + 1 + 2 * i, 3, "%02x", d[i]);
+	snprintf(out + 33, ULP_S3_ETAG_MAX - 33, "-%zu\"", parts);
+}
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+struct mock_worker {
+	ulp_s3 *s;
+	int id, ok;
+};
+
+static void *mock_work(void *arg)
+{
+	struct mock_worker *w = arg;
+	unsigned char put[4096], got[4096];
+	char key[64];
+	for (int i = 0; i < 16; i++) {
+		snprintf(key, sizeof(key), "thr/%d/%02d", w->id, i);
+		for (size_t j = 0; j < sizeof(put); j++)
+			put[j] = (unsigned char)(j * 7 + (size_t)w->id * 31 + (size_t)i);
+		if (ulp_s3_put(w->s, key, put, sizeof(put), NULL) != 0 ||
+		    ulp_s3_get_range(w->s, key, 0, got, sizeof(got), NULL) != 0 || memcmp(put, got, sizeof(put)) != 0)
+			continue;
+		w->ok++;
+	}
+	return NULL;
+}
+
+static void test_mock(void)
+{
+	char msg[512], etag[ULP_S3_ETAG_MAX], want[ULP_S3_ETAG_MAX], e1[ULP_S3_ETAG_MAX], e2[ULP_S3_ETAG_MAX];
+	char buf[256];
+	ulp_err e = {msg, sizeof(msg)};
+	s3mock *m = NULL;
+	uint64_t size = 0;
+	size_t n = 0;
+	int rc;
+	REQUIRE(s3mock_start(&m) == 0, "s3mock_start");
+	CHECK(strncmp(s3mock_endpoint(m), "http://127.0.0.1:", 17) == 0, "endpoint %s", s3mock_endpoint(m));
+	ulp_s3 *s = mock_client(m, "ckpt", "testkey", &e);
+	REQUIRE(s, "open: %s", msg);
+
+	/* the bucket: missing, then created (twice: 409 BucketAlreadyOwnedByYou is ours) */
+	rc = ulp_s3_put(s, "a", "x", 1, &e);
+	CHECK(rc == -ULP_E_NOENT && strstr(msg, "NoSuchBucket"), "PUT before the bucket: %d %s", rc, msg);
+	rc = ulp_s3_bucket_create(s, &e);
+	CHECK(rc == 0, "bucket create: %d %s", rc, msg);
+	rc = ulp_s3_bucket_create(s, &e);
+	CHECK(rc == 0, "bucket create again: %d %s", rc, msg);
+
+	/* put, get, range, head, delete; a key with ' ', '+' and '/' */
+	static const char text[] = "hello, object store";
+	const size_t tl = sizeof(text) - 1;
+	const char *k = "dir/a b+c";
+	rc = ulp_s3_put(s, k, text, tl, &e);
+	CHECK(rc == 0, "PUT: %d %s", rc, msg);
+	memset(buf, 0, sizeof(buf));
+	rc = ulp_s3_get_range(s, k, 0, buf, tl, &e);
+	CHECK(rc == 0 && memcmp(buf, text, tl) == 0, "GET: %d %s '%s'", rc, msg, buf);
+	memset(buf, 0, sizeof(buf));
+	rc = ulp_s3_get_range(s, k, 7, buf, 6, &e);
+	CHECK(rc == 0 && strcmp(buf, "object") == 0, "range GET: %d %s '%s'", rc, msg, buf);
+	md5_etag(text, tl, want);
+	rc = ulp_s3_head(s, k, &size, etag, &e);
+	CHECK(rc == 0 && size == tl && strcmp(etag, want) == 0, "HEAD: %d %s size %llu etag %s (want %s)", rc, msg,
+	      (unsigned long long)size, etag, want);
+	char *direct = s3mock_get_object(m, "ckpt/dir/a b+c", &n);
+	CHECK(direct && n == tl && memcmp(direct, text, tl) == 0, "the mock holds the bytes under the decoded key");
+	free(direct);
+	rc = ulp_s3_get_range(s, k, tl, buf, 1, &e);
+	CHECK(rc == -ULP_E_CORRUPT && strstr(msg, "HTTP 416") && strstr(msg, "InvalidRange"), "past the end: %d %s", rc,
+	      msg);
+	rc = ulp_s3_get_range(s, "dir/none", 0, buf, 1, &e);
+	CHECK(rc == -ULP_E_NOENT && strstr(msg, "s3://ckpt/dir/none") && strstr(msg, "NoSuchKey"), "no key: %d %s", rc,
+	      msg);
+	rc = ulp_s3_delete(s, k, &e);
+	CHECK(rc == 0, "DELETE: %d %s", rc, msg);
+	rc = ulp_s3_head(s, k, NULL, NULL, &e);
+	CHECK(rc == -ULP_E_NOENT && strstr(msg, "HTTP 404"), "HEAD after DELETE: %d %s", rc, msg);
+	CHECK(ulp_s3_delete(s, k, &e) == 0, "DELETE of a missing key: %s", msg);
+	CHECK(!s3mock_get_object(m, "ckpt/dir/a b+c", &n), "gone from the mock");
+	CHECK(s3mock_put_object(m, "ckpt/direct", "abc", 3) == 0, "s3mock_put_object");
+	memset(buf, 0, sizeof(buf));
+	rc = ulp_s3_get_range(s, "direct", 0, buf, 3, &e);
+	CHECK(rc == 0 && strcmp(buf, "abc") == 0, "an object put by the test: %d %s", rc, msg);
+	CHECK(s3mock_delete_object(m, "ckpt/direct") == 0 && s3mock_delete_object(m, "ckpt/direct") == -1,
+	      "s3mock_delete_object");
+
+	/* conditional PUTs: create-if-absent, compare-and-swap */
+	rc = ulp_s3_put_cond(s, "CURRENT", "v1", 2, NULL, e1, &e);
+	CHECK(rc == 0 && e1[0] == '"', "If-None-Match on a new key: %d %s %s", rc, msg, e1);
+	rc = ulp_s3_put_cond(s, "CURRENT", "v2", 2, NULL, NULL, &e);
+	CHECK(rc == -ULP_E_EXIST && strstr(msg, "HTTP 412") && strstr(msg, "PreconditionFailed"),
+	      "If-None-Match on an existing key: %d %s", rc, msg);
+	rc = ulp_s3_put_cond(s, "CURRENT", "v2", 2, e1, e2, &e);
+	CHECK(rc == 0 && strcmp(e1, e2) != 0, "If-Match the current ETag: %d %s", rc, msg);
+	unsigned long nput = s3mock_count(m, "PUT");
+	rc = ulp_s3_put_cond(s, "CURRENT", "v3", 2, e1, NULL, &e);
+	CHECK(rc == -ULP_E_EXIST && strstr(msg, "HTTP 412"), "If-Match a stale ETag: %d %s", rc, msg);
+	CHECK(s3mock_count(m, "PUT") - nput == 2, "a stale ETag is tried bare and quoted: %lu PUTs",
+	      s3mock_count(m, "PUT") - nput);
+	memset(buf, 0, sizeof(buf));
+	CHECK(ulp_s3_get_range(s, "CURRENT", 0, buf, 2, &e) == 0 && strcmp(buf, "v2") == 0, "CURRENT is v2: '%s'", buf);
+	char bare[ULP_S3_ETAG_MAX];
+	snprintf(bare, sizeof(bare), "%.*s", (int)strlen(e2) - 2, e2 + 1);
+	rc = ulp_s3_put_cond(s, "CURRENT", "v3", 2, bare, NULL, &e);
+	CHECK(rc == 0, "If-Match the bare ETag: %d %s", rc, msg);
+	rc = ulp_s3_put_cond(s, "NOTYET", "v1", 2, e2, NULL, &e);
+	CHECK(rc == -ULP_E_EXIST, "If-Match on a missing key: %d %s", rc, msg);
+
+	/* a list of three pages of two, in key order */
+	static const char *const lk[] = {"l/3", "k/x", "l/1", "l/0", "m/x", "l/4", "l/2"};
+	for (size_t i = 0; i < sizeof(lk) / sizeof(lk[0]); i++)
+		CHECK(ulp_s3_put(s, lk[i], lk[i], strlen(lk[i]) - 1, &e) == 0, "PUT %s: %s", lk[i], msg);
+	unsigned long lists = s3mock_count(m, "LIST");
+	struct got g = {0};
+	rc = ulp_s3_list(s, "l/", 2, keep_cb, &g, &e);
+	CHECK(rc == 0 && g.n == 5, "list l/ by 2: %d %s, %d keys", rc, msg, g.n);
+	for (int i = 0; i < 5 && i < g.n; i++) {
+		char kk[8];
+		snprintf(kk, sizeof(kk), "l/%d", i);
+		CHECK(strcmp(g.keys[i], kk) == 0 && g.sizes[i] == 2, "key %d: %s size %llu", i, g.keys[i],
+		      (unsigned long long)g.sizes[i]);
+	}
+	CHECK(s3mock_count(m, "LIST") - lists == 3, "3 pages, %lu", s3mock_count(m, "LIST") - lists);
+	int cnt = 0;
+	CHECK(ulp_s3_list(s, "none/", 0, count_cb, &cnt, &e) == 0 && cnt == 0, "an empty list: %s", msg);
+	cnt = 0;
+	CHECK(ulp_s3_list(s, "", 0, count_cb, &cnt, &e) == 0 && cnt == 8, "the whole bucket: %d keys", cnt);
+
+	/* multipart: 12 MB in parts of 5 MiB, from memory and from a file */
+	const size_t big = 12000000;
+	unsigned char *p = malloc(big), *q = malloc(big);
+	REQUIRE(p && q, "malloc");
+	for (size_t i = 0; i < big; i++)
+		p[i] = (unsigned char)(tap_rand() >> 56);
+	unsigned long posts = s3mock_count(m, "POST");
+	nput = s3mock_count(m, "PUT");
+	rc = ulp_s3_put(s, "big", p, big, &e);
+	CHECK(rc == 0, "multipart PUT: %d %s", rc, msg);
+	CHECK(s3mock_count(m, "POST") - posts == 2 && s3mock_count(m, "PUT") - nput == 3,
+	      "start + 3 parts + complete: %lu POST, %lu PUT", s3mock_count(m, "POST") - posts,
+	      s3mock_count(m, "PUT") - nput);
+	multipart_etag(p, big, 5u << 20, want);
+	rc = ulp_s3_head(s, "big", &size, etag, &e);
+	CHECK(rc == 0 && size == big && strcmp(etag, want) == 0, "multipart HEAD: %d size %llu etag %s (want %s)", rc,
+	      (unsigned long long)size, etag, want);
+	memset(q, 0, big);
+	rc = ulp_s3_get_range(s, "big", 0, q, big, &e);
+	CHECK(rc == 0 && memcmp(p, q, big) == 0, "multipart GET: %d %s", rc, msg);
+	CHECK(s3mock_uploads(m) == 0, "no upload left: %d", s3mock_uploads(m));
+
+	char path[] = "/tmp/test_s3_mock.XXXXXX";
+	int fd = mkstemp(path);
+	REQUIRE(fd >= 0 && write(fd, p, big) == (ssize_t)big, "temp file");
+	unlink(path);
+	rc = ulp_s3_put_file(s, "bigfile", fd, big, &e);
+	direct = s3mock_get_object(m, "ckpt/bigfile", &n);
+	CHECK(rc == 0 && direct && n == big && memcmp(direct, p, big) == 0, "multipart PUT from a file: %d %s", rc,
+	      msg);
+	free(direct);
+	rc = ulp_s3_put_file(s, "smallfile", fd, 2u << 20, &e);
+	direct = s3mock_get_object(m, "ckpt/smallfile", &n);
+	CHECK(rc == 0 && direct && n == 2u << 20 && memcmp(direct, p, n) == 0, "single PUT from a file: %d %s", rc,
+	      msg);
+	free(direct);
+	close(fd);
+
+	/* faults: a 503 then success; 500 every time; a dropped connection */
+	nput = s3mock_count(m, "PUT");
+	s3mock_fail_next(m, 1, 503);
+	rc = ulp_s3_put(s, "r", "retry", 5, &e);
+	CHECK(rc == 0 && s3mock_count(m, "PUT") - nput == 2, "a 503 retried: %d %s, %lu PUTs", rc, msg,
+	      s3mock_count(m, "PUT") - nput);
+	s3mock_fail_next(m, 3, 500);
+	rc = ulp_s3_get_range(s, "r", 0, buf, 5, &e);
+	CHECK(rc == -ULP_E_IO && strstr(msg, "HTTP 500") && strstr(msg, "InternalError") && strstr(msg, "after 3 tries"),
+	      "500 three times: %d %s", rc, msg);
+	s3mock_fail_next(m, 3, 500); /* a HEAD's answer has no body, so no error code */
+	rc = ulp_s3_head(s, "r", NULL, NULL, &e);
+	CHECK(rc == -ULP_E_IO && strstr(msg, "HTTP 500") && strstr(msg, "after 3 tries"), "HEAD: 500 three times: %d %s",
+	      rc, msg);
+	unsigned long gets = s3mock_count(m, "GET");
+	s3mock_drop_next(m, 1);
+	memset(buf, 0, sizeof(buf));
+	rc = ulp_s3_get_range(s, "r", 0, buf, 5, &e);
+	CHECK(rc == 0 && strcmp(buf, "retry") == 0 && s3mock_count(m, "GET") - gets == 2,
+	      "a dropped GET retried: %d %s, %lu GETs", rc, msg, s3mock_count(m, "GET") - gets);
+	s3mock_drop_next(m, 1); /* a body the mock never read */
+	rc = ulp_s3_put(s, "dropped", p, 2u << 20, &e);
+	direct = s3mock_get_object(m, "ckpt/dropped", &n);
+	CHECK(rc == 0 && direct && n == 2u << 20 && memcmp(direct, p, n) == 0, "a dropped 2 MB PUT retried: %d %s", rc,
+	      msg);
+	free(direct);
+
+	/* a key id the store does not know */
+	ulp_s3 *bad = mock_client(m, "ckpt", "otherkey", &e);
+	REQUIRE(bad, "open");
+	rc = ulp_s3_get_range(bad, "r", 0, buf, 5, &e);
+	CHECK(rc == -ULP_E_INVAL && strstr(msg, "s3://ckpt/r") && strstr(msg, "403") && strstr(msg, "InvalidAccessKeyId") &&
+	          !strstr(msg, "SECRETSECRET"), "a wrong key id: %d %s", rc, msg);
+	rc = ulp_s3_head(bad, "r", NULL, NULL, &e);
+	CHECK(rc == -ULP_E_INVAL && strstr(msg, "s3://ckpt/r") && strstr(msg, "HTTP 403") && strstr(msg, "credentials"),
+	      "a wrong key id, HEAD: %d %s", rc, msg);
+	s3mock_set_key(m, "otherkey");
+	CHECK(ulp_s3_head(bad, "r", NULL, NULL, &e) == 0, "the key id the mock now wants: %s", msg);
+	CHECK(ulp_s3_head(s, "r", NULL, NULL, &e) == -ULP_E_INVAL, "and the old one refused");
+	s3mock_set_key(m, "testkey");
+	ulp_s3_close(bad);
+
+	/* a corrupted object: the bytes come as stored, the ETag unchanged */
+	unsigned char c0[100], c1[100];
+	for (int i = 0; i < 100; i++)
+		c0[i] = (unsigned char)i;
+	CHECK(ulp_s3_put(s, "c", c0, sizeof(c0), &e) == 0, "PUT c: %s", msg);
+	CHECK(ulp_s3_head(s, "c", NULL, e1, &e) == 0, "HEAD c: %s", msg);
+	CHECK(s3mock_corrupt(m, "ckpt/c", 5) == 0, "s3mock_corrupt");
+	CHECK(s3mock_corrupt(m, "ckpt/c", 100) == -1 && s3mock_corrupt(m, "ckpt/none", 0) == -1,
+	      "s3mock_corrupt past the end or of no object");
+	rc = ulp_s3_get_range(s, "c", 0, c1, sizeof(c1), &e);
+	CHECK(rc == 0 && c1[5] == (c0[5] ^ 0xff) && memcmp(c1, c0, 5) == 0 && memcmp(c1 + 6, c0 + 6, 94) == 0,
+	      "the corrupt bytes come back: %d %s (byte 5: %u)", rc, msg, c1[5]);
+	CHECK(ulp_s3_head(s, "c", NULL, e2, &e) == 0 && strcmp(e1, e2) == 0, "the ETag unchanged: %s %s", e1, e2);
+
+	/* a stall delays every answer */
+	s3mock_stall_ms(m, 60);
+	double t0 = now_ms();
+	CHECK(ulp_s3_head(s, "c", NULL, NULL, &e) == 0, "HEAD with a stall: %s", msg);
+	double dt = now_ms() - t0;
+	CHECK(dt >= 55, "a stall of 60 ms took %.1f ms", dt);
+	s3mock_stall_ms(m, 0);
+
+	/* four threads on one client (the mock's lock; TSan) */
+	struct mock_worker w[4];
+	pthread_t th[4];
+	for (int i = 0; i < 4; i++) {
+		w[i] = (struct mock_worker){.s = s, .id = i};
+		REQUIRE(pthread_create(&th[i], NULL, mock_work, &w[i]) == 0, "pthread_create");
+	}
+	int ok = 0;
+	for (int i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+		ok += w[i].ok;
+	}
+	CHECK(ok == 64, "%d of 64 PUT+GET from 4 threads", ok);
+	CHECK(s3mock_count(m, "ALL") > 100 && s3mock_count(m, "nonsense") == 0, "counts: %lu",
+	      s3mock_count(m, "ALL"));
+	free(p);
+	free(q);
+
+	/* the mock stops under a client that holds its connections */
+	s3mock_stop(m);
+	rc = ulp_s3_head(s, "c", NULL, NULL, &e);
+	CHECK(rc == -ULP_E_IO, "after s3mock_stop: %d %s", rc, msg);
+	ulp_s3_close(s);
+	s3mock_stop(NULL);
+}
+
 int main(void)
 {
 	test_encode();
@@ -546,5 +859,6 @@ int main(void)
 	test_conf();
 	test_headers();
 	test_wire();
+	test_mock();
 	return tap_done();
 }
