@@ -157,6 +157,9 @@ int ulp_remote_open(const char *url, const ulp_archive_opts *o, int writer, ulp_
 	ulp_s3_conf c = {0};
 	if (rc == 0)
 		rc = ulp_s3_conf_load(&c, NULL, err);
+	const char *t = getenv("ULP_TEST_S3_RECV_SPEED"); /* tests: a slow link (bytes/s) */
+	if (rc == 0 && t && *t)
+		c.max_recv_speed = strtoull(t, NULL, 10);
 	if (rc == 0)
 		rc = ulp_s3_open(&c, rm->bucket, &rm->s3, err);
 	ulp_s3_conf_free(&c);
