@@ -24,6 +24,9 @@
 #      archive.open in 1 MiB reads vs `ulpack cat`, one tensor of about 1 %
 #      of a checkpoint (decode counters, time), archive.load vs a numpy
 #      reader of a warm read-only mount. ULP_BENCH_ONLY=P runs it alone;
+#   S. an archive in an S3 bucket (issue 26): archiving through a mount and the
+#      newest step cold (empty and warm pack cache) against a local archive,
+#      on a radosgw the section starts. ULP_BENCH_ONLY=S runs it alone;
 #   G. a shared archive's index generation published after a 150 MB step of
 #      300 tensors into an index of 1,000 such steps, against that step's
 #      import (issue 25). ULP_BENCH_ONLY=G runs it alone.
@@ -180,6 +183,23 @@ PYEOF
 	done
 }
 [ "${ULP_BENCH_ONLY:-}" = G ] && { bench_publish; exit 0; }
+
+# ---- S. an archive in an S3 bucket (issue 26): a Ceph radosgw started in
+# network namespaces by tests/cluster/s3_archive.sh (root, ceph and radosgw
+# installed), 3 rounds: archiving a 258 MB run through a mount of the bucket
+# against a local archive until `ulpack sync`, the newest step read cold
+# through a read-only mount with an empty and a warm pack cache against a
+# local archive (medians of the ratios). ULP_BENCH_ONLY=S runs it alone.
+bench_s3() {
+	echo "== S. an archive in an S3 bucket (Ceph radosgw, memstore, in network namespaces)"
+	if [ "$(id -u)" != 0 ] || ! command -v radosgw > /dev/null; then
+		echo "(skipped: needs root and radosgw: sh tools/install-deps.sh --test)"
+		return 0
+	fi
+	ULPACK=$ULPACK ULPACKFS=$ULPACKFS top_builddir=$B S3_FIGURES_ONLY=1 S3_BENCH_ROUNDS=${ULP_BENCH_S3_ROUNDS:-3} \
+		sh "$(dirname "$0")/../tests/cluster/s3_archive.sh" 2>&1 | grep -e '^# round' -e '^# figure' -e '^FAIL' || true
+}
+[ "${ULP_BENCH_ONLY:-}" = S ] && { bench_s3; exit 0; }
 
 echo "== 1. codec (ulpack bench: medians of repeated runs, $(nproc) threads for the -mt columns)"
 "$ULPACK" synth "$T/syn" --steps 3 > /dev/null
@@ -516,4 +536,5 @@ PYEOF
 fi
 bench_python
 bench_publish
+bench_s3
 exit 0
