@@ -389,5 +389,11 @@ void ulp_lease_give_back(ulp_archive *a)
 		if (a->rm)
 			remote_renew(a, 0);
 		write_lease(a, 0, 1); /* given back: the next writer need not wait */
+	} else if (sh->epoch && a->rm) {
+		/* fenced in a bucket: the bucket's lease is another home's now, and
+		 * this home's lease file only kept its other processes out while this
+		 * handle wrote; given back, or this host's next writer would wait a
+		 * whole lease for a file no one holds (the bucket's object decides) */
+		write_lease(a, 0, 1);
 	}
 }
