@@ -397,6 +397,16 @@ static void test_follow(void)
 	CHECK(wait_for(r, "notes/c.bin"), "the reader sees the new file after its poll");
 	CHECK(gen_of(r).gen > before, "and follows generation %" PRIu64 " (was %" PRIu64 ")", gen_of(r).gen, before);
 	CHECK(read_back(r, "following reader") == n_files, "every file reads back, the new one too");
+	/* its home keeps the generation it follows and that one's base only */
+	char idx[600];
+	snprintf(idx, sizeof(idx), "%s/r/s3/ckpt/a/reader/index", root);
+	DIR *d = opendir(idx);
+	int gens = 0;
+	for (struct dirent *e; d && (e = readdir(d));)
+		gens += !strncmp(e->d_name, "gen-", 4);
+	if (d)
+		closedir(d);
+	CHECK(gens >= 1 && gens <= 2, "the reader's home holds %d generation files (the followed one and its base)", gens);
 	ulp_archive_close(r);
 }
 

@@ -229,8 +229,9 @@ static int open_dir(const char *dir, const ulp_archive_opts *o, ulp_remote *rm, 
 	ulp_err err = *e;
 	struct stat sb;
 	char path[4200];
-	if (rm && (o->max_chain > ULP_MAX_CHAIN || o->threads > ULP_MAX_THREADS)) {
-		ulp_remote_close(rm);
+	if (rm && (o->max_chain > ULP_MAX_CHAIN || o->threads > ULP_MAX_THREADS || stat(dir, &sb) < 0 ||
+	           !S_ISDIR(sb.st_mode))) {
+		ulp_remote_close(rm); /* (the checks below say why) */
 		rm = NULL;
 	}
 	if (o->max_chain > ULP_MAX_CHAIN)

@@ -347,6 +347,24 @@ static int fetch_gen(ulp_archive *a, const current *c, ulp_err *err)
 	return 0;
 }
 
+/* A reader's home keeps the generation it follows, and its base, only: the
+ * older ones' files go (a connection still on one keeps its open file; a
+ * new one opens the newest, db.c). */
+static void drop_fetched(ulp_archive *a, const current *c)
+{
+	genfile *g;
+	size_t n;
+	if (list_gens(a, &g, &n) < 0)
+		return;
+	for (size_t i = 0; i < n; i++)
+		if (g[i].gen < c->gen && g[i].gen != c->base) {
+			char p[4200];
+			gen_path(a, g[i].gen, g[i].patch, p, sizeof(p));
+			unlink(p);
+		}
+	free(g);
+}
+
 /* The writer's live index rebuilt from generation c: its base, with a
  * patch's pages over it, in WAL mode again (header bytes 18 and 19). */
 static int materialize(ulp_archive *a, const current *c, ulp_err *err)
@@ -617,8 +635,8 @@ void ulp_gen_poll(ulp_archive *a, int force)
 	pthread_mutex_lock(&sh->mu);
 	int newer = c.epoch >= sh->gen_epoch && c.gen > sh->gen;
 	pthread_mutex_unlock(&sh->mu);
-	if (newer && (!a->rm || fetch_gen(a, &c, &e) == 0))
-		follow(a, &c, &e); /* a generation not whole yet: the next poll */
+	if (newer && (!a->rm || fetch_gen(a, &c, &e) == 0) && follow(a, &c, &e) == 0 && a->rm)
+		drop_fetched(a, &c); /* (a generation not whole yet: the next poll) */
 }
 
 /* ---- the writer ----------------------------------------------------------- */

@@ -390,10 +390,12 @@ static int list_one(void *arg, const char *key, uint64_t size)
 int ulp_remote_list(ulp_archive *a, const char *rel_prefix, int (*cb)(void *arg, const char *rel, uint64_t size),
                     void *arg)
 {
-	char key[1200], msg[1024];
+	char key[1200], msg[1024] = "";
 	ulp_err e = {msg, sizeof(msg)};
 	key_of(a->rm, rel_prefix, key, sizeof(key));
 	listing l = {strlen(a->rm->prefix), cb, arg};
 	int rc = ulp_s3_list(a->rm->s3, key, 0, list_one, &l, &e);
-	return rc < 0 && rc != -ULP_E_NOENT ? fail(a, rc, msg) : rc == -ULP_E_NOENT ? 0 : rc;
+	if (rc == -ULP_E_NOENT)
+		return 0; /* no bucket: nothing in it */
+	return rc < 0 && msg[0] ? fail(a, rc, msg) : rc; /* (else cb's own, with its message) */
 }
