@@ -30,15 +30,19 @@ __version__ = "0.1.0"
 library_path = _lib.lib.path
 
 
-def open_archive(path, mode="r", cache_size=0, threads=0, max_chain=0):
-    """Opens the archive in directory path. mode "r" (read-only, the
+def open_archive(path, mode="r", cache_size=0, threads=0, max_chain=0, cache_dir=None, pack_cache=0):
+    """Opens the archive in directory path, or read-only in an S3 bucket
+    ("s3://BUCKET/PREFIX": credentials from the AWS environment and files;
+    cache_dir: this host's local home, pack_cache: its bound in bytes, as
+    ulpackfs -o cache_dir,pack_cache). mode "r" (read-only, the
     default) returns an Archive; "w" returns a Writer (the archive is created
     when missing): it takes the archive's single-writer lock, refused with
     BlockingIOError (EBUSY) while a read-write mount or another writer holds
     it. cache_size: decode cache bytes (0: the library's default); threads:
     decode threads (0: one per CPU)."""
     if mode == "r":
-        return Archive(path, read_only=True, cache_size=cache_size, threads=threads, max_chain=max_chain)
+        return Archive(path, read_only=True, cache_size=cache_size, threads=threads, max_chain=max_chain,
+                       cache_dir=cache_dir, pack_cache=pack_cache)
     if mode in ("w", "a", "r+"):
         return Writer(path, cache_size=cache_size, threads=threads, max_chain=max_chain)
     raise ValueError("mode must be \"r\" or \"w\", not %r" % (mode,))

@@ -155,10 +155,14 @@ class Archive:
     """An archive opened with ulpack.open_archive(). Thread-safe: several
     threads may read it at once (the library releases the GIL)."""
 
-    def __init__(self, path, read_only=True, cache_size=0, threads=0, max_chain=0):
+    def __init__(self, path, read_only=True, cache_size=0, threads=0, max_chain=0, cache_dir=None, pack_cache=0):
         self.path = os.fspath(path)
+        # path may be s3://BUCKET/PREFIX: cache_dir is then the local home
+        # (ulpackfs(1), OBJECT STORES) and pack_cache its bound in bytes
+        self._cache_dir = enc(os.fspath(cache_dir)) if cache_dir is not None else None
         opts = _lib.ArchiveOpts(cache_size=cache_size, max_chain=max_chain, threads=threads,
-                                read_only=1 if read_only else 0)
+                                read_only=1 if read_only else 0, cache_dir=self._cache_dir,
+                                pack_cache=pack_cache)
         h = ctypes.c_void_p()
         err = ctypes.create_string_buffer(1024)
         rc = lib.ulp_archive_open(enc(self.path), ctypes.byref(opts), ctypes.byref(h), err, len(err))

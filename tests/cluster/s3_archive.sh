@@ -141,6 +141,22 @@ u 3 ls "$URL" r > "$T/out" 2> "$T/err" && grep -q checkpoint-500 "$T/out" && ok 
 u 3 cat "$URL" r/checkpoint-300/model.safetensors 2> "$T/err" | cmp -s - "$T/run/checkpoint-300/model.safetensors" &&
 	ok "ulpack cat from host 3: the same bytes" || fail "ulpack cat from host 3: $(cat "$T/err")"
 
+# ---- Python, no FUSE: ulpack.open_archive of the URL on host 3 --------------------
+if [ -e "${top_builddir:-.}/libulpack.so.0" ] && command -v python3 > /dev/null; then
+	cl_on 3 env ULPACK_LIB="${top_builddir:-.}/libulpack.so.0" PYTHONPATH="${top_srcdir:-$(dirname "$0")/../..}/python" \
+		python3 - "$URL" "$T/cpy" "$T/run" > "$T/out" 2>&1 << 'PYEOF'
+import sys, ulpack
+url, cache, src = sys.argv[1:4]
+with ulpack.open_archive(url, cache_dir=cache) as a:
+    with a.open("r/checkpoint-500/model.safetensors") as f:
+        got = f.read()
+    want = open(src + "/checkpoint-500/model.safetensors", "rb").read()
+    print("python: %d bytes %s" % (len(got), "same" if got == want else "DIFFER"))
+PYEOF
+	grep -q "same" "$T/out" && ok "Python (no FUSE) reads step 500 from $URL: $(cat "$T/out")" ||
+		fail "Python read of $URL: $(cat "$T/out")"
+fi
+
 # ---- a second writer while the first holds the lease --------------------------
 u 2 import "$URL" "$T/run/checkpoint-600" --prefix r/x > "$T/out" 2>&1 && fail "a second writer archived while the first holds the lease" ||
 	{ grep -q "another writer holds" "$T/out" && ok "host 2 as a second writer: $(head -c 300 "$T/out")" ||
