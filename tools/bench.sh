@@ -8,11 +8,13 @@
 #      mount vs into a plain directory, peak memory of ulpackfs, sequential
 #      cold read of a delta-coded checkpoint whose reference is cached, the
 #      same read warm (page cache), a plain file, and `ulpack cat`;
-#   C. cold reads (issue 17): the newest checkpoint of a run, and the step in the
-#      middle of a 16-step run, read once (dd, 1 MiB blocks) through a freshly
-#      started mount with the page cache dropped (when this user may), next to
-#      squashfuse on a zstd -19 squashfs image and borg mount (zstd,3) of the same
-#      run when those are installed, and a plain directory;
+#   C. cold reads (issues 17, 29): the oldest, middle and newest checkpoint of
+#      a 16-step and of 8-step runs, each read once (dd, 1 MiB blocks) through a
+#      freshly started mount with the page cache dropped (when this user may),
+#      next to squashfuse on a zstd -19 squashfs image and borg mount (zstd,3)
+#      of the same run when those are installed, and a plain directory; the
+#      stored bytes of each; rsync of the 16-step run out of a fresh mount.
+#      ULP_BENCH_ONLY=C runs it alone;
 #   E. `ulpack export` of one step at chain depth 7 against cp -r of it;
 #   3. a trainer-like save (model.safetensors in a few large writes, an
 #      optimizer.pt-like zip in 64-byte-aligned records) into the mount vs a
@@ -183,6 +185,100 @@ PYEOF
 	done
 }
 [ "${ULP_BENCH_ONLY:-}" = G ] && { bench_publish; exit 0; }
+# ---- C. cold reads (run after section 2; ULP_BENCH_ONLY=C alone)
+bench_cold() {
+echo "== C. cold reads: one file through a freshly started mount, page cache dropped, dd 1 MiB blocks"
+mkdir -p "$M"
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2> /dev/null || true; }
+can_drop=no; [ -w /proc/sys/vm/drop_caches ] && can_drop=yes
+# ULP_BENCH_RT=1 (root): each file system and dd run SCHED_FIFO, so that on a
+# machine other jobs keep busy the figures are those of the cores, not of
+# the share the scheduler gives (a measuring knob; figures say when it was on)
+RT=
+[ -n "${ULP_BENCH_RT:-}" ] && [ "$(id -u)" = 0 ] && command -v chrt > /dev/null && RT="chrt -f 10"
+rt_dd_ns() { LC_ALL=C $RT dd if="$1" of=/dev/null bs=1M 2>&1 | sed -n 's/.* copied, \([0-9.e-]*\) s,.*/\1/p' |
+	awk '{ printf "%.0f", $1 * 1e9 }'; }
+cold_dd() { # MOUNT_CMD UMOUNT_CMD FILE: MB/s of a cold read, median of 3
+	for i in 1 2 3; do
+		drop
+		eval "$RT $1" > /dev/null 2>&1 || { echo "-"; return; }
+		t=$(rt_dd_ns "$3")
+		eval "$2" > /dev/null 2>&1
+		echo "$t"
+	done | sort -n | sed -n 2p | { read -r t; [ -n "$t" ] && mbps "$(stat -c %s "$4")" "$t" || echo "-"; }
+}
+have_sq=no; command -v mksquashfs > /dev/null && command -v squashfuse > /dev/null && have_sq=yes
+have_borg=no; command -v borg > /dev/null && have_borg=yes
+[ -d "$T/run" ] || "$ULPACK" synth "$T/run" --steps 8 > /dev/null
+"$ULPACK" synth "$T/c16" --steps 16 > /dev/null
+# each run: its oldest, middle and newest step (issue 29: every step of a
+# 16-step run, and the 8-step ones; the newest an anchor, the others at
+# most ceil((max_chain - 1) / 3) deltas deep)
+set -- "synthetic-16 $T/c16 100 800 1600" "synthetic-8 $T/run 100 400 800"
+[ -d "$DATA/tiny-lm/bf16" ] && set -- "$@" "tiny-lm-bf16 $DATA/tiny-lm/bf16 50 200 400"
+printf '%-24s %9s | %9s %9s %9s %9s | %6s %6s\n' case bytes ulpackfs squashfuse borg plain "x sq" "x borg"
+sizes=""
+for c in "$@"; do
+	set -- $c
+	name=$1 src=$2
+	shift 2
+	A="$T/c-$name"; rm -rf "$A" "$T/sq-$name.img" "$T/borg-$name"
+	"$ULPACK" init "$A" > /dev/null && "$ULPACK" import "$A" "$src" > /dev/null
+	[ "$have_sq" = yes ] && mksquashfs "$src" "$T/sq-$name.img" -comp zstd -Xcompression-level 19 -noappend -quiet > /dev/null 2>&1
+	if [ "$have_borg" = yes ]; then
+		export BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK=yes BORG_RELOCATED_REPO_ACCESS_IS_OK=yes
+		borg init --encryption=none "$T/borg-$name" > /dev/null 2>&1 &&
+			(cd "$src" && borg create --compression zstd,3 "$T/borg-$name::a" . > /dev/null 2>&1)
+	fi
+	dmax=$("$ULPACK" stat "$A" --json | sed -n 's/.*"max_chain_depth": \([0-9]*\).*/\1/p' | tail -1)
+	sizes="$sizes
+  $name: raw $(du -sb "$src" | cut -f1), ulpack $(du -sb "$A" | cut -f1) (deepest step ${dmax:-?} deltas)$([ -f "$T/sq-$name.img" ] && echo ", squashfs $(stat -c %s "$T/sq-$name.img")")$([ -d "$T/borg-$name" ] && echo ", borg $(du -sb "$T/borg-$name" | cut -f1)")"
+	i=0
+	for s in "$@"; do
+		i=$((i + 1))
+		pos=$(echo "oldest middle newest" | cut -d' ' -f$i)
+		f=checkpoint-$s/model.safetensors
+		u=$(cold_dd "'$ULPACKFS' '$A' '$M'" "fusermount3 -u '$M'" "$M/$f" "$src/$f")
+		sq=- bo=-
+		[ -f "$T/sq-$name.img" ] &&
+			sq=$(cold_dd "squashfuse '$T/sq-$name.img' '$M'" "fusermount3 -u '$M' || fusermount -u '$M'" "$M/$f" "$src/$f")
+		[ -d "$T/borg-$name" ] &&
+			bo=$(cold_dd "borg mount '$T/borg-$name::a' '$M' && sleep 0.3" "borg umount '$M'" "$M/$f" "$src/$f")
+		drop
+		pl=$(rt_dd_ns "$src/$f"); pl=$(mbps "$(stat -c %s "$src/$f")" "$pl")
+		printf '%-24s %9s | %9s %9s %9s %9s | %6s %6s\n' "$name-$pos" "$(stat -c %s "$src/$f")" "$u" "$sq" "$bo" "$pl" \
+			"$(echo "$u $sq" | awk '$2 != "-" && $1 != "-" { printf "%.2f", $1 / $2 }')" \
+			"$(echo "$u $bo" | awk '$2 != "-" && $1 != "-" { printf "%.2f", $1 / $2 }')"
+	done
+done
+echo "(MB/s, medians of 3; page cache dropped: $can_drop; SCHED_FIFO: $([ -n "$RT" ] && echo yes || echo no); squashfuse: zstd -19, borg: zstd,3;" \
+	"targets: every step >= 0.5 x squashfuse, the newest >= 0.9 x)"
+echo "stored bytes (du -sb):$sizes"
+# every step in order: rsync -a of the 16-step run out of a fresh mount, cold
+A="$T/c-synthetic-16" raw16=$(du -sb "$T/c16" | cut -f1)
+cold_rsync() { # MOUNT_CMD UMOUNT_CMD: MB/s, median of 3
+	for i in 1 2 3; do
+		rm -rf "$T/c-out"; drop
+		eval "$1" > /dev/null 2>&1 || { echo "-"; return; }
+		t0=$(now); rsync -a "$M/" "$T/c-out/"; t=$(( $(now) - t0 ))
+		eval "$2" > /dev/null 2>&1
+		echo "$t"
+	done | sort -n | sed -n 2p | { read -r t; [ -n "$t" ] && mbps "$raw16" "$t" || echo "-"; }
+}
+u=$(cold_rsync "'$ULPACKFS' '$A' '$M'" "fusermount3 -u '$M'") sq=-
+[ -f "$T/sq-synthetic-16.img" ] &&
+	sq=$(cold_rsync "squashfuse '$T/sq-synthetic-16.img' '$M'" "fusermount3 -u '$M' || fusermount -u '$M'")
+echo "rsync -a of the 16-step run out of a fresh mount, page cache dropped: ulpackfs $u MB/s, squashfuse $sq MB/s" \
+	"($(echo "$u $sq" | awk '$2 != "-" && $1 != "-" { printf "%.2f", $1 / $2 }') x)"
+}
+if [ "${ULP_BENCH_ONLY:-}" = C ]; then
+	if [ ! -c /dev/fuse ] || ! command -v rsync > /dev/null; then
+		echo "== C. skipped (no /dev/fuse or no rsync)"
+	else
+		bench_cold
+	fi
+	exit 0
+fi
 
 # ---- S. an archive in an S3 bucket (issue 26): a Ceph radosgw started in
 # network namespaces by tests/cluster/s3_archive.sh (root, ceph and radosgw
@@ -402,72 +498,7 @@ echo "  ulpack cat (a fresh process, chain decoded): $(mbps "$size" "$t_cat") MB
 echo "rsync -a of the whole run out of a fresh mount: $(mbps "$raw" "$t_restore") MB/s" \
 	"($(echo "$t_plain $t_restore" | awk '{ printf "%.3f", $1 / $2 }') x rsync between plain directories)"
 
-echo "== C. cold reads: one file through a freshly started mount, page cache dropped, dd 1 MiB blocks"
-mkdir -p "$M"
-drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2> /dev/null || true; }
-can_drop=no; [ -w /proc/sys/vm/drop_caches ] && can_drop=yes
-# ULP_BENCH_RT=1 (root): each file system and dd run SCHED_FIFO, so that on a
-# machine other jobs keep busy the figures are those of the cores, not of
-# the share the scheduler gives (a measuring knob; figures say when it was on)
-RT=
-[ -n "${ULP_BENCH_RT:-}" ] && [ "$(id -u)" = 0 ] && command -v chrt > /dev/null && RT="chrt -f 10"
-rt_dd_ns() { LC_ALL=C $RT dd if="$1" of=/dev/null bs=1M 2>&1 | sed -n 's/.* copied, \([0-9.e-]*\) s,.*/\1/p' |
-	awk '{ printf "%.0f", $1 * 1e9 }'; }
-cold_dd() { # MOUNT_CMD UMOUNT_CMD FILE: MB/s of a cold read, median of 3
-	for i in 1 2 3; do
-		drop
-		eval "$RT $1" > /dev/null 2>&1 || { echo "-"; return; }
-		t=$(rt_dd_ns "$3")
-		eval "$2" > /dev/null 2>&1
-		echo "$t"
-	done | sort -n | sed -n 2p | { read -r t; [ -n "$t" ] && mbps "$(stat -c %s "$4")" "$t" || echo "-"; }
-}
-"$ULPACK" synth "$T/c16" --steps 16 > /dev/null
-set -- "synthetic-8 $T/run checkpoint-800/model.safetensors" "synthetic-16-middle $T/c16 checkpoint-800/model.safetensors"
-[ -d "$DATA/tiny-lm/bf16" ] && set -- "$@" "tiny-lm-bf16 $DATA/tiny-lm/bf16 checkpoint-400/model.safetensors" \
-	"tiny-lm-bf16-middle $DATA/tiny-lm/bf16 checkpoint-200/model.safetensors"
-printf '%-20s %9s | %9s %9s %9s %9s | %6s %6s\n' case bytes ulpackfs squashfuse borg plain "x sq" "x borg"
-for c in "$@"; do
-	set -- $c
-	name=$1 src=$2 f=$3
-	A="$T/c-$name"; rm -rf "$A" "$T/sq.img" "$T/borg"
-	"$ULPACK" init "$A" > /dev/null && "$ULPACK" import "$A" "$src" > /dev/null
-	u=$(cold_dd "'$ULPACKFS' '$A' '$M'" "fusermount3 -u '$M'" "$M/$f" "$src/$f")
-	sq=- bo=-
-	if command -v mksquashfs > /dev/null && command -v squashfuse > /dev/null; then
-		mksquashfs "$src" "$T/sq.img" -comp zstd -Xcompression-level 19 -noappend -quiet > /dev/null 2>&1 &&
-			sq=$(cold_dd "squashfuse '$T/sq.img' '$M'" "fusermount3 -u '$M' || fusermount -u '$M'" "$M/$f" "$src/$f")
-	fi
-	if command -v borg > /dev/null; then
-		export BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK=yes BORG_RELOCATED_REPO_ACCESS_IS_OK=yes
-		borg init --encryption=none "$T/borg" > /dev/null 2>&1 && (cd "$src" && borg create --compression zstd,3 "$T/borg::a" . > /dev/null 2>&1) &&
-			bo=$(cold_dd "borg mount '$T/borg::a' '$M' && sleep 0.3" "borg umount '$M'" "$M/$f" "$src/$f")
-	fi
-	drop
-	pl=$(rt_dd_ns "$src/$f"); pl=$(mbps "$(stat -c %s "$src/$f")" "$pl")
-	printf '%-20s %9s | %9s %9s %9s %9s | %6s %6s\n' "$name" "$(stat -c %s "$src/$f")" "$u" "$sq" "$bo" "$pl" \
-		"$(echo "$u $sq" | awk '$2 != "-" && $1 != "-" { printf "%.2f", $1 / $2 }')" \
-		"$(echo "$u $bo" | awk '$2 != "-" && $1 != "-" { printf "%.2f", $1 / $2 }')"
-done
-echo "(MB/s, medians of 3; page cache dropped: $can_drop; SCHED_FIFO: ${RT:+yes}${RT:-no}; targets: newest >= 0.8 x squashfuse, middle of 16 >= 0.4 x)"
-# every step in order: rsync -a of the 16-step run out of a fresh mount, cold
-A="$T/c-synthetic-16-middle" raw16=$(du -sb "$T/c16" | cut -f1)
-cold_rsync() { # MOUNT_CMD UMOUNT_CMD: MB/s, median of 3
-	for i in 1 2 3; do
-		rm -rf "$T/c-out"; drop
-		eval "$1" > /dev/null 2>&1 || { echo "-"; return; }
-		t0=$(now); rsync -a "$M/" "$T/c-out/"; t=$(( $(now) - t0 ))
-		eval "$2" > /dev/null 2>&1
-		echo "$t"
-	done | sort -n | sed -n 2p | { read -r t; [ -n "$t" ] && mbps "$raw16" "$t" || echo "-"; }
-}
-u=$(cold_rsync "'$ULPACKFS' '$A' '$M'" "fusermount3 -u '$M'") sq=-
-if command -v mksquashfs > /dev/null && command -v squashfuse > /dev/null; then
-	mksquashfs "$T/c16" "$T/sq.img" -comp zstd -Xcompression-level 19 -noappend -quiet > /dev/null 2>&1 &&
-		sq=$(cold_rsync "squashfuse '$T/sq.img' '$M'" "fusermount3 -u '$M' || fusermount -u '$M'")
-fi
-echo "rsync -a of the 16-step run out of a fresh mount, page cache dropped: ulpackfs $u MB/s, squashfuse $sq MB/s" \
-	"($(echo "$u $sq" | awk '$2 != "-" && $1 != "-" { printf "%.2f", $1 / $2 }') x)"
+bench_cold
 
 # ---- 3. a trainer-like save: model.safetensors in a few large writes and an
 # optimizer.pt-like zip in many 64-byte-aligned records (ULP_BENCH_SAVE_MB,

@@ -184,15 +184,10 @@ static int init_remote(const char *url, ulp_err *err)
 {
 	static const ulp_archive_opts o = {0};
 	ulp_remote *rm;
-	char *home, p[4300], key[1200];
+	char *home, p[4300];
 	ULP_TRY(ulp_remote_open(url, &o, 1, &rm, &home, err));
-	snprintf(key, sizeof(key), "%sindex/CURRENT", rm->prefix);
 	snprintf(p, sizeof(p), "%s/ulpack.db", home);
-	int rc = ulp_s3_bucket_create(rm->s3, err);
-	if (rc == 0) {
-		int h = ulp_s3_head(rm->s3, key, NULL, NULL, err);
-		rc = h == 0 ? ULP_ERR(err, -ULP_E_EXIST, "%s: already an archive", url) : h == -ULP_E_NOENT ? 0 : h;
-	}
+	int rc = ulp_remote_init_check(rm, err);
 	if (rc == 0 && access(p, F_OK) == 0)
 		rc = ULP_ERR(err, -ULP_E_EXIST, "%s: holds the index of an archive that is no longer in the bucket: remove "
 		             "that directory (or choose another cache_dir) to create %s", home, url);

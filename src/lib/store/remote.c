@@ -15,6 +15,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+static void key_of(const ulp_remote *rm, const char *rel, char *key, size_t cap)
+{
+	snprintf(key, cap, "%s%s", rm->prefix, rel);
+}
+
 int ulp_remote_is_url(const char *s)
 {
 	return s && strncmp(s, "s3://", 5) == 0;
@@ -189,6 +194,15 @@ int ulp_remote_open(const char *url, const ulp_archive_opts *o, int writer, ulp_
 	return 0;
 }
 
+int ulp_remote_init_check(ulp_remote *rm, ulp_err *err)
+{
+	char key[1200];
+	key_of(rm, "index/CURRENT", key, sizeof(key));
+	ULP_TRY(ulp_s3_bucket_create(rm->s3, err));
+	int rc = ulp_s3_head(rm->s3, key, NULL, NULL, err);
+	return rc == 0 ? ULP_ERR(err, -ULP_E_EXIST, "%s: already an archive", rm->url) : rc == -ULP_E_NOENT ? 0 : rc;
+}
+
 void ulp_remote_close(ulp_remote *rm)
 {
 	if (!rm)
@@ -199,11 +213,6 @@ void ulp_remote_close(ulp_remote *rm)
 	free(rm->bucket);
 	free(rm->prefix);
 	free(rm);
-}
-
-static void key_of(const ulp_remote *rm, const char *rel, char *key, size_t cap)
-{
-	snprintf(key, cap, "%s%s", rm->prefix, rel);
 }
 
 /* an S3 error as the archive's message */

@@ -72,6 +72,8 @@ int ulp_remote_is_url(const char *s);
 int ulp_remote_open(const char *url, const ulp_archive_opts *o, int writer, ulp_remote **out, char **dir,
                     ulp_err *err);
 void ulp_remote_close(ulp_remote *rm);
+/* Before init: the bucket made where missing; EXIST where an archive is there. */
+int ulp_remote_init_check(ulp_remote *rm, ulp_err *err);
 /* The local home a handle of url would use (for a mount's lock). */
 int ulp_remote_local_dir(const char *url, const char *cache_dir, int writer, char *out, size_t cap, ulp_err *err);
 
