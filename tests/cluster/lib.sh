@@ -415,6 +415,11 @@ cl_teardown() {
 	# ulpackfs mounts over the clients (and the ulpackfs processes of
 	# lib.sh's MOUNTS, already unmounted -z, that read or write under $T)
 	for _t_m in $CL_FS; do cl_umount_fs "$_t_m" 5; done
+	if [ "$FAILS" -gt 0 ]; then # what the file systems said, for the failures above
+		for _t_m in $CL_FS; do
+			[ -s "$_t_m.log" ] && { echo "# $_t_m.log (last lines):"; tail -5 "$_t_m.log" | sed 's/^/#   /'; }
+		done
+	fi
 	for _t_p in $(pgrep -x ulpackfs); do
 		cat "/proc/$_t_p/cmdline" 2> /dev/null | tr '\0' '\n' | grep -q "^$T/" && kill -9 "$_t_p" 2> /dev/null
 	done

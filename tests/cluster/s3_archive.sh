@@ -59,7 +59,9 @@ steps_same() { # MNT STEP...: each step of the run byte-identical under MNT/r
 med() { sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a / b}'; }
 figures() {
-	"$ULPACK" synth "$T/brun" --steps ${S3_BENCH_STEPS:-4} --dim ${S3_BENCH_DIM:-1024} > /dev/null || fail "synth bench"
+	# (make bench: 4 steps of 65 MB; the test itself, 4 of 16 MB, to stay short)
+	_f_dim=${S3_BENCH_DIM:-$([ "${S3_FIGURES_ONLY:-}" = 1 ] && echo 1024 || echo 512)}
+	"$ULPACK" synth "$T/brun" --steps ${S3_BENCH_STEPS:-4} --dim "$_f_dim" > /dev/null || fail "synth bench"
 	last=$(ls "$T/brun" | sort -t- -k2 -n | tail -1)
 	mb=$(du -sm "$T/brun" | cut -f1)
 	sz=$(stat -c %s "$T/brun/$last/model.safetensors")

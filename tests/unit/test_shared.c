@@ -215,6 +215,26 @@ static void test_fenced_by_epoch(void)
 		fclose(f);
 }
 
+/* A publication that takes longer than the lease (a slow network file
+ * system) does not hold the renewals back: the writer keeps its lease
+ * (lease.c invariant 4; the renewer published too, and fenced itself). */
+static void test_slow_publication(void)
+{
+	char dir[512], err[512];
+	int rc;
+	mkarchive("slowpub", dir, sizeof(dir));
+	ulp_archive *w = open_as(dir, 0, 800, 0, err, &rc);
+	REQUIRE(w && ulp_archive_share(w) == 0, "share");
+	__atomic_store_n(&ulp_gen_test_publish_delay_ms, 1500, __ATOMIC_RELAXED);
+	REQUIRE(put(w, "a", 1) == 0, "put");
+	usleep(2500000); /* the periodic publication of "a" takes 1.5 s: almost twice the lease */
+	__atomic_store_n(&ulp_gen_test_publish_delay_ms, 0, __ATOMIC_RELAXED);
+	rc = put(w, "b", 2);
+	CHECK(rc == 0, "the writer still holds its lease after a publication of twice its lease: %s",
+	      rc ? ulp_archive_errmsg(w) : "");
+	ulp_archive_close(w);
+}
+
 /* A writer that cannot renew (a partition) stops before its lease can
  * expire for the others; another host takes over once it has. */
 static void test_fenced_by_expiry(void)
@@ -498,6 +518,7 @@ int main(void)
 	test_lease();
 	test_fenced_by_epoch();
 	test_fenced_by_expiry();
+	test_slow_publication();
 	test_grace();
 	test_pack_ids();
 	test_netfs();

@@ -929,6 +929,8 @@ static void adopt_base(ulp_archive *a, uint64_t gen, uint32_t ps)
  * file as a new base. Publication then costs what changed since the base,
  * not the index's size (a thousand steps of 300 tensors: 66 MB).
  */
+unsigned ulp_gen_test_publish_delay_ms;
+
 int ulp_gen_publish(ulp_archive *a, int force)
 {
 	ulp_shared *sh = a->sh;
@@ -944,6 +946,9 @@ int ulp_gen_publish(ulp_archive *a, int force)
 		return rc;
 	}
 	int64_t t0 = ulp_mono_ms();
+	unsigned delay = __atomic_load_n(&ulp_gen_test_publish_delay_ms, __ATOMIC_RELAXED);
+	if (delay)
+		usleep(delay * 1000); /* tests: a slow file system */
 	sqlite3 *db = ulp_db(a);
 	if (!db)
 		rc = ulp_db_err(a, "open");

@@ -7,8 +7,8 @@
  * A writer takes epoch E+1 by creating lease/<E+1> (O_CREAT|O_EXCL: one
  * host wins) once the holder of E gave it back or let it expire, renews it
  * while it runs, and writes its epoch into every CURRENT it publishes. The
- * renewer thread also publishes what was archived since the last
- * publication, and retires generations and packs past the grace.
+ * publisher thread beside the renewer publishes what was archived since the
+ * last publication, and retires generations and packs past the grace.
  *
  * Invariants:
  *  1. A writer writes (index transactions: ulp_db_begin/commit; publication:
@@ -22,6 +22,10 @@
  *     for the next writer's recovery.
  *  3. A new writer takes its epoch before it recovers staging (archive.c
  *     opens the archive, and so takes the lease, before ulp_stage_recover).
+ *  4. Renewals have a thread of their own (the renewer), apart from the
+ *     publisher's work: a publication or a sweep that takes seconds on a
+ *     network file system never holds a renewal back (one did, and the
+ *     writer fenced itself under load).
  */
 #include "shared.h"
 #include "remote.h"
@@ -163,10 +167,11 @@ void ulp_lease_fence(ulp_archive *a, const char *fmt, ...)
 }
 
 static void *renewer(void *arg);
+static void *publisher(void *arg);
 
-/* The renewer runs in the process that writes: started by the first check
- * of the lease in this process (a daemon forks after it opened the archive,
- * and threads do not cross a fork). */
+/* The renewer and the publisher run in the process that writes: started by
+ * the first check of the lease in this process (a daemon forks after it
+ * opened the archive, and threads do not cross a fork). */
 static void ensure_renewer(ulp_archive *a)
 {
 	ulp_shared *sh = a->sh;
@@ -174,8 +179,10 @@ static void ensure_renewer(ulp_archive *a)
 	if (__atomic_load_n(&sh->renewer_pid, __ATOMIC_ACQUIRE) == me)
 		return;
 	pthread_mutex_lock(&sh->mu);
-	if (sh->renewer_pid != me && !sh->stop && pthread_create(&sh->renewer, NULL, renewer, a) == 0)
+	if (sh->renewer_pid != me && !sh->stop && pthread_create(&sh->renewer, NULL, renewer, a) == 0) {
+		sh->has_publisher = pthread_create(&sh->publisher, NULL, publisher, a) == 0;
 		__atomic_store_n(&sh->renewer_pid, me, __ATOMIC_RELEASE);
+	}
 	pthread_mutex_unlock(&sh->mu);
 }
 
@@ -187,10 +194,17 @@ int ulp_lease_ok(ulp_archive *a)
 	ensure_renewer(a);
 	if (!__atomic_load_n(&sh->fenced, __ATOMIC_ACQUIRE)) {
 		int64_t ok = __atomic_load_n(&sh->ok_mono_ms, __ATOMIC_RELAXED), now = ulp_mono_ms();
+		int64_t busy = __atomic_load_n(&sh->renewing_since, __ATOMIC_RELAXED);
+		char why[96];
+		if (busy)
+			snprintf(why, sizeof(why), " (a renewal has waited on the file system for %.1f s)",
+			         (double)(now - busy) / 1000);
+		else
+			snprintf(why, sizeof(why), " (no renewal is under way: the renewer did not run)");
 		if (now - ok > (int64_t)sh->lease_ms * 3 / 4)
-			ulp_lease_fence(a, "%s: this writer (epoch %" PRIu64 ") could not renew its lease for %.1f s (of %.1f s): it "
-			      "stopped archiving and publishing; another host may take the archive over",
-			      a->dir, sh->epoch, (double)(now - ok) / 1000, (double)sh->lease_ms / 1000);
+			ulp_lease_fence(a, "%s: this writer (epoch %" PRIu64 ") could not renew its lease for %.1f s (of %.1f s)%s: "
+			      "it stopped archiving and publishing; another host may take the archive over",
+			      a->dir, sh->epoch, (double)(now - ok) / 1000, (double)sh->lease_ms / 1000, why);
 	}
 	if (!__atomic_load_n(&sh->fenced, __ATOMIC_ACQUIRE))
 		return 0;
@@ -246,36 +260,61 @@ static uint64_t gen_now(ulp_shared *sh)
 	return g;
 }
 
+/* Waits for the next tick (a second, at most a quarter lease): 0 to go on,
+ * 1 once the threads end (stop, or fenced). mu held on entry and exit. */
+static int tick(ulp_shared *sh)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += 1;
+	if (sh->lease_ms < 4000) {
+		ts.tv_sec -= 1;
+		ts.tv_nsec += (long)sh->lease_ms / 4 * 1000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+	}
+	pthread_cond_timedwait(&sh->cv, &sh->mu, &ts);
+	return sh->stop || sh->fenced;
+}
+
+/* Renews the lease every quarter lease, and nothing else: a renewal never
+ * waits behind a publication or a sweep (invariant 4). */
 static void *renewer(void *arg)
 {
 	/* (no signal of the daemon's lands here: the loop ends by stop) */
 	ulp_archive *a = arg;
 	ulp_shared *sh = a->sh;
-	int64_t last_renew = ulp_mono_ms(), last_pub = 0, pub_cost = 0;
+	int64_t last_renew = ulp_mono_ms();
 	pthread_mutex_lock(&sh->mu);
-	while (!sh->stop) {
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_sec += 1; /* a tick a second (at most a quarter lease) */
-		if (sh->lease_ms < 4000) {
-			ts.tv_sec -= 1;
-			ts.tv_nsec += (long)sh->lease_ms / 4 * 1000000;
-			if (ts.tv_nsec >= 1000000000) {
-				ts.tv_sec++;
-				ts.tv_nsec -= 1000000000;
-			}
-		}
-		pthread_cond_timedwait(&sh->cv, &sh->mu, &ts);
-		if (sh->stop || sh->fenced)
-			break;
+	while (!tick(sh)) {
 		pthread_mutex_unlock(&sh->mu);
 		int64_t now = ulp_mono_ms();
 		if (now - last_renew >= (int64_t)sh->lease_ms / 4) {
+			__atomic_store_n(&sh->renewing_since, now, __ATOMIC_RELAXED);
 			renew(a);
+			__atomic_store_n(&sh->renewing_since, 0, __ATOMIC_RELAXED);
 			last_renew = now;
 		}
-		/* what was archived since the last publication, at most a tenth of the
-		 * time spent publishing (gen.c) */
+		pthread_mutex_lock(&sh->mu);
+	}
+	pthread_mutex_unlock(&sh->mu);
+	return NULL;
+}
+
+/* Publishes what was archived since the last publication (at most a tenth
+ * of the time spent publishing, gen.c), retires generations and sweeps
+ * packs past the grace, while the lease holds. */
+static void *publisher(void *arg)
+{
+	ulp_archive *a = arg;
+	ulp_shared *sh = a->sh;
+	int64_t last_pub = 0, pub_cost = 0;
+	pthread_mutex_lock(&sh->mu);
+	while (!tick(sh)) {
+		pthread_mutex_unlock(&sh->mu);
+		int64_t now = ulp_mono_ms();
 		if (ulp_lease_ok(a) == 0 && now - last_pub >= 10 * pub_cost) {
 			int64_t t0 = ulp_mono_ms();
 			pthread_mutex_lock(&sh->mu);
@@ -382,8 +421,11 @@ void ulp_lease_give_back(ulp_archive *a)
 	pthread_cond_broadcast(&sh->cv);
 	int mine = sh->renewer_pid == (long)getpid();
 	pthread_mutex_unlock(&sh->mu);
-	if (mine)
+	if (mine) {
 		pthread_join(sh->renewer, NULL);
+		if (sh->has_publisher)
+			pthread_join(sh->publisher, NULL);
+	}
 	if (sh->epoch && ulp_lease_ok(a) == 0) {
 		ulp_gen_publish(a, 0); /* what was archived last */
 		if (a->rm)

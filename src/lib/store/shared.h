@@ -69,13 +69,17 @@ struct ulp_shared {
 	int64_t ok_mono_ms;          /* atomic: monotonic start of the last renewal that
 	                                succeeded; the lease holds until ok + 3/4 lease */
 	int fenced;                  /* atomic: 1 once the lease is lost, for good */
+	int64_t renewing_since;      /* atomic: monotonic start of the renewal under way
+	                                (0: none), for the message of a lapse */
 	char why[512];               /* guarded by mu: why it was lost */
-	pthread_t renewer;           /* guarded by mu: renews the lease, publishes,
-	                                retires generations and packs past the grace */
+	pthread_t renewer;           /* guarded by mu: renews the lease (lease.c invariant 4) */
+	pthread_t publisher;         /* guarded by mu: publishes, retires generations and
+	                                packs past the grace */
+	int has_publisher;           /* guarded by mu: publisher was started */
 	long renewer_pid;            /* atomic, written under mu: the process the
 	                                renewer runs in (0: none yet) */
-	int stop;                    /* guarded by mu: the renewer ends */
-	pthread_cond_t cv;           /* with mu: wakes the renewer to end */
+	int stop;                    /* guarded by mu: the renewer and the publisher end */
+	pthread_cond_t cv;           /* with mu: wakes them to end */
 };
 
 int64_t ulp_mono_ms(void);
@@ -119,6 +123,7 @@ void ulp_lease_give_back(ulp_archive *a);
 int ulp_lease_ok(ulp_archive *a);
 /* Fences the writer for good (invariant 2 of lease.c), saying why (once). */
 void ulp_lease_fence(ulp_archive *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-extern int ulp_lease_test_stall; /* tests: renewals fail (a partition) */
+extern int ulp_lease_test_stall;
+extern unsigned ulp_gen_test_publish_delay_ms; /* tests: each publication takes this much longer */ /* tests: renewals fail (a partition) */
 
 #endif
