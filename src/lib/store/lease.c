@@ -136,19 +136,9 @@ static int remote_holder(ulp_archive *a, holder *h, char etag[ULP_S3_ETAG_MAX], 
  * another writer wrote it since. */
 static int remote_renew(ulp_archive *a, int64_t renewed_ms)
 {
-	ulp_remote *rm = a->rm;
-	char line[512], etag[ULP_S3_ETAG_MAX];
+	char line[512];
 	int l = lease_line(a, renewed_ms, line, sizeof(line));
-	pthread_mutex_lock(&rm->mu);
-	snprintf(etag, sizeof(etag), "%s", rm->lease_etag);
-	pthread_mutex_unlock(&rm->mu);
-	int rc = ulp_remote_swap(a, "lease", line, (size_t)l, etag);
-	if (rc == 0) {
-		pthread_mutex_lock(&rm->mu);
-		snprintf(rm->lease_etag, sizeof(rm->lease_etag), "%s", etag);
-		pthread_mutex_unlock(&rm->mu);
-	}
-	return rc;
+	return ulp_remote_swap(a, "lease", line, (size_t)l, a->rm->lease_etag);
 }
 
 void ulp_lease_fence(ulp_archive *a, const char *fmt, ...)

@@ -345,34 +345,27 @@ int ulp_remote_put_fd(ulp_archive *a, const char *rel, int fd, uint64_t len, int
 	return rc < 0 ? fail(a, rc, msg) : 0;
 }
 
-int ulp_remote_swap_current(ulp_archive *a, const char *line, size_t len)
+int ulp_remote_swap(ulp_archive *a, const char *rel, const char *p, size_t len, char etag[ULP_S3_ETAG_MAX])
 {
 	ulp_remote *rm = a->rm;
 	char key[1200], msg[1024], prev[ULP_S3_ETAG_MAX], now[ULP_S3_ETAG_MAX];
 	ulp_err e = {msg, sizeof(msg)};
-	key_of(rm, "index/CURRENT", key, sizeof(key));
+	key_of(rm, rel, key, sizeof(key));
 	pthread_mutex_lock(&rm->mu);
-	snprintf(prev, sizeof(prev), "%s", rm->etag);
+	snprintf(prev, sizeof(prev), "%s", etag);
 	pthread_mutex_unlock(&rm->mu);
-	int rc = ulp_s3_put_cond(rm->s3, key, line, len, prev[0] ? prev : NULL, now, &e);
+	int rc = ulp_s3_put_cond(rm->s3, key, p, len, prev[0] ? prev : NULL, now, &e);
 	if (rc < 0)
 		return fail(a, rc, msg);
 	pthread_mutex_lock(&rm->mu);
-	snprintf(rm->etag, sizeof(rm->etag), "%s", now);
+	snprintf(etag, ULP_S3_ETAG_MAX, "%s", now);
 	pthread_mutex_unlock(&rm->mu);
 	return 0;
 }
 
-int ulp_remote_swap(ulp_archive *a, const char *rel, const char *p, size_t len, char etag[ULP_S3_ETAG_MAX])
+int ulp_remote_swap_current(ulp_archive *a, const char *line, size_t len)
 {
-	char key[1200], msg[1024], now[ULP_S3_ETAG_MAX];
-	ulp_err e = {msg, sizeof(msg)};
-	key_of(a->rm, rel, key, sizeof(key));
-	int rc = ulp_s3_put_cond(a->rm->s3, key, p, len, etag[0] ? etag : NULL, now, &e);
-	if (rc < 0)
-		return fail(a, rc, msg);
-	snprintf(etag, ULP_S3_ETAG_MAX, "%s", now);
-	return 0;
+	return ulp_remote_swap(a, "index/CURRENT", line, len, a->rm->etag);
 }
 
 int ulp_remote_delete(ulp_archive *a, const char *rel)

@@ -90,8 +90,10 @@ int ulp_remote_put_fd(ulp_archive *a, const char *rel, int fd, uint64_t len, int
 /* CURRENT replaced by compare-and-swap (invariant 2): EXIST when another
  * writer moved it; rm->etag follows. */
 int ulp_remote_swap_current(ulp_archive *a, const char *line, size_t len);
-/* The small object rel replaced by compare-and-swap on *etag ("": only
- * where it does not exist), *etag then its new ETag: EXIST when it moved. */
+/* The small object rel replaced by compare-and-swap on etag ("": only
+ * where it does not exist), etag then its new ETag: EXIST when it moved.
+ * etag is a field of the handle (etag, lease_etag), read and written under
+ * rm->mu. */
 int ulp_remote_swap(ulp_archive *a, const char *rel, const char *p, size_t len, char etag[ULP_S3_ETAG_MAX]);
 int ulp_remote_delete(ulp_archive *a, const char *rel);
 int ulp_remote_list(ulp_archive *a, const char *rel_prefix, int (*cb)(void *arg, const char *rel, uint64_t size),
