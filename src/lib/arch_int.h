@@ -124,7 +124,7 @@ struct ulp_archive {
 	ulp_dbh *dbh;                /* set at open, read-only after: the index's
 	                                per-thread connections (db.c), guarded by
 	                                dbh->mu */
-	pthread_mutex_t mu;          /* guards spare_jobs, ra, expect, n_expect */
+	pthread_mutex_t mu;          /* guards spare_jobs, ra, expect, n_expect, recent */
 	ulp_cache *cache;            /* set at open, read-only after (its own lock) */
 	ulp_pool *pool;              /* set at open, read-only after (its own lock) */
 	pthread_mutex_t write_mu;    /* one writer at a time in this process; guards inflight */
@@ -137,6 +137,11 @@ struct ulp_archive {
 	                                once no other thread uses the archive */
 	ulp_expected *expect;        /* guarded by mu: files an import will put (layout.c) */
 	size_t n_expect;             /* guarded by mu */
+	struct ulp_recent {          /* guarded by mu: the files of a series read lately,
+	                                which tell a sweep from a lone read (read.c) */
+		uint64_t series, file;   /* hashes of the series and of the path */
+		int64_t ms;              /* when its first read came (CLOCK_MONOTONIC) */
+	} recent[8];
 	/* counters, atomic */
 	uint64_t chunks_decoded, deltas_decoded, hits, misses, max_walk;
 	uint64_t put_done;           /* atomic: bytes of the file being put that are coded
@@ -325,10 +330,12 @@ int ulp_index_put_file(ulp_archive *a, const ulp_newfile *f, const char *pack_na
 int ulp_index_series_steps(ulp_archive *a, const char *series,
                            int (*cb)(void *arg, int64_t id, int64_t step, const char *path), void *arg);
 /* The target layout (layout.c): reference position of position i of n
- * (-1: an anchor), its depth, the order of puts that archives every
- * reference before its dependents (fills order[n], returns n). */
+ * (-1: an anchor), its depth, the position of segment 0's key (-1: it
+ * has none), the order of puts that archives every reference before its
+ * dependents (fills order[n], returns n). */
 ptrdiff_t ulp_layout_ref(size_t i, size_t n, unsigned max_chain);
 unsigned ulp_layout_depth(size_t i, size_t n, unsigned max_chain);
+ptrdiff_t ulp_layout_key(size_t n, unsigned max_chain);
 size_t ulp_layout_order(size_t n, unsigned max_chain, size_t *order);
 /* The file a file of series at step is to be coded against in the target
  * layout of its series (archived files and expected ones, and it): *ref_id
@@ -528,6 +535,10 @@ int ulp_pack_pin_slot(ulp_archive *a, size_t slot); /* one more pin */
 void ulp_pack_unpin(ulp_archive *a, size_t slot);
 /* Bytes of a blob in a pinned slot. */
 int ulp_pack_slot_blob(ulp_archive *a, size_t slot, uint64_t offset, uint64_t len, const uint8_t **p);
+/* Where those bytes are mapped, for a hint (madvise) only: unlike
+ * ulp_pack_slot_blob it reads none of the pack's bytes (its magic is checked
+ * by the first blob read, pack.c invariant 5), so it never waits for the disk. */
+int ulp_pack_slot_range(ulp_archive *a, size_t slot, uint64_t offset, uint64_t len, const uint8_t **p);
 /* Whether a slot's pack file was found removed (ulp_pack_mark_gone). */
 int ulp_pack_slot_gone(ulp_archive *a, size_t slot);
 /* Marks mapped packs whose file is gone; returns how many mapped ones are. */

@@ -46,15 +46,17 @@ assert int(os.getxattr(p, "user.ulpack.chain_depth")) == 0, os.getxattr(p, "user
 umount_fs "$T/m2"
 "$U" gc "$T/tmp" > /dev/null || fail "gc (tmp)"
 # once re-coded: the layout of ulpack-format(5): twelve steps, one segment
-# (max_chain 16), the newest its anchor, each other step a backward delta
-# against the step after it
+# (max_chain 16), the newest its anchor, the key (step 800, the 8th) a delta
+# against it, each other step a backward delta against the step after it
+# (issue 29: at most 8 deep)
 "$U" stat "$T/tmp" --json | "$PY" -c '
 import json, sys
 d = json.load(sys.stdin)
 f = {x["step"]: x for x in d["files"] if x["path"].endswith("model.safetensors")}
 assert f[1200]["anchor"], f[1200]
-assert all(f[s]["chain_depth"] == (1200 - s) // 100 for s in range(100, 1200, 100)), [(s, f[s]["chain_depth"]) for s in f]' \
-	&& ok "after re-coding: the newest the anchor, every other step a backward delta" \
+want = lambda i: 11 - i if i > 7 else 8 - i
+assert all(f[s]["chain_depth"] == want(s // 100 - 1) for s in range(100, 1200, 100)), [(s, f[s]["chain_depth"]) for s in f]' \
+	&& ok "after re-coding: the newest the anchor, the key onto it, every other step a backward delta" \
 	|| fail "layout after re-coding"
 B=$(pack_bytes "$T/tmp")
 "$U" verify "$T/tmp" > /dev/null || fail "verify (tmp)"

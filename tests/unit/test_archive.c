@@ -162,6 +162,27 @@ static int flip_pack_byte_of(ulp_archive *a, const char *apath)
 	return rc;
 }
 
+/* The path of the pack holding the first blob of a file's first extent. */
+static int pack_of(ulp_archive *a, const char *apath, char *out, size_t cap)
+{
+	ulp_stat st;
+	uint8_t *h;
+	size_t hl, n;
+	ulp_extent *x;
+	if (ulp_index_file(a, apath, &st, &h, &hl, &x, &n) < 0 || !n)
+		return -1;
+	ulp_blobrow row;
+	int rc = ulp_index_blob(a, x[0].content, &row);
+	char name[128];
+	if (rc == 0)
+		rc = ulp_index_pack_name(a, row.pack, name, sizeof(name));
+	free(h);
+	free(x);
+	if (rc == 0)
+		snprintf(out, cap, "%s/packs/%s", ulp_archive_dir(a), name);
+	return rc;
+}
+
 static void test_trajectory(void)
 {
 	char dir[512], file[512], ap[512];
@@ -280,6 +301,24 @@ static void test_trajectory(void)
 	CHECK(r < 0 && strstr(ulp_archive_errmsg(a), "run/checkpoint-100/model.safetensors"),
 	      "reading the damaged file fails naming it: %s", ulp_archive_errmsg(a));
 	ulp_file_close(h);
+	/* issue 29: a pack's magic is checked at its first blob read, not when
+	 * an open maps it (pack.c invariant 5): a damaged magic still fails the
+	 * read, naming the pack and the cause, and no byte of it comes out */
+	{
+		char pk[512];
+		REQUIRE(pack_of(a, "run/checkpoint-1000/model.safetensors", pk, sizeof(pk)) == 0, "pack of step 1000");
+		ulp_archive_close(a);
+		int fd = open(pk, O_RDWR);
+		REQUIRE(fd >= 0 && pwrite(fd, "NOTpack1", 8, 0) == 8, "damage the magic of %s", pk);
+		close(fd);
+		REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "reopen");
+		REQUIRE(ulp_file_open(a, "run/checkpoint-1000/model.safetensors", &h) == 0, "open: the magic not read yet");
+		r = ulp_file_pread(h, buf, sizeof(buf), ulp_file_get_stat(h)->size - sizeof(buf));
+		CHECK(r == -ULP_E_CORRUPT && strstr(ulp_archive_errmsg(a), "not a pack file") &&
+		      strstr(ulp_archive_errmsg(a), strrchr(pk, '/') + 1),
+		      "a damaged pack magic: the read fails naming the pack: %s", ulp_archive_errmsg(a));
+		ulp_file_close(h);
+	}
 	ulp_archive_close(a);
 }
 

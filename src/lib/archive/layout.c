@@ -6,38 +6,45 @@
  *
  * The steps of a series, in step order, are positions 0..n-1, cut into
  * segments of P = M + 1 positions (max_chain M): segment s holds positions
- * sP .. sP + M. With F = ceil(M / 2):
+ * sP .. sP + M. With F = ceil(M / 2) and the key K = F - 1:
  *
  *   position i of segment s, e = min(sP + M, n - 1)   role
  *   i == e (the segment's last step, or the newest)   anchor
- *   s == 0, i < e                                      delta against i + 1 (backward, depth e - i)
+ *   s == 0, i == K < e                                 delta against e (the key: one long delta)
+ *   s == 0, other i < e                                delta against i + 1 (backward: depth e - i
+ *                                                      above the key, K - i + 1 below it)
  *   s >= 1, i < sP + F, i < e                          delta against i - 1 (forward from the
  *                                                      previous segment's anchor, depth i - sP + 1)
  *   s >= 1, sP + F <= i < e                            delta against i + 1 (backward, depth e - i)
  *
- *   . . . . . . . . . . . . . . . . A . . . . . . . . . . . . . . . . A . . N
- *   <- <- <- <- <- <- <- <- <- <- <-  -> -> -> ->  <- <- <- <-  -> ...
- *   (M = 16: P = 17, F = 8; segment 0 backward only, then 8 forward, 8 backward)
+ *   . . . . . . . K . . . . . . . . A . . . . . . . . . . . . . . . . A . . N
+ *   <- <- <- <- <- <- <-  <========= <- <- <- <- <- <- <-  -> -> -> ->  <- ...
+ *   (M = 16: P = 17, F = 8, K = 7; segment 0 backward, its key straight onto
+ *   its anchor, then 8 forward, 8 backward)
  *
  * Invariants:
- *  1. A chain holds at most M deltas; outside segment 0 at most F =
- *     ceil(M / 2), so a cold read there decodes at most that many deltas plus
- *     one anchor. In segment 0 (the first M + 1 steps) a step i is e - i deep:
- *     the newest steps are shallow, the oldest up to M deep.
+ *  1. A chain holds at most F = ceil(M / 2) deltas, so a cold read of any
+ *     step decodes at most that many deltas plus one anchor. (Segment 0 has
+ *     no anchor before it: without the key its oldest step was e deep, up to
+ *     M; the key splits it into two backward runs of at most F.)
  *  2. There are ceil(n / P) anchors, exactly as many as when every step is a
- *     forward delta and every (M + 1)-th step starts a new chain: the stored
- *     size is that of forward coding (each delta is against an adjacent step,
- *     as there).
- *  3. A new newest step (position n) changes the role of one other step at
- *     most, the previous newest (n - 1): while its segment is incomplete it
- *     was the anchor and becomes a delta, against n - 2 (forward part) or
- *     against n (backward part); when n starts a new segment it stays the
- *     anchor. Every other reference stays. So an append costs at most one
- *     re-coding, done in the background (the rebase queue).
+ *     forward delta and every (M + 1)-th step starts a new chain. Every delta
+ *     is against an adjacent step but the key, against a step up to M - K
+ *     away: the stored size is that of forward coding plus the key's longer
+ *     delta (ulpack-format(5), "Layout": about 1.6 % of a 16-step run).
+ *  3. A new newest step (position n) changes the roles of two other steps
+ *     at most: the previous newest (n - 1), which while its segment is
+ *     incomplete was the anchor and becomes a delta (against n - 2 in a
+ *     forward part, n in a backward part; when n starts a new segment it
+ *     stays the anchor), and in segment 0 the key, whose anchor is now n
+ *     (ulp_layout_key names it). Every other reference stays. So an append
+ *     costs at most two re-codings, done in the background (the rebase
+ *     queue), the second only for the first M + 1 steps of a series.
  *  4. Reading the steps in order decodes each delta once: forward deltas
- *     need the step before, backward ones the step after, whose chain the
- *     first read of the backward part decodes and leaves in the cache (a
- *     reference nobody has read yet is kept warm, read.c).
+ *     need the step before, backward ones the step after (the key: the
+ *     anchor), whose chain the first read of the backward part decodes and
+ *     leaves in the cache (a reference nobody has read yet is kept warm,
+ *     read.c).
  *  5. ulp_layout_order lists every reference before the steps coded
  *     against it, so an import in that order writes the final layout with
  *     no re-coding.
@@ -60,6 +67,21 @@ static seg seg_of(size_t i, size_t n, unsigned max_chain)
 	return g;
 }
 
+/* Segment 0's key position (invariant 1), or SIZE_MAX where its segment
+ * ends at or before it (then the plain backward run is short enough). */
+static size_t key_of(size_t n, unsigned max_chain)
+{
+	size_t K = ((size_t)max_chain + 1) / 2 - (max_chain > 0);
+	seg g = seg_of(0, n, max_chain);
+	return max_chain > 0 && K < g.e ? K : SIZE_MAX;
+}
+
+ptrdiff_t ulp_layout_key(size_t n, unsigned max_chain)
+{
+	size_t K = n ? key_of(n, max_chain) : SIZE_MAX;
+	return K == SIZE_MAX ? -1 : (ptrdiff_t)K;
+}
+
 ptrdiff_t ulp_layout_ref(size_t i, size_t n, unsigned max_chain)
 {
 	if (i + 1 >= n)
@@ -67,6 +89,8 @@ ptrdiff_t ulp_layout_ref(size_t i, size_t n, unsigned max_chain)
 	seg g = seg_of(i, n, max_chain);
 	if (i == g.e)
 		return -1;
+	if (g.s0 == 0 && i == key_of(n, max_chain))
+		return (ptrdiff_t)g.e;
 	return i < g.f ? (ptrdiff_t)i - 1 : (ptrdiff_t)i + 1;
 }
 
@@ -75,6 +99,12 @@ unsigned ulp_layout_depth(size_t i, size_t n, unsigned max_chain)
 	if (i + 1 >= n)
 		return 0;
 	seg g = seg_of(i, n, max_chain);
+	if (i == g.e)
+		return 0;
+	if (g.s0 == 0) {
+		size_t K = key_of(n, max_chain);
+		return (unsigned)(K == SIZE_MAX || i > K ? g.e - i : K - i + 1);
+	}
 	return (unsigned)(i < g.f ? i - g.s0 + 1 : g.e - i);
 }
 

@@ -26,11 +26,20 @@
  *     read that ends in NOENT lets the unpinned parsed blobs go and tries
  *     once more, so the chain is looked up again in the index (decoded
  *     chunks are keyed by content and stay valid).
- *  7. ulp_file_write_to decodes each chunk as a read does: the links of its
- *     chain below enter the cache (a backward part of the layout exported in
- *     step order decodes each link once, on its deepest step). Its writes
- *     cover [0, size) exactly: the header's bytes around the
+ *  7. ulp_file_write_to decodes each chunk as a sweep's read does: the links
+ *     of its chain below enter the cache (a backward part of the layout
+ *     exported in step order decodes each link once, on its deepest step).
+ *     Its writes cover [0, size) exactly: the header's bytes around the
  *     extents (invariant 5) and each chunk at its extent's offset.
+ *  8. A lone read keeps only what it read (issue 29): the first file of a
+ *     series read when no other file of that series was read in the last
+ *     RECENT_MS decodes the links of its cold walks into two per-thread
+ *     buffers in turn (walk_lone) and caches only its own chunks. Each
+ *     link cached cost fresh pages (zeroing, faults: as much as the decode
+ *     on a VM), for a step nobody asked for: an evaluation or a comparison
+ *     reads one old step. Any other reader (a sweep: rsync, an export, a
+ *     second step of the series) caches every link it walks, so that the
+ *     steps after it decode one link each (invariant 4 of layout.c).
  */
 #include "arch_int.h"
 #include <zstd.h>
@@ -38,10 +47,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <sys/mman.h>
 
 #define ULP_WALK_MAX 4096
+#define RECENT_MS 30000 /* invariant 8: reads of a series this close make a sweep */
+enum { MODE_LONE = 1, MODE_SWEEP = 2 };
 _Static_assert(ULP_MAX_CHAIN < ULP_WALK_MAX, "a chain the writers may make is one a read can walk");
 
 /* where one blob of an open file's chains lies (invariant 3) */
@@ -66,6 +78,8 @@ struct ulp_file {
 	uint64_t ra_from;     /* the first chunk of the last read-ahead window, the same way */
 	uint64_t chain_stored; /* stored bytes of every blob of its chains (locs) */
 	int warmed;           /* the first read asked for the chains' pages (atomic) */
+	int mode;             /* invariant 8: 0 undecided, MODE_LONE or MODE_SWEEP (atomic) */
+	uint64_t series, file; /* hashes of its series (0: in none) and of its path */
 	int no_ra;            /* ulp_file_set_readahead(f, 0): never read ahead (atomic) */
 	char path[];
 };
@@ -246,11 +260,76 @@ static void willneed_chain(ulp_archive *a, const ulp_file *f, const uint8_t sha[
 	}
 }
 
+/* Chunk k (l bytes) of sha decoded into dst without entering the cache,
+ * its reference decoded the same way into the thread's other walk buffer,
+ * or taken from the cache where it is decoded already (invariant 8): the
+ * walk of a lone read. Counts its decodes as read_chunk does. */
+static int walk_lone(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
+                     uint8_t *dst, size_t l, unsigned *walk, unsigned depth)
+{
+	if (depth > ULP_WALK_MAX)
+		return ulp_arch_err(a, -ULP_E_CORRUPT, "%s: a delta chain is longer than %d links", a->dir,
+		                    ULP_WALK_MAX);
+	ulp_ckey key = {.chunk = k, .kind = ULP_CK_CHUNK};
+	memcpy(key.sha, sha, ULP_SHA256_LEN);
+	ulp_centry *ce;
+	void *cd;
+	size_t cs;
+	if (ulp_cache_peek(a->cache, &key, &ce, &cd, &cs)) {
+		int ok = cs == l;
+		if (ok)
+			memcpy(dst, cd, l);
+		ulp_cache_put(a->cache, ce);
+		return ok ? 0 : ulp_arch_err(a, -ULP_E_CORRUPT, "%s: a delta and its reference differ in chunk %u size",
+		                             a->dir, k);
+	}
+	const ulp_blob *b;
+	ulp_centry *be;
+	ULP_TRY(read_blob(a, f, sha, &be, &b));
+	const ulp_blob_info *in = ulp_blob_get_info(b);
+	uint64_t off, bl;
+	ulp_blob_chunk_range(b, k, &off, &bl);
+	int rc = 0;
+	const uint8_t *ref = NULL;
+	if (bl != l)
+		rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: a delta and its reference differ in chunk %u size", a->dir, k);
+	if (rc == 0 && in->has_ref) {
+		/* two buffers in turn: this link's reference is decoded into the
+		 * one its own output is not in */
+		uint8_t *rb = ulp_scratch(depth % 2 ? ULP_SCRATCH_WALK0 : ULP_SCRATCH_WALK1, l ? l : 1);
+		rc = rb ? walk_lone(a, f, in->ref_sha256, k, rb, l, walk, depth + 1) : -ULP_E_NOMEM;
+		ref = rb;
+	}
+	if (rc == 0 && in->codec == ULP_CODEC_IDENT) {
+		memcpy(dst, ref, l);
+	} else if (rc == 0 && l > 0) {
+		int64_t n = ulp_blob_decode_chunk(b, k, dst, l, ref, ref ? l : 0);
+		if (n < 0) {
+			char hex[65];
+			ulp_sha256_hex(sha, hex);
+			rc = ulp_arch_err(a, (int)n, "%s: chunk %u of blob %.16s: %s", a->dir, k, hex,
+			                  n == -ULP_E_CHECKSUM ? "checksum mismatch (damaged pack)" : ulp_strerror((int)n));
+		}
+	}
+	if (rc == 0) {
+		const uint8_t *payload;
+		size_t plen;
+		ulp_blob_chunk_payload(b, k, &payload, &plen);
+		ulp_pack_release(a, payload, plen);
+		__atomic_fetch_add(&a->chunks_decoded, 1, __ATOMIC_RELAXED);
+		if (in->has_ref)
+			__atomic_fetch_add(&a->deltas_decoded, 1, __ATOMIC_RELAXED);
+		(*walk)++;
+	}
+	ulp_cache_put(a->cache, be);
+	return rc;
+}
+
 /* Pins chunk k of sha; *eout is written only on success (a caller that put
  * an entry a failed call had already let go, and freed, read freed memory). */
 static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
                       ulp_centry **eout, const uint8_t **data, size_t *len, unsigned *walk,
-                      unsigned depth)
+                      unsigned depth, int lone)
 {
 	ulp_centry *ce = NULL, **e = &ce;
 	ulp_ckey key = {.chunk = k, .kind = ULP_CK_CHUNK};
@@ -299,8 +378,15 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 	}
 	const uint8_t *ref = NULL;
 	size_t ref_len = 0;
-	if (in->has_ref) {
-		rc = read_chunk(a, f, in->ref_sha256, k, &re, &ref, &ref_len, walk, depth + 1);
+	if (in->has_ref && lone && depth == 0) { /* invariant 8 */
+		uint8_t *rb = ulp_scratch(ULP_SCRATCH_WALK0, l ? (size_t)l : 1);
+		rc = rb ? walk_lone(a, f, in->ref_sha256, k, rb, (size_t)l, walk, 1) : -ULP_E_NOMEM;
+		if (rc < 0)
+			goto fail;
+		ref = rb;
+		ref_len = (size_t)l;
+	} else if (in->has_ref) {
+		rc = read_chunk(a, f, in->ref_sha256, k, &re, &ref, &ref_len, walk, depth + 1, 0);
 		if (rc < 0)
 			goto fail;
 		if (ref_len != l) {
@@ -363,14 +449,50 @@ static int any_blob(void *arg, const ulp_ckey *key, void *data)
 	return key->kind == ULP_CK_BLOB;
 }
 
-static int file_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
-                      ulp_centry **e, const uint8_t **data, size_t *len, unsigned *walk)
+/* Whether f's reads keep the links they walk (invariant 8): decided at its
+ * first read, against the files of its series read in the last RECENT_MS. */
+static int lone_read(ulp_file *f)
+{
+	if (!f)
+		return 0;
+	int m = __atomic_load_n(&f->mode, __ATOMIC_RELAXED);
+	if (m)
+		return m == MODE_LONE;
+	ulp_archive *a = f->a;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	const size_t nr = sizeof(a->recent) / sizeof(a->recent[0]);
+	m = MODE_LONE;
+	pthread_mutex_lock(&a->mu);
+	size_t slot = 0; /* this file's entry, else the oldest */
+	for (size_t i = 0; i < nr; i++) {
+		const struct ulp_recent *r = &a->recent[i];
+		int live = r->ms && now - r->ms < RECENT_MS;
+		if (live && r->series == f->series && r->file != f->file)
+			m = MODE_SWEEP;
+		if (r->series == f->series && r->file == f->file)
+			slot = i;
+		else if (a->recent[slot].series != f->series || a->recent[slot].file != f->file)
+			slot = r->ms < a->recent[slot].ms ? i : slot;
+	}
+	a->recent[slot] = (struct ulp_recent){f->series, f->file, now};
+	pthread_mutex_unlock(&a->mu);
+	if (!f->series)
+		m = MODE_SWEEP; /* in no series: as before (nothing to tell a sweep by) */
+	int want = 0;
+	__atomic_compare_exchange_n(&f->mode, &want, m, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+	return __atomic_load_n(&f->mode, __ATOMIC_RELAXED) == MODE_LONE;
+}
+
+static int file_chunk_as(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
+                         ulp_centry **e, const uint8_t **data, size_t *len, unsigned *walk, int lone)
 {
 	unsigned w = 0;
-	int rc = read_chunk(a, f, sha, k, e, data, len, &w, 0);
+	int rc = read_chunk(a, f, sha, k, e, data, len, &w, 0, lone);
 	if (rc == -ULP_E_NOENT) { /* invariant 6: a chain re-based by another process */
 		ulp_cache_purge(a->cache, any_blob, NULL);
-		rc = read_chunk(a, f, sha, k, e, data, len, &w, 0);
+		rc = read_chunk(a, f, sha, k, e, data, len, &w, 0, lone);
 	}
 	if (rc == 0)
 		ulp_cache_mark_served(*e);
@@ -380,6 +502,14 @@ static int file_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 	if (walk)
 		*walk = w;
 	return rc;
+}
+
+/* A chunk for a reader of f (NULL: none), as f's reads go (invariant 8). */
+static int file_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
+                      ulp_centry **e, const uint8_t **data, size_t *len, unsigned *walk)
+{
+	return file_chunk_as(a, f, sha, k, e, data, len, walk,
+	                     f && __atomic_load_n(&f->mode, __ATOMIC_RELAXED) == MODE_LONE);
 }
 
 int ulp_read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_t k, ulp_centry **e,
@@ -535,6 +665,7 @@ int ulp_read_content(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint8_t 
 typedef struct ra_item {
 	uint8_t sha[ULP_SHA256_LEN];
 	uint32_t k;
+	int lone;             /* its file's reads are lone (invariant 8) */
 } ra_item;
 
 struct readahead {
@@ -570,7 +701,7 @@ static void *ra_main(void *arg)
 		ulp_ckey key = {.chunk = it.k, .kind = ULP_CK_CHUNK};
 		memcpy(key.sha, it.sha, ULP_SHA256_LEN);
 		if (!ulp_cache_has(r->a->cache, &key) && /* invariant 4 */
-		    ulp_read_chunk(r->a, it.sha, it.k, &e, &d, &l, NULL) == 0) /* invariant 2 */
+		    file_chunk_as(r->a, NULL, it.sha, it.k, &e, &d, &l, NULL, it.lone) == 0) /* invariant 2 */
 			ulp_cache_put(r->a->cache, e);
 		pthread_mutex_lock(&r->mu);
 	}
@@ -585,7 +716,7 @@ static unsigned ra_window(ulp_archive *a)
 	return t < 1 ? 1 : t > RA_THREADS ? RA_THREADS : (unsigned)t;
 }
 
-static void ra_post(ulp_archive *a, const uint8_t *sha, uint32_t k)
+static void ra_post(ulp_archive *a, const uint8_t *sha, uint32_t k, int lone)
 {
 	pthread_mutex_lock(&a->mu);
 	struct readahead *r = a->ra;
@@ -612,6 +743,7 @@ static void ra_post(ulp_archive *a, const uint8_t *sha, uint32_t k)
 		ra_item *it = &r->q[(r->head + r->n) % RA_QUEUE];
 		memcpy(it->sha, sha, ULP_SHA256_LEN);
 		it->k = k;
+		it->lone = lone;
 		r->n++;
 		pthread_cond_signal(&r->cv);
 	}
@@ -717,6 +849,15 @@ int ulp_file_open(ulp_archive *a, const char *path, ulp_file **out)
 	}
 	if (rc == 0 && f->n_ext)
 		rc = ulp_index_file_blobs(a, p, add_loc, f); /* invariant 3 */
+	if (rc == 0) { /* invariant 8: what tells its series */
+		char *series = NULL;
+		ulp_parse_step(p, &series);
+		if (series) {
+			f->series = ulp_xxh64(series, strlen(series)) | 1;
+			free(series);
+		}
+		f->file = ulp_xxh64(p, pl);
+	}
 	if (rc == 0 && f->n_locs > 1)
 		qsort(f->locs, f->n_locs, sizeof(*f->locs), loc_cmp);
 	if (rc < 0) {
@@ -828,7 +969,8 @@ static void read_ahead(ulp_file *f, uint64_t last)
 		uint64_t mark = ((uint64_t)i << 32 | k) + 1;
 		uint64_t m = __atomic_load_n(&f->ra_mark, __ATOMIC_RELAXED);
 		if (mark > m && __atomic_compare_exchange_n(&f->ra_mark, &m, mark, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-			ra_post(f->a, f->ext[i].content, (uint32_t)k);
+			ra_post(f->a, f->ext[i].content, (uint32_t)k,
+			        __atomic_load_n(&f->mode, __ATOMIC_RELAXED) == MODE_LONE);
 		big += ULP_MIN(cb, f->ext[i].length - k * cb) >= RA_BIG; /* invariant 5 of the read-ahead */
 		if (big >= w || !next_chunk(f, &i, &k, &cb))
 			break;
@@ -842,7 +984,7 @@ static void read_ahead(ulp_file *f, uint64_t last)
  * lie side by side in a pack (a step's tensors are written in file order)
  * are asked for in one call: a few large reads of the disk, and a few
  * system calls, not one per blob. Only a hint. */
-#define WARM_MAX ((uint64_t)16 << 20)
+#define WARM_MAX ((uint64_t)256 << 20)
 #define WARM_GAP ((uint64_t)64 << 10) /* a hole this small is read too */
 
 typedef struct span {
@@ -858,13 +1000,35 @@ static int span_cmp(const void *x, const void *y)
 	return a->lo < b->lo ? -1 : a->lo > b->lo;
 }
 
-static void warm_span(ulp_file *f, const span *s)
+/* The address range of a span of a pinned pack, page-aligned; 0 if none. */
+static int warm_range(ulp_file *f, const span *s, uintptr_t *lo, size_t *len)
 {
 	const uint8_t *p;
-	if (ulp_pack_slot_blob(f->a, s->slot, s->lo, s->hi - s->lo, &p) < 0)
-		return;
-	uintptr_t lo = (uintptr_t)p & ~(uintptr_t)4095;
-	madvise((void *)lo, (uintptr_t)p + (s->hi - s->lo) - lo, MADV_WILLNEED);
+	if (ulp_pack_slot_range(f->a, s->slot, s->lo, s->hi - s->lo, &p) < 0)
+		return 0;
+	*lo = (uintptr_t)p & ~(uintptr_t)4095;
+	*len = (size_t)((uintptr_t)p + (s->hi - s->lo) - *lo);
+	return 1;
+}
+
+/* What a warm thread asks the kernel for: ranges of mappings, nothing of
+ * the file or the archive, so it may outlive both (a range unmapped
+ * meanwhile fails its madvise, harmlessly). */
+typedef struct warm_job {
+	size_t n;
+	struct {
+		uintptr_t lo;
+		size_t len;
+	} r[];
+} warm_job;
+
+static void *warm_main(void *arg)
+{
+	warm_job *j = arg;
+	for (size_t i = 0; i < j->n; i++)
+		madvise((void *)j->r[i].lo, j->r[i].len, MADV_WILLNEED);
+	free(j);
+	return NULL;
 }
 
 static void warm_chains(ulp_file *f)
@@ -872,22 +1036,43 @@ static void warm_chains(ulp_file *f)
 	if (f->chain_stored > WARM_MAX || __atomic_exchange_n(&f->warmed, 1, __ATOMIC_RELAXED))
 		return;
 	span *sp = malloc((f->n_locs ? f->n_locs : 1) * sizeof(*sp));
+	warm_job *j = malloc(sizeof(*j) + (f->n_locs ? f->n_locs : 1) * sizeof(j->r[0]));
 	size_t n = 0;
-	for (size_t i = 0; sp && i < f->n_locs; i++)
+	for (size_t i = 0; sp && j && i < f->n_locs; i++)
 		if (f->locs[i].stored)
 			sp[n++] = (span){f->locs[i].slot, f->locs[i].offset, f->locs[i].offset + f->locs[i].stored};
-	if (!sp)
+	if (!sp || !j) {
+		free(sp);
+		free(j);
 		return; /* a hint */
+	}
 	qsort(sp, n, sizeof(*sp), span_cmp);
+	j->n = 0;
 	for (size_t i = 0; i < n;) {
 		span run = sp[i++];
 		while (i < n && sp[i].slot == run.slot && sp[i].lo <= run.hi + WARM_GAP) {
 			run.hi = ULP_MAX(run.hi, sp[i].hi);
 			i++;
 		}
-		warm_span(f, &run);
+		if (warm_range(f, &run, &j->r[j->n].lo, &j->r[j->n].len))
+			j->n++;
 	}
 	free(sp);
+	/* a madvise blocks once the disk's queue is full: a cold read of a
+	 * deep step asks for tens of MB, and the reader that asked waited for
+	 * most of them before it decoded anything (issue 29). A thread of its
+	 * own asks instead; where none starts, this one does. */
+	pthread_t th;
+	pthread_attr_t at;
+	int started = pthread_attr_init(&at) == 0;
+	if (started) {
+		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+		pthread_attr_setstacksize(&at, 64 << 10);
+		started = pthread_create(&th, &at, warm_main, j) == 0;
+		pthread_attr_destroy(&at);
+	}
+	if (!started)
+		warm_main(j);
 }
 
 int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
@@ -898,6 +1083,7 @@ int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)
 		return 0;
 	if (len > f->st.size - off)
 		len = (size_t)(f->st.size - off);
+	lone_read(f); /* invariant 8, decided at the first read */
 	/* reading in order: the chunk after this read's end is decoded meanwhile */
 	uint64_t prev = __atomic_exchange_n(&f->next_off, off + len, __ATOMIC_RELAXED);
 	if (f->n_ext)
@@ -1032,6 +1218,7 @@ int ulp_file_write_to(ulp_file *f, int fd)
 {
 	ulp_archive *a = f->a;
 	int rc = 0, werr = 0;
+	__atomic_store_n(&f->mode, MODE_SWEEP, __ATOMIC_RELAXED); /* invariants 7, 8 */
 	/* the header's bytes around the extents (invariant 5) */
 	uint64_t at = 0;
 	for (size_t i = 0; i <= f->n_ext && !werr; i++) {

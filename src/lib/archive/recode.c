@@ -864,6 +864,13 @@ static int plan_around(ulp_archive *a, tctx *c, int64_t file)
 	}
 	for (size_t i = lo; rc == 0 && i <= hi; i++)
 		rc = ulp_index_file_tensors(a, v.id[i], plan_cb, c);
+	/* segment 0's key is coded against its anchor, far from it (layout.c
+	 * invariant 3): a new newest step moves it too, and a step that lands
+	 * or leaves below it shifts which step is the key */
+	ptrdiff_t key = ulp_layout_key(v.n, a->max_chain);
+	for (ptrdiff_t i = key - 1; rc == 0 && key >= 0 && i <= key + 1; i++)
+		if (i >= 0 && (size_t)i < v.n && ((size_t)i < lo || (size_t)i > hi))
+			rc = ulp_index_file_tensors(a, v.id[i], plan_cb, c);
 	free(v.id);
 	free(v.series);
 	return rc;
