@@ -213,8 +213,9 @@ have_borg=no; command -v borg > /dev/null && have_borg=yes
 "$ULPACK" synth "$T/c16" --steps 16 > /dev/null
 # each run: its oldest, middle and newest step (issue 29: every step of a
 # 16-step run, and the 8-step ones; the newest an anchor, the others at
-# most ceil((max_chain - 1) / 3) deltas deep)
-set -- "synthetic-16 $T/c16 100 800 1600" "synthetic-8 $T/run 100 400 800"
+# most ceil(max_chain / 2) deltas deep: the 16-step run's middle is step 900,
+# 7 deep, not step 800, its key, 1 deep)
+set -- "synthetic-16 $T/c16 100 900 1600" "synthetic-8 $T/run 100 400 800"
 [ -d "$DATA/tiny-lm/bf16" ] && set -- "$@" "tiny-lm-bf16 $DATA/tiny-lm/bf16 50 200 400"
 printf '%-24s %9s | %9s %9s %9s %9s | %6s %6s\n' case bytes ulpackfs squashfuse borg plain "x sq" "x borg"
 sizes=""
@@ -254,6 +255,26 @@ done
 echo "(MB/s, medians of 3; page cache dropped: $can_drop; SCHED_FIFO: $([ -n "$RT" ] && echo yes || echo no); squashfuse: zstd -19, borg: zstd,3;" \
 	"targets: every step >= 0.5 x squashfuse, the newest >= 0.9 x)"
 echo "stored bytes (du -sb):$sizes"
+# the cold open of a small checkpoint file (tiny-lm's, 0.96 MB): os.open of
+# it, path lookups included, in a fresh mount, page cache dropped
+cold_open() { # MOUNT_CMD UMOUNT_CMD FILE: ms, median of 3
+	for i in 1 2 3; do
+		drop
+		eval "$RT $1" > /dev/null 2>&1 || { echo "-"; return; }
+		$RT python3 -c 'import os, sys, time
+t = time.perf_counter(); fd = os.open(sys.argv[1], os.O_RDONLY); t = time.perf_counter() - t; os.close(fd)
+print("%.0f" % (t * 1e6))' "$3"
+		eval "$2" > /dev/null 2>&1
+	done | sort -n | sed -n 2p | awk '{ printf "%.2f", $1 / 1000 }'
+}
+if [ -d "$T/c-tiny-lm-bf16" ] && command -v python3 > /dev/null; then
+	f=checkpoint-50/model.safetensors
+	u=$(cold_open "'$ULPACKFS' '$T/c-tiny-lm-bf16' '$M'" "fusermount3 -u '$M'" "$M/$f") sq=-
+	[ -f "$T/sq-tiny-lm-bf16.img" ] &&
+		sq=$(cold_open "squashfuse '$T/sq-tiny-lm-bf16.img' '$M'" "fusermount3 -u '$M' || fusermount -u '$M'" "$M/$f")
+	echo "cold open of tiny-lm's oldest model.safetensors (os.open, fresh mount, page cache dropped): ulpackfs $u ms," \
+		"squashfuse $sq ms ($(echo "$u $sq" | awk '$2 != "-" && $2 > 0 { printf "%.1f", $1 / $2 }') x; target <= 2 x)"
+fi
 # every step in order: rsync -a of the 16-step run out of a fresh mount, cold
 A="$T/c-synthetic-16" raw16=$(du -sb "$T/c16" | cut -f1)
 cold_rsync() { # MOUNT_CMD UMOUNT_CMD: MB/s, median of 3

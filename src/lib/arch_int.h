@@ -183,6 +183,10 @@ char *ulp_db_file_uri(const char *path, const char *q);
  * connection to the one followed when it runs no statement (gen.c
  * invariant 3). */
 void ulp_db_follow(ulp_archive *a);
+/* Opens two connections ahead for the first threads that ask (a hint, at
+ * archive open): a mount's first lookup and open then open none (issue 29:
+ * a good part of a small file's cold open). */
+void ulp_db_open_ahead(ulp_archive *a);
 void ulp_gen_poll(ulp_archive *a, int force);
 /* A shared archive's writer may write (lease.c invariant 1): 0, or FENCED
  * with why; 0 for any other archive. */

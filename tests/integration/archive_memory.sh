@@ -33,7 +33,9 @@ ULP_STREAM_MIN=1048576 "$ULPACK" import "$T/arch-s" "$T/run" --threads 2 > /dev/
 	|| fail "streamed packs differ: $(ls "$A/packs") / $(ls "$T/arch-s/packs")"
 "$ULPACK" verify "$T/arch-s" > /dev/null && ok "streamed archive verifies" || fail "verify streamed archive"
 imp=$(sed -n 's/peak_rss_kb //p' "$T/imp"); cat_kb=$(sed -n 's/peak_rss_kb //p' "$T/cat")
-limit=$((4 * 1024 + 40 * 1024)) # cache + 8 MiB I/O block + a few 2 MiB chunks + program
+# cache + 8 MiB I/O block + a few 2 MiB chunks + program (libcurl and
+# OpenSSL since the S3 backend: at 8edab80 already 43.9-45.7 MB of 44 allowed)
+limit=$((4 * 1024 + 44 * 1024))
 echo "file $size_kb KiB, largest tensor $largest_kb KiB; peak RSS: import $imp KiB, cat $cat_kb KiB"
 [ "$cat_kb" -lt "$limit" ] && [ "$cat_kb" -lt "$size_kb" ] && ok "cat peak $cat_kb KiB < $limit KiB" || fail "cat peak $cat_kb KiB"
 # a few largest tensors a thread, and a batch of tensors (ingest.c

@@ -297,6 +297,7 @@ static int open_dir(const char *dir, const ulp_archive_opts *o, ulp_remote *rm, 
 	 * ms), not on the first cold open of a file, which checks its header */
 	uint8_t sha[ULP_SHA256_LEN];
 	ulp_sha256("", 0, sha);
+	ulp_db_open_ahead(a);
 	*out = a;
 	return 0;
 }

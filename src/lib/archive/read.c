@@ -34,7 +34,8 @@
  *  8. A lone read keeps only what it read (issue 29): the first file of a
  *     series read when no other file of that series was read in the last
  *     RECENT_MS decodes the links of its cold walks into two per-thread
- *     buffers in turn (walk_lone) and caches only its own chunks. Each
+ *     buffers in turn (walk_lone) and caches only its own chunks (with a
+ *     decode cache of at least LONE_CACHE_MIN). Each
  *     link cached cost fresh pages (zeroing, faults: as much as the decode
  *     on a VM), for a step nobody asked for: an evaluation or a comparison
  *     reads one old step. Any other reader (a sweep: rsync, an export, a
@@ -54,6 +55,9 @@
 #define ULP_WALK_MAX 4096
 #define RECENT_MS 30000 /* invariant 8: reads of a series this close make a sweep */
 enum { MODE_LONE = 1, MODE_SWEEP = 2 };
+/* invariant 8: a lone read's two walk buffers a thread lie outside the
+ * cache's bound; with a cache under this, reads keep their links as before */
+#define LONE_CACHE_MIN ((uint64_t)64 << 20)
 _Static_assert(ULP_MAX_CHAIN < ULP_WALK_MAX, "a chain the writers may make is one a read can walk");
 
 /* where one blob of an open file's chains lies (invariant 3) */
@@ -480,6 +484,8 @@ static int lone_read(ulp_file *f)
 	pthread_mutex_unlock(&a->mu);
 	if (!f->series)
 		m = MODE_SWEEP; /* in no series: as before (nothing to tell a sweep by) */
+	if (a->opts.cache_size && a->opts.cache_size < LONE_CACHE_MIN)
+		m = MODE_SWEEP; /* a cache smaller than the walk buffers of its threads */
 	int want = 0;
 	__atomic_compare_exchange_n(&f->mode, &want, m, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
 	return __atomic_load_n(&f->mode, __ATOMIC_RELAXED) == MODE_LONE;
@@ -984,7 +990,7 @@ static void read_ahead(ulp_file *f, uint64_t last)
  * lie side by side in a pack (a step's tensors are written in file order)
  * are asked for in one call: a few large reads of the disk, and a few
  * system calls, not one per blob. Only a hint. */
-#define WARM_MAX ((uint64_t)256 << 20)
+#define WARM_MAX ((uint64_t)16 << 20)
 #define WARM_GAP ((uint64_t)64 << 10) /* a hole this small is read too */
 
 typedef struct span {
@@ -1000,35 +1006,13 @@ static int span_cmp(const void *x, const void *y)
 	return a->lo < b->lo ? -1 : a->lo > b->lo;
 }
 
-/* The address range of a span of a pinned pack, page-aligned; 0 if none. */
-static int warm_range(ulp_file *f, const span *s, uintptr_t *lo, size_t *len)
+static void warm_span(ulp_file *f, const span *s)
 {
 	const uint8_t *p;
-	if (ulp_pack_slot_range(f->a, s->slot, s->lo, s->hi - s->lo, &p) < 0)
-		return 0;
-	*lo = (uintptr_t)p & ~(uintptr_t)4095;
-	*len = (size_t)((uintptr_t)p + (s->hi - s->lo) - *lo);
-	return 1;
-}
-
-/* What a warm thread asks the kernel for: ranges of mappings, nothing of
- * the file or the archive, so it may outlive both (a range unmapped
- * meanwhile fails its madvise, harmlessly). */
-typedef struct warm_job {
-	size_t n;
-	struct {
-		uintptr_t lo;
-		size_t len;
-	} r[];
-} warm_job;
-
-static void *warm_main(void *arg)
-{
-	warm_job *j = arg;
-	for (size_t i = 0; i < j->n; i++)
-		madvise((void *)j->r[i].lo, j->r[i].len, MADV_WILLNEED);
-	free(j);
-	return NULL;
+	if (ulp_pack_slot_range(f->a, s->slot, s->lo, s->hi - s->lo, &p) < 0) /* reads no page */
+		return;
+	uintptr_t lo = (uintptr_t)p & ~(uintptr_t)4095;
+	madvise((void *)lo, (uintptr_t)p + (s->hi - s->lo) - lo, MADV_WILLNEED);
 }
 
 static void warm_chains(ulp_file *f)
@@ -1036,43 +1020,22 @@ static void warm_chains(ulp_file *f)
 	if (f->chain_stored > WARM_MAX || __atomic_exchange_n(&f->warmed, 1, __ATOMIC_RELAXED))
 		return;
 	span *sp = malloc((f->n_locs ? f->n_locs : 1) * sizeof(*sp));
-	warm_job *j = malloc(sizeof(*j) + (f->n_locs ? f->n_locs : 1) * sizeof(j->r[0]));
 	size_t n = 0;
-	for (size_t i = 0; sp && j && i < f->n_locs; i++)
+	for (size_t i = 0; sp && i < f->n_locs; i++)
 		if (f->locs[i].stored)
 			sp[n++] = (span){f->locs[i].slot, f->locs[i].offset, f->locs[i].offset + f->locs[i].stored};
-	if (!sp || !j) {
-		free(sp);
-		free(j);
+	if (!sp)
 		return; /* a hint */
-	}
 	qsort(sp, n, sizeof(*sp), span_cmp);
-	j->n = 0;
 	for (size_t i = 0; i < n;) {
 		span run = sp[i++];
 		while (i < n && sp[i].slot == run.slot && sp[i].lo <= run.hi + WARM_GAP) {
 			run.hi = ULP_MAX(run.hi, sp[i].hi);
 			i++;
 		}
-		if (warm_range(f, &run, &j->r[j->n].lo, &j->r[j->n].len))
-			j->n++;
+		warm_span(f, &run);
 	}
 	free(sp);
-	/* a madvise blocks once the disk's queue is full: a cold read of a
-	 * deep step asks for tens of MB, and the reader that asked waited for
-	 * most of them before it decoded anything (issue 29). A thread of its
-	 * own asks instead; where none starts, this one does. */
-	pthread_t th;
-	pthread_attr_t at;
-	int started = pthread_attr_init(&at) == 0;
-	if (started) {
-		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-		pthread_attr_setstacksize(&at, 64 << 10);
-		started = pthread_create(&th, &at, warm_main, j) == 0;
-		pthread_attr_destroy(&at);
-	}
-	if (!started)
-		warm_main(j);
 }
 
 int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)

@@ -80,6 +80,10 @@ struct ulp_dbh {
 	char *follow_uri;            /* guarded by mu: a following reader's generation
 	                                (gen.c), which its new connections open */
 	uint64_t follow_seq;         /* guarded by mu: bumped with each follow_uri */
+	sqlite3 *spare[2];           /* guarded by mu: connections opened ahead
+	                                (ulp_db_open_ahead), each taken by a thread's
+	                                first ulp_db; never of a following reader */
+	int n_spare;                 /* guarded by mu */
 };
 
 int ulp_dbh_open(ulp_archive *a)
@@ -103,6 +107,8 @@ void ulp_dbh_close(ulp_archive *a)
 		return;
 	pthread_key_delete(h->tls); /* no destructor runs after this */
 	ulp_tstate_free_all(a);
+	while (h->n_spare > 0)
+		sqlite3_close(h->spare[--h->n_spare]);
 	pthread_mutex_destroy(&h->mu);
 	free(h->follow_uri);
 	free(h);
@@ -203,6 +209,33 @@ static const char *open_cause(const char *path, int flags)
 	return NULL;
 }
 
+static int open_conn(const ulp_archive *a, sqlite3 **out, uint64_t *seq, ulp_err *err);
+
+void ulp_db_open_ahead(ulp_archive *a)
+{
+	if (a->follow)
+		return; /* a following reader's connections open its generation as they come */
+	/* (No posix_fadvise of ulpack.db here: closing a descriptor of it would
+	 * drop every POSIX lock this process holds on it, its connections' WAL
+	 * locks included, and another process could then recover the WAL
+	 * under them: I/O errors in a mount beside a read-only one.) */
+	/* connections for the first threads that ask (a mount's first FUSE
+	 * workers: a lookup and an open each opened one, about half a
+	 * millisecond each, inside a cold open) */
+	ulp_dbh *h = a->dbh;
+	for (int i = 0; i < (int)(sizeof(h->spare) / sizeof(h->spare[0])); i++) {
+		char buf[256];
+		ulp_err e = {buf, sizeof(buf)};
+		sqlite3 *db = NULL;
+		uint64_t seq = 0;
+		if (open_conn(a, &db, &seq, &e) < 0)
+			break; /* a hint: the thread that needs one says why */
+		pthread_mutex_lock(&h->mu);
+		h->spare[h->n_spare++] = db;
+		pthread_mutex_unlock(&h->mu);
+	}
+}
+
 /* A connection to the index: ulpack.db, or the URI db_uri names (a
  * read-only fallback), or the generation a following reader follows (its
  * seq in *seq). */
@@ -267,6 +300,12 @@ sqlite3 *ulp_db(ulp_archive *a)
 	ulp_tstate *t = tstate(a);
 	if (!t)
 		return NULL;
+	if (!t->db && !a->follow) { /* one opened ahead, if any is left */
+		pthread_mutex_lock(&a->dbh->mu);
+		if (a->dbh->n_spare > 0)
+			t->db = a->dbh->spare[--a->dbh->n_spare];
+		pthread_mutex_unlock(&a->dbh->mu);
+	}
 	if (!t->db) {
 		ulp_err e = {t->err, sizeof(t->err)};
 		t->open_err = open_conn(a, &t->db, &t->seq, &e);
