@@ -80,6 +80,9 @@ int ulp_cache_has(ulp_cache *c, const ulp_ckey *key);
  * cache's lock: drop must not call the cache). */
 void ulp_cache_purge(ulp_cache *c, int (*drop)(void *arg, const ulp_ckey *key, void *data), void *arg);
 void ulp_cache_free_buf(void *p);
+/* A buffer of ulp_cache_alloc that entered no entry (a lone walk's, read.c)
+ * given back: kept for the next ulp_cache_alloc of its size, else freed. */
+void ulp_cache_give_buf(ulp_cache *c, void *p);
 uint64_t ulp_cache_bytes(ulp_cache *c);
 uint64_t ulp_cache_recycled(ulp_cache *c); /* buffers ulp_cache_alloc took from cold entries */
 /* Debug check of the invariants (cache.c header). */

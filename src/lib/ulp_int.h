@@ -79,7 +79,6 @@ enum {
 	ULP_SCRATCH_SYMS, ULP_SCRATCH_ARENA0, ULP_SCRATCH_ARENA1, /* encoder */
 	ULP_SCRATCH_COUNTS,                                   /* encoder pass 1 */
 	ULP_SCRATCH_DTAB,                                     /* blob.c: decode slot table */
-	ULP_SCRATCH_WALK0, ULP_SCRATCH_WALK1,                 /* read.c: a lone walk's links */
 	ULP_SCRATCH_SLOTS
 };
 void *ulp_scratch(unsigned slot, size_t size);

@@ -155,21 +155,38 @@ static void grow(ulp_cache *c)
 	c->tab_size = ns;
 }
 
+/* Keeps a buffer of ulp_cache_alloc for reuse if the free list has room
+ * for its size; 0 if the caller is to free it (mu held). */
+static int keep_free(ulp_cache *c, bufhdr *h)
+{
+	if (c->n_free < FREE_BUFS && (c->n_free == 0 || h->size == c->free_size)) {
+		c->free_size = h->size;
+		c->free_buf[c->n_free++] = h;
+		return 1;
+	}
+	return 0;
+}
+
 /* Frees the value of an entry that left the cache (mu held). */
 static void release_value(ulp_cache *c, ulp_centry *e)
 {
 	if (!e->data)
 		return;
-	if (e->destroy == ulp_cache_free_buf) {
-		bufhdr *h = (bufhdr *)e->data - 1;
-		if (c->n_free < FREE_BUFS && (c->n_free == 0 || h->size == c->free_size)) {
-			c->free_size = h->size;
-			c->free_buf[c->n_free++] = h;
-			return;
-		}
-	}
+	if (e->destroy == ulp_cache_free_buf && keep_free(c, (bufhdr *)e->data - 1))
+		return;
 	if (e->destroy)
 		e->destroy(e->data);
+}
+
+void ulp_cache_give_buf(ulp_cache *c, void *p)
+{
+	if (!p)
+		return;
+	pthread_mutex_lock(&c->mu);
+	int kept = keep_free(c, (bufhdr *)p - 1);
+	pthread_mutex_unlock(&c->mu);
+	if (!kept)
+		ulp_cache_free_buf(p);
 }
 
 static void evict(ulp_cache *c)

@@ -33,9 +33,10 @@
  *     extents (invariant 5) and each chunk at its extent's offset.
  *  8. A lone read keeps only what it read (issue 29): the first file of a
  *     series read when no other file of that series was read in the last
- *     RECENT_MS decodes the links of its cold walks into two per-thread
- *     buffers in turn (walk_lone) and caches only its own chunks (with a
- *     decode cache of at least LONE_CACHE_MIN). Each
+ *     RECENT_MS decodes the links of its cold walks into two buffers in
+ *     turn (walk_lone; from the cache's free buffers, given back after) and
+ *     caches only its own chunks (with a decode cache of at least
+ *     LONE_CACHE_MIN). Each
  *     link cached cost fresh pages (zeroing, faults: as much as the decode
  *     on a VM), for a step nobody asked for: an evaluation or a comparison
  *     reads one old step. Any other reader (a sweep: rsync, an export, a
@@ -55,8 +56,8 @@
 #define ULP_WALK_MAX 4096
 #define RECENT_MS 30000 /* invariant 8: reads of a series this close make a sweep */
 enum { MODE_LONE = 1, MODE_SWEEP = 2 };
-/* invariant 8: a lone read's two walk buffers a thread lie outside the
- * cache's bound; with a cache under this, reads keep their links as before */
+/* invariant 8: a lone walk's two buffers lie outside the cache's bound;
+ * with a cache under this, reads keep their links as before */
 #define LONE_CACHE_MIN ((uint64_t)64 << 20)
 _Static_assert(ULP_MAX_CHAIN < ULP_WALK_MAX, "a chain the writers may make is one a read can walk");
 
@@ -81,7 +82,8 @@ struct ulp_file {
 	uint64_t ra_mark;     /* furthest chunk posted for read-ahead: ext << 32 | k, plus 1 */
 	uint64_t ra_from;     /* the first chunk of the last read-ahead window, the same way */
 	uint64_t chain_stored; /* stored bytes of every blob of its chains (locs) */
-	int warmed;           /* the first read asked for the chains' pages (atomic) */
+	int warmed;           /* the first read asked for the chains' pages: 1 all of
+	                         them, 2 their blobs' headers (atomic) */
 	int mode;             /* invariant 8: 0 undecided, MODE_LONE or MODE_SWEEP (atomic) */
 	uint64_t series, file; /* hashes of its series (0: in none) and of its path */
 	int no_ra;            /* ulp_file_set_readahead(f, 0): never read ahead (atomic) */
@@ -265,11 +267,12 @@ static void willneed_chain(ulp_archive *a, const ulp_file *f, const uint8_t sha[
 }
 
 /* Chunk k (l bytes) of sha decoded into dst without entering the cache,
- * its reference decoded the same way into the thread's other walk buffer,
- * or taken from the cache where it is decoded already (invariant 8): the
- * walk of a lone read. Counts its decodes as read_chunk does. */
+ * its reference decoded the same way into other (l bytes: the walk's other
+ * buffer, whose turn is next), or taken from the cache where it is decoded
+ * already (invariant 8): the walk of a lone read. Counts its decodes as
+ * read_chunk does. */
 static int walk_lone(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
-                     uint8_t *dst, size_t l, unsigned *walk, unsigned depth)
+                     uint8_t *dst, uint8_t *other, size_t l, unsigned *walk, unsigned depth)
 {
 	if (depth > ULP_WALK_MAX)
 		return ulp_arch_err(a, -ULP_E_CORRUPT, "%s: a delta chain is longer than %d links", a->dir,
@@ -300,9 +303,8 @@ static int walk_lone(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SH
 	if (rc == 0 && in->has_ref) {
 		/* two buffers in turn: this link's reference is decoded into the
 		 * one its own output is not in */
-		uint8_t *rb = ulp_scratch(depth % 2 ? ULP_SCRATCH_WALK0 : ULP_SCRATCH_WALK1, l ? l : 1);
-		rc = rb ? walk_lone(a, f, in->ref_sha256, k, rb, l, walk, depth + 1) : -ULP_E_NOMEM;
-		ref = rb;
+		rc = walk_lone(a, f, in->ref_sha256, k, other, dst, l, walk, depth + 1);
+		ref = other;
 	}
 	if (rc == 0 && in->codec == ULP_CODEC_IDENT) {
 		memcpy(dst, ref, l);
@@ -365,11 +367,11 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 		return 0;
 	}
 	__atomic_fetch_add(&a->misses, 1, __ATOMIC_RELAXED);
-	if (depth == 0 && !(f && __atomic_load_n(&f->warmed, __ATOMIC_RELAXED))) /* else asked for whole */
+	if (depth == 0 && !(f && __atomic_load_n(&f->warmed, __ATOMIC_RELAXED) == 1)) /* else asked for whole */
 		willneed_chain(a, f, sha, k);
 	const ulp_blob *b;
 	ulp_centry *be = NULL, *re = NULL;
-	uint8_t *buf = NULL;
+	uint8_t *buf = NULL, *wb[2] = {NULL, NULL}; /* a lone walk's two buffers */
 	int rc = read_blob(a, f, sha, &be, &b);
 	if (rc < 0)
 		goto fail;
@@ -383,11 +385,15 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 	const uint8_t *ref = NULL;
 	size_t ref_len = 0;
 	if (in->has_ref && lone && depth == 0) { /* invariant 8 */
-		uint8_t *rb = ulp_scratch(ULP_SCRATCH_WALK0, l ? (size_t)l : 1);
-		rc = rb ? walk_lone(a, f, in->ref_sha256, k, rb, (size_t)l, walk, 1) : -ULP_E_NOMEM;
+		/* from the cache's free buffers, given back after: the walks in
+		 * flight share a few, where buffers of each thread were fresh
+		 * memory for every thread that ever walked */
+		wb[0] = ulp_cache_alloc(a->cache, (size_t)l);
+		wb[1] = wb[0] ? ulp_cache_alloc(a->cache, (size_t)l) : NULL;
+		rc = wb[1] ? walk_lone(a, f, in->ref_sha256, k, wb[0], wb[1], (size_t)l, walk, 1) : -ULP_E_NOMEM;
 		if (rc < 0)
 			goto fail;
-		ref = rb;
+		ref = wb[0];
 		ref_len = (size_t)l;
 	} else if (in->has_ref) {
 		rc = read_chunk(a, f, in->ref_sha256, k, &re, &ref, &ref_len, walk, depth + 1, 0);
@@ -433,6 +439,8 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 	 * read next: it stays warm. */
 	ulp_cache_put_ref(a->cache, re);
 	ulp_cache_put(a->cache, be);
+	ulp_cache_give_buf(a->cache, wb[0]);
+	ulp_cache_give_buf(a->cache, wb[1]);
 	ulp_cache_fill(a->cache, *e, buf, (size_t)l, ulp_cache_free_buf);
 	*eout = ce;
 	*data = buf;
@@ -440,6 +448,8 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 	return 0;
 fail:
 	ulp_cache_free_buf(buf);
+	ulp_cache_give_buf(a->cache, wb[0]);
+	ulp_cache_give_buf(a->cache, wb[1]);
 	ulp_cache_put(a->cache, re);
 	ulp_cache_put(a->cache, be);
 	ulp_cache_fail(a->cache, *e, rc);
@@ -992,6 +1002,7 @@ static void read_ahead(ulp_file *f, uint64_t last)
  * system calls, not one per blob. Only a hint. */
 #define WARM_MAX ((uint64_t)16 << 20)
 #define WARM_GAP ((uint64_t)64 << 10) /* a hole this small is read too */
+#define WARM_HEAD ((uint64_t)16 << 10) /* of each blob of a larger file's chains */
 
 typedef struct span {
 	size_t slot;
@@ -1017,13 +1028,20 @@ static void warm_span(ulp_file *f, const span *s)
 
 static void warm_chains(ulp_file *f)
 {
-	if (f->chain_stored > WARM_MAX || __atomic_exchange_n(&f->warmed, 1, __ATOMIC_RELAXED))
+	/* a larger file: the first WARM_HEAD bytes of each blob, its header and
+	 * chunk table, which willneed_chain parses link after link before it
+	 * asks for a chunk's payloads: each was a synchronous disk read in
+	 * turn, most of the waits of a deep step's cold read (issue 29) */
+	int head = f->chain_stored > WARM_MAX;
+	int none = 0;
+	if (!__atomic_compare_exchange_n(&f->warmed, &none, head ? 2 : 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 		return;
 	span *sp = malloc((f->n_locs ? f->n_locs : 1) * sizeof(*sp));
 	size_t n = 0;
 	for (size_t i = 0; sp && i < f->n_locs; i++)
 		if (f->locs[i].stored)
-			sp[n++] = (span){f->locs[i].slot, f->locs[i].offset, f->locs[i].offset + f->locs[i].stored};
+			sp[n++] = (span){f->locs[i].slot, f->locs[i].offset,
+			                 f->locs[i].offset + (head ? ULP_MIN(f->locs[i].stored, WARM_HEAD) : f->locs[i].stored)};
 	if (!sp)
 		return; /* a hint */
 	qsort(sp, n, sizeof(*sp), span_cmp);
