@@ -83,6 +83,10 @@ void ulp_cache_free_buf(void *p);
 /* A buffer of ulp_cache_alloc that entered no entry (a lone walk's, read.c)
  * given back: kept for the next ulp_cache_alloc of its size, else freed. */
 void ulp_cache_give_buf(ulp_cache *c, void *p);
+/* A directory listed that holds two step directories or more (a run's: rsync,
+ * cp -r, tar list it before they read): reads under it in the next 30 s
+ * are a sweep, not lone (read.c invariant 8). */
+void ulp_read_note_listing(ulp_archive *a, const char *dir);
 uint64_t ulp_cache_bytes(ulp_cache *c);
 uint64_t ulp_cache_recycled(ulp_cache *c); /* buffers ulp_cache_alloc took from cold entries */
 /* Debug check of the invariants (cache.c header). */
@@ -141,10 +145,12 @@ struct ulp_archive {
 	ulp_expected *expect;        /* guarded by mu: files an import will put (layout.c) */
 	size_t n_expect;             /* guarded by mu */
 	struct ulp_recent {          /* guarded by mu: the files of a series read lately,
-	                                which tell a sweep from a lone read (read.c) */
-		uint64_t series, file;   /* hashes of the series and of the path */
+	                                and the run directories listed lately, which
+	                                tell a sweep from a lone read (read.c) */
+		uint64_t series, file;   /* hashes of the series and of the path; of a
+		                            listed directory and 0 */
 		int64_t ms;              /* when its first read came (CLOCK_MONOTONIC) */
-	} recent[8];
+	} recent[16];
 	/* counters, atomic */
 	uint64_t chunks_decoded, deltas_decoded, hits, misses, max_walk;
 	uint64_t put_done;           /* atomic: bytes of the file being put that are coded

@@ -695,6 +695,14 @@ static void test_stale_blob(void)
 	ulp_archive_close(a);
 }
 
+static int count_ent(void *arg, const char *name, const ulp_stat *st)
+{
+	(void)name;
+	(void)st;
+	(*(int *)arg)++;
+	return 0;
+}
+
 /* ulp_file_write_to (ulpack export): a cold read of the first of 12 steps
  * (8 deltas deep: 7 backward to the key, the key onto the anchor) writes the
  * same bytes, decodes each link of each chunk once and caches them as a read
@@ -767,6 +775,20 @@ static void test_write_to(void)
 	CHECK(c2.cache_bytes > cb.cache_bytes * 3 && c3.chunks_decoded == c2.chunks_decoded,
 	      "the second step read is a sweep: its links stay cached (%llu bytes), the third decodes nothing (%llu)",
 	      (unsigned long long)c2.cache_bytes, (unsigned long long)(c3.chunks_decoded - c2.chunks_decoded));
+	ulp_archive_close(b);
+	/* the run directory listed first (rsync, cp -r): the first read is a
+	 * sweep already, and the step after it decodes nothing */
+	b = reopen("writeto", 0);
+	int n_ent = 0;
+	CHECK(ulp_archive_readdir(b, "run", count_ent, &n_ent) == 0 && n_ent == N_STEPS, "readdir run: %d", n_ent);
+	CHECK(same_bytes(b, p, deep), "pread after the listing");
+	ulp_archive_counters(b, &c2);
+	CHECK(same_bytes(b, p2, deep + 1), "pread of the next step after the listing");
+	ulp_archive_counters(b, &c3);
+	CHECK(c2.cache_bytes * 3 > c.cache_bytes * 2 && c3.chunks_decoded == c2.chunks_decoded,
+	      "after a listing of the run the first read keeps its links (%llu cached bytes, write_to %llu), the next"
+	      " step decodes nothing (%llu)", (unsigned long long)c2.cache_bytes, (unsigned long long)c.cache_bytes,
+	      (unsigned long long)(c3.chunks_decoded - c2.chunks_decoded));
 	ulp_archive_close(b);
 	/* the steps after it, exported in step order: each chunk of each link
 	 * decoded once in all (regression: each walked its chain again, 10, 9,

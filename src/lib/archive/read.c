@@ -40,8 +40,10 @@
  *     link cached cost fresh pages (zeroing, faults: as much as the decode
  *     on a VM), for a step nobody asked for: an evaluation or a comparison
  *     reads one old step. Any other reader (a sweep: rsync, an export, a
- *     second step of the series) caches every link it walks, so that the
- *     steps after it decode one link each (invariant 4 of layout.c).
+ *     second step of the series, a read under a run directory listed in
+ *     the last RECENT_MS, as rsync and cp -r list it first) caches every
+ *     link it walks, so that the steps after it decode one link each
+ *     (invariant 4 of layout.c).
  */
 #include "arch_int.h"
 #include <zstd.h>
@@ -86,6 +88,7 @@ struct ulp_file {
 	                         them, 2 their blobs' headers (atomic) */
 	int mode;             /* invariant 8: 0 undecided, MODE_LONE or MODE_SWEEP (atomic) */
 	uint64_t series, file; /* hashes of its series (0: in none) and of its path */
+	uint64_t dirs[3];     /* hashes of its nearest directories (listing_hash) */
 	int no_ra;            /* ulp_file_set_readahead(f, 0): never read ahead (atomic) */
 	char path[];
 };
@@ -463,8 +466,55 @@ static int any_blob(void *arg, const ulp_ckey *key, void *data)
 	return key->kind == ULP_CK_BLOB;
 }
 
+/* The key of a listed directory in a->recent: never a series' (odd). */
+static uint64_t listing_hash(const char *dir, size_t len)
+{
+	return ulp_xxh64(dir, len) & ~(uint64_t)1;
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Records e (series, file) in a->recent, over its own entry or the oldest
+ * (a->mu held); returns 1 if a live entry of the same series and another
+ * file, or a live listing of one of dirs, was there. */
+static int note_recent(ulp_archive *a, uint64_t series, uint64_t file, const uint64_t *dirs, size_t nd,
+                       int64_t now)
+{
+	const size_t nr = sizeof(a->recent) / sizeof(a->recent[0]);
+	size_t slot = 0;
+	int seen = 0;
+	for (size_t i = 0; i < nr; i++) {
+		const struct ulp_recent *r = &a->recent[i];
+		int live = r->ms && now - r->ms < RECENT_MS;
+		if (live && series && r->series == series && r->file != file && r->file)
+			seen = 1;
+		for (size_t d = 0; live && !r->file && d < nd; d++)
+			seen |= dirs[d] && r->series == dirs[d];
+		if (r->series == series && r->file == file)
+			slot = i;
+		else if (a->recent[slot].series != series || a->recent[slot].file != file)
+			slot = r->ms < a->recent[slot].ms ? i : slot;
+	}
+	a->recent[slot] = (struct ulp_recent){series, file, now};
+	return seen;
+}
+
+void ulp_read_note_listing(ulp_archive *a, const char *dir)
+{
+	int64_t now = now_ms();
+	pthread_mutex_lock(&a->mu);
+	note_recent(a, listing_hash(dir, strlen(dir)), 0, NULL, 0, now);
+	pthread_mutex_unlock(&a->mu);
+}
+
 /* Whether f's reads keep the links they walk (invariant 8): decided at its
- * first read, against the files of its series read in the last RECENT_MS. */
+ * first read, against the files of its series read and the directories
+ * listed in the last RECENT_MS. */
 static int lone_read(ulp_file *f)
 {
 	if (!f)
@@ -473,29 +523,15 @@ static int lone_read(ulp_file *f)
 	if (m)
 		return m == MODE_LONE;
 	ulp_archive *a = f->a;
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-	const size_t nr = sizeof(a->recent) / sizeof(a->recent[0]);
-	m = MODE_LONE;
-	pthread_mutex_lock(&a->mu);
-	size_t slot = 0; /* this file's entry, else the oldest */
-	for (size_t i = 0; i < nr; i++) {
-		const struct ulp_recent *r = &a->recent[i];
-		int live = r->ms && now - r->ms < RECENT_MS;
-		if (live && r->series == f->series && r->file != f->file)
-			m = MODE_SWEEP;
-		if (r->series == f->series && r->file == f->file)
-			slot = i;
-		else if (a->recent[slot].series != f->series || a->recent[slot].file != f->file)
-			slot = r->ms < a->recent[slot].ms ? i : slot;
+	m = MODE_SWEEP; /* in no series: as before (nothing to tell a sweep by) */
+	if (f->series) {
+		int64_t now = now_ms();
+		pthread_mutex_lock(&a->mu);
+		m = note_recent(a, f->series, f->file, f->dirs, 3, now) ? MODE_SWEEP : MODE_LONE;
+		pthread_mutex_unlock(&a->mu);
 	}
-	a->recent[slot] = (struct ulp_recent){f->series, f->file, now};
-	pthread_mutex_unlock(&a->mu);
-	if (!f->series)
-		m = MODE_SWEEP; /* in no series: as before (nothing to tell a sweep by) */
 	if (a->opts.cache_size && a->opts.cache_size < LONE_CACHE_MIN)
-		m = MODE_SWEEP; /* a cache smaller than the walk buffers of its threads */
+		m = MODE_SWEEP; /* a cache smaller than a few walks' buffers */
 	int want = 0;
 	__atomic_compare_exchange_n(&f->mode, &want, m, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
 	return __atomic_load_n(&f->mode, __ATOMIC_RELAXED) == MODE_LONE;
@@ -873,6 +909,17 @@ int ulp_file_open(ulp_archive *a, const char *path, ulp_file **out)
 			free(series);
 		}
 		f->file = ulp_xxh64(p, pl);
+		size_t e = pl;
+		for (int d = 0; d < 3; d++) { /* its parent, grandparent, great-grandparent */
+			while (e > 0 && p[e - 1] != '/')
+				e--;
+			if (e == 0) {
+				f->dirs[d] = listing_hash("", 0); /* the root */
+				break;
+			}
+			e--; /* the slash */
+			f->dirs[d] = listing_hash(p, e);
+		}
 	}
 	if (rc == 0 && f->n_locs > 1)
 		qsort(f->locs, f->n_locs, sizeof(*f->locs), loc_cmp);

@@ -53,16 +53,24 @@ int ulp_archive_readdir(ulp_archive *a, const char *path,
 	if (!db || sqlite3_prepare_v2(db, a->schema >= 4 ? sql : sql_v2, -1, &st, NULL) != SQLITE_OK)
 		return ulp_db_err(a, "readdir");
 	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);
-	int rc = 0, r;
+	int rc = 0, r, steps = 0;
 	while ((r = sqlite3_step(st)) == SQLITE_ROW) {
 		ulp_stat_from_row(st, &s);
-		rc = cb(arg, (const char *)sqlite3_column_text(st, ULP_ENTRY_NCOLS), &s);
+		const char *name = (const char *)sqlite3_column_text(st, ULP_ENTRY_NCOLS);
+		if (s.is_dir && steps < 2 && name) {
+			char *series = NULL;
+			steps += ulp_parse_step(name, &series) >= 0 && series;
+			free(series);
+		}
+		rc = cb(arg, name, &s);
 		if (rc)
 			break;
 	}
 	if (r != SQLITE_ROW && r != SQLITE_DONE)
 		rc = ulp_db_err(a, "readdir");
 	sqlite3_finalize(st);
+	if (rc == 0 && steps >= 2)
+		ulp_read_note_listing(a, p); /* a run's directory: a sweep may follow */
 	return rc;
 }
 
