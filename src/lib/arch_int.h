@@ -548,10 +548,6 @@ int ulp_pack_pin_slot(ulp_archive *a, size_t slot); /* one more pin */
 void ulp_pack_unpin(ulp_archive *a, size_t slot);
 /* Bytes of a blob in a pinned slot. */
 int ulp_pack_slot_blob(ulp_archive *a, size_t slot, uint64_t offset, uint64_t len, const uint8_t **p);
-/* Where those bytes are mapped, for a hint (madvise) only: unlike
- * ulp_pack_slot_blob it reads none of the pack's bytes (its magic is checked
- * by the first blob read, pack.c invariant 5), so it never waits for the disk. */
-int ulp_pack_slot_range(ulp_archive *a, size_t slot, uint64_t offset, uint64_t len, const uint8_t **p);
 /* Whether a slot's pack file was found removed (ulp_pack_mark_gone). */
 int ulp_pack_slot_gone(ulp_archive *a, size_t slot);
 /* Marks mapped packs whose file is gone; returns how many mapped ones are. */

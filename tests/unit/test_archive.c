@@ -301,9 +301,8 @@ static void test_trajectory(void)
 	CHECK(r < 0 && strstr(ulp_archive_errmsg(a), "run/checkpoint-100/model.safetensors"),
 	      "reading the damaged file fails naming it: %s", ulp_archive_errmsg(a));
 	ulp_file_close(h);
-	/* issue 29: a pack's magic is checked at its first blob read, not when
-	 * an open maps it (pack.c invariant 5): a damaged magic still fails the
-	 * read, naming the pack and the cause, and no byte of it comes out */
+	/* a damaged pack magic (pack.c invariant 5): the open maps no such
+	 * pack, and the read fails naming the pack and the cause */
 	{
 		char pk[512];
 		REQUIRE(pack_of(a, "run/checkpoint-1000/model.safetensors", pk, sizeof(pk)) == 0, "pack of step 1000");
@@ -312,7 +311,7 @@ static void test_trajectory(void)
 		REQUIRE(fd >= 0 && pwrite(fd, "NOTpack1", 8, 0) == 8, "damage the magic of %s", pk);
 		close(fd);
 		REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "reopen");
-		REQUIRE(ulp_file_open(a, "run/checkpoint-1000/model.safetensors", &h) == 0, "open: the magic not read yet");
+		REQUIRE(ulp_file_open(a, "run/checkpoint-1000/model.safetensors", &h) == 0, "open (the read says why)");
 		r = ulp_file_pread(h, buf, sizeof(buf), ulp_file_get_stat(h)->size - sizeof(buf));
 		CHECK(r == -ULP_E_CORRUPT && strstr(ulp_archive_errmsg(a), "not a pack file") &&
 		      strstr(ulp_archive_errmsg(a), strrchr(pk, '/') + 1),

@@ -1067,7 +1067,7 @@ static int span_cmp(const void *x, const void *y)
 static void warm_span(ulp_file *f, const span *s)
 {
 	const uint8_t *p;
-	if (ulp_pack_slot_range(f->a, s->slot, s->lo, s->hi - s->lo, &p) < 0) /* reads no page */
+	if (ulp_pack_slot_blob(f->a, s->slot, s->lo, s->hi - s->lo, &p) < 0)
 		return;
 	uintptr_t lo = (uintptr_t)p & ~(uintptr_t)4095;
 	madvise((void *)lo, (uintptr_t)p + (s->hi - s->lo) - lo, MADV_WILLNEED);
