@@ -84,8 +84,7 @@ struct ulp_file {
 	uint64_t ra_mark;     /* furthest chunk posted for read-ahead: ext << 32 | k, plus 1 */
 	uint64_t ra_from;     /* the first chunk of the last read-ahead window, the same way */
 	uint64_t chain_stored; /* stored bytes of every blob of its chains (locs) */
-	int warmed;           /* the first read asked for the chains' pages: 1 all of
-	                         them, 2 their blobs' headers (atomic) */
+	int warmed;           /* the first read asked for the chains' pages (atomic) */
 	int mode;             /* invariant 8: 0 undecided, MODE_LONE or MODE_SWEEP (atomic) */
 	uint64_t series, file; /* hashes of its series (0: in none) and of its path */
 	uint64_t dirs[3];     /* hashes of its nearest directories (listing_hash) */
@@ -370,7 +369,7 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 		return 0;
 	}
 	__atomic_fetch_add(&a->misses, 1, __ATOMIC_RELAXED);
-	if (depth == 0 && !(f && __atomic_load_n(&f->warmed, __ATOMIC_RELAXED) == 1)) /* else asked for whole */
+	if (depth == 0 && !(f && __atomic_load_n(&f->warmed, __ATOMIC_RELAXED))) /* else asked for whole */
 		willneed_chain(a, f, sha, k);
 	const ulp_blob *b;
 	ulp_centry *be = NULL, *re = NULL;
@@ -1049,7 +1048,6 @@ static void read_ahead(ulp_file *f, uint64_t last)
  * system calls, not one per blob. Only a hint. */
 #define WARM_MAX ((uint64_t)16 << 20)
 #define WARM_GAP ((uint64_t)64 << 10) /* a hole this small is read too */
-#define WARM_HEAD ((uint64_t)16 << 10) /* of each blob of a larger file's chains */
 
 typedef struct span {
 	size_t slot;
@@ -1075,20 +1073,16 @@ static void warm_span(ulp_file *f, const span *s)
 
 static void warm_chains(ulp_file *f)
 {
-	/* a larger file: the first WARM_HEAD bytes of each blob, its header and
-	 * chunk table, which willneed_chain parses link after link before it
-	 * asks for a chunk's payloads: each was a synchronous disk read in
-	 * turn, most of the waits of a deep step's cold read (issue 29) */
-	int head = f->chain_stored > WARM_MAX;
-	int none = 0;
-	if (!__atomic_compare_exchange_n(&f->warmed, &none, head ? 2 : 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+	/* (A larger file's blob headers asked for too, issue 29, measured
+	 * slower: 217 against 188 ms for a deep step, the packs' own read-ahead
+	 * from their first page, pack.c invariant 5, brings them.) */
+	if (f->chain_stored > WARM_MAX || __atomic_exchange_n(&f->warmed, 1, __ATOMIC_RELAXED))
 		return;
 	span *sp = malloc((f->n_locs ? f->n_locs : 1) * sizeof(*sp));
 	size_t n = 0;
 	for (size_t i = 0; sp && i < f->n_locs; i++)
 		if (f->locs[i].stored)
-			sp[n++] = (span){f->locs[i].slot, f->locs[i].offset,
-			                 f->locs[i].offset + (head ? ULP_MIN(f->locs[i].stored, WARM_HEAD) : f->locs[i].stored)};
+			sp[n++] = (span){f->locs[i].slot, f->locs[i].offset, f->locs[i].offset + f->locs[i].stored};
 	if (!sp)
 		return; /* a hint */
 	qsort(sp, n, sizeof(*sp), span_cmp);
