@@ -132,25 +132,35 @@ static void bad_cb(void *arg, const char *path, const char *why)
 	strcat(list, ";");
 }
 
-static int flip_pack_byte_of(ulp_archive *a, const char *apath)
+/* The path of the pack holding the first blob of a file's first extent,
+ * and that blob's row. */
+static int pack_of(ulp_archive *a, const char *apath, char *out, size_t cap, ulp_blobrow *row)
 {
-	/* the first blob of the file's last extent: flip its last byte */
 	ulp_stat st;
 	uint8_t *h;
 	size_t hl, n;
 	ulp_extent *x;
 	if (ulp_index_file(a, apath, &st, &h, &hl, &x, &n) < 0 || !n)
 		return -1;
-	ulp_blobrow row;
-	int rc = ulp_index_blob(a, x[0].content, &row);
-	char name[128], path[512];
+	int rc = ulp_index_blob(a, x[0].content, row);
+	char name[128];
 	if (rc == 0)
-		rc = ulp_index_pack_name(a, row.pack, name, sizeof(name));
+		rc = ulp_index_pack_name(a, row->pack, name, sizeof(name));
 	free(h);
 	free(x);
+	if (rc == 0)
+		snprintf(out, cap, "%s/packs/%s", ulp_archive_dir(a), name);
+	return rc;
+}
+
+static int flip_pack_byte_of(ulp_archive *a, const char *apath)
+{
+	/* the first blob of the file's first extent: flip its last byte */
+	ulp_blobrow row;
+	char path[512];
+	int rc = pack_of(a, apath, path, sizeof(path), &row);
 	if (rc < 0)
 		return rc;
-	snprintf(path, sizeof(path), "%s/packs/%s", ulp_archive_dir(a), name);
 	int fd = open(path, O_RDWR);
 	uint8_t c;
 	off_t at = (off_t)(row.offset + row.stored - 1);
@@ -159,27 +169,6 @@ static int flip_pack_byte_of(ulp_archive *a, const char *apath)
 	c ^= 0x5a;
 	rc = pwrite(fd, &c, 1, at) == 1 ? 0 : -1;
 	close(fd);
-	return rc;
-}
-
-/* The path of the pack holding the first blob of a file's first extent. */
-static int pack_of(ulp_archive *a, const char *apath, char *out, size_t cap)
-{
-	ulp_stat st;
-	uint8_t *h;
-	size_t hl, n;
-	ulp_extent *x;
-	if (ulp_index_file(a, apath, &st, &h, &hl, &x, &n) < 0 || !n)
-		return -1;
-	ulp_blobrow row;
-	int rc = ulp_index_blob(a, x[0].content, &row);
-	char name[128];
-	if (rc == 0)
-		rc = ulp_index_pack_name(a, row.pack, name, sizeof(name));
-	free(h);
-	free(x);
-	if (rc == 0)
-		snprintf(out, cap, "%s/packs/%s", ulp_archive_dir(a), name);
 	return rc;
 }
 
@@ -305,7 +294,8 @@ static void test_trajectory(void)
 	 * pack, and the read fails naming the pack and the cause */
 	{
 		char pk[512];
-		REQUIRE(pack_of(a, "run/checkpoint-1000/model.safetensors", pk, sizeof(pk)) == 0, "pack of step 1000");
+		ulp_blobrow prow;
+		REQUIRE(pack_of(a, "run/checkpoint-1000/model.safetensors", pk, sizeof(pk), &prow) == 0, "pack of step 1000");
 		ulp_archive_close(a);
 		int fd = open(pk, O_RDWR);
 		REQUIRE(fd >= 0 && pwrite(fd, "NOTpack1", 8, 0) == 8, "damage the magic of %s", pk);

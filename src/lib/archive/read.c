@@ -268,6 +268,35 @@ static void willneed_chain(ulp_archive *a, const ulp_file *f, const uint8_t sha[
 	}
 }
 
+/* Decodes chunk k (l bytes) of blob b (content sha) into dst against ref
+ * (l bytes, NULL for an anchor), lets go of its payload's pages and counts
+ * the decode: one link of a walk, cached (read_chunk) or not (walk_lone). */
+static int decode_link(ulp_archive *a, const ulp_blob *b, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
+                       uint8_t *dst, size_t l, const uint8_t *ref, unsigned *walk)
+{
+	const ulp_blob_info *in = ulp_blob_get_info(b);
+	if (in->codec == ULP_CODEC_IDENT) {
+		memcpy(dst, ref, l);
+	} else if (l > 0) {
+		int64_t n = ulp_blob_decode_chunk(b, k, dst, l, ref, ref ? l : 0);
+		if (n < 0) {
+			char hex[65];
+			ulp_sha256_hex(sha, hex);
+			return ulp_arch_err(a, (int)n, "%s: chunk %u of blob %.16s: %s", a->dir, k, hex,
+			                    n == -ULP_E_CHECKSUM ? "checksum mismatch (damaged pack)" : ulp_strerror((int)n));
+		}
+	}
+	const uint8_t *payload;
+	size_t plen;
+	ulp_blob_chunk_payload(b, k, &payload, &plen);
+	ulp_pack_release(a, payload, plen);
+	__atomic_fetch_add(&a->chunks_decoded, 1, __ATOMIC_RELAXED);
+	if (in->has_ref)
+		__atomic_fetch_add(&a->deltas_decoded, 1, __ATOMIC_RELAXED);
+	(*walk)++;
+	return 0;
+}
+
 /* Chunk k (l bytes) of sha decoded into dst without entering the cache,
  * its reference decoded the same way into other (l bytes: the walk's other
  * buffer, whose turn is next), or taken from the cache where it is decoded
@@ -308,27 +337,8 @@ static int walk_lone(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SH
 		rc = walk_lone(a, f, in->ref_sha256, k, other, dst, l, walk, depth + 1);
 		ref = other;
 	}
-	if (rc == 0 && in->codec == ULP_CODEC_IDENT) {
-		memcpy(dst, ref, l);
-	} else if (rc == 0 && l > 0) {
-		int64_t n = ulp_blob_decode_chunk(b, k, dst, l, ref, ref ? l : 0);
-		if (n < 0) {
-			char hex[65];
-			ulp_sha256_hex(sha, hex);
-			rc = ulp_arch_err(a, (int)n, "%s: chunk %u of blob %.16s: %s", a->dir, k, hex,
-			                  n == -ULP_E_CHECKSUM ? "checksum mismatch (damaged pack)" : ulp_strerror((int)n));
-		}
-	}
-	if (rc == 0) {
-		const uint8_t *payload;
-		size_t plen;
-		ulp_blob_chunk_payload(b, k, &payload, &plen);
-		ulp_pack_release(a, payload, plen);
-		__atomic_fetch_add(&a->chunks_decoded, 1, __ATOMIC_RELAXED);
-		if (in->has_ref)
-			__atomic_fetch_add(&a->deltas_decoded, 1, __ATOMIC_RELAXED);
-		(*walk)++;
-	}
+	if (rc == 0)
+		rc = decode_link(a, b, sha, k, dst, l, ref, walk);
 	ulp_cache_put(a->cache, be);
 	return rc;
 }
@@ -412,28 +422,8 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 		rc = -ULP_E_NOMEM;
 		goto fail;
 	}
-	if (in->codec == ULP_CODEC_IDENT) {
-		memcpy(buf, ref, (size_t)l);
-	} else if (l > 0) {
-		int64_t n = ulp_blob_decode_chunk(b, k, buf, (size_t)l, ref, ref_len);
-		if (n < 0) {
-			char hex[65];
-			ulp_sha256_hex(sha, hex);
-			rc = ulp_arch_err(a, (int)n, "%s: chunk %u of blob %.16s: %s", a->dir, k, hex,
-			                  n == -ULP_E_CHECKSUM ? "checksum mismatch (damaged pack)" : ulp_strerror((int)n));
-			goto fail;
-		}
-	}
-	{
-		const uint8_t *payload;
-		size_t plen;
-		ulp_blob_chunk_payload(b, k, &payload, &plen);
-		ulp_pack_release(a, payload, plen);
-	}
-	__atomic_fetch_add(&a->chunks_decoded, 1, __ATOMIC_RELAXED);
-	if (in->has_ref)
-		__atomic_fetch_add(&a->deltas_decoded, 1, __ATOMIC_RELAXED);
-	(*walk)++;
+	if ((rc = decode_link(a, b, sha, k, buf, (size_t)l, ref, walk)) < 0)
+		goto fail;
 	/* the reference's chunk goes first when space is needed: steps read in
 	 * order need this chunk next, not that one, so a cache the size of one
 	 * checkpoint (not two) keeps each read to one delta a chunk. A reference
@@ -485,21 +475,21 @@ static int note_recent(ulp_archive *a, uint64_t series, uint64_t file, const uin
                        int64_t now)
 {
 	const size_t nr = sizeof(a->recent) / sizeof(a->recent[0]);
-	size_t slot = 0;
+	size_t own = nr, oldest = 0;
 	int seen = 0;
 	for (size_t i = 0; i < nr; i++) {
 		const struct ulp_recent *r = &a->recent[i];
 		int live = r->ms && now - r->ms < RECENT_MS;
-		if (live && series && r->series == series && r->file != file && r->file)
+		if (live && r->file && r->series == series && r->file != file)
 			seen = 1;
 		for (size_t d = 0; live && !r->file && d < nd; d++)
 			seen |= dirs[d] && r->series == dirs[d];
 		if (r->series == series && r->file == file)
-			slot = i;
-		else if (a->recent[slot].series != series || a->recent[slot].file != file)
-			slot = r->ms < a->recent[slot].ms ? i : slot;
+			own = i;
+		if (r->ms < a->recent[oldest].ms)
+			oldest = i;
 	}
-	a->recent[slot] = (struct ulp_recent){series, file, now};
+	a->recent[own < nr ? own : oldest] = (struct ulp_recent){series, file, now};
 	return seen;
 }
 
@@ -511,18 +501,15 @@ void ulp_read_note_listing(ulp_archive *a, const char *dir)
 	pthread_mutex_unlock(&a->mu);
 }
 
-/* Whether f's reads keep the links they walk (invariant 8): decided at its
- * first read, against the files of its series read and the directories
+/* Decides, at f's first read, whether its reads keep the links they walk
+ * (invariant 8): against the files of its series read and the directories
  * listed in the last RECENT_MS. */
-static int lone_read(ulp_file *f)
+static void lone_read(ulp_file *f)
 {
-	if (!f)
-		return 0;
-	int m = __atomic_load_n(&f->mode, __ATOMIC_RELAXED);
-	if (m)
-		return m == MODE_LONE;
+	if (__atomic_load_n(&f->mode, __ATOMIC_RELAXED))
+		return;
 	ulp_archive *a = f->a;
-	m = MODE_SWEEP; /* in no series: as before (nothing to tell a sweep by) */
+	int m = MODE_SWEEP; /* in no series: as before (nothing to tell a sweep by) */
 	if (f->series) {
 		int64_t now = now_ms();
 		pthread_mutex_lock(&a->mu);
@@ -531,9 +518,8 @@ static int lone_read(ulp_file *f)
 	}
 	if (a->opts.cache_size && a->opts.cache_size < LONE_CACHE_MIN)
 		m = MODE_SWEEP; /* a cache smaller than a few walks' buffers */
-	int want = 0;
-	__atomic_compare_exchange_n(&f->mode, &want, m, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
-	return __atomic_load_n(&f->mode, __ATOMIC_RELAXED) == MODE_LONE;
+	int none = 0; /* the first decision stands */
+	__atomic_compare_exchange_n(&f->mode, &none, m, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
 }
 
 static int file_chunk_as(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
@@ -555,12 +541,17 @@ static int file_chunk_as(ulp_archive *a, const ulp_file *f, const uint8_t sha[UL
 	return rc;
 }
 
+/* Whether f's reads were found lone (lone_read decides at the first). */
+static int is_lone(const ulp_file *f)
+{
+	return f && __atomic_load_n(&f->mode, __ATOMIC_RELAXED) == MODE_LONE;
+}
+
 /* A chunk for a reader of f (NULL: none), as f's reads go (invariant 8). */
 static int file_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
                       ulp_centry **e, const uint8_t **data, size_t *len, unsigned *walk)
 {
-	return file_chunk_as(a, f, sha, k, e, data, len, walk,
-	                     f && __atomic_load_n(&f->mode, __ATOMIC_RELAXED) == MODE_LONE);
+	return file_chunk_as(a, f, sha, k, e, data, len, walk, is_lone(f));
 }
 
 int ulp_read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_t k, ulp_centry **e,
@@ -1031,8 +1022,7 @@ static void read_ahead(ulp_file *f, uint64_t last)
 		uint64_t mark = ((uint64_t)i << 32 | k) + 1;
 		uint64_t m = __atomic_load_n(&f->ra_mark, __ATOMIC_RELAXED);
 		if (mark > m && __atomic_compare_exchange_n(&f->ra_mark, &m, mark, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-			ra_post(f->a, f->ext[i].content, (uint32_t)k,
-			        __atomic_load_n(&f->mode, __ATOMIC_RELAXED) == MODE_LONE);
+			ra_post(f->a, f->ext[i].content, (uint32_t)k, is_lone(f));
 		big += ULP_MIN(cb, f->ext[i].length - k * cb) >= RA_BIG; /* invariant 5 of the read-ahead */
 		if (big >= w || !next_chunk(f, &i, &k, &cb))
 			break;
