@@ -119,6 +119,10 @@ struct ulp_archive {
 	char *db_uri;                /* set at open, read-only after: read-only, SQLite
 	                                unable to read the index in place: the URI every
 	                                connection opens (db.c, ulp_db_check), else NULL */
+	char *live;                  /* set at open, read-only after: the live index of a
+	                                shared archive's writer on a directory
+	                                (index/live-E.db, gen.c invariant 7), else NULL:
+	                                ulpack.db (ulp_db_live_path) */
 	char *db_copy;               /* set at open, read-only after: the private copy
 	                                that URI names, removed at close, or NULL */
 	int schema;                  /* set at open, read-only after: schema version of
@@ -220,7 +224,16 @@ typedef struct sqlite3_stmt sqlite3_stmt;
 sqlite3 *ulp_db(ulp_archive *a);
 int ulp_db_create(const char *path, ulp_err *err);
 int ulp_db_check(ulp_archive *a, ulp_err *err);
-void ulp_db_free_copy(ulp_archive *a); /* at close: db_uri, db_copy */
+void ulp_db_free_copy(ulp_archive *a); /* at close: db_uri, db_copy, live */
+/* staging.c: frees s after its file was archived: its files go, or, on a
+ * shared archive's writer, stay until a publication holds it (invariant 6) */
+void ulp_stage_archived(ulp_stage *s);
+/* staging.c invariant 5: a new writer of a shared archive on a directory
+ * claims the staged files it did not make */
+int ulp_stage_claim(ulp_archive *a);
+/* The file of the live index a writer's connections open: a->live or
+ * ARCHIVE/ulpack.db. */
+void ulp_db_live_path(const ulp_archive *a, char *p, size_t cap);
 int ulp_db_exec(ulp_archive *a, const char *sql);
 int ulp_db_begin(ulp_archive *a);   /* BEGIN IMMEDIATE, retried while busy */
 int ulp_db_commit(ulp_archive *a);

@@ -127,6 +127,11 @@ uint64_t ulp_xxh64(const void *data, size_t len);
  * 0, or the errno (EIO where a write wrote nothing or a read met the end). */
 int ulp_pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
 int ulp_pread_full(int fd, void *buf, size_t n, uint64_t off);
+/* proc.c: "<pid>-<host>", this process's part of the names of the files it
+ * makes in a directory other hosts may share (temporaries, staged files) */
+#define ULP_PROC_TAG_MAX 96
+void ulp_proc_tag(char *out, size_t cap);
+void ulp_proc_tag_test_host(const char *host); /* tests: this process as another host (NULL: itself) */
 /* the content digest's parts (hash.c, ulpack-format(5) 2.4): leaves of
  * [p, p + len) where p is at a leaf boundary of its content, into
  * leaves[32 * i]; the number of leaves of a content; the digest from all

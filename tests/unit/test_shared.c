@@ -265,6 +265,211 @@ static void test_fenced_by_expiry(void)
 	ulp_archive_close(w2);
 }
 
+/* Reads file p whole into a new buffer (NULL: none); its size in *n. */
+static char *slurp(const char *p, size_t *n)
+{
+	FILE *f = fopen(p, "rb");
+	if (!f)
+		return NULL;
+	fseek(f, 0, SEEK_END);
+	long l = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *b = malloc((size_t)(l > 0 ? l : 1));
+	*n = b && l > 0 ? fread(b, 1, (size_t)l, f) : 0;
+	fclose(f);
+	return b;
+}
+
+static void spill(const char *p, const char *b, size_t n)
+{
+	FILE *f = fopen(p, "wb");
+	if (f) {
+		fwrite(b, 1, n, f);
+		fclose(f);
+	}
+}
+
+/* A file staged through the writer's session API, as a mount stages it:
+ * synced (durable at close), archived or not. */
+static void stage(ulp_archive *a, const char *apath, unsigned seed, int archive)
+{
+	ulp_stage *s;
+	char p[600], buf[4096];
+	REQUIRE(ulp_stage_new(a, NULL, &s) == 0, "stage %s: %s", apath, ulp_archive_errmsg(a));
+	snprintf(p, sizeof(p), "%s/src-%u", root, seed);
+	write_file(p, 70000 + seed * 1000, seed);
+	FILE *f = fopen(p, "rb");
+	uint64_t off = 0;
+	for (size_t n; f && (n = fread(buf, 1, sizeof(buf), f)) > 0; off += n)
+		REQUIRE(ulp_stage_write(s, buf, n, off) == (int64_t)n, "write");
+	if (f)
+		fclose(f);
+	ulp_meta m = {0644, 0, 0, {1700000000, 0}};
+	REQUIRE(ulp_stage_sync(s, apath, &m) == 0, "sync %s", apath);
+	if (archive)
+		REQUIRE(ulp_stage_commit(s, apath, &m, NULL) == 0, "commit %s: %s", apath, ulp_archive_errmsg(a));
+	else
+		ulp_stage_close(s);
+}
+
+/* Whether archive path apath holds the bytes of seed's source. */
+static int holds(ulp_archive *a, const char *apath, unsigned seed)
+{
+	char p[600];
+	size_t n = 0;
+	snprintf(p, sizeof(p), "%s/src-%u", root, seed);
+	char *want = slurp(p, &n);
+	ulp_file *f = NULL;
+	int ok = want && ulp_file_open(a, apath, &f) == 0 && ulp_file_get_stat(f)->size == n;
+	char *got = ok ? malloc(n) : NULL;
+	ok = ok && got && ulp_file_pread(f, got, n, 0) == (int64_t)n && !memcmp(got, want, n);
+	if (f)
+		ulp_file_close(f);
+	free(got);
+	free(want);
+	return ok;
+}
+
+/* Issue 34 item 1: a writer cut off by a partition while it archives; a
+ * second takes over, archives and publishes; then the partition heals and
+ * the first one's writes that were in flight land (here: its live index
+ * files written back as they were, its last pointer renamed over CURRENT,
+ * its staged files removed by their names). The next writer loses nothing:
+ * neither what the first one had staged and archived (not published yet),
+ * nor what the second one archived and published (gen.c invariant 7,
+ * staging.c invariants 5 and 6). */
+static void test_late_writes_of_fenced_writer(void)
+{
+	char dir[512], err[512], err2[512], p[900];
+	int rc, rc2;
+	mkarchive("late", dir, sizeof(dir));
+	ulp_archive *w = open_as(dir, 0, 1200, 0, err, &rc);
+	REQUIRE(w && ulp_archive_share(w) == 0, "share");
+	stage(w, "run/step-1/a.bin", 11, 1); /* archived, maybe not published */
+	stage(w, "run/step-1/b.bin", 12, 0); /* closed, waiting to be archived */
+	/* what the first writer's files hold now: its late writes put this back */
+	static const char *const names[] = {"ulpack.db", "ulpack.db-wal", "index/CURRENT"};
+	char *old[8] = {0}, *oldp[8] = {0};
+	size_t oldn[8] = {0}, no = 0;
+	for (size_t i = 0; i < 3; i++) {
+		snprintf(p, sizeof(p), "%s/%s", dir, names[i]);
+		if ((old[no] = slurp(p, &oldn[no])))
+			oldp[no++] = strdup(p);
+	}
+	DIR *d = opendir(dir);
+	snprintf(p, sizeof(p), "%s/index", dir);
+	DIR *di = opendir(p);
+	for (struct dirent *e; di && (e = readdir(di));)
+		if (!strncmp(e->d_name, "live-", 5) && !strstr(e->d_name, "-shm") && no < 8) {
+			snprintf(p, sizeof(p), "%s/index/%s", dir, e->d_name);
+			if ((old[no] = slurp(p, &oldn[no])))
+				oldp[no++] = strdup(p);
+		}
+	if (di)
+		closedir(di);
+	if (d)
+		closedir(d);
+	char *staged[16] = {0};
+	size_t ns = 0;
+	snprintf(p, sizeof(p), "%s/staging", dir);
+	di = opendir(p);
+	for (struct dirent *e; di && (e = readdir(di));)
+		if (e->d_name[0] != '.' && ns < 16) {
+			snprintf(p, sizeof(p), "%s/staging/%s", dir, e->d_name);
+			staged[ns++] = strdup(p);
+		}
+	if (di)
+		closedir(di);
+	/* the partition: its renewals stall, its lease runs out */
+	__atomic_store_n(&ulp_lease_test_stall, 1, __ATOMIC_RELAXED);
+	usleep(1500000);
+	CHECK(put(w, "fenced", 13) == -ULP_E_FENCED, "the cut-off writer stopped");
+	__atomic_store_n(&ulp_lease_test_stall, 0, __ATOMIC_RELAXED);
+	ulp_proc_tag_test_host("host2"); /* what follows runs on another host */
+	ulp_archive *w2 = open_as(dir, 0, 5000, 0, err2, &rc2);
+	REQUIRE(w2, "another host takes over: %s", err2);
+	unsigned rec = 0, rem = 0;
+	CHECK(ulp_stage_recover(w2, &rec, &rem) == 0, "it recovers the staged files: %s", ulp_archive_errmsg(w2));
+	stage(w2, "run/step-2/a.bin", 21, 1);
+	CHECK(put(w2, "run/step-2/c.bin", 22) == 0 && ulp_archive_publish(w2) == 0, "it archives and publishes");
+	/* the heal: the first writer's writes in flight land */
+	for (size_t i = 0; i < no; i++)
+		spill(oldp[i], old[i], oldn[i]);
+	for (size_t i = 0; i < ns; i++)
+		unlink(staged[i]);
+	ulp_archive_close(w2);
+	ulp_archive_close(w);
+	/* the next writer, and a reader of what it publishes */
+	ulp_proc_tag_test_host("host3");
+	ulp_archive *w3 = open_as(dir, 0, 5000, 0, err, &rc);
+	REQUIRE(w3, "the next writer: %s", err);
+	CHECK(ulp_stage_recover(w3, &rec, &rem) == 0, "its recovery: %s", ulp_archive_errmsg(w3));
+	CHECK(holds(w3, "run/step-1/a.bin", 11), "the file the cut-off writer archived is there");
+	CHECK(holds(w3, "run/step-1/b.bin", 12), "the file it had staged is there");
+	CHECK(holds(w3, "run/step-2/a.bin", 21) && holds(w3, "run/step-2/c.bin", 22),
+	      "the files the second writer archived and published are there");
+	CHECK(ulp_archive_publish(w3) == 0, "it publishes");
+	ulp_archive *r = open_as(dir, 1, 0, 0, err, &rc);
+	CHECK(r && holds(r, "run/step-1/a.bin", 11) && holds(r, "run/step-1/b.bin", 12) &&
+	      holds(r, "run/step-2/a.bin", 21) && holds(r, "run/step-2/c.bin", 22), "a reader sees every file: %s",
+	      r ? "" : err);
+	ulp_archive_close(r);
+	ulp_archive_close(w3);
+	ulp_proc_tag_test_host(NULL);
+	for (size_t i = 0; i < no; i++) {
+		free(old[i]);
+		free(oldp[i]);
+	}
+	for (size_t i = 0; i < ns; i++)
+		free(staged[i]);
+}
+
+/* Issue 34 item 2: a writer whose open fails after it took the lease (its
+ * index unreadable: here a schema this build does not read) publishes
+ * nothing: index/ and CURRENT stay as they were, and readers keep reading. */
+static void test_failed_open_publishes_nothing(void)
+{
+	char dir[512], err[512], p[700];
+	int rc;
+	mkarchive("badopen", dir, sizeof(dir));
+	ulp_archive *w = open_as(dir, 0, 2000, 0, err, &rc);
+	REQUIRE(w && ulp_archive_share(w) == 0, "share");
+	REQUIRE(put(w, "a", 1) == 0 && ulp_gen_publish(w, 2) == 0, "put, publish whole");
+	ulp_archive_close(w);
+	/* every index a writer may open: damaged */
+	snprintf(p, sizeof(p), "%s/index", dir);
+	DIR *d = opendir(p);
+	for (struct dirent *e; d && (e = readdir(d));) {
+		size_t l = strlen(e->d_name);
+		if (l > 3 && !strcmp(e->d_name + l - 3, ".db")) {
+			char f[1200];
+			snprintf(f, sizeof(f), "%s/index/%s", dir, e->d_name);
+			sqlite3 *db;
+			if (sqlite3_open(f, &db) == SQLITE_OK)
+				sqlite3_exec(db, "UPDATE meta SET value = 999 WHERE key = 'schema_version'", NULL, NULL, NULL);
+			sqlite3_close(db);
+		}
+	}
+	if (d)
+		closedir(d);
+	snprintf(p, sizeof(p), "%s/ulpack.db", dir);
+	sqlite3 *db;
+	if (sqlite3_open(p, &db) == SQLITE_OK)
+		sqlite3_exec(db, "UPDATE meta SET value = 999 WHERE key = 'schema_version'", NULL, NULL, NULL);
+	sqlite3_close(db);
+	size_t n0 = 0, n1 = 0;
+	snprintf(p, sizeof(p), "%s/index/CURRENT", dir);
+	char *before = slurp(p, &n0);
+	w = open_as(dir, 0, 2000, 0, err, &rc);
+	CHECK(!w && rc < 0, "the writer's open fails: %s", err);
+	ulp_archive_close(w);
+	char *after = slurp(p, &n1);
+	CHECK(before && after && n0 == n1 && !memcmp(before, after, n0), "CURRENT stays as it was: %.*s -> %.*s",
+	      (int)n0, before ? before : "", (int)n1, after ? after : "");
+	free(before);
+	free(after);
+}
+
 static int count_packs(const char *dir)
 {
 	char p[600];
@@ -518,6 +723,8 @@ int main(void)
 	test_lease();
 	test_fenced_by_epoch();
 	test_fenced_by_expiry();
+	test_late_writes_of_fenced_writer();
+	test_failed_open_publishes_nothing();
 	test_slow_publication();
 	test_grace();
 	test_pack_ids();

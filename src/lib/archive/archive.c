@@ -122,7 +122,14 @@ static int shared_open(ulp_archive *a, const ulp_archive_opts *o, ulp_err *err)
 	ULP_TRY(ulp_shared_new(a, &a->opts, !a->read_only));
 	if (!a->read_only) {
 		ULP_TRY(ulp_lease_take(a, err));
-		return a->rm ? ulp_gen_remote_claim(a, err) : 0;
+		if (a->rm)
+			return ulp_gen_remote_claim(a, err);
+		/* staging claimed before the newest generation is read (staging.c
+		 * invariant 5, gen.c invariant 7) */
+		int rc = ulp_stage_claim(a);
+		if (rc < 0)
+			return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
+		return ulp_gen_writer_open(a, err);
 	}
 	a->follow = 1;
 	return ulp_gen_reader_open(a, err);
@@ -153,8 +160,10 @@ int ulp_archive_share(ulp_archive *a)
 		ulp_arch_err(a, rc, "%s", msg);
 	if (rc == 0 && (rc = grace_table(a, &e)) < 0)
 		ulp_arch_err(a, rc, "%s", msg);
-	if (rc == 0)
+	if (rc == 0) {
+		__atomic_store_n(&a->sh->opened, 1, __ATOMIC_RELEASE); /* (open already) */
 		rc = ulp_gen_publish(a, 1);
+	}
 	if (rc < 0) {
 		ulp_shared_free(a);
 		rmdir(p); /* only where nothing was published in it */
@@ -286,9 +295,11 @@ static int open_dir(const char *dir, const ulp_archive_opts *o, ulp_remote *rm, 
 			ULP_ERR(&err, rc, "%s", ulp_archive_errmsg(a));
 	}
 	if (rc < 0) {
-		ulp_archive_close(a);
+		ulp_archive_close(a); /* a shared archive's writer publishes nothing of it */
 		return rc;
 	}
+	if (a->sh)
+		__atomic_store_n(&a->sh->opened, 1, __ATOMIC_RELEASE);
 	if (!a->read_only) { /* staging/ may be missing in archives copied by hand */
 		snprintf(path, sizeof(path), "%s/staging", dir);
 		mkdir(path, 0700);

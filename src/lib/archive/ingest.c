@@ -1774,10 +1774,15 @@ unsigned ulp_putq_committed(const ulp_putq *q)
  * directory that holds it) fsynced (invariant 5). */
 static int sync_wal(ulp_archive *a)
 {
-	char path[4200];
+	char path[4300], live[4200];
 	int rc = ulp_db_exec(a, "PRAGMA synchronous=FULL");
+	ulp_db_live_path(a, live, sizeof(live));
+	char *slash = strrchr(live, '/');
 	for (int k = 0; k < 2 && rc == 0; k++) {
-		snprintf(path, sizeof(path), k ? "%s" : "%s/ulpack.db-wal", a->dir);
+		if (k)
+			snprintf(path, sizeof(path), "%.*s", slash ? (int)(slash - live) : 1, slash ? live : ".");
+		else
+			snprintf(path, sizeof(path), "%s-wal", live);
 		int fd = open(path, O_RDONLY | O_CLOEXEC);
 		if (fd < 0 && errno == ENOENT && !k)
 			continue; /* no WAL: the commits are in the database file, synced by its checkpoint */

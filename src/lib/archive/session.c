@@ -338,7 +338,10 @@ static void drop_node(ulp_session *s, snode *n)
 			*pp = n->next;
 			break;
 		}
-	ulp_stage_discard(n->stage);
+	if (n->state == ST_ARCHIVED && !n->dirty && n->path)
+		ulp_stage_archived(n->stage); /* a shared archive keeps it until published (staging.c) */
+	else
+		ulp_stage_discard(n->stage);
 	pthread_mutex_destroy(&n->rec_mu);
 	free(n->path);
 	free(n->why);

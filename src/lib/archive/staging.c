@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * staging.c - files being written through a mount live in ARCHIVE/staging
- * until they are archived: <pid>-<n>.data holds the bytes, <pid>-<n>.meta
+ * until they are archived: <tag>-<n>.data holds the bytes, <tag>-<n>.meta
  * (once the file was fsynced, or closed under a name that waits for a rename)
  * its archive path and metadata.
  *
@@ -10,7 +10,8 @@
  * (any byte but NUL, newlines included). Meta files of older versions are
  * still read: "ULPM2 <mode> <uid> <gid> <mtime_ns> <path bytes>\n" and the
  * path, and "<mode> <uid> <gid> <mtime_ns>\n" followed by the path (the rest
- * of the file).
+ * of the file). <tag> is ulp_proc_tag's "<pid>-<host>" (older versions:
+ * the pid alone).
  *
  * Invariants:
  *  1. A staged file is archived with ulp_archive_put(), which verifies and
@@ -26,8 +27,21 @@
  *  4. A sidecar names the path its caller last gave it (ulp_stage_relabel
  *     follows renames); ulp_stage_forget removes it, durably, before a
  *     superseded or unlinked file could be brought back by a recovery.
+ *  5. On a shared archive on a directory (store/shared.h), a writer that
+ *     takes the lease first claims every staged file it did not make:
+ *     renames it to c<epoch>-<seq>.{meta,data}, seq in the order the files
+ *     were staged (claimed ones before, then by the data's mtime), before it
+ *     reads which generation is the newest (gen.c invariant 7). A fenced
+ *     writer removes its files by name, so none of its late removals lands
+ *     on a file the new writer counts on; recovery archives claimed files
+ *     in seq order, so a later version of a path wins.
+ *  6. There, a staged file archived stays until a publication holds it (gen.c
+ *     invariant 8: ulp_stage_archived, and recovery): a writer killed or
+ *     partitioned before it published loses nothing that its successor,
+ *     which starts from the newest generation, does not find in staging/.
  */
 #include "arch_int.h"
+#include "store/shared.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -65,10 +79,12 @@ int ulp_stage_new(ulp_archive *a, const char *copy_from, ulp_stage **out)
 	if (!s)
 		return -ULP_E_NOMEM;
 	s->a = a;
+	char me[ULP_PROC_TAG_MAX];
+	ulp_proc_tag(me, sizeof(me));
 	for (int tries = 0;; tries++) {
 		unsigned n = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
-		snprintf(s->data, sizeof(s->data), "%s/staging/%ld-%u.data", a->dir, (long)getpid(), n);
-		snprintf(s->meta, sizeof(s->meta), "%s/staging/%ld-%u.meta", a->dir, (long)getpid(), n);
+		snprintf(s->data, sizeof(s->data), "%s/staging/%s-%u.data", a->dir, me, n);
+		snprintf(s->meta, sizeof(s->meta), "%s/staging/%s-%u.meta", a->dir, me, n);
 		s->fd = open(s->data, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 		if (s->fd >= 0 || errno != EEXIST || tries > 1000)
 			break;
@@ -200,8 +216,34 @@ int ulp_stage_commit(ulp_stage *s, const char *path, const ulp_meta *m, ulp_put_
 {
 	int rc = ulp_archive_put(s->a, path, s->fd, m, res);
 	if (rc == 0)
-		ulp_stage_discard(s);
+		ulp_stage_archived(s);
 	return rc;
+}
+
+/* Whether archived staged files wait for a publication (invariant 6). */
+static int keeps_archived(const ulp_archive *a)
+{
+	return a->sh && a->sh->writer && !a->rm;
+}
+
+/* A staged file's two files after it was archived: kept until a publication
+ * holds it (invariant 6), else removed. */
+static void archived_files(ulp_archive *a, const char *data, const char *meta)
+{
+	if (keeps_archived(a) && access(meta, F_OK) == 0 && ulp_shared_retain(a, data, meta) == 0)
+		return;
+	unlink(data);
+	unlink(meta);
+}
+
+void ulp_stage_archived(ulp_stage *s)
+{
+	if (!s)
+		return;
+	if (s->fd >= 0)
+		close(s->fd);
+	archived_files(s->a, s->data, s->meta);
+	free(s);
 }
 
 void ulp_stage_discard(ulp_stage *s)
@@ -273,36 +315,175 @@ static int parse_meta(const char *file, char *path, size_t cap, ulp_meta *m)
 	return 0;
 }
 
+/* Whether a name in staging/ is this process's: "<tag>-..." */
+static int mine(const char *name)
+{
+	char me[ULP_PROC_TAG_MAX];
+	ulp_proc_tag(me, sizeof(me));
+	size_t l = strlen(me);
+	return !strncmp(name, me, l) && name[l] == '-';
+}
+
+/* A claimed file's name (invariant 5): "c", 20 digits of epoch, "-". */
+static int is_claimed(const char *name)
+{
+	return name[0] == 'c' && strlen(name) > 22 && name[21] == '-' && strspn(name + 1, "0123456789") == 20;
+}
+
+static int name_cmp(const void *x, const void *y)
+{
+	const char *const *p = x, *const *q = y;
+	int cp = is_claimed(*p), cq = is_claimed(*q);
+	if (cp != cq)
+		return cq - cp; /* claimed ones (staged earlier) first */
+	return strcmp(*p, *q);
+}
+
+/* The names in staging/, sorted by name_cmp: 0, or NOENT (no staging/). */
+static int staging_names(ulp_archive *a, const char *dir, char ***out, size_t *n)
+{
+	*out = NULL;
+	*n = 0;
+	DIR *d = opendir(dir);
+	if (!d)
+		return errno == ENOENT ? -ULP_E_NOENT : io_err(a, dir, "opendir");
+	size_t cap = 0;
+	int rc = 0;
+	for (struct dirent *de; rc == 0 && (de = readdir(d));) {
+		if (de->d_name[0] == '.')
+			continue;
+		if ((rc = ulp_grow(out, &cap, *n, sizeof(**out))) == 0 && !((*out)[*n] = strdup(de->d_name)))
+			rc = -ULP_E_NOMEM;
+		if (rc == 0)
+			(*n)++;
+	}
+	closedir(d);
+	if (rc == 0 && *n > 1)
+		qsort(*out, *n, sizeof(**out), name_cmp);
+	return rc;
+}
+
+static void free_names(char **v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(v[i]);
+	free(v);
+}
+
+typedef struct claim {
+	char *base;        /* name without .data */
+	int claimed;       /* claimed before (c<epoch>-...) */
+	int64_t mtime_ns;  /* of its data */
+} claim;
+
+static int claim_cmp(const void *x, const void *y)
+{
+	const claim *p = x, *q = y;
+	if (p->claimed != q->claimed)
+		return q->claimed - p->claimed;
+	if (p->claimed)
+		return strcmp(p->base, q->base);
+	if (p->mtime_ns != q->mtime_ns)
+		return p->mtime_ns < q->mtime_ns ? -1 : 1;
+	return strcmp(p->base, q->base);
+}
+
+int ulp_stage_claim(ulp_archive *a)
+{
+	if (!keeps_archived(a))
+		return 0;
+	char dir[4300];
+	snprintf(dir, sizeof(dir), "%s/staging", a->dir);
+	char **names;
+	size_t n;
+	int rc = staging_names(a, dir, &names, &n);
+	if (rc == -ULP_E_NOENT)
+		return 0;
+	ULP_TRY(rc);
+	claim *c = calloc(n ? n : 1, sizeof(*c));
+	size_t nc = 0;
+	if (!c)
+		rc = -ULP_E_NOMEM;
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		size_t l = strlen(names[i]);
+		if (l < 6 || strcmp(names[i] + l - 5, ".data") || mine(names[i]))
+			continue;
+		char data[4600], meta[4600];
+		struct stat sb;
+		snprintf(data, sizeof(data), "%s/%s", dir, names[i]);
+		snprintf(meta, sizeof(meta), "%s/%.*s.meta", dir, (int)(l - 5), names[i]);
+		if (stat(meta, &sb) < 0 || stat(data, &sb) < 0)
+			continue; /* never recorded: recovery removes it */
+		c[nc].base = names[i];
+		c[nc].base[l - 5] = 0;
+		c[nc].claimed = is_claimed(names[i]);
+		c[nc].mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+		nc++;
+	}
+	if (nc > 1)
+		qsort(c, nc, sizeof(*c), claim_cmp);
+	unsigned moved = 0;
+	for (size_t i = 0; rc == 0 && i < nc; i++) {
+		char from[4600], to[4600];
+		char nb[64];
+		snprintf(nb, sizeof(nb), "c%020llu-%010zu", (unsigned long long)a->sh->epoch, i);
+		snprintf(from, sizeof(from), "%s/%s.meta", dir, c[i].base);
+		snprintf(to, sizeof(to), "%s/%s.meta", dir, nb);
+		if (rename(from, to) < 0) {
+			if (errno != ENOENT)
+				rc = io_err(a, from, "rename");
+			continue; /* gone meanwhile: not ours to archive */
+		}
+		snprintf(from, sizeof(from), "%s/%s.data", dir, c[i].base);
+		snprintf(to, sizeof(to), "%s/%s.data", dir, nb);
+		if (rename(from, to) < 0) {
+			int e = errno;
+			snprintf(from, sizeof(from), "%s/%s.meta", dir, nb);
+			unlink(from);
+			if (e != ENOENT) {
+				errno = e;
+				rc = io_err(a, to, "rename");
+			}
+			continue;
+		}
+		moved++;
+	}
+	if (rc == 0 && moved)
+		rc = fsync_staging(a);
+	free(c);
+	free_names(names, n);
+	return rc;
+}
+
 int ulp_stage_recover(ulp_archive *a, unsigned *recovered, unsigned *removed)
 {
 	char dir[4300];
 	snprintf(dir, sizeof(dir), "%s/staging", a->dir);
 	*recovered = *removed = 0;
-	DIR *d = opendir(dir);
-	if (!d)
-		return 0;
-	struct dirent *de;
-	int rc = 0;
-	while ((de = readdir(d))) {
-		size_t l = strlen(de->d_name);
+	char **names;
+	size_t nn;
+	int rc = staging_names(a, dir, &names, &nn);
+	if (rc < 0)
+		return rc == -ULP_E_NOENT ? 0 : rc;
+	for (size_t i = 0; i < nn; i++) {
+		const char *name = names[i];
+		size_t l = strlen(name);
 		char data[4600], meta[4600], path[4096];
-		long pid = strtol(de->d_name, NULL, 10);
-		if (pid == (long)getpid() || de->d_name[0] == '.')
+		if (mine(name))
 			continue;
-		if ((l > 4 && !strcmp(de->d_name + l - 4, ".tmp")) ||
-		    (l > 5 && !strcmp(de->d_name + l - 5, ".meta"))) {
+		if ((l > 4 && !strcmp(name + l - 4, ".tmp")) || (l > 5 && !strcmp(name + l - 5, ".meta"))) {
 			/* a sidecar being written when its process died (invariant 3),
 			 * or one whose data file is gone: nothing to recover */
-			snprintf(meta, sizeof(meta), "%s/%s", dir, de->d_name);
-			snprintf(data, sizeof(data), "%s/%.*s.data", dir, (int)(l - 5), de->d_name);
-			if (de->d_name[l - 1] == 'p' || access(data, F_OK) != 0)
+			snprintf(meta, sizeof(meta), "%s/%s", dir, name);
+			snprintf(data, sizeof(data), "%s/%.*s.data", dir, (int)(l - 5), name);
+			if (name[l - 1] == 'p' || access(data, F_OK) != 0)
 				unlink(meta);
 			continue;
 		}
-		if (l < 6 || strcmp(de->d_name + l - 5, ".data") != 0)
+		if (l < 6 || strcmp(name + l - 5, ".data") != 0)
 			continue;
-		snprintf(data, sizeof(data), "%s/%s", dir, de->d_name);
-		snprintf(meta, sizeof(meta), "%s/%.*s.meta", dir, (int)(l - 5), de->d_name);
+		snprintf(data, sizeof(data), "%s/%s", dir, name);
+		snprintf(meta, sizeof(meta), "%s/%.*s.meta", dir, (int)(l - 5), name);
 		ulp_meta m = {0};
 		if (parse_meta(meta, path, sizeof(path), &m) == 0) {
 			int fd = open(data, O_RDONLY | O_CLOEXEC);
@@ -314,13 +495,14 @@ int ulp_stage_recover(ulp_archive *a, unsigned *recovered, unsigned *removed)
 				continue;
 			}
 			(*recovered)++;
-		} else {
-			(*removed)++;
+			archived_files(a, data, meta);
+			continue;
 		}
+		(*removed)++;
 		unlink(data);
 		unlink(meta);
 	}
-	closedir(d);
+	free_names(names, nn);
 	return rc;
 }
 

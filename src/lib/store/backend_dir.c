@@ -82,9 +82,9 @@ static int dir_put_file(ulp_backend *b, int *fd, const char *tmp, const char *na
 static int dir_put(ulp_backend *b, const char *name, const void *p, size_t len)
 {
 	static unsigned counter;
-	char tmp[64], tpath[4400];
-	snprintf(tmp, sizeof(tmp), "tmp-%ld-put%u", (long)getpid(),
-	         __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
+	char tmp[160], tpath[4400], me[ULP_PROC_TAG_MAX];
+	ulp_proc_tag(me, sizeof(me));
+	snprintf(tmp, sizeof(tmp), "tmp-%s-put%u", me, __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
 	path_of(b, tmp, tpath);
 	int fd = open(tpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600); /* private: archive.c */
 	if (fd < 0)

@@ -239,10 +239,18 @@ void ulp_db_open_ahead(ulp_archive *a)
 /* A connection to the index: ulpack.db, or the URI db_uri names (a
  * read-only fallback), or the generation a following reader follows (its
  * seq in *seq). */
+void ulp_db_live_path(const ulp_archive *a, char *p, size_t cap)
+{
+	if (a->live)
+		snprintf(p, cap, "%s", a->live);
+	else
+		snprintf(p, cap, "%s/ulpack.db", a->dir);
+}
+
 static int open_conn(const ulp_archive *a, sqlite3 **out, uint64_t *seq, ulp_err *err)
 {
 	char path[4096];
-	snprintf(path, sizeof(path), "%s/ulpack.db", a->dir);
+	ulp_db_live_path(a, path, sizeof(path));
 	sqlite3 *db = NULL;
 	int flags = (a->read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) | SQLITE_OPEN_NOMUTEX;
 	char *uri = NULL;
@@ -667,7 +675,8 @@ void ulp_db_free_copy(ulp_archive *a)
 	}
 	free(a->db_copy);
 	free(a->db_uri);
-	a->db_copy = a->db_uri = NULL;
+	free(a->live);
+	a->db_copy = a->db_uri = a->live = NULL;
 }
 
 /*

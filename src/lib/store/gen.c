@@ -130,8 +130,9 @@ int ulp_netfs(const char *dir, char *name, size_t cap)
 /* shared.h: data into path whole, through path.tmp-PID and a rename */
 int ulp_shared_replace_file(ulp_archive *a, const char *path, const char *data, size_t n, int durable)
 {
-	char tmp[4300];
-	snprintf(tmp, sizeof(tmp), "%s.tmp-%ld", path, (long)getpid());
+	char tmp[4400], me[ULP_PROC_TAG_MAX];
+	ulp_proc_tag(me, sizeof(me));
+	snprintf(tmp, sizeof(tmp), "%s.tmp-%s", path, me);
 	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return ulp_arch_err(a, errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", tmp, strerror(errno));
@@ -196,6 +197,50 @@ static int read_current(const char *dir, current *c, ulp_err *err)
 		return ULP_ERR(err, -ULP_E_IO, "%s: %s", p, strerror(errno));
 	buf[n] = 0;
 	return parse_current(p, buf, c, err);
+}
+
+/* The newest pointer of a shared archive on a directory (invariant 7): the
+ * highest (epoch, generation) of index/CURRENT and the per-epoch pointers
+ * index/CURRENT-<epoch>: 0, NOENT (none), CORRUPT (none of them is one). A
+ * fenced writer's late rename of CURRENT never hides a newer writer's
+ * generation, since that writer's own pointer file is read too. */
+static int best_current(const char *dir, current *c, ulp_err *err)
+{
+	int rc = read_current(dir, c, err);
+	char p[4200];
+	snprintf(p, sizeof(p), "%s/index", dir);
+	DIR *d = opendir(p);
+	if (!d)
+		return rc;
+	for (struct dirent *e; (e = readdir(d));) {
+		if (strncmp(e->d_name, "CURRENT-", 8) || strlen(e->d_name) != 28)
+			continue;
+		char f[4300], buf[256];
+		snprintf(f, sizeof(f), "%s/%s", p, e->d_name);
+		int fd = open(f, O_RDONLY | O_CLOEXEC);
+		ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+		if (fd >= 0)
+			close(fd);
+		current x;
+		char m[64];
+		ulp_err xe = {m, sizeof(m)};
+		if (n <= 0)
+			continue;
+		buf[n] = 0;
+		if (parse_current(f, buf, &x, &xe) < 0)
+			continue;
+		if (rc < 0 || x.epoch > c->epoch || (x.epoch == c->epoch && x.gen > c->gen)) {
+			*c = x;
+			rc = 0;
+		}
+	}
+	closedir(d);
+	return rc;
+}
+
+static void epoch_pointer_path(const ulp_archive *a, uint64_t epoch, char *p, size_t cap)
+{
+	snprintf(p, cap, "%s/index/CURRENT-%020" PRIu64, a->dir, epoch);
 }
 
 /* The pointer's text for c. */
@@ -297,6 +342,7 @@ void ulp_shared_free(ulp_archive *a)
 	if (!sh)
 		return;
 	ulp_lease_give_back(a); /* joins the renewer */
+	ulp_shared_forget_retained(a); /* (what was not published stays for the next writer) */
 	free(sh->base_hash);
 	pthread_mutex_destroy(&sh->mu);
 	pthread_mutex_destroy(&sh->pub_mu);
@@ -365,15 +411,17 @@ static void drop_fetched(ulp_archive *a, const current *c)
 	free(g);
 }
 
-/* The writer's live index rebuilt from generation c: its base, with a
- * patch's pages over it, in WAL mode again (header bytes 18 and 19). */
-static int materialize(ulp_archive *a, const current *c, ulp_err *err)
+/* The writer's live index (the file live) rebuilt from generation c: its
+ * base, with a patch's pages over it, in WAL mode again (header bytes 18
+ * and 19). */
+static int materialize(ulp_archive *a, const current *c, const char *live, ulp_err *err)
 {
-	char base[4200], pf[4200], live[4300], tmp[4300];
+	char base[4200], pf[4200], tmp[4300];
 	gen_path(a, c->base, 0, base, sizeof(base));
 	gen_path(a, c->gen, 1, pf, sizeof(pf));
-	snprintf(live, sizeof(live), "%s/ulpack.db", a->dir);
-	snprintf(tmp, sizeof(tmp), "%s/ulpack.db.tmp-%ld", a->dir, (long)getpid());
+	char me[ULP_PROC_TAG_MAX];
+	ulp_proc_tag(me, sizeof(me));
+	snprintf(tmp, sizeof(tmp), "%s.tmp-%s", live, me);
 	int in = open(base, O_RDONLY | O_CLOEXEC);
 	int out = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	uint8_t *buf = malloc(1 << 20), *pm = NULL;
@@ -479,7 +527,7 @@ int ulp_gen_remote_writer(ulp_archive *a, ulp_err *err)
 		char line[160];
 		int n = format_current(&c, line, sizeof(line)), k;
 		ULP_TRY(fetch_gen(a, &c, err));
-		ULP_TRY(materialize(a, &c, err));
+		ULP_TRY(materialize(a, &c, live, err));
 		char cur[4300];
 		snprintf(cur, sizeof(cur), "%s/index/CURRENT", a->dir);
 		if ((k = ulp_shared_replace_file(a, cur, line, (size_t)n, 1)) < 0)
@@ -600,7 +648,7 @@ static int follow(ulp_archive *a, const current *c, ulp_err *err)
 int ulp_gen_reader_open(ulp_archive *a, ulp_err *err)
 {
 	current c;
-	int rc = a->rm ? remote_current(a, &c, NULL, err) : read_current(a->dir, &c, err);
+	int rc = a->rm ? remote_current(a, &c, NULL, err) : best_current(a->dir, &c, err);
 	if (rc == 0 && a->rm)
 		rc = fetch_gen(a, &c, err);
 	if (rc == -ULP_E_NOENT && a->rm)
@@ -630,7 +678,7 @@ void ulp_gen_poll(ulp_archive *a, int force)
 	current c;
 	char msg[512];
 	ulp_err e = {msg, sizeof(msg)};
-	if ((a->rm ? remote_current(a, &c, NULL, &e) : read_current(a->dir, &c, &e)) < 0)
+	if ((a->rm ? remote_current(a, &c, NULL, &e) : best_current(a->dir, &c, &e)) < 0)
 		return; /* the generation followed stays */
 	pthread_mutex_lock(&sh->mu);
 	int newer = c.epoch >= sh->gen_epoch && c.gen > sh->gen;
@@ -640,6 +688,151 @@ void ulp_gen_poll(ulp_archive *a, int force)
 }
 
 /* ---- the writer ----------------------------------------------------------- */
+
+static void live_path(const ulp_archive *a, uint64_t epoch, char *p, size_t cap)
+{
+	snprintf(p, cap, "%s/index/live-%020" PRIu64 ".db", a->dir, epoch);
+}
+
+/* Whether index/ holds a per-epoch pointer (an archive whose writers keep
+ * their live index per epoch: invariant 7). */
+static int has_epoch_pointers(const ulp_archive *a)
+{
+	char p[4200];
+	snprintf(p, sizeof(p), "%s/index", a->dir);
+	DIR *d = opendir(p);
+	int found = 0;
+	for (struct dirent *e; d && !found && (e = readdir(d));)
+		found = !strncmp(e->d_name, "CURRENT-", 8) && strlen(e->d_name) == 28;
+	if (d)
+		closedir(d);
+	return found;
+}
+
+int ulp_gen_writer_open(ulp_archive *a, ulp_err *err)
+{
+	ulp_shared *sh = a->sh;
+	if (a->rm || !sh || !sh->writer)
+		return 0;
+	current c;
+	if (!has_epoch_pointers(a))
+		return 0; /* an archive of an older writer: its ulpack.db this once */
+	int rc = best_current(a->dir, &c, err);
+	if (rc == -ULP_E_NOENT)
+		return 0;
+	ULP_TRY(rc);
+	char p[4200];
+	live_path(a, sh->epoch, p, sizeof(p));
+	ULP_TRY(materialize(a, &c, p, err));
+	if (!(a->live = strdup(p)))
+		return -ULP_E_NOMEM;
+	pthread_mutex_lock(&sh->mu);
+	sh->gen = c.gen;
+	sh->gen_epoch = c.epoch;
+	pthread_mutex_unlock(&sh->mu);
+	return 0;
+}
+
+/* What earlier epochs left in index/: their pointers (this writer's own
+ * names every generation) and their live index files, which only their
+ * fenced writers would still write (invariant 7). */
+static int drop_old_epochs(ulp_archive *a)
+{
+	char p[4200];
+	snprintf(p, sizeof(p), "%s/index", a->dir);
+	DIR *d = opendir(p);
+	if (!d)
+		return -1;
+	for (struct dirent *e; (e = readdir(d));) {
+		uint64_t ep = 0;
+		int at = 0;
+		if ((sscanf(e->d_name, "CURRENT-%20" SCNu64 "%n", &ep, &at) == 1 ||
+		     sscanf(e->d_name, "live-%20" SCNu64 "%n", &ep, &at) == 1) && at > 0 && ep < a->sh->epoch) {
+			char f[4600];
+			snprintf(f, sizeof(f), "%s/%s", p, e->d_name);
+			unlink(f);
+		}
+	}
+	closedir(d);
+	return 0;
+}
+
+/* Invariant 8: a staged file archived by this writer stays in staging/
+ * until a generation that holds it is published. */
+int ulp_shared_retain(ulp_archive *a, const char *data, const char *meta)
+{
+	ulp_shared *sh = a->sh;
+	ulp_retained *r = malloc(sizeof(*r));
+	if (r && !(r->data = strdup(data))) {
+		free(r);
+		r = NULL;
+	}
+	if (r && !(r->meta = strdup(meta))) {
+		free(r->data);
+		free(r);
+		r = NULL;
+	}
+	if (!r)
+		return -ULP_E_NOMEM;
+	pthread_mutex_lock(&sh->mu);
+	r->seq = sh->pub_started; /* its commit is complete: a publication started later holds it */
+	r->next = sh->retained;
+	sh->retained = r;
+	pthread_mutex_unlock(&sh->mu);
+	return 0;
+}
+
+/* Whether a staged file waits for a publication that starts after seq. */
+static int retained_before(ulp_shared *sh, uint64_t seq)
+{
+	pthread_mutex_lock(&sh->mu);
+	int any = 0;
+	for (ulp_retained *r = sh->retained; r && !any; r = r->next)
+		any = r->seq < seq;
+	pthread_mutex_unlock(&sh->mu);
+	return any;
+}
+
+/* The staged files that the publication numbered seq made safe (retained
+ * before it started): their files go. */
+static void release_retained(ulp_archive *a, uint64_t seq)
+{
+	ulp_shared *sh = a->sh;
+	ulp_retained *go = NULL;
+	pthread_mutex_lock(&sh->mu);
+	for (ulp_retained **pp = &sh->retained; *pp;) {
+		ulp_retained *r = *pp;
+		if (r->seq < seq) {
+			*pp = r->next;
+			r->next = go;
+			go = r;
+		} else {
+			pp = &r->next;
+		}
+	}
+	pthread_mutex_unlock(&sh->mu);
+	while (go) {
+		ulp_retained *n = go->next;
+		unlink(go->data);
+		unlink(go->meta);
+		free(go->data);
+		free(go->meta);
+		free(go);
+		go = n;
+	}
+}
+
+void ulp_shared_forget_retained(ulp_archive *a)
+{
+	ulp_shared *sh = a->sh;
+	while (sh && sh->retained) {
+		ulp_retained *n = sh->retained->next;
+		free(sh->retained->data);
+		free(sh->retained->meta);
+		free(sh->retained);
+		sh->retained = n;
+	}
+}
 
 static int fsync_path(ulp_archive *a, const char *p, int dir)
 {
@@ -939,9 +1132,14 @@ int ulp_gen_publish(ulp_archive *a, int force)
 	pthread_mutex_lock(&sh->pub_mu);
 	/* every commit of this process counts (db.c's commit hook): the lease
 	 * keeps other processes from writing */
+	pthread_mutex_lock(&sh->mu);
+	uint64_t seq = ++sh->pub_started; /* invariant 8 */
+	pthread_mutex_unlock(&sh->mu);
 	uint64_t changes = __atomic_load_n(&a->commits, __ATOMIC_RELAXED);
 	int rc = ulp_lease_ok(a);
-	if (rc < 0 || (!force && changes == sh->published_changes)) {
+	if (rc == 0 && !__atomic_load_n(&sh->opened, __ATOMIC_ACQUIRE))
+		rc = ulp_arch_err(a, -ULP_E_INVAL, "%s: the archive did not open: nothing of it is published", a->dir);
+	if (rc < 0 || (!force && changes == sh->published_changes && !retained_before(sh, seq))) {
 		pthread_mutex_unlock(&sh->pub_mu);
 		return rc;
 	}
@@ -963,8 +1161,10 @@ int ulp_gen_publish(ulp_archive *a, int force)
 		sqlite3_busy_timeout(db, 30000);
 	}
 	char live[4300], snap[4300];
-	snprintf(live, sizeof(live), "%s/ulpack.db", a->dir);
-	snprintf(snap, sizeof(snap), "%s/index/snap-%ld", a->dir, (long)getpid());
+	ulp_db_live_path(a, live, sizeof(live));
+	char me[ULP_PROC_TAG_MAX];
+	ulp_proc_tag(me, sizeof(me));
+	snprintf(snap, sizeof(snap), "%s/index/snap-%s", a->dir, me);
 	if (rc == 0 && !full) {
 		unlink(snap);
 		rc = backup_copy(a, db, snap);
@@ -980,11 +1180,11 @@ int ulp_gen_publish(ulp_archive *a, int force)
 		rc = list_gens(a, &gens, &ng);
 	uint64_t next = ng ? gens[ng - 1].gen + 1 : 1;
 	free(gens);
-	if (rc == 0 && read_current(a->dir, &c, &e) == 0 && c.gen >= next)
+	if (rc == 0 && (a->rm ? read_current(a->dir, &c, &e) : best_current(a->dir, &c, &e)) == 0 && c.gen >= next)
 		next = c.gen + 1;
 	if (a->rm && next < sh->epoch << 32)
 		next = sh->epoch << 32; /* remote.h invariant 4: this epoch's own numbers */
-	snprintf(tmp, sizeof(tmp), "%s/index/tmp-%ld-%" PRIu64, a->dir, (long)getpid(), next);
+	snprintf(tmp, sizeof(tmp), "%s/index/tmp-%s-%" PRIu64, a->dir, me, next);
 	snprintf(cur, sizeof(cur), "%s/index/CURRENT", a->dir);
 	int in = rc == 0 ? open(live, O_RDONLY | O_CLOEXEC) : -1;
 	if (rc == 0 && in < 0)
@@ -1026,8 +1226,20 @@ int ulp_gen_publish(ulp_archive *a, int force)
 		close(out);
 	if (in >= 0)
 		close(in);
-	if (rc == 0 && rename(tmp, fin) < 0)
-		rc = io_err(a, fin, "rename");
+	/* invariant 7: a generation file is created, never replaced (a link
+	 * fails where the name exists): a fenced writer's late one cannot take
+	 * the place of this writer's, nor this writer's the place of its */
+	for (int tries = 0; rc == 0; tries++) {
+		if (link(tmp, fin) == 0) {
+			unlink(tmp);
+			break;
+		}
+		if (errno != EEXIST || tries >= 64 || a->rm) {
+			rc = io_err(a, fin, "link");
+			break;
+		}
+		gen_path(a, ++next, !whole, fin, sizeof(fin));
+	}
 	if (rc == 0) {
 		char idx[4200];
 		snprintf(idx, sizeof(idx), "%s/index", a->dir);
@@ -1041,8 +1253,13 @@ int ulp_gen_publish(ulp_archive *a, int force)
 		char line[160];
 		current nc = {next, sh->epoch, (uint64_t)ob.st_size, whole ? next : sh->base_gen};
 		int l = format_current(&nc, line, sizeof(line));
-		if (a->rm)
+		if (a->rm) {
 			rc = remote_swap(a, line, (size_t)l);
+		} else { /* invariant 7: this epoch's own pointer first */
+			char ep[4200];
+			epoch_pointer_path(a, sh->epoch, ep, sizeof(ep));
+			rc = ulp_shared_replace_file(a, ep, line, (size_t)l, 1);
+		}
 		if (rc == 0)
 			rc = ulp_shared_replace_file(a, cur, line, (size_t)l, 1);
 	}
@@ -1071,6 +1288,9 @@ int ulp_gen_publish(ulp_archive *a, int force)
 		sh->gen = next;
 		sh->gen_epoch = sh->epoch;
 		pthread_mutex_unlock(&sh->mu);
+		release_retained(a, seq);
+		if (!a->rm && !sh->old_pointers_gone)
+			sh->old_pointers_gone = drop_old_epochs(a) == 0;
 	}
 	free(sc.chg);
 	free(sc.chg_no);

@@ -52,7 +52,7 @@ _Static_assert(sizeof(PACK_MAGIC) - 1 == ULP_PACK_HEADER, "the header arch_int.h
 struct ulp_pack_writer {
 	ulp_archive *a;
 	int fd;
-	char tmpname[64];   /* its temporary object under packs/ */
+	char tmpname[160];   /* its temporary object under packs/ */
 	char tmp[4200];     /* the same as a path (the streaming writer's file) */
 	uint64_t size;
 	int renamed;        /* the file is final, no longer tmp */
@@ -168,8 +168,9 @@ int ulp_pack_writer_new(ulp_archive *a, ulp_pack_writer **out)
 		free(w);
 		return -ULP_E_NOMEM;
 	}
-	snprintf(w->tmpname, sizeof(w->tmpname), "tmp-%ld-%u", (long)getpid(),
-	         __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
+	char me[ULP_PROC_TAG_MAX];
+	ulp_proc_tag(me, sizeof(me)); /* (a pid alone is no name on a shared file system) */
+	snprintf(w->tmpname, sizeof(w->tmpname), "tmp-%s-%u", me, __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
 	snprintf(w->tmp, sizeof(w->tmp), "%s/packs/%s", a->dir, w->tmpname);
 	/* not through the backend: the pack is written here a blob at a time,
 	 * from several threads (ulp_pack_write_at), and put_file makes it the

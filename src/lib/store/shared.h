@@ -38,6 +38,14 @@
 #define ULP_GRACE_S_DEFAULT 600     /* a superseded generation and a pack the index
                                        dropped stay this long */
 
+/* A staged file archived by the writer, kept until a publication that
+ * started after it was archived holds it (gen.c invariant 8). */
+typedef struct ulp_retained {
+	char *data, *meta;           /* its staging files */
+	uint64_t seq;                /* pub_started when it was retained */
+	struct ulp_retained *next;
+} ulp_retained;
+
 /*
  * The shared state of an archive handle (a->sh), NULL for an archive that
  * is not shared. Lock order: sh->mu is taken under write_mu and never the
@@ -64,6 +72,14 @@ struct ulp_shared {
 	                                whole (0: none yet), which patches build on */
 	uint32_t base_page_size, base_pages; /* guarded by pub_mu: its geometry */
 	uint64_t *base_hash;         /* guarded by pub_mu: XXH3 of each of its pages */
+	int old_pointers_gone;       /* guarded by pub_mu: earlier epochs' pointers and
+	                                live files removed (gen.c invariant 7) */
+	uint64_t pub_started;        /* guarded by mu: publications started */
+	ulp_retained *retained;      /* guarded by mu: staged files waiting for a
+	                                publication (gen.c invariant 8) */
+	int opened;                  /* atomic: the archive opened whole; until then
+	                                nothing is published (a failed open publishes
+	                                nothing) */
 	/* the lease (lease.c) */
 	uint64_t epoch;              /* set at open, read-only after (writer) */
 	int64_t ok_mono_ms;          /* atomic: monotonic start of the last renewal that
@@ -97,6 +113,14 @@ int ulp_gen_oldest(ulp_archive *a, uint64_t *oldest);
  * epoch after it (BUSY: another writer won). */
 int ulp_gen_remote_writer(ulp_archive *a, ulp_err *err);
 int ulp_gen_remote_claim(ulp_archive *a, ulp_err *err);
+/* A writer on a directory, its lease taken and staging claimed: its live
+ * index rebuilt from the newest generation (invariant 7). */
+int ulp_gen_writer_open(ulp_archive *a, ulp_err *err);
+/* Keeps a staged file's two files until a publication holds it (gen.c
+ * invariant 8); NOMEM: not kept (the caller removes them). */
+int ulp_shared_retain(ulp_archive *a, const char *data, const char *meta);
+/* The list of retained files let go, their files left for the next writer. */
+void ulp_shared_forget_retained(ulp_archive *a);
 int ulp_netfs(const char *dir, char *name, size_t cap);
 /* Writes data into path whole (a temporary and a rename); durable: fsynced
  * with its directory. */
