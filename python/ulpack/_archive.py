@@ -413,6 +413,10 @@ class Writer(Archive):
             m = meta if meta is not None else _default_meta(mode)
             self._mkparents(path)
             self._check(lib.ulp_archive_put(self._a, enc(path), fd, ctypes.byref(m), ctypes.byref(res)), path)
+            # a shared archive: on every host, and safe from a kill of this
+            # process, once published (its next writer starts from the newest
+            # generation); a no-op for an archive that is not shared
+            self._check(lib.ulp_archive_publish(self._a), path)
         return {"raw_bytes": res.raw_bytes, "stored_bytes": res.stored_bytes, "tensors": res.tensors,
                 "deltas": res.deltas, "anchors": res.anchors, "reused": res.reused,
                 "ref_path": res.ref_path.decode("utf-8", "replace")}

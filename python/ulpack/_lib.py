@@ -99,6 +99,7 @@ _PROTOS = {
     "ulp_file_set_readahead": (None, [c_void_p, c_int]),
     "ulp_file_close": (None, [c_void_p]),
     "ulp_archive_put": (c_int, [c_void_p, c_char_p, c_int, _P(Meta), _P(PutResult)]),
+    "ulp_archive_publish": (c_int, [c_void_p]),
     "ulp_archive_expect": (c_int, [c_void_p, _P(c_char_p), c_size_t, _P(c_u32)]),
     "ulp_putq_new": (c_int, [c_void_p, _P(c_void_p)]),
     "ulp_putq_put": (c_int, [c_void_p, c_char_p, c_int, _P(Meta), _P(PutResult)]),
