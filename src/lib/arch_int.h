@@ -479,6 +479,10 @@ int ulp_index_run_steps(ulp_archive *a, const char *run, int (*cb)(void *arg, in
 /* In the caller's transaction: removes the files of those steps under run
  * and the directories that leaves empty below run. */
 int ulp_index_forget_steps(ulp_archive *a, const char *run, const int64_t *steps, size_t n);
+/* What a session's idle pass has to do at its start (maint.c invariant 8):
+ * ULP_DUE_* bits. */
+enum { ULP_DUE_RECODE = 1, ULP_DUE_RECLAIM = 2, ULP_DUE_SWEEP = 4 };
+int ulp_archive_tidy_due(ulp_archive *a, unsigned *due);
 /* recode.c test hook: 1..3 exit the process at a point of a commit */
 extern int ulp_recode_crash_at;
 /* maint.c test hook: 1..7 exit the process (status 98) at a point of a
