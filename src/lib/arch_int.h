@@ -389,6 +389,15 @@ int ulp_index_has_pack(ulp_archive *a, const char *name);
 int ulp_index_space(ulp_archive *a, unsigned pct, ulp_space *sp);
 /* Truncates the write-ahead log if no reader holds it (else nothing). */
 void ulp_index_checkpoint(ulp_archive *a);
+/* The index's reserve for removing on a full disk (db.c): allocated where
+ * there is room for 1.25 ULP_DB_RESERVE (read-write opens, reclaiming);
+ * ulp_db_nospc_retry, for a removal or a reclaim that failed with NOSPC,
+ * checkpoints and releases it: 1 if it was released (try once more);
+ * ulp_db_reserve_release releases it alone. */
+#define ULP_DB_RESERVE ((uint64_t)4 << 20)
+void ulp_db_reserve_make(ulp_archive *a);
+int ulp_db_reserve_release(ulp_archive *a);
+int ulp_db_nospc_retry(ulp_archive *a);
 
 /* Every blob of the chains of file path (its extents' blobs and their
  * references, transitively): content, pack, offset, stored size. */

@@ -606,6 +606,8 @@ int ulp_archive_reclaim(ulp_archive *a, const ulp_reclaim_opts *o, ulp_gc_result
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is open read-only", a->dir);
 	pthread_mutex_lock(&a->write_mu);
 	int rc = drop_dead(a, 1, &g, &r);
+	if (rc == -ULP_E_NOSPC && ulp_db_nospc_retry(a)) /* a full disk: the index's reserve (db.c) */
+		rc = drop_dead(a, 1, &g, &r);
 	pthread_mutex_unlock(&a->write_mu);
 	uint64_t rewritten = r.packs_rewritten, total = 0, done = 0;
 	for (size_t i = 0; rc == 0 && i < g.n; i++)
@@ -661,6 +663,7 @@ int ulp_archive_reclaim(ulp_archive *a, const ulp_reclaim_opts *o, ulp_gc_result
 	}
 	if (r.packs_removed || r.packs_rewritten)
 		ulp_archive_trim(a); /* the mappings of removed packs nobody pins */
+	ulp_db_reserve_make(a); /* where it was released and there is room again */
 	return rc;
 }
 
@@ -783,7 +786,7 @@ int ulp_archive_space(ulp_archive *a, ulp_space *out)
 	ulp_space sp = {0};
 	char path[4400];
 	sp.disk_bytes = ulp_archive_disk_bytes(a);
-	static const char *const idx[] = {"ulpack.db", "ulpack.db-wal", "ulpack.db-shm"};
+	static const char *const idx[] = {"ulpack.db", "ulpack.db-wal", "ulpack.db-shm", "ulpack.reserve"};
 	for (size_t i = 0; i < sizeof(idx) / sizeof(idx[0]); i++) {
 		snprintf(path, sizeof(path), "%s/%s", a->dir, idx[i]);
 		sp.index_bytes += du_bytes(path, 8);
