@@ -35,10 +35,11 @@ steps = sorted(int(n.split("-")[1]) for n in os.listdir(src))
 opened = failed = 0
 end = time.monotonic() + 40
 final = None
+have = set()
 while time.monotonic() < end:
     if final is None and os.path.exists(done):
-        final = time.monotonic() + 1.5  # the last generation followed
-    if final is not None and time.monotonic() > final:
+        final = time.monotonic() + 10  # (a bound: until the last generation is followed)
+    if final is not None and (time.monotonic() > final or len(have) == len(steps)):
         break
     names = os.listdir(run)
     have = {int(n.split("-")[1]) for n in names if n.startswith("checkpoint-")}
