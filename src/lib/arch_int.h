@@ -392,7 +392,7 @@ void ulp_index_checkpoint(ulp_archive *a);
 /* The index's reserve for removing on a full disk (db.c): allocated where
  * there is room for 1.25 ULP_DB_RESERVE (read-write opens, reclaiming);
  * ulp_db_nospc_retry, for a removal or a reclaim that failed with NOSPC,
- * checkpoints and releases it: 1 if it was released (try once more);
+ * checkpoints and releases it: 1 if that freed space (try once more);
  * ulp_db_reserve_release releases it alone. */
 #define ULP_DB_RESERVE ((uint64_t)4 << 20)
 void ulp_db_reserve_make(ulp_archive *a);

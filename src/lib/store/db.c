@@ -44,7 +44,7 @@
  * system has room for a quarter more than that, and a removal (or the reclaiming that
  * follows it) that fails for a full disk gives the log its space back
  * (ulp_db_nospc_retry: a truncating checkpoint, then the reserve released)
- * and is tried once more; so does a read-write open that cannot make its
+ * and is tried once more if either freed space; so does a read-write open that cannot make its
  * wal-index on a full disk (without an open nothing can be removed);
  * ulp_archive_reclaim allocates the reserve again once there is room.
  * Nothing else ever releases it (an archiving that fills the disk fails as
@@ -854,8 +854,15 @@ int ulp_db_reserve_release(ulp_archive *a)
 
 int ulp_db_nospc_retry(ulp_archive *a)
 {
+	char p[4400];
+	struct stat sb;
 	if (a->read_only)
 		return 0;
-	ulp_index_checkpoint(a); /* the log's frames into ulpack.db (deletions do not grow it) */
-	return ulp_db_reserve_release(a);
+	/* the log's frames into ulpack.db (deletions do not grow it), the log
+	 * truncated: its space back, if it held some */
+	snprintf(p, sizeof(p), "%s/ulpack.db-wal", a->dir);
+	uint64_t before = stat(p, &sb) == 0 ? (uint64_t)sb.st_blocks : 0;
+	ulp_index_checkpoint(a);
+	uint64_t after = stat(p, &sb) == 0 ? (uint64_t)sb.st_blocks : 0;
+	return ulp_db_reserve_release(a) || after < before;
 }
