@@ -26,6 +26,14 @@
  *     disk bytes as used). Every file's user.ulpack.state says
  *     staged, archived or failed with the errno and cause.
  *  5. Writers: see direct_writer().
+ *  6. Listing and lookup agree: a name readdir lists is found by lookup.
+ *     A read-write mount keeps no negative entries; a read-only mount that
+ *     follows a shared archive's generations keeps none either, as a new
+ *     generation adds names that the kernel may have cached as missing;
+ *     the entries and attributes it keeps are positive, and a generation
+ *     only adds what the writer archived, so they never hide a listed
+ *     name. Only a read-only mount of an unshared archive caches misses
+ *     (10 s).
  */
 #define FUSE_USE_VERSION 312
 #include "config.h"
@@ -171,9 +179,13 @@ static void *ulpfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 	ulp_generation g;
 	if (fs.a && ulp_archive_generation(fs.a, &g) == 0 && g.shared && fs.read_only) {
 		/* following a writer's generations: what the kernel knows goes stale
-		 * at most a poll interval (at most 1 s) after a new generation */
+		 * at most a poll interval (at most 1 s) after a new generation. No
+		 * negative entries (invariant 6): a name looked up before its step
+		 * was published (a reader waiting for it) would answer ENOENT after
+		 * readdir lists it */
 		double t = g.poll_ms < 1000 ? g.poll_ms / 1000.0 : 1.0;
-		cfg->entry_timeout = cfg->attr_timeout = cfg->negative_timeout = t;
+		cfg->entry_timeout = cfg->attr_timeout = t;
+		cfg->negative_timeout = 0.0;
 	}
 	/* started here, in the process that serves (after daemonizing) */
 	if (!fs.read_only) {

@@ -402,6 +402,15 @@ int ulp_index_has_pack(ulp_archive *a, const char *name);
 int ulp_index_space(ulp_archive *a, unsigned pct, ulp_space *sp);
 /* Truncates the write-ahead log if no reader holds it (else nothing). */
 void ulp_index_checkpoint(ulp_archive *a);
+/* The index's reserve for removing on a full disk (db.c): allocated where
+ * there is room for 1.25 ULP_DB_RESERVE (read-write opens, reclaiming);
+ * ulp_db_nospc_retry, for a removal or a reclaim that failed with NOSPC,
+ * checkpoints and releases it: 1 if that freed space (try once more);
+ * ulp_db_reserve_release releases it alone. */
+#define ULP_DB_RESERVE ((uint64_t)4 << 20)
+void ulp_db_reserve_make(ulp_archive *a);
+int ulp_db_reserve_release(ulp_archive *a);
+int ulp_db_nospc_retry(ulp_archive *a);
 
 /* Every blob of the chains of file path (its extents' blobs and their
  * references, transitively): content, pack, offset, stored size. */
@@ -492,6 +501,10 @@ int ulp_index_run_steps(ulp_archive *a, const char *run, int (*cb)(void *arg, in
 /* In the caller's transaction: removes the files of those steps under run
  * and the directories that leaves empty below run. */
 int ulp_index_forget_steps(ulp_archive *a, const char *run, const int64_t *steps, size_t n);
+/* What a session's idle pass has to do at its start (maint.c invariant 8):
+ * ULP_DUE_* bits. */
+enum { ULP_DUE_RECODE = 1, ULP_DUE_RECLAIM = 2, ULP_DUE_SWEEP = 4 };
+int ulp_archive_tidy_due(ulp_archive *a, unsigned *due);
 /* recode.c test hook: 1..3 exit the process at a point of a commit */
 extern int ulp_recode_crash_at;
 /* maint.c test hook: 1..7 exit the process (status 98) at a point of a

@@ -499,7 +499,7 @@ int ulp_archive_reclaim(ulp_archive *a, const ulp_reclaim_opts *o, ulp_gc_result
  * allocated blocks, as du(1) counts them. */
 typedef struct ulp_space {
 	uint64_t disk_bytes;        /* the archive directory: index, packs, staging */
-	uint64_t index_bytes;       /* of which ulpack.db with its -wal and -shm */
+	uint64_t index_bytes;       /* of which ulpack.db with its -wal and -shm, and ulpack.reserve */
 	uint64_t pack_disk_bytes;   /* of which the files under packs/ */
 	uint64_t staging_bytes;     /* of which staged files (not archived yet) */
 	uint64_t pack_bytes;        /* bytes of the packs the index names */

@@ -704,6 +704,64 @@ static void test_tidy_retry(void)
 	ulp_archive_close(a);
 }
 
+/* issue 34 item 3: what a crash (kill -9 during the idle pass) left behind
+ * (files queued for re-basing, a removed step's packs, a pack file the index
+ * does not name) is the work of the next session's first idle pass, with no
+ * write; before, it waited for a write or the close */
+static void test_leftovers_at_open(void)
+{
+	char dir[300], p[400];
+	ulp_archive *a = fresh(dir, sizeof(dir));
+	for (int k = 1; k <= 4; k++) { /* put without a session: nothing re-based */
+		size_t n;
+		uint8_t *b = step_bytes(k, &n);
+		snprintf(p, sizeof(p), "%s/step.safetensors", root);
+		int fd = open(p, O_RDONLY);
+		REQUIRE(fd >= 0, "open %s", p);
+		snprintf(p, sizeof(p), "run/checkpoint-%d/model.safetensors", k);
+		CHECK(ulp_archive_put(a, p, fd, &M644, NULL) == 0, "put %s", p);
+		close(fd);
+		free(b);
+	}
+	CHECK(ulp_archive_remove(a, "run/checkpoint-1/model.safetensors") == 0, "remove step 1");
+	snprintf(p, sizeof(p), "%s/packs/0123456789abcdef0123456789abcdef.pack", dir);
+	FILE *f = fopen(p, "wb");
+	REQUIRE(f, "create %s", p);
+	static uint8_t junk[100000];
+	fwrite(junk, 1, sizeof(junk), f);
+	fclose(f);
+	ulp_space sp;
+	CHECK(ulp_archive_space(a, &sp) == 0 && sp.pending_recodes > 0 && sp.dead_packs > 0,
+	      "leftovers: %llu pending re-codes, %llu dead packs", (unsigned long long)sp.pending_recodes,
+	      (unsigned long long)sp.dead_packs);
+	ulp_archive_close(a);
+	char err[512];
+	ulp_archive_opts o = {.cache_size = 64 << 20, .max_chain = 0, .threads = 2};
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "reopen: %s", err);
+	ulp_session *s = NULL;
+	REQUIRE(ulp_session_open(a, NULL, &s) == 0, "session");
+	int done = 0;
+	for (int i = 0; i < 300 && !done; i++) { /* (a bound, not a timing) */
+		usleep(50 * 1000);
+		done = ulp_archive_space(a, &sp) == 0 && sp.pending_recodes == 0 && sp.dead_packs == 0 &&
+		       access(p, F_OK) != 0;
+	}
+	CHECK(done, "idle, no write: re-coded and reclaimed (%llu pending, %llu dead packs, unnamed pack %s)",
+	      (unsigned long long)sp.pending_recodes, (unsigned long long)sp.dead_packs,
+	      access(p, F_OK) == 0 ? "still there" : "gone");
+	CHECK(depth_of(a, "run/checkpoint-3/model.safetensors") == 1, "step 3 re-based against step 4 (%u)",
+	      depth_of(a, "run/checkpoint-3/model.safetensors"));
+	for (int k = 2; k <= 4; k++) {
+		size_t n;
+		uint8_t *b = step_bytes(k, &n);
+		snprintf(p, sizeof(p), "run/checkpoint-%d/model.safetensors", k);
+		CHECK(archived_is(a, p, b, n), "%s whole", p);
+		free(b);
+	}
+	CHECK(ulp_session_close(s) == 0, "close");
+	ulp_archive_close(a);
+}
+
 /* issue 28 item 2: a chmod, chown or utimens made after close, while the file
  * waits in the queue, survives a crash (kill -9) before its archiving: the
  * recovered file has the new metadata (it came back 0644) */
@@ -948,6 +1006,7 @@ int main(void)
 		test_busy_under();
 		test_rebase_waits();
 		test_tidy_retry();
+		test_leftovers_at_open();
 		test_setattr_crash();
 		test_staged_orphans();
 		test_backpressure();

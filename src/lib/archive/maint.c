@@ -36,6 +36,12 @@
  *     invariant 4 retires them), and the sweep of unnamed files (invariant
  *     3) leaves it alone meanwhile.
  *
+ *  8. Nothing a crash leaves waits for new writes: the pass at close
+ *     sweeps it, and a session asks at its start what is due
+ *     (ulp_archive_tidy_due: queued re-codes, orphans, dead or sparse packs,
+ *     files invariant 3 removes) and does it at its first idle pass
+ *     (session.c invariant 13).
+ *
  * verify invariant:
  *  6. Every file under the prefix is decoded and its sha256 compared, in
  *     whatever order the threads take them; damage is reported in the
@@ -410,6 +416,8 @@ static int rewrite_pack(rctx *r)
 struct sweep {
 	ulp_archive *a;
 	uint64_t freed;
+	int count_only;  /* ulp_archive_tidy_due: count what would go, remove nothing */
+	uint64_t files;  /* with count_only: how many */
 };
 
 static int sweep_one(void *arg, const char *n, uint64_t size)
@@ -422,7 +430,9 @@ static int sweep_one(void *arg, const char *n, uint64_t size)
 	} else if (strlen(n) > 5 && !strcmp(n + strlen(n) - 5, ".pack")) {
 		drop = ulp_index_has_pack(sw->a, n) == 0 && (!sw->a->sh || ulp_index_grace_has(sw->a, n) == 0);
 	}
-	if (drop) {
+	if (drop && sw->count_only) {
+		sw->files++;
+	} else if (drop) {
 		sw->freed += size;
 		ulp_pack_remove(sw->a, n);
 	}
@@ -432,9 +442,31 @@ static int sweep_one(void *arg, const char *n, uint64_t size)
 /* Removes pack files the index does not know and dead processes' temporaries. */
 static uint64_t sweep_files(ulp_archive *a)
 {
-	struct sweep sw = {a, 0};
+	struct sweep sw = {a, 0, 0, 0};
 	ulp_pack_list(a, "", sweep_one, &sw);
 	return sw.freed;
+}
+
+/*
+ * Invariant 8: what a crash (kill -9) left for the idle pass of the next
+ * session: files queued for re-basing or tensors coded against removed
+ * steps, packs with nothing live or under the threshold, pack files the
+ * index does not name and dead processes' temporaries.
+ */
+int ulp_archive_tidy_due(ulp_archive *a, unsigned *due)
+{
+	ulp_space sp = {0};
+	*due = 0;
+	ULP_TRY(ulp_index_space(a, ULP_RECLAIM_LIVE_PERCENT, &sp));
+	if (sp.pending_recodes)
+		*due |= ULP_DUE_RECODE;
+	if (sp.dead_packs || sp.sparse_packs)
+		*due |= ULP_DUE_RECLAIM;
+	struct sweep sw = {a, 0, 1, 0};
+	ULP_TRY(ulp_pack_list(a, "", sweep_one, &sw));
+	if (sw.files)
+		*due |= ULP_DUE_SWEEP;
+	return 0;
 }
 
 int ulp_reclaim_crash_at;
@@ -574,6 +606,8 @@ int ulp_archive_reclaim(ulp_archive *a, const ulp_reclaim_opts *o, ulp_gc_result
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is open read-only", a->dir);
 	pthread_mutex_lock(&a->write_mu);
 	int rc = drop_dead(a, 1, &g, &r);
+	if (rc == -ULP_E_NOSPC && ulp_db_nospc_retry(a)) /* a full disk: the index's reserve (db.c) */
+		rc = drop_dead(a, 1, &g, &r);
 	pthread_mutex_unlock(&a->write_mu);
 	uint64_t rewritten = r.packs_rewritten, total = 0, done = 0;
 	for (size_t i = 0; rc == 0 && i < g.n; i++)
@@ -629,6 +663,7 @@ int ulp_archive_reclaim(ulp_archive *a, const ulp_reclaim_opts *o, ulp_gc_result
 	}
 	if (r.packs_removed || r.packs_rewritten)
 		ulp_archive_trim(a); /* the mappings of removed packs nobody pins */
+	ulp_db_reserve_make(a); /* where it was released and there is room again */
 	return rc;
 }
 
@@ -751,7 +786,7 @@ int ulp_archive_space(ulp_archive *a, ulp_space *out)
 	ulp_space sp = {0};
 	char path[4400];
 	sp.disk_bytes = ulp_archive_disk_bytes(a);
-	static const char *const idx[] = {"ulpack.db", "ulpack.db-wal", "ulpack.db-shm"};
+	static const char *const idx[] = {"ulpack.db", "ulpack.db-wal", "ulpack.db-shm", "ulpack.reserve"};
 	for (size_t i = 0; i < sizeof(idx) / sizeof(idx[0]); i++) {
 		snprintf(path, sizeof(path), "%s/%s", a->dir, idx[i]);
 		sp.index_bytes += du_bytes(path, 8);

@@ -120,7 +120,11 @@
  *     ones rewritten one at a time). Its rewrites stop as soon as a file is
  *     queued or a barrier waits (stop_tidy), so archiving never waits more
  *     than one pack's rewrite; the rest waits for the next pause. The pass
- *     at close is whole, with the crash leftovers swept too. A pass that
+ *     at close is whole, with the crash leftovers swept too. What a crash
+ *     left (queued re-codes, tensors coded against removed steps, dead or
+ *     sparse packs, pack files the index does not name: maint.c invariant
+ *     8) is looked for when the archiver starts and is the work of its
+ *     first idle pass, as if a write had queued it (removed, sweep). A pass that
  *     fails (a full disk) is tried again while idle, 1 s later, then after
  *     twice as long each time up to 30 s (retry_at), not only at the next
  *     write: the work it left stays queued in the index meanwhile.
@@ -224,6 +228,8 @@ struct ulp_session {
 	int64_t rebase_t;      /* CLOCK_MONOTONIC ns when rebase_wanted was set (invariant 9) */
 	int removed;           /* an archived file was removed since the last tidy: its
 	                          dependents may need re-basing (invariant 13) */
+	int sweep;             /* the next tidy also removes the pack files the index does
+	                          not name (a crash's leftovers: invariant 13) */
 	uint64_t order_seq;    /* enq_seq + done_seq when the queue was last ordered (invariant 14) */
 	int64_t retry_at;      /* CLOCK_MONOTONIC ns before which a failed tidy is not tried
 	                          again (invariant 13) */
@@ -576,8 +582,9 @@ static void forget_expected(ulp_session *s)
 static void tidy(ulp_session *s, int final)
 {
 	s->rebase_wanted = 0;
-	int removed = s->removed;
+	int removed = s->removed, sweep = s->sweep;
 	s->removed = 0;
+	s->sweep = 0;
 	forget_expected(s);
 	archiving_nice(s);
 	/* background priority, readers and writers first; a barrier brings it
@@ -590,14 +597,19 @@ static void tidy(ulp_session *s, int final)
 		rc = ulp_archive_rebase_orphans(s->a, NULL, NULL, NULL);
 	if (rc < 0)
 		slog(s, "re-basing: %s", ulp_archive_errmsg(s->a));
-	ulp_reclaim_opts o = {.full = final, .stop = final ? NULL : stop_tidy, .stop_arg = s};
+	ulp_reclaim_opts o = {.full = final || sweep, .stop = final ? NULL : stop_tidy, .stop_arg = s};
 	ulp_gc_result g = {0};
 	int rc2 = ulp_archive_reclaim(s->a, &o, &g);
 	if (rc2 < 0)
 		slog(s, "reclaiming space: %s", ulp_archive_errmsg(s->a));
+	int stopped = !final && stop_tidy(s); /* (the sweep comes last: skipped then) */
 	pthread_mutex_lock(&s->mu);
 	if (rc < 0 && removed)
 		s->removed = 1; /* the orphans again next time */
+	if (sweep && (rc2 < 0 || stopped)) {
+		s->sweep = 1;
+		want_rebase(s);
+	}
 	if (rc < 0 || rc2 < 0) { /* (a full disk, say) tried again while idle */
 		s->retry_ns = ULP_MIN(s->retry_ns ? s->retry_ns * 2 : RETRY_MIN, RETRY_MAX);
 		s->retry_at = mono_ns() + s->retry_ns;
@@ -778,8 +790,19 @@ static void *archiver(void *arg)
 	int bg_on = s->bg_nice > 0 && may_lower && ulp_thread_set_nice(0) == 0;
 	if (bg_on)
 		ulp_thread_follow_nice(&s->nice);
+	/* invariant 13: what a crash left (queued re-codes, orphans, dead or
+	 * sparse packs, unnamed pack files) is the first idle pass's work, not
+	 * the next write's or the close's */
+	unsigned due = 0;
+	if (ulp_archive_tidy_due(s->a, &due) < 0)
+		slog(s, "looking for work left by a crash: %s", ulp_archive_errmsg(s->a));
 	pthread_mutex_lock(&s->mu);
 	s->bg_on = bg_on;
+	if (due) {
+		s->removed |= (due & ULP_DUE_RECODE) != 0; /* (the orphans: one query when none) */
+		s->sweep = (due & ULP_DUE_SWEEP) != 0;
+		want_rebase(s);
+	}
 	for (;;) {
 		while ((!s->qhead && !s->stop && !s->rebase_wanted) || (s->hold && !s->stop && !s->syncing && !s->urgent))
 			pthread_cond_wait(&s->cv, &s->mu);

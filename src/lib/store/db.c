@@ -37,6 +37,20 @@
  *                                    row goes with its entry (ON DELETE
  *                                    CASCADE)
  * Views runs(run, files, raw_bytes, stored_bytes) and steps(run, step, files).
+ *
+ * The index's reserve: removing is how space comes back, and removing is a
+ * transaction whose write-ahead log needs space. So a read-write open
+ * allocates ARCHIVE/ulpack.reserve (ULP_DB_RESERVE bytes) where the file
+ * system has room for a quarter more than that, and a removal (or the reclaiming that
+ * follows it) that fails for a full disk gives the log its space back
+ * (ulp_db_nospc_retry: a truncating checkpoint, then the reserve released)
+ * and is tried once more if either freed space; so does a read-write open that cannot make its
+ * wal-index on a full disk (without an open nothing can be removed);
+ * ulp_archive_reclaim allocates the reserve again once there is room.
+ * Nothing else ever releases it (an archiving that fills the disk fails as
+ * before). Its only state is the file: making and
+ * releasing it race harmlessly (two releases free it once, a make after a
+ * release allocates it again only where there is room).
  */
 #include "shared.h"
 #include <errno.h>
@@ -45,6 +59,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -717,6 +732,12 @@ static int ro_fallback(ulp_archive *a, ulp_err *err)
 	return a->db_uri ? 0 : -ULP_E_NOMEM;
 }
 
+static int disk_full(ulp_archive *a)
+{
+	struct statvfs v;
+	return statvfs(a->dir, &v) == 0 && (uint64_t)v.f_bavail * v.f_frsize < ULP_DB_RESERVE;
+}
+
 /* Checks that the index is an archive of a schema this build reads. */
 int ulp_db_check(ulp_archive *a, ulp_err *err)
 {
@@ -732,6 +753,16 @@ int ulp_db_check(ulp_archive *a, ulp_err *err)
 	if ((ec == SQLITE_CANTOPEN || ec == SQLITE_READONLY) && a->read_only && !a->db_uri) {
 		drop_conn(a); /* no -shm possible: read ulpack.db another way */
 		ULP_TRY(ro_fallback(a, err));
+		if (!(db = ulp_db(a)))
+			return ULP_ERR(err, ulp_db_err(a, "open"), "%s", ulp_archive_errmsg(a));
+		rc = sqlite3_prepare_v2(db, ver, -1, &st, NULL);
+	}
+	/* a read-write open on a full disk: the wal-index (ulpack.db-shm) and
+	 * the log need room, and without an open nothing can be removed: the
+	 * reserve is theirs (see the opening comment) */
+	if (rc != SQLITE_OK && !a->read_only && (ec == SQLITE_IOERR || ec == SQLITE_FULL) && disk_full(a) &&
+	    ulp_db_reserve_release(a)) {
+		drop_conn(a);
 		if (!(db = ulp_db(a)))
 			return ULP_ERR(err, ulp_db_err(a, "open"), "%s", ulp_archive_errmsg(a));
 		rc = sqlite3_prepare_v2(db, ver, -1, &st, NULL);
@@ -758,6 +789,8 @@ int ulp_db_check(ulp_archive *a, ulp_err *err)
 	sqlite3_finalize(st);
 	if (code == 0 && a->schema < ULP_SCHEMA_VERSION && !a->read_only)
 		code = upgrade(a, err);
+	if (code == 0)
+		ulp_db_reserve_make(a); /* (read-write: see the opening comment) */
 	if (code == 0 && a->max_chain == 0) {
 		a->max_chain = ULP_DEFAULT_MAX_CHAIN;
 		if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'max_chain'", -1, &st, NULL) == SQLITE_OK) {
@@ -784,4 +817,61 @@ void ulp_index_checkpoint(ulp_archive *a)
 	sqlite3 *db = ulp_db(a);
 	if (db) /* busy (a reader holds an older snapshot) is fine: next time */
 		sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
+}
+
+/* ---- the reserve (see the opening comment) --------------------------------- */
+
+static void reserve_path(ulp_archive *a, char *p, size_t cap)
+{
+	snprintf(p, cap, "%s/ulpack.reserve", a->dir);
+}
+
+void ulp_db_reserve_make(ulp_archive *a)
+{
+	char p[4400];
+	struct stat sb;
+	struct statvfs v;
+	if (a->read_only)
+		return;
+	reserve_path(a, p, sizeof(p));
+	if (stat(p, &sb) == 0 && (uint64_t)sb.st_blocks * 512 >= ULP_DB_RESERVE)
+		return;
+	/* only where a quarter of it stays free beside it: a removal on a full
+	 * disk gives back what it removed, and the reserve again */
+	if (statvfs(a->dir, &v) < 0 || (uint64_t)v.f_bavail * v.f_frsize < ULP_DB_RESERVE + ULP_DB_RESERVE / 4)
+		return;
+	int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return;
+	if (posix_fallocate(fd, 0, (off_t)ULP_DB_RESERVE) != 0) {
+		close(fd);
+		unlink(p);
+		return;
+	}
+	close(fd);
+}
+
+int ulp_db_reserve_release(ulp_archive *a)
+{
+	char p[4400];
+	struct stat sb;
+	if (a->read_only)
+		return 0;
+	reserve_path(a, p, sizeof(p));
+	return stat(p, &sb) == 0 && sb.st_blocks > 0 && unlink(p) == 0;
+}
+
+int ulp_db_nospc_retry(ulp_archive *a)
+{
+	char p[4400];
+	struct stat sb;
+	if (a->read_only)
+		return 0;
+	/* the log's frames into ulpack.db (deletions do not grow it), the log
+	 * truncated: its space back, if it held some */
+	snprintf(p, sizeof(p), "%s/ulpack.db-wal", a->dir);
+	uint64_t before = stat(p, &sb) == 0 ? (uint64_t)sb.st_blocks : 0;
+	ulp_index_checkpoint(a);
+	uint64_t after = stat(p, &sb) == 0 ? (uint64_t)sb.st_blocks : 0;
+	return ulp_db_reserve_release(a) || after < before;
 }

@@ -6,6 +6,7 @@
  * entry but the root is reached from the root through directory entries;
  * paths compared as bytes, ULP_BELOW) and invariant 6 (mtime_ns agrees with
  * mtime_sec and mtime_nsec), and create nothing at a path path.c rejects.
+ * A removal works on a full disk: it takes the index's reserve (db.c).
  */
 #include "arch_int.h"
 #include <sqlite3.h>
@@ -190,8 +191,14 @@ int ulp_archive_remove(ulp_archive *a, const char *path)
 	char p[4096];
 	if (a->read_only || ulp_path_clean(path, p, sizeof(p)) < 0 || !p[0])
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: cannot remove that", path);
-	ULP_TRY(ulp_db_begin(a));
-	return in_tx(a, remove_in_tx(a, p));
+	int rc = ulp_db_begin(a);
+	if (rc == 0)
+		rc = in_tx(a, remove_in_tx(a, p));
+	/* removing is how a full disk gets space back: the log's space from the
+	 * index's reserve (db.c), once */
+	if (rc == -ULP_E_NOSPC && ulp_db_nospc_retry(a) && (rc = ulp_db_begin(a)) == 0)
+		rc = in_tx(a, remove_in_tx(a, p));
+	return rc;
 }
 
 int ulp_archive_rename(ulp_archive *a, const char *from, const char *to)
