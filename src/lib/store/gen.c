@@ -343,6 +343,16 @@ void ulp_shared_free(ulp_archive *a)
 		return;
 	ulp_lease_give_back(a); /* joins the renewer */
 	ulp_shared_forget_retained(a); /* (what was not published stays for the next writer) */
+	if (a->live && !__atomic_load_n(&sh->opened, __ATOMIC_ACQUIRE)) {
+		/* an open that failed: its live index is no one's (and would hide
+		 * the one of the epoch before from drop_old_epochs) */
+		static const char *const tail[] = {"", "-wal", "-shm"};
+		for (int i = 0; i < 3; i++) {
+			char p[4300];
+			snprintf(p, sizeof(p), "%s%s", a->live, tail[i]);
+			unlink(p);
+		}
+	}
 	free(sh->base_hash);
 	pthread_mutex_destroy(&sh->mu);
 	pthread_mutex_destroy(&sh->pub_mu);
@@ -733,9 +743,29 @@ int ulp_gen_writer_open(ulp_archive *a, ulp_err *err)
 	return 0;
 }
 
+/* The epoch of an index/ name of an earlier epoch's file: its pointer
+ * (CURRENT-E) or live index (live-E.db and its -wal, -shm, temporaries);
+ * 0: neither. *live: a live index file. */
+static uint64_t old_epoch_of(const char *name, int *live)
+{
+	uint64_t ep = 0;
+	int at = 0;
+	*live = 0;
+	if (sscanf(name, "CURRENT-%20" SCNu64 "%n", &ep, &at) == 1 && at == 28)
+		return ep;
+	if (sscanf(name, "live-%20" SCNu64 "%n", &ep, &at) == 1 && at == 25) {
+		*live = 1;
+		return ep;
+	}
+	return 0;
+}
+
 /* What earlier epochs left in index/: their pointers (this writer's own
  * names every generation) and their live index files, which only their
- * fenced writers would still write (invariant 7). */
+ * fenced writers would still write (invariant 7); but the live files of an
+ * epoch whose lease file is still there (lease.c keeps it while its writer
+ * may still run, fenced: such a mount reads its files through them until it
+ * is unmounted). */
 static int drop_old_epochs(ulp_archive *a)
 {
 	char p[4200];
@@ -743,15 +773,17 @@ static int drop_old_epochs(ulp_archive *a)
 	DIR *d = opendir(p);
 	if (!d)
 		return -1;
+	int live;
 	for (struct dirent *e; (e = readdir(d));) {
-		uint64_t ep = 0;
-		int at = 0;
-		if ((sscanf(e->d_name, "CURRENT-%20" SCNu64 "%n", &ep, &at) == 1 ||
-		     sscanf(e->d_name, "live-%20" SCNu64 "%n", &ep, &at) == 1) && at > 0 && ep < a->sh->epoch) {
-			char f[4600];
-			snprintf(f, sizeof(f), "%s/%s", p, e->d_name);
-			unlink(f);
-		}
+		uint64_t ep = old_epoch_of(e->d_name, &live);
+		char f[4600];
+		if (!ep || ep >= a->sh->epoch)
+			continue;
+		snprintf(f, sizeof(f), "%s/lease/%020" PRIu64, a->dir, ep);
+		if (live && access(f, F_OK) == 0)
+			continue;
+		snprintf(f, sizeof(f), "%s/%s", p, e->d_name);
+		unlink(f);
 	}
 	closedir(d);
 	return 0;

@@ -392,11 +392,26 @@ static int take(ulp_archive *a, ulp_err *err)
 	rc = write_lease(a, ulp_wall_ms(), 1);
 	if (rc < 0)
 		return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
-	/* older epochs' files: all but the one before */
+	/* older epochs' files: all but the one before, and but those of writers
+	 * that may still run, fenced (not given back, renewed within the grace):
+	 * their live index stays while their lease file does (gen.c invariant 7) */
+	int64_t keep_ms = ULP_MAX((int64_t)sh->grace_s * 1000, 10 * (int64_t)sh->lease_ms);
 	for (uint64_t ep = h.epoch > 1 ? h.epoch - 1 : 0; ep > 0; ep--) {
 		lease_path(a, ep, p, sizeof(p));
-		if (unlink(p) < 0 && errno == ENOENT)
+		char buf[512];
+		int lf = open(p, O_RDONLY | O_CLOEXEC);
+		if (lf < 0 && errno == ENOENT)
 			break;
+		ssize_t n = lf >= 0 ? read(lf, buf, sizeof(buf) - 1) : -1;
+		if (lf >= 0)
+			close(lf);
+		holder o;
+		if (n > 0) {
+			buf[n] = 0;
+			if (parse_holder(buf, &o) && o.renewed_ms > 0 && now - o.renewed_ms < keep_ms)
+				continue; /* a writer fenced lately, maybe still running */
+		}
+		unlink(p);
 	}
 	return 0; /* the renewer starts with the first write (ensure_renewer) */
 }
