@@ -16,15 +16,21 @@ mount (no FUSE needed), over libulpack.so.
 
 Errors are OSError subclasses: FileNotFoundError, PermissionError,
 IsADirectoryError, and OSError with errno EIO for damaged data; messages
-name the archive and the file. An archive object is thread-safe.
+name the archive and the file. tensor_names(), tensor() and load() of a
+file that is not safetensors (or torch.save) raise ulpack.FormatError, a
+ValueError. A path with a NUL byte raises ValueError, as os.open. An archive
+object is thread-safe; a file open on it keeps it open, and after
+archive.close() reading the file raises ValueError.
 
 The shared library is found through the environment variable ULPACK_LIB,
 then where `make install` put it, then ctypes.util.find_library("ulpack").
 """
 from ._archive import Archive, ArchiveFile, StatResult, Writer
 from . import _lib
+from ._lib import FormatError
 
-__all__ = ["open_archive", "writer", "Archive", "ArchiveFile", "StatResult", "Writer", "library_path"]
+__all__ = ["open_archive", "writer", "Archive", "ArchiveFile", "StatResult", "Writer", "FormatError",
+           "library_path"]
 __version__ = "0.1.0"
 
 library_path = _lib.lib.path

@@ -3,8 +3,10 @@
 import ctypes
 import errno
 import io
+import operator
 import os
 import stat as _stat
+import sys
 import tempfile
 import threading
 
@@ -43,45 +45,200 @@ class StatResult:
         return "StatResult(%s)" % ", ".join("%s=%r" % (k, getattr(self, k)) for k in self.__slots__)
 
 
+# The C handles behind the objects below (issue 34 item 8). An archive's
+# handle and the handles of its files live in a _Handles, which the Archive
+# and each of its ArchiveFiles hold; no C handle is reachable from Python but
+# through it, and none is used or freed but under its lock's rules:
+#  - a call into the library on a handle holds a "use" (enter() ... leave(),
+#    through Archive._use() and ArchiveFile._Use): taken only while the handle
+#    is open, it keeps the handle from being freed until the call returns; a
+#    file's use is also a use of its archive;
+#  - closing a file or an archive first stops new uses, then frees the handle
+#    once the uses in flight have returned: close() waits for them, a
+#    finalizer (__del__), or a close during the interpreter's exit (when a
+#    daemon thread may hold a use for ever), leaves the freeing to the last
+#    of them;
+#  - the archive is freed after every file still open on it (their reads then
+#    raise ValueError), so a file's handle never outlives its archive's,
+#    whatever order the garbage collector or the interpreter's exit finalizes
+#    them in; an ArchiveFile holds its Archive, so an archive no longer
+#    referenced but by its open files stays open.
+# Every field of _Handles and _FileHandle is guarded by _Handles.cv; the C
+# calls that free run under it (they call back into no Python).
+
+class _FileHandle:
+    __slots__ = ("h", "open", "users", "free_on_leave")
+
+    def __init__(self, h):
+        self.h = h          # ulp_file *, None once freed
+        self.open = True    # new uses allowed
+        self.users = 0
+        self.free_on_leave = False
+
+
+class _Handles:
+    _lib = lib  # held here: module globals may be gone when a finalizer runs at exit
+    _finalizing = sys.is_finalizing
+
+    def __init__(self, h):
+        self.h = h          # ulp_archive *, None once freed
+        self.open = True
+        self.users = 0
+        self.free_on_leave = False
+        self.files = set()  # the _FileHandles not freed yet
+        self.cv = threading.Condition(threading.Lock())
+
+    def live(self):
+        return self.open
+
+    def enter(self, fh=None):
+        """A use of the archive (and of file fh): its handles, or None where
+        either is closed."""
+        with self.cv:
+            if not self.open or (fh is not None and not fh.open):
+                return None
+            self.users += 1
+            if fh is not None:
+                fh.users += 1
+            return self.h, (fh.h if fh is not None else None)
+
+    def leave(self, fh=None):
+        with self.cv:
+            self.users -= 1
+            if fh is not None:
+                fh.users -= 1
+                if fh.users == 0 and fh.free_on_leave:
+                    self._free_file(fh)
+            if self.users == 0:
+                if self.free_on_leave:
+                    self._free()
+                self.cv.notify_all()
+
+    def add_file(self, h):
+        """Registers a new ulp_file (opened under a use of the archive)."""
+        fh = _FileHandle(h)
+        with self.cv:
+            fh.open = self.open
+            self.files.add(fh)
+        return fh
+
+    def _free_file(self, fh):
+        if fh.h is not None:
+            self._lib.ulp_file_close(fh.h)
+            fh.h = None
+        fh.open = fh.free_on_leave = False
+        self.files.discard(fh)
+
+    def _free(self):
+        for fh in list(self.files):
+            self._free_file(fh)
+        if self.h is not None:
+            self._lib.ulp_archive_close(self.h)
+            self.h = None
+        self.free_on_leave = False
+
+    def close_file(self, fh, wait=True):
+        with self.cv:
+            if fh.h is None or not fh.open:
+                return
+            fh.open = False
+            wait = wait and not self._finalizing()
+            while wait and fh.users:
+                self.cv.wait()
+            if fh.users:
+                fh.free_on_leave = True
+            else:
+                self._free_file(fh)
+
+    def close(self, wait=True):
+        with self.cv:
+            if not self.open:
+                return
+            self.open = False
+            for fh in self.files:
+                fh.open = False
+            wait = wait and not self._finalizing()
+            while wait and self.users:
+                self.cv.wait()
+            if self.users:
+                self.free_on_leave = True
+            else:
+                self._free()
+
+
+_OFF_MAX = (1 << 63) - 1  # off_t
+
+
 class ArchiveFile(io.RawIOBase):
     """An archived file, read-only and seekable (a handle of ulp_file_open).
     Each read decodes only the chunks it overlaps, through the archive's
     shared decode cache. pread(size, offset) reads without moving the
     position and may be called from several threads at once.
 
-    archive.open() returns one of these wrapped in an io.BufferedReader."""
+    archive.open() returns one of these wrapped in an io.BufferedReader.
+    The file keeps its archive open while the archive is only referenced by
+    it; after archive.close() its reads raise ValueError, as a closed file's."""
 
     def __init__(self, archive, path):
         super().__init__()
         self._archive = archive
         self._path = path
         self.name = path
+        self._fh = None
+        bpath = enc(path)
         h = ctypes.c_void_p()
-        archive._check(lib.ulp_file_open(archive._a, enc(path), ctypes.byref(h)), path)
-        self._h = h
-        self._size = lib.ulp_file_get_stat(h).contents.size
+        with archive._use() as a:
+            archive._check(lib.ulp_file_open(a, bpath, ctypes.byref(h)), path)
+            self._size = lib.ulp_file_get_stat(h).contents.size
+            self._fh = archive._g.add_file(h)
         self._pos = 0
 
     @property
     def size(self):
         return self._size
 
+    @property
+    def closed(self):
+        fh = self._fh
+        return fh is None or not fh.open
+
+    def _closed_error(self):
+        return ValueError("I/O operation on closed file %s" % self._path)
+
+    def _check_open(self):
+        if self.closed:
+            raise self._closed_error()
+
+    class _Use:
+        __slots__ = ("f", "g", "h")
+
+        def __init__(self, f):
+            self.f = f
+            self.g = f._archive._g
+
+        def __enter__(self):
+            u = self.g.enter(self.f._fh) if self.f._fh is not None else None
+            if u is None:
+                raise self.f._closed_error()
+            return u[1]
+
+        def __exit__(self, *exc):
+            self.g.leave(self.f._fh)
+
     def set_readahead(self, on):
         """Read-ahead (on by default) decodes the chunks after a read in
         order in the background; off, only what is read is decoded (a reader
         of single tensors)."""
-        lib.ulp_file_set_readahead(self._handle(), 1 if on else 0)
+        with self._Use(self) as h:
+            lib.ulp_file_set_readahead(h, 1 if on else 0)
 
     def readable(self):
+        self._check_open()
         return True
 
     def seekable(self):
+        self._check_open()
         return True
-
-    def _handle(self):
-        if self._h is None:
-            raise ValueError("I/O operation on closed file %s" % self._path)
-        return self._h
 
     def _pread_into(self, buf, off):
         """Reads into the writable buffer buf at file offset off until it is
@@ -89,17 +246,18 @@ class ArchiveFile(io.RawIOBase):
         mv = memoryview(buf).cast("B")
         n = len(mv)
         if n == 0:
+            self._check_open()
             return 0
         addr = ctypes.addressof((ctypes.c_char * n).from_buffer(mv))
-        h = self._handle()
         done = 0
-        while done < n:
-            r = lib.ulp_file_pread(h, addr + done, n - done, off + done)
-            if r < 0:
-                self._archive._check(r, self._path)
-            if r == 0:
-                break
-            done += r
+        with self._Use(self) as h:
+            while done < n:
+                r = lib.ulp_file_pread(h, addr + done, n - done, off + done)
+                if r < 0:
+                    self._archive._check(r, self._path)
+                if r == 0:
+                    break
+                done += r
         return done
 
     def readinto(self, b):
@@ -108,20 +266,31 @@ class ArchiveFile(io.RawIOBase):
         return n
 
     def pread(self, size, offset):
-        """size bytes at offset (fewer at the end of the file)."""
-        if offset >= self._size:
+        """size bytes at offset (fewer at the end of the file), as os.pread:
+        a negative size or offset raises OSError EINVAL, an offset past
+        off_t's range OverflowError."""
+        size, offset = operator.index(size), operator.index(offset)
+        self._check_open()
+        if offset > _OFF_MAX or size > _OFF_MAX:
+            raise OverflowError("Python int too large to convert to C long")
+        if offset < 0 or size < 0:
+            raise OSError(errno.EINVAL, "negative %s" % ("offset" if offset < 0 else "size"), self._path)
+        if offset >= self._size or size == 0:
             return b""
         buf = bytearray(min(size, self._size - offset))
         n = self._pread_into(buf, offset)
         return bytes(buf) if n == len(buf) else bytes(buf[:n])
 
     def readall(self):
+        self._check_open()
         buf = bytearray(max(self._size - self._pos, 0))
         n = self._pread_into(buf, self._pos)
         self._pos += n
         return bytes(buf)
 
     def seek(self, offset, whence=io.SEEK_SET):
+        offset = operator.index(offset)
+        self._check_open()
         if whence == io.SEEK_SET:
             pos = offset
         elif whence == io.SEEK_CUR:
@@ -130,25 +299,47 @@ class ArchiveFile(io.RawIOBase):
             pos = self._size + offset
         else:
             raise ValueError("invalid whence (%r)" % whence)
+        if pos > _OFF_MAX:
+            raise OverflowError("seek position %d past the largest file offset" % pos)
         if pos < 0:
             raise OSError(errno.EINVAL, "negative seek position %d" % pos, self._path)
         self._pos = pos
         return pos
 
     def tell(self):
+        self._check_open()
         return self._pos
 
     def close(self):
-        if self._h is not None:
-            lib.ulp_file_close(self._h)
-            self._h = None
+        fh = self._fh
+        if fh is not None:
+            self._archive._g.close_file(fh)
         super().close()
 
     def __del__(self):
         try:
-            self.close()
+            fh = self._fh
+            if fh is not None:
+                self._archive._g.close_file(fh, wait=False)
         except Exception:
             pass
+
+
+class _ArchiveUse:
+    __slots__ = ("ar",)
+
+    def __init__(self, ar):
+        self.ar = ar
+
+    def __enter__(self):
+        g = getattr(self.ar, "_g", None)
+        u = g.enter() if g is not None else None
+        if u is None:
+            raise ValueError("archive %s is closed" % self.ar.path)
+        return u[0]
+
+    def __exit__(self, *exc):
+        self.ar._g.leave()
 
 
 class Archive:
@@ -157,6 +348,7 @@ class Archive:
 
     def __init__(self, path, read_only=True, cache_size=0, threads=0, max_chain=0, cache_dir=None, pack_cache=0):
         self.path = os.fspath(path)
+        bpath = enc(self.path)
         # path may be s3://BUCKET/PREFIX: cache_dir is then the local home
         # (ulpackfs(1), OBJECT STORES) and pack_cache its bound in bytes
         self._cache_dir = enc(os.fspath(cache_dir)) if cache_dir is not None else None
@@ -165,18 +357,26 @@ class Archive:
                                 pack_cache=pack_cache)
         h = ctypes.c_void_p()
         err = ctypes.create_string_buffer(1024)
-        rc = lib.ulp_archive_open(enc(self.path), ctypes.byref(opts), ctypes.byref(h), err, len(err))
+        rc = lib.ulp_archive_open(bpath, ctypes.byref(opts), ctypes.byref(h), err, len(err))
         if rc < 0:
             raise _lib.error(rc, err.value.decode("utf-8", "replace") or _lib.strerror(rc), self.path)
-        self._a = h
+        self._g = _Handles(h)
+
+    # ---- the handle
+    def _use(self):
+        """with self._use() as a: a is the ulp_archive *, open until the block
+        ends (_Handles); ValueError if the archive is closed."""
+        return _ArchiveUse(self)
 
     # ---- errors
     def _check(self, rc, path=None):
         """Raises the error of a negative return code rc: its message names
-        the archive and the file (ulp_archive_errmsg of this thread)."""
+        the archive and the file (ulp_archive_errmsg of this thread). Called
+        inside a use of the archive (the call that failed held it)."""
         if rc >= 0:
             return rc
-        m = lib.ulp_archive_errmsg(self._a) if self._a else None
+        g = getattr(self, "_g", None)
+        m = lib.ulp_archive_errmsg(g.h) if g is not None and g.h else None
         msg = m.decode("utf-8", "replace") if m else _lib.strerror(rc)
         if path is not None and path not in msg:
             msg = "%s: %s" % (path, msg)
@@ -184,15 +384,21 @@ class Archive:
             msg = "archive %s: %s" % (self.path, msg)
         raise _lib.error(rc, msg, path)
 
-    def _live(self):
-        if not self._a:
-            raise ValueError("archive %s is closed" % self.path)
-        return self._a
+    @property
+    def closed(self):
+        g = getattr(self, "_g", None)
+        return g is None or not g.live()
+
+    def _close(self, wait):
+        g = getattr(self, "_g", None)
+        if g is not None:
+            g.close(wait)
 
     def close(self):
-        if getattr(self, "_a", None):
-            lib.ulp_archive_close(self._a)
-            self._a = None
+        """Closes the archive, and every file still open on it (their reads
+        then raise ValueError); waits for the reads in flight in other
+        threads. A file open on an archive that is not closed keeps it open."""
+        self._close(True)
 
     def __enter__(self):
         return self
@@ -202,25 +408,33 @@ class Archive:
 
     def __del__(self):
         try:
-            self.close()
+            self._close(False)
         except Exception:
             pass
 
     def __repr__(self):
-        return "<ulpack.Archive %r%s>" % (self.path, "" if self._a else " closed")
+        return "<ulpack.Archive %r%s>" % (self.path, " closed" if self.closed else "")
 
     # ---- metadata
     def stat(self, path):
         """StatResult of path ("" is the root), without decoding anything."""
         st = _lib.Stat()
-        self._check(lib.ulp_archive_stat(self._live(), enc(path), ctypes.byref(st)), path)
+        bpath = enc(path)
+        with self._use() as a:
+            self._check(lib.ulp_archive_stat(a, bpath, ctypes.byref(st)), path)
         return StatResult(st)
 
     def exists(self, path):
+        """Whether path is in the archive; False for a path that cannot be
+        one (a NUL byte in it), as os.path.exists."""
         try:
             self.stat(path)
             return True
         except FileNotFoundError:
+            return False
+        except ValueError:
+            if self.closed:
+                raise
             return False
 
     def listdir(self, path=""):
@@ -235,7 +449,9 @@ class Archive:
         def cb(_arg, name, st):
             out.append((os.fsdecode(name), StatResult(st.contents)))
             return 0
-        self._check(lib.ulp_archive_readdir(self._live(), enc(path), _lib.READDIR_CB(cb), None), path)
+        bpath = enc(path)
+        with self._use() as a:
+            self._check(lib.ulp_archive_readdir(a, bpath, _lib.READDIR_CB(cb), None), path)
         return out
 
     def files(self, prefix=""):
@@ -275,7 +491,8 @@ class Archive:
                         "chain_depth": s.chain_depth})
             return 0
         self.stat(prefix)  # NOENT names the prefix
-        self._check(lib.ulp_archive_steps(self._live(), enc(prefix), _lib.STEPS_CB(cb), None), prefix)
+        with self._use() as a:
+            self._check(lib.ulp_archive_steps(a, enc(prefix), _lib.STEPS_CB(cb), None), prefix)
         return out
 
     def runs(self):
@@ -290,7 +507,9 @@ class Archive:
     def latest(self, run=""):
         """Path of run's newest step (the child `latest` names on a mount)."""
         buf = ctypes.create_string_buffer(_lib.ULP_PATH_MAX + 1)
-        self._check(lib.ulp_archive_latest(self._live(), enc(run), buf, len(buf)), run)
+        brun = enc(run)
+        with self._use() as a:
+            self._check(lib.ulp_archive_latest(a, brun, buf, len(buf)), run)
         name = os.fsdecode(buf.value)
         return run + "/" + name if run else name
 
@@ -299,7 +518,8 @@ class Archive:
         chunks_decoded, deltas_decoded, cache_hits, cache_misses, cache_bytes,
         cache_recycled, max_walk."""
         c = _lib.Counters()
-        lib.ulp_archive_counters(self._live(), ctypes.byref(c))
+        with self._use() as a:
+            lib.ulp_archive_counters(a, ctypes.byref(c))
         return {n: getattr(c, n) for n, _ in c._fields_}
 
     # ---- reading
@@ -308,7 +528,9 @@ class Archive:
         seek, tell, a context manager) that decodes only what is read:
         torch.load(archive.open(p)) works. buffering=0 returns the raw
         ArchiveFile (its pread is thread-safe)."""
-        self._live()
+        enc(path)
+        if self.closed:
+            raise ValueError("archive %s is closed" % self.path)
         if path and self.stat(path).is_dir:
             raise IsADirectoryError(errno.EISDIR, "archive %s: %s: is a directory" % (self.path, path), path)
         raw = ArchiveFile(self, path)
@@ -368,17 +590,17 @@ class Writer(Archive):
 
     def __init__(self, path, create=True, **opts):
         path = os.fspath(path)
+        bpath = enc(path)
         if create and not os.path.exists(os.path.join(path, "ulpack.db")):
             err = ctypes.create_string_buffer(1024)
-            rc = lib.ulp_archive_init(enc(path), err, len(err))
+            rc = lib.ulp_archive_init(bpath, err, len(err))
             if rc < 0 and rc != -_lib.ULP_E_EXIST:
                 raise _lib.error(rc, err.value.decode("utf-8", "replace"), path)
         fd = ctypes.c_int(-1)
         owner = _lib.MountOwner()
         err = ctypes.create_string_buffer(1024)
         self._lock_fd = -1
-        self._a = None
-        rc = lib.ulp_mount_lock(enc(path), ctypes.byref(fd), ctypes.byref(owner), err, len(err))
+        rc = lib.ulp_mount_lock(bpath, ctypes.byref(fd), ctypes.byref(owner), err, len(err))
         if rc == -_lib.ULP_E_BUSY:
             where = owner.mountpoint.decode("utf-8", "replace")
             if owner.mounted:
@@ -407,37 +629,41 @@ class Writer(Archive):
         was there atomically; safetensors and torch.save files are coded per
         tensor against the previous step of their series. Returns a dict of
         raw_bytes, stored_bytes, tensors, deltas, anchors, reused, ref_path."""
-        self._live()
+        bpath = enc(path)
         res = _lib.PutResult()
-        with self._wmu, _Source(data) as (fd, meta):
+        with self._wmu, self._use() as a, _Source(data) as (fd, meta):
             m = meta if meta is not None else _default_meta(mode)
-            self._mkparents(path)
-            self._check(lib.ulp_archive_put(self._a, enc(path), fd, ctypes.byref(m), ctypes.byref(res)), path)
+            self._mkparents(a, path)
+            self._check(lib.ulp_archive_put(a, bpath, fd, ctypes.byref(m), ctypes.byref(res)), path)
             # a shared archive: on every host, and safe from a kill of this
             # process, once published (its next writer starts from the newest
             # generation); a no-op for an archive that is not shared
-            self._check(lib.ulp_archive_publish(self._a), path)
+            self._check(lib.ulp_archive_publish(a), path)
         return {"raw_bytes": res.raw_bytes, "stored_bytes": res.stored_bytes, "tensors": res.tensors,
                 "deltas": res.deltas, "anchors": res.anchors, "reused": res.reused,
                 "ref_path": res.ref_path.decode("utf-8", "replace")}
 
-    def _mkparents(self, path):
+    def _mkparents(self, a, path):
+        """The parent directories of path, made where missing (a: the
+        archive, in use)."""
         parts = path.split("/")[:-1]
         cur = ""
         for p in parts:
             cur = cur + "/" + p if cur else p
             st = _lib.Stat()
-            if lib.ulp_archive_stat(self._a, enc(cur), ctypes.byref(st)) < 0:
-                self._check(lib.ulp_archive_mkdir(self._a, enc(cur), ctypes.byref(_default_meta(0o755))), cur)
+            if lib.ulp_archive_stat(a, enc(cur), ctypes.byref(st)) < 0:
+                self._check(lib.ulp_archive_mkdir(a, enc(cur), ctypes.byref(_default_meta(0o755))), cur)
 
     def mkdir(self, path, mode=0o755):
-        with self._wmu:
-            self._mkparents(path + "/x")
+        enc(path)
+        with self._wmu, self._use() as a:
+            self._mkparents(a, path + "/x")
 
     def remove(self, path):
         """Removes a file, symlink or empty directory (space returns at close)."""
-        with self._wmu:
-            self._check(lib.ulp_archive_remove(self._live(), enc(path)), path)
+        bpath = enc(path)
+        with self._wmu, self._use() as a:
+            self._check(lib.ulp_archive_remove(a, bpath), path)
 
     def save_dir(self, src_dir, prefix=""):
         """Archives every file under src_dir at prefix/... as `ulpack import`
@@ -446,6 +672,8 @@ class Writer(Archive):
         pipelined (ulp_putq). Files already archived with the same size and
         mtime are skipped. Returns the number of files archived."""
         src_dir = os.fspath(src_dir)
+        enc(src_dir)
+        enc(prefix)
         prefix = prefix.strip("/")
         if not os.path.isdir(src_dir):
             raise NotADirectoryError(errno.ENOTDIR, "not a directory", src_dir)
@@ -461,10 +689,9 @@ class Writer(Archive):
                 full = os.path.join(root, n)
                 dst = "/".join(x for x in (prefix, rel, n) if x)
                 (links if os.path.islink(full) else files).append((dst, full))
-        with self._wmu:
-            a = self._live()
+        with self._wmu, self._use() as a:
             if prefix:
-                self._mkparents(prefix + "/x")
+                self._mkparents(a, prefix + "/x")
             for dst, full in sorted(dirs):
                 st = _lib.Stat()
                 if lib.ulp_archive_stat(a, enc(dst), ctypes.byref(st)) < 0:
@@ -510,30 +737,24 @@ class Writer(Archive):
         """Re-bases and reclaims (ulp_archive_gc): what earlier saves left
         behind (steps put beside archived ones, replaced files) is re-coded
         and given back. close() calls it."""
-        with self._wmu:
+        with self._wmu, self._use() as a:
             res = _lib.GcResult()
-            self._check(lib.ulp_archive_gc(self._live(), ctypes.byref(res)))
+            self._check(lib.ulp_archive_gc(a, ctypes.byref(res)))
         return {n: getattr(res, n) for n, _ in res._fields_}
 
-    def close(self):
+    def _close(self, wait, commit=True):
         try:
-            if getattr(self, "_a", None):
+            if commit and not self.closed:
                 self.commit()
         finally:
-            super().close()
+            super()._close(wait)
             if getattr(self, "_lock_fd", -1) >= 0:
                 os.close(self._lock_fd)
                 self._lock_fd = -1
 
     def __exit__(self, exc_type, *exc):
-        if exc_type is not None and getattr(self, "_a", None):
-            # an error: nothing half-written is in the index; skip the gc
-            super().close()
-            if self._lock_fd >= 0:
-                os.close(self._lock_fd)
-                self._lock_fd = -1
-            return
-        self.close()
+        # an error: nothing half-written is in the index; skip the gc
+        self._close(True, commit=exc_type is None)
 
 
 class _Source:

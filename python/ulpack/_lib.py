@@ -17,10 +17,14 @@ from . import _libpath
 c_u8, c_u32, c_u64, c_i64 = ctypes.c_uint8, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int64
 c_int, c_uint, c_char_p, c_void_p, c_size_t = ctypes.c_int, ctypes.c_uint, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t
 
+ULP_E_CORRUPT = 4
+ULP_E_VERSION = 6
+ULP_E_INVAL = 7
 ULP_E_NOENT = 8
 ULP_E_EXIST = 9
 ULP_E_BUSY = 10
 ULP_E_OVERFLOW = 11
+ULP_E_UNSUPPORTED = 12
 ULP_PATH_MAX = 4095
 
 
@@ -155,9 +159,21 @@ def _load():
 lib = _load()
 
 
+class FormatError(ValueError):
+    """A file that is not of the format the call reads: tensor_names(),
+    tensor() or load() of a file that is not safetensors (or torch.save),
+    or whose header is malformed. The archive returned the file's bytes as
+    they were saved: nothing is damaged (damage is OSError EIO)."""
+
+
 def enc(path):
-    """A path inside an archive, or a file system path, as bytes."""
-    return os.fsencode(path)
+    """A path inside an archive, or a file system path, as bytes. A NUL byte
+    in it raises ValueError, as os.open does: the C string would end there
+    and name another file."""
+    b = os.fsencode(path)
+    if b"\0" in b:
+        raise ValueError("embedded null byte")
+    return b
 
 
 def strerror(rc):

@@ -42,23 +42,29 @@ def _torch():
 
 
 def _damaged(ar, path, why):
+    """Damaged data: what the archive returned is not what was saved."""
     return OSError(errno.EIO, "archive %s: %s: %s" % (ar.path, path, why), path)
+
+
+def _format(ar, path, why):
+    """A file read whole and right that is not of the format asked for."""
+    return _lib.FormatError("archive %s: %s: %s" % (ar.path, path, why))
 
 
 class _Header:
     def __init__(self, ar, f, path):
         head = f.pread(8, 0)
         if len(head) < 8:
-            raise _damaged(ar, path, "not a safetensors file (shorter than 8 bytes)")
+            raise _format(ar, path, "not a safetensors file (shorter than 8 bytes)")
         n = struct.unpack("<Q", head)[0]
         if n > _HEADER_MAX or 8 + n > f.size:
-            raise _damaged(ar, path, "not a safetensors file (header length %d)" % n)
+            raise _format(ar, path, "not a safetensors file (header length %d)" % n)
         try:
             hdr = json.loads(f.pread(n, 8))
-        except ValueError as e:
-            raise _damaged(ar, path, "safetensors header: %s" % e) from None
+        except ValueError as e:  # UnicodeDecodeError too
+            raise _format(ar, path, "not a safetensors file (header: %s)" % e) from None
         if not isinstance(hdr, dict):
-            raise _damaged(ar, path, "safetensors header is not an object")
+            raise _format(ar, path, "not a safetensors file (its header is not a JSON object)")
         self.metadata = hdr.pop("__metadata__", None)
         self.data_offset = 8 + n
         self.tensors = hdr
@@ -68,7 +74,7 @@ class _Header:
                 if t["dtype"] not in _SIZE or not (0 <= b <= e) or self.data_offset + e > f.size:
                     raise ValueError
             except (KeyError, TypeError, ValueError):
-                raise _damaged(ar, path, "safetensors header: bad entry %r" % name) from None
+                raise _format(ar, path, "safetensors header: bad entry %r" % name) from None
 
     def names(self):
         return sorted(self.tensors, key=lambda k: self.tensors[k]["data_offsets"][0])
@@ -125,19 +131,28 @@ def _tz_storages(ar, f, path):
     """The storages of a torch.save file (ulp_tz_parse over the archived
     file: its zip directory and data.pkl only)."""
     err = ctypes.create_string_buffer(512)
+    failed = []
 
     def rd(_arg, buf, n, off):
         try:
             got = f._pread_into((ctypes.c_char * n).from_address(buf), off)
-        except OSError:
+        except Exception as e:  # noqa: BLE001 - raised again below
+            failed.append(e)
             return -2  # ULP_E_IO
-        return 0 if got == n else -4  # ULP_E_CORRUPT: short
+        if got != n:
+            failed.append(_damaged(ar, path, "short read"))
+            return -2
+        return 0
     cb = _lib.TZ_READ_FN(rd)
     z = ctypes.c_void_p()
     rc = lib.ulp_tz_parse(cb, None, f.size, ctypes.byref(z), err, len(err))
     if rc < 0:
-        raise _lib.error(rc, "archive %s: %s: %s" % (ar.path, path, err.value.decode("utf-8", "replace")
-                                                     or _lib.strerror(rc)), path)
+        if failed:  # the read's own error (damage, a closed file)
+            raise failed[0]
+        why = err.value.decode("utf-8", "backslashreplace") or _lib.strerror(rc)
+        if -rc in (_lib.ULP_E_CORRUPT, _lib.ULP_E_VERSION, _lib.ULP_E_UNSUPPORTED, _lib.ULP_E_INVAL):
+            raise _format(ar, path, "not a torch.save file the library reads (%s)" % why)
+        raise _lib.error(rc, "archive %s: %s: %s" % (ar.path, path, why), path)
     try:
         out = {}
         for i in range(lib.ulp_tz_count(z)):

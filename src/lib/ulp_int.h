@@ -51,6 +51,13 @@ int ulp_err_set(ulp_err *e, int code, const char *file, int line, const char *fm
 #define ULP_ERR(e, code, ...) ulp_err_set((e), (code), __FILE__, __LINE__, __VA_ARGS__)
 #define ULP_CORRUPT(e, ...) ULP_ERR((e), -ULP_E_CORRUPT, __VA_ARGS__)
 
+/* The n bytes at s as text for a message (out, cap bytes, NUL-terminated;
+ * returned): printable ASCII kept, a backslash doubled, \n \r \t, other
+ * bytes as \xHH, so that what a file or a URL holds never reaches a terminal
+ * raw; where it does not fit, cut after whole escapes and ended with "...".
+ * cap bounds the length: 64 shows about 60 bytes. */
+const char *ulp_quote(char *out, size_t cap, const void *s, size_t n);
+
 /* Little-endian loads and stores. */
 static inline uint16_t ulp_ld16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static inline uint32_t ulp_ld32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }

@@ -3,7 +3,10 @@
 # python.sh - the Python package (python/ulpack, issue 27) against this
 # build's libulpack.so: python3 -m pytest -q python/tests (reads against
 # `ulpack cat`, single tensors and the decode counters, threads, damaged and
-# missing files, 10,000 opens without a leak, the writer and its lock).
+# missing files, 10,000 opens without a leak, the writer and its lock;
+# test_trust.py, issue 34: files outliving their archive, in child
+# interpreters so that a crash fails a test, NUL bytes in paths, pread's
+# offsets, FormatError).
 # The torch tests run where `import torch` works; numpy and pytest are
 # required (tools/install-deps.sh --test).
 . "$(dirname "$0")/lib.sh"

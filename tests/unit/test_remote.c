@@ -308,6 +308,42 @@ static void test_init(void)
 	      err);
 }
 
+/* Issue 34 item 15: the URL's prefix has no empty part, no '.' or '..',
+ * no control characters, each refused for its reason, the URL escaped in
+ * the message; one slash may end it. */
+static void test_url(void)
+{
+	static const struct {
+		const char *url, *why;
+	} bad[] = {
+		{"s3://ckpt//dbl", "empty"},      {"s3://ckpt//", "empty"},        {"s3://ckpt/a//b", "empty"},
+		{"s3://ckpt/a//", "empty"},       {"s3://ckpt/./a", "'.'"},        {"s3://ckpt/a/..", "'..'"},
+		{"s3://ckpt/a\nb", "control"},    {"s3://ckpt/a\x1b[2Jb", "control"}, {"s3://ckpt/a\tb/", "control"},
+		{"s3://ckpt/a\x7f", "control"},   {"s3://ck\npt/a", "control"},    {"s3://ab/a", "3-63"},
+	};
+	char cache[300];
+	snprintf(cache, sizeof(cache), "%s/url", root); /* a home of its own: "URL/" names URL's archive */
+	ulp_archive_opts o = {.read_only = 1, .cache_dir = cache};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char err[512] = "";
+		ulp_archive *r = NULL;
+		int rc = ulp_archive_open(bad[i].url, &o, &r, err, sizeof(err));
+		int clean = 1;
+		for (const char *c = err; *c; c++)
+			clean &= (unsigned char)*c >= 0x20 && (unsigned char)*c < 0x7f;
+		CHECK(rc == -ULP_E_INVAL && !r && strstr(err, bad[i].why) && clean, "URL %zu refused: %d %s", i, rc, err);
+		ulp_archive_close(r);
+	}
+	char err[512] = "";
+	ulp_archive *r = NULL;
+	int rc = ulp_archive_open("s3://ckpt/a\nb", &o, &r, err, sizeof(err));
+	CHECK(rc == -ULP_E_INVAL && strstr(err, "s3://ckpt/a\\nb") && !strstr(err, "empty"),
+	      "a newline: its own reason, escaped: %s", err);
+	rc = ulp_archive_open(URL "/", &o, &r, err, sizeof(err));
+	CHECK(rc == 0 && r, "one slash may end it: %d %s", rc, err);
+	ulp_archive_close(r);
+}
+
 /* 2: a writer's packs and generations reach the bucket. */
 static void test_write(void)
 {
@@ -650,6 +686,7 @@ int main(void)
 	setenv("AWS_CONFIG_FILE", none, 1);
 	setenv("ULPACK_CACHE_DIR", init, 1); /* init's local home */
 	test_init();
+	test_url();
 	test_write();
 	test_read();
 	test_follow();

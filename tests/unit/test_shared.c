@@ -470,6 +470,67 @@ static void test_failed_open_publishes_nothing(void)
 	free(after);
 }
 
+/* Issue 34 item 15: what a garbage pointer file holds reaches an error
+ * message escaped (no control byte of it on a terminal) and cut short. */
+static int printable(const char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || (unsigned char)*s >= 0x7f)
+			return 0;
+	return 1;
+}
+
+static void test_garbage_current(void)
+{
+	char q[16], big[64];
+	CHECK(!strcmp(ulp_quote(q, 14, "a\\b\n\x1b\0", 6), "a\\\\b\\n\\x1b..."), "quote: %s", q);
+	CHECK(!strcmp(ulp_quote(q, 15, "a\\b\n\x1b\0", 6), "a\\\\b\\n\\x1b\\x00"), "quote, all: %s", q);
+	CHECK(!strcmp(ulp_quote(q, sizeof(q), "ab\tc\r", 5), "ab\\tc\\r"), "quote, whole: %s", q);
+	CHECK(!strcmp(ulp_quote(q, 4, "abcd", 4), "..."), "quote in 4: %s", q);
+	CHECK(!strcmp(ulp_quote(q, 5, "abcd", 4), "abcd"), "quote exactly: %s", q);
+	CHECK(!strcmp(ulp_quote(q, 5, "abcde", 5), "a..."), "quote cut: %s", q);
+	char many[1000];
+	memset(many, 0x9b, sizeof(many));
+	ulp_quote(big, sizeof(big), many, sizeof(many));
+	CHECK(strlen(big) < sizeof(big) && printable(big) && strstr(big, "\\x9b...") &&
+	      strlen(big) + 1 + 4 > sizeof(big), "quote cut at a whole escape: %s", big);
+
+	char dir[512], err[512], p[700];
+	int rc;
+	mkarchive("garbage", dir, sizeof(dir));
+	ulp_archive *w = open_as(dir, 0, 2000, 0, err, &rc);
+	REQUIRE(w && ulp_archive_share(w) == 0, "share");
+	REQUIRE(put(w, "a", 1) == 0 && ulp_archive_publish(w) == 0, "put, publish");
+	ulp_archive_close(w);
+	/* only CURRENT, garbage: a terminal's escapes, newlines, a NUL, and long */
+	snprintf(p, sizeof(p), "%s/index", dir);
+	DIR *d = opendir(p);
+	for (struct dirent *e; d && (e = readdir(d));)
+		if (!strncmp(e->d_name, "CURRENT-", 8)) {
+			char f[1200];
+			snprintf(f, sizeof(f), "%s/index/%s", dir, e->d_name);
+			unlink(f);
+		}
+	if (d)
+		closedir(d);
+	static const char junk[] = "\x1b]0;owned\a\x1b[2J\x1b[31mred\r\nulpack-current\n\0tail";
+	snprintf(p, sizeof(p), "%s/index/CURRENT", dir);
+	FILE *f = fopen(p, "wb");
+	REQUIRE(f, "CURRENT");
+	fwrite(junk, 1, sizeof(junk) - 1, f);
+	for (int i = 0; i < 200; i++)
+		fputc('A' + i % 26, f);
+	fclose(f);
+	ulp_archive *r = open_as(dir, 1, 0, 0, err, &rc);
+	CHECK(!r && rc == -ULP_E_CORRUPT, "a garbage CURRENT is refused: %d", rc);
+	ulp_archive_close(r);
+	CHECK(printable(err), "the message holds no control byte");
+	CHECK(strstr(err, "index/CURRENT") && strstr(err, "\\x1b]0;owned\\x07\\x1b[2J") && strstr(err, "\\r\\n"),
+	      "it shows the start of the file, escaped: %s", err);
+	const char *at = strstr(err, "(\"");
+	CHECK(at && strstr(at, "...\")") && strlen(at) < 80, "cut short: %s", at ? at : err);
+}
+
 static int count_packs(const char *dir)
 {
 	char p[600];
@@ -725,6 +786,7 @@ int main(void)
 	test_fenced_by_expiry();
 	test_late_writes_of_fenced_writer();
 	test_failed_open_publishes_nothing();
+	test_garbage_current();
 	test_slow_publication();
 	test_grace();
 	test_pack_ids();

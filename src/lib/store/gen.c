@@ -169,17 +169,21 @@ typedef struct current {
 	uint64_t gen, epoch, bytes, base;
 } current;
 
-/* A pointer's text (buf, NUL-terminated; p names it in the message):
- * 0 or CORRUPT. */
-static int parse_current(const char *p, const char *buf, current *c, ulp_err *err)
+/* A pointer's text (buf, its n bytes NUL-terminated; p names it in the
+ * message, which shows the start of what the file holds, escaped): 0 or
+ * CORRUPT. */
+static int parse_current(const char *p, const char *buf, size_t n, current *c, ulp_err *err)
 {
 	unsigned v = 0;
 	int k = sscanf(buf, "ulpack-current %u %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &v, &c->gen, &c->epoch,
 	               &c->bytes, &c->base);
 	if (k == 4 && v == 1)
 		c->base = c->gen;
-	if (!((k == 4 && v == 1) || (k == 5 && v == 2)) || c->gen == 0 || c->base == 0 || c->base > c->gen)
-		return ULP_ERR(err, -ULP_E_CORRUPT, "%s: not a generation pointer (\"%.40s\")", p, buf);
+	if (!((k == 4 && v == 1) || (k == 5 && v == 2)) || c->gen == 0 || c->base == 0 || c->base > c->gen) {
+		char q[64];
+		return ULP_ERR(err, -ULP_E_CORRUPT, "%s: not a generation pointer (\"%s\")", p,
+		               ulp_quote(q, sizeof(q), buf, n));
+	}
 	return 0;
 }
 
@@ -196,7 +200,7 @@ static int read_current(const char *dir, current *c, ulp_err *err)
 	if (n < 0)
 		return ULP_ERR(err, -ULP_E_IO, "%s: %s", p, strerror(errno));
 	buf[n] = 0;
-	return parse_current(p, buf, c, err);
+	return parse_current(p, buf, (size_t)n, c, err);
 }
 
 /* The newest pointer of a shared archive on a directory (invariant 7): the
@@ -227,7 +231,7 @@ static int best_current(const char *dir, current *c, ulp_err *err)
 		if (n <= 0)
 			continue;
 		buf[n] = 0;
-		if (parse_current(f, buf, &x, &xe) < 0)
+		if (parse_current(f, buf, (size_t)n, &x, &xe) < 0)
 			continue;
 		if (rc < 0 || x.epoch > c->epoch || (x.epoch == c->epoch && x.gen > c->gen)) {
 			*c = x;
@@ -380,7 +384,7 @@ static int remote_current(ulp_archive *a, current *c, char etag[ULP_S3_ETAG_MAX]
 		return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
 	buf[n] = 0;
 	snprintf(where, sizeof(where), "%s/index/CURRENT", a->rm->url);
-	return parse_current(where, buf, c, err);
+	return parse_current(where, buf, n, c, err);
 }
 
 /* remote.h invariant 3: generation c's files (and its base's) in index/. */

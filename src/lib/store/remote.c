@@ -25,20 +25,30 @@ int ulp_remote_is_url(const char *s)
 	return s && strncmp(s, "s3://", 5) == 0;
 }
 
-/* s3://BUCKET[/PREFIX[/]]: bucket and prefix ("" or ending in '/'), malloc'ed. */
+/* s3://BUCKET[/PREFIX[/]]: bucket and prefix ("" or ending in '/'), malloc'ed.
+ * The prefix is parts joined by single slashes, at most one slash after the
+ * last: no empty part (a slash first, two in a row, "s3://B//"), none '.' or
+ * '..', and no control characters. The URL is escaped in the messages. */
 static int parse_url(const char *url, char **bucket, char **prefix, ulp_err *err)
 {
 	const char *b = url + 5, *slash = strchr(b, '/');
 	size_t bl = slash ? (size_t)(slash - b) : strlen(b);
 	const char *p = slash ? slash + 1 : "";
-	size_t pl = strlen(p);
-	while (pl && p[pl - 1] == '/')
-		pl--;
+	size_t pl = strlen(p), ul = strlen(url);
+	char q[300];
+	if (pl && p[pl - 1] == '/')
+		pl--; /* s3://BUCKET/PREFIX/ */
 	if (bl < 3 || bl > 63)
 		return ULP_ERR(err, -ULP_E_INVAL, "%s: not an archive URL (s3://BUCKET/PREFIX, a bucket of 3-63 characters)",
-		               url);
+		               ulp_quote(q, sizeof(q), url, ul));
+	for (size_t i = 0; i < ul; i++)
+		if ((unsigned char)url[i] < 0x20 || url[i] == 0x7f)
+			return ULP_ERR(err, -ULP_E_INVAL, "%s: an archive URL may not hold control characters (byte 0x%02x)",
+			               ulp_quote(q, sizeof(q), url, ul), (unsigned char)url[i]);
+	if (slash && pl == 0 && p[0] == '/')
+		return ULP_ERR(err, -ULP_E_INVAL, "%s: the prefix may not hold empty, '.' or '..' parts", url);
 	for (size_t i = 0; i < pl; i++)
-		if ((unsigned char)p[i] < 0x20 || (p[i] == '/' && i + 1 < pl && p[i + 1] == '/') ||
+		if ((p[i] == '/' && (i == 0 || p[i - 1] == '/' || i + 1 == pl)) ||
 		    (p[i] == '.' && (i == 0 || p[i - 1] == '/') &&
 		     (i + 1 == pl || p[i + 1] == '/' || (p[i + 1] == '.' && (i + 2 == pl || p[i + 2] == '/')))))
 			return ULP_ERR(err, -ULP_E_INVAL, "%s: the prefix may not hold empty, '.' or '..' parts", url);

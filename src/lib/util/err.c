@@ -69,6 +69,46 @@ int ulp_err_set(ulp_err *e, int code, const char *file, int line, const char *fm
 	return code;
 }
 
+/* the length of byte c in ulp_quote's text */
+static size_t quoted_len(unsigned char c)
+{
+	return c == '\\' || c == '\n' || c == '\r' || c == '\t' ? 2 : c >= 0x20 && c < 0x7f ? 1 : 4;
+}
+
+const char *ulp_quote(char *out, size_t cap, const void *s, size_t n)
+{
+	static const char hex[] = "0123456789abcdef";
+	const unsigned char *p = s;
+	size_t o = 0, need = 0;
+	if (!cap)
+		return out;
+	for (size_t i = 0; i < n && need < cap; i++)
+		need += quoted_len(p[i]);
+	int cut = need >= cap; /* then room is kept for the "..." */
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = p[i];
+		size_t k = quoted_len(c);
+		if (cut && o + k + 3 > cap - 1) {
+			for (int d = 0; d < 3 && o + 1 < cap; d++)
+				out[o++] = '.';
+			break;
+		}
+		if (k == 1) {
+			out[o] = (char)c;
+		} else {
+			out[o] = '\\';
+			out[o + 1] = c == '\n' ? 'n' : c == '\r' ? 'r' : c == '\t' ? 't' : c == '\\' ? '\\' : 'x';
+			if (k == 4) {
+				out[o + 2] = hex[c >> 4];
+				out[o + 3] = hex[c & 15];
+			}
+		}
+		o += k;
+	}
+	out[o] = 0;
+	return out;
+}
+
 int ulp_parse_size(const char *s, uint64_t *out)
 {
 	char *end;
