@@ -17,6 +17,7 @@
 #include "ulpack.h"
 #include "arch_int.h"
 #include "store/shared.h"
+#include "store/remote.h"
 #include "s3mock.h"
 #include <dirent.h>
 #include <fcntl.h>
@@ -197,10 +198,15 @@ static ulp_generation gen_of(ulp_archive *a)
 	return g;
 }
 
-/* The local home of a handle: CACHE/s3/ckpt/a/ROLE, and a subdirectory. */
+/* The local home of a handle: CACHE/s3/ckpt-HASH/ROLE, and a subdirectory. */
 static void home(const char *cache, const char *role, const char *sub, char *out, size_t cap)
 {
-	snprintf(out, cap, "%s/%s/s3/ckpt/a/%s%s%s", root, cache, role, sub ? "/" : "", sub ? sub : "");
+	char c[512], h[600], msg[256];
+	ulp_err e = {msg, sizeof(msg)};
+	snprintf(c, sizeof(c), "%s/%s", root, cache);
+	REQUIRE(ulp_remote_local_dir(URL, c, !strcmp(role, "writer"), h, sizeof(h), &e) == 0, "local dir: %s", msg);
+	int n = snprintf(out, cap, "%s%s%s", h, sub ? "/" : "", sub ? sub : "");
+	REQUIRE(n > 0 && (size_t)n < cap, "home path too long");
 }
 
 /* Calls cb for each file of dir whose name ends with suffix (and is not a
@@ -399,7 +405,7 @@ static void test_follow(void)
 	CHECK(read_back(r, "following reader") == n_files, "every file reads back, the new one too");
 	/* its home keeps the generation it follows and that one's base only */
 	char idx[600];
-	snprintf(idx, sizeof(idx), "%s/r/s3/ckpt/a/reader/index", root);
+	home("r", "reader", "index", idx, sizeof(idx));
 	DIR *d = opendir(idx);
 	int gens = 0;
 	for (struct dirent *e; d && (e = readdir(d));)
