@@ -551,7 +551,7 @@ static void *fetch_main(void *arg)
 	return NULL;
 }
 
-int ulp_remote_fetch(ulp_archive *a, const char *rel, const char *path, uint64_t size)
+int ulp_remote_fetch(ulp_archive *a, const char *rel, const char *path, uint64_t size, uint64_t want)
 {
 	static unsigned counter;
 	ulp_remote *rm = a->rm;
@@ -561,6 +561,10 @@ int ulp_remote_fetch(ulp_archive *a, const char *rel, const char *path, uint64_t
 	int rc = 0;
 	if (!size && (rc = ulp_s3_head(rm->s3, key, &size, NULL, &e)) < 0)
 		return fail(a, rc, msg);
+	if (want && size != want) /* nothing fetched, nothing kept */
+		return ulp_arch_err(a, -ULP_E_CORRUPT, "s3://%s/%s: %" PRIu64 " bytes in the bucket where the index says "
+		                    "%" PRIu64 " (a damaged or truncated object): refused, nothing cached", rm->bucket, key,
+		                    size, want);
 	snprintf(tmp, sizeof(tmp), "%s.tmp-%ld-%u", path, (long)getpid(),
 	         __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
 	fetch f = {.a = a, .key = key, .tmp = tmp, .size = size};
@@ -591,6 +595,9 @@ int ulp_remote_fetch(ulp_archive *a, const char *rel, const char *path, uint64_t
 	rc = f.rc;
 	if (rc < 0)
 		ulp_arch_err(a, rc, "%s", f.msg);
+	struct stat sb;
+	if (rc == 0 && (fstat(f.fd, &sb) < 0 || (uint64_t)sb.st_size != size))
+		rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: %lld bytes fetched of %" PRIu64, tmp, (long long)sb.st_size, size);
 	close(f.fd);
 	if (rc == 0 && rename(tmp, path) < 0)
 		rc = ulp_arch_err(a, -ULP_E_IO, "%s: %s", path, strerror(errno));

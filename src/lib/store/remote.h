@@ -105,8 +105,10 @@ int ulp_remote_local_dir(const char *url, const char *cache_dir, int writer, cha
 int ulp_remote_get_small(ulp_archive *a, const char *rel, char *buf, size_t cap, size_t *len,
                          char etag[ULP_S3_ETAG_MAX]);
 /* The object rel into the local file path, whole (size 0: asked first),
- * through a temporary and a rename; ranges fetched in parallel. */
-int ulp_remote_fetch(ulp_archive *a, const char *rel, const char *path, uint64_t size);
+ * through a temporary and a rename; ranges fetched in parallel. want: the
+ * size it must have (0: any); an object of another size is refused
+ * (CORRUPT), nothing fetched. */
+int ulp_remote_fetch(ulp_archive *a, const char *rel, const char *path, uint64_t size, uint64_t want);
 /* The len bytes of fd as object rel; cond: only where rel does not exist
  * (EXIST otherwise). */
 int ulp_remote_put_fd(ulp_archive *a, const char *rel, int fd, uint64_t len, int cond);
