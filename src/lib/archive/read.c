@@ -51,7 +51,8 @@
  *     saw it gets REFETCHED, an internal code, and the entry points
  *     (file_chunk_as, ulp_read_blob) let the parsed blobs go and read once
  *     more. A second failure of the fresh copy is EIO naming the pack and
- *     the archive. REFETCHED never leaves this file.
+ *     the archive, and the parsed blobs go again, so that the next read
+ *     maps the pack afresh. REFETCHED never leaves this file.
  */
 #include "arch_int.h"
 #include <zstd.h>
@@ -247,9 +248,14 @@ static int any_blob(void *arg, const ulp_ckey *key, void *data);
 
 /* Invariant 9: after a pack was fetched anew, the parsed blobs (maybe of
  * its damaged bytes) go, and what failed is tried once more; a second
- * REFETCHED (another thread's fetch in between) is an error. */
+ * REFETCHED (another thread's fetch in between) is an error. After any
+ * failure in an archive in a bucket the parsed blobs go too: they may pin
+ * a copy that failed twice, dropped, whose object may be mended by the
+ * next read. */
 static int refetched_err(ulp_archive *a, int rc)
 {
+	if (rc < 0 && a->rm) /* parsed blobs of a copy dropped: the next read maps it afresh */
+		ulp_cache_purge(a->cache, any_blob, NULL);
 	return rc == REFETCHED ? ulp_arch_err(a, -ULP_E_IO, "%s: a pack failed its checks again after it was "
 	                                      "fetched anew", a->dir)
 	                       : rc;
