@@ -373,7 +373,7 @@ static uint64_t dir_bytes(int hfd)
 	return n;
 }
 
-/* The home's directories (invariant 5) */
+/* The home's directories (invariant 5; lease/ a writer's only) */
 static const char *const subdirs[] = {"packs", "index", "staging", "lease"};
 
 /* The local home, walked to and checked (invariants 5 and 6): its
@@ -406,7 +406,7 @@ static int make_home(ulp_remote *rm, const char *cache_dir, const char *endpoint
 		return ULP_ERR(err, -ULP_E_IO, "%s: %s", home, strerror(errno));
 	ULP_TRY(no_links(fd, home, err));
 	ULP_TRY(claim_home(fd, home, rm->url, endpoint, err));
-	for (size_t i = 0; i < sizeof(subdirs) / sizeof(subdirs[0]); i++) {
+	for (size_t i = 0; i < sizeof(subdirs) / sizeof(subdirs[0]) - !rm->writer; i++) {
 		char where[4400];
 		snprintf(where, sizeof(where), "%s/%s", home, subdirs[i]);
 		int sfd = own_dir(fd, subdirs[i], where, err);

@@ -42,8 +42,9 @@
  *     user owns, each writable by no one else but with the sticky bit, and
  *     symbolic links only where no one else can replace them (open_trusted
  *     walks the path one name at a time); s3/, s3/BUCKET-HASH/, the home
- *     and its packs/, index/, staging/ and lease/ are this user's, made 0700
- *     (mkdirat, openat with O_NOFOLLOW under the checked directory) and
+ *     and its packs/, index/, staging/ and (a writer's) lease/ are this
+ *     user's, made 0700 (mkdirat, openat with O_NOFOLLOW under the checked
+ *     directory) and
  *     checked when found (not a link, this user's, not writable by others):
  *     otherwise the open is refused, naming the directory and the cause. No
  *     symbolic link is among the home's own entries. So no other user can
