@@ -111,7 +111,10 @@ typedef struct ulp_expected {
  * a whole put, gc or re-coding commit. mu, the pack store's ps->mu and the
  * database handle's dbh->mu are leaf locks: each is held for a few field
  * updates only, and no other lock is taken while it is held (no index or
- * cache call, no ulp_arch_err, which may take dbh->mu, under them).
+ * cache call, no ulp_arch_err, which may take dbh->mu, under them). The
+ * pack store's refetch_mu (pack.c invariant 6) is held across a fetch of
+ * a pack from an object store, after write_mu where both are, with no
+ * leaf lock held when it is taken.
  */
 struct ulp_archive {
 	char *dir;                   /* set at open, read-only after */
@@ -297,6 +300,8 @@ typedef struct ulp_blobrow {
 } ulp_blobrow;
 int ulp_index_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_blobrow *out);
 int ulp_index_pack_name(ulp_archive *a, int64_t id, char *name, size_t cap);
+/* The same, and its size as the index has it (*size). */
+int ulp_index_pack_row(ulp_archive *a, int64_t id, char *name, size_t cap, uint64_t *size);
 
 /* One extent of a file: bytes [offset, offset + length) are the content. */
 typedef struct ulp_extent {
@@ -574,6 +579,19 @@ int ulp_pack_pin_slot(ulp_archive *a, size_t slot); /* one more pin */
 void ulp_pack_unpin(ulp_archive *a, size_t slot);
 /* Bytes of a blob in a pinned slot. */
 int ulp_pack_slot_blob(ulp_archive *a, size_t slot, uint64_t offset, uint64_t len, const uint8_t **p);
+/* How often a pinned slot's pack was fetched anew (ulp_pack_refetch). */
+unsigned ulp_pack_slot_epoch(ulp_archive *a, size_t slot);
+/* A pinned slot's pack whose bytes failed a check (what: the failure, for
+ * the message), read when the slot's epoch was seen: where the pack has a
+ * copy fetched from an object store that was not fetched anew yet, it is
+ * dropped and fetched again over the same mapping (backend.h's refetch):
+ * 1, read it again. Where it was fetched anew since seen (by another
+ * thread): 1 too. Else 0 where the backend fetches nothing (a local
+ * directory: the caller's error stands), or, where the fresh copy failed
+ * again, that copy dropped and the slot forgotten (the next lookup maps
+ * it afresh), -ULP_E_IO with the message naming the pack and the archive;
+ * or the fetch's error. */
+int ulp_pack_refetch(ulp_archive *a, size_t slot, unsigned seen, const char *what);
 /* Whether a slot's pack file was found removed (ulp_pack_mark_gone). */
 int ulp_pack_slot_gone(ulp_archive *a, size_t slot);
 /* Marks mapped packs whose file is gone; returns how many mapped ones are. */

@@ -56,6 +56,9 @@ steps_same() { # MNT STEP...: each step of the run byte-identical under MNT/r
 # local, the bucket with an empty pack cache, the bucket with the pack cache warm.
 # S3_BENCH_ROUNDS rounds (1), medians; S3_FIGURES_ONLY=1 runs these alone
 # (make bench, section S).
+# CACHE URL ROLE: the local home of URL under CACHE (its directory's name
+# hashes the endpoint too: found by the URL its file "remote" names)
+home_of() { for _h_d in "$1"/s3/*/"$3"; do [ "$(head -n 1 "$_h_d/remote" 2> /dev/null)" = "$2" ] && echo "$_h_d"; done; :; }
 med() { sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a / b}'; }
 figures() {
@@ -67,7 +70,13 @@ figures() {
 	sz=$(stat -c %s "$T/brun/$last/model.safetensors")
 	: > "$T/f.arch"; : > "$T/f.cold"; : > "$T/f.warm"; : > "$T/f.rss"
 	for round in $(seq ${S3_BENCH_ROUNDS:-1}); do
-		rm -rf "$T/local" "$T/c1/s3/ckpt/bench" "$T/c2/s3/ckpt/bench"
+		for _f_c in "$T/c1" "$T/c2"; do
+			for _f_r in writer reader; do
+				_f_h=$(home_of "$_f_c" s3://ckpt/bench "$_f_r")
+				[ -z "$_f_h" ] || rm -rf "$_f_h"
+			done
+		done
+		rm -rf "$T/local"
 		"$ULPACK" init "$T/local" > /dev/null
 		mkdir -p "$T/lw"
 		"$ULPACKFS" "$T/local" "$T/lw" -f > "$T/lw.log" 2>&1 &
@@ -127,7 +136,7 @@ g=$(getfattr --only-values -n user.ulpack.generation "$T/w1" 2> /dev/null)
 echo "# writer generation: $g"
 s3_mount 2 "$T/r2" -o ro,poll=1 && ok "host 2: read-only mount, empty pack cache" || fail "host 2 mount: $(cat "$T/r2.log")"
 steps_same "$T/r2" 100 200 300 400 && ok "host 2 reads all 4 steps byte-identical" || fail "host 2: steps differ"
-n=$(ls "$T/c2/s3/ckpt/runs/a/reader/packs" | grep -c '\.pack$')
+n=$(ls "$(home_of "$T/c2" "$URL" reader)/packs" | grep -c '\.pack$')
 [ "$n" -gt 0 ] && ok "host 2's pack cache holds $n packs" || fail "host 2: no pack cached"
 
 # ---- the read-only mount follows a new step ----------------------------------

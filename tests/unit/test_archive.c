@@ -2085,7 +2085,7 @@ static void test_backend(void)
 	      strstr(ulp_archive_errmsg(a), "/packs/x.obj: [8, 12) is past its end"),
 	      "read_range past the end: %s", ulp_archive_errmsg(a));
 	ulp_backend_map m;
-	CHECK(b->ops->map(b, "x.obj", &m) == 0 && m.size == 10 && !memcmp(m.base + 7, "789", 3), "map");
+	CHECK(b->ops->map(b, "x.obj", 0, &m) == 0 && m.size == 10 && !memcmp(m.base + 7, "789", 3), "map");
 	munmap((void *)m.base, (size_t)m.size);
 	CHECK(b->ops->publish(b, "x.ptr", "one", 3) == 0 && b->ops->publish(b, "x.ptr", "two!", 4) == 0,
 	      "publish twice");
@@ -2095,7 +2095,7 @@ static void test_backend(void)
 	      (!strcmp(seen, "x.obj:10;x.ptr:4;") || !strcmp(seen, "x.ptr:4;x.obj:10;")),
 	      "list by prefix, no temporary left: %s", seen);
 	CHECK(b->ops->remove(b, "x.obj") == 0 && b->ops->remove(b, "x.obj") == -ULP_E_NOENT, "remove");
-	CHECK(b->ops->map(b, "x.obj", &m) == -ULP_E_IO && strstr(ulp_archive_errmsg(a), "/packs/x.obj: No such file"),
+	CHECK(b->ops->map(b, "x.obj", 0, &m) == -ULP_E_IO && strstr(ulp_archive_errmsg(a), "/packs/x.obj: No such file"),
 	      "map of a removed object: %s", ulp_archive_errmsg(a));
 	CHECK(b->ops->remove(b, "x.ptr") == 0, "remove the pointer");
 	b->ops->close(b);

@@ -17,6 +17,7 @@
 #include "ulpack.h"
 #include "arch_int.h"
 #include "store/shared.h"
+#include "store/remote.h"
 #include "s3mock.h"
 #include <dirent.h>
 #include <fcntl.h>
@@ -197,10 +198,15 @@ static ulp_generation gen_of(ulp_archive *a)
 	return g;
 }
 
-/* The local home of a handle: CACHE/s3/ckpt/a/ROLE, and a subdirectory. */
+/* The local home of a handle: CACHE/s3/ckpt-HASH/ROLE, and a subdirectory. */
 static void home(const char *cache, const char *role, const char *sub, char *out, size_t cap)
 {
-	snprintf(out, cap, "%s/%s/s3/ckpt/a/%s%s%s", root, cache, role, sub ? "/" : "", sub ? sub : "");
+	char c[512], h[600], msg[256];
+	ulp_err e = {msg, sizeof(msg)};
+	snprintf(c, sizeof(c), "%s/%s", root, cache);
+	REQUIRE(ulp_remote_local_dir(URL, c, !strcmp(role, "writer"), h, sizeof(h), &e) == 0, "local dir: %s", msg);
+	int n = snprintf(out, cap, "%s%s%s", h, sub ? "/" : "", sub ? sub : "");
+	REQUIRE(n > 0 && (size_t)n < cap, "home path too long");
 }
 
 /* Calls cb for each file of dir whose name ends with suffix (and is not a
@@ -435,7 +441,7 @@ static void test_follow(void)
 	CHECK(read_back(r, "following reader") == n_files, "every file reads back, the new one too");
 	/* its home keeps the generation it follows and that one's base only */
 	char idx[600];
-	snprintf(idx, sizeof(idx), "%s/r/s3/ckpt/a/reader/index", root);
+	home("r", "reader", "index", idx, sizeof(idx));
 	DIR *d = opendir(idx);
 	int gens = 0;
 	for (struct dirent *e; d && (e = readdir(d));)
@@ -666,6 +672,339 @@ static void test_lru(void)
 	ulp_archive_close(r);
 }
 
+/* ---- issue 34 ------------------------------------------------------------- */
+
+/* The .pack files of dir (not temporaries). */
+static void packs_in(const char *dir, packlist *p)
+{
+	p->n = 0;
+	each_file(dir, ".pack", pack_cb, p);
+}
+
+/* The size of object packs/NAME in the bucket (0: none). */
+static size_t object_size(const char *name)
+{
+	char key[300];
+	size_t n = 0;
+	snprintf(key, sizeof(key), "ckpt/a/packs/%s", name);
+	void *o = s3mock_get_object(mock, key, &n);
+	free(o);
+	return o ? n : 0;
+}
+
+/* 10: a cached pack damaged or truncated on the local disk is fetched
+ * anew, after a remount too (item 5). */
+static void test_cache_damage(void)
+{
+	char err[512], dir[700];
+	int rc;
+	ulp_archive *r = open_as("r10", 1, 0, 0, err, &rc);
+	REQUIRE(r, "reader: %d %s", rc, err);
+	CHECK(read_back(r, "r10") == n_files, "a reader fills its pack cache");
+	ulp_archive_close(r);
+	home("r10", "reader", "packs", dir, sizeof(dir));
+	packlist p;
+	packs_in(dir, &p);
+	REQUIRE(p.n >= 2, "cached packs: %d", p.n);
+	int flipped = 0, cut = 0;
+	for (int i = 0; i < p.n; i++) {
+		char f[1000];
+		snprintf(f, sizeof(f), "%s/%s", dir, p.names[i]);
+		if (i % 2 == 0) { /* a byte flipped in the middle: bit rot */
+			int fd = open(f, O_RDWR);
+			uint8_t c;
+			off_t at = (off_t)p.sizes[i] / 2;
+			if (fd >= 0 && pread(fd, &c, 1, at) == 1) {
+				c ^= 0xff;
+				flipped += pwrite(fd, &c, 1, at) == 1;
+			}
+			if (fd >= 0)
+				close(fd);
+		} else {
+			cut += truncate(f, (off_t)p.sizes[i] / 2) == 0;
+		}
+	}
+	CHECK(flipped >= 1 && cut >= 1, "cached copies damaged: %d flipped, %d truncated", flipped, cut);
+	unsigned long gets = s3mock_count(mock, "GET");
+	r = open_as("r10", 1, 0, 0, err, &rc);
+	REQUIRE(r, "reader again: %d %s", rc, err);
+	CHECK(read_back(r, "r10 after damage") == n_files, "after a remount every file reads back right");
+	CHECK(s3mock_count(mock, "GET") - gets >= (unsigned long)(flipped + cut),
+	      "the damaged copies fetched anew (%lu GETs)", s3mock_count(mock, "GET") - gets);
+	packlist q;
+	packs_in(dir, &q);
+	int right = 0;
+	for (int i = 0; i < q.n; i++)
+		right += q.sizes[i] == object_size(q.names[i]);
+	CHECK(q.n >= p.n && right == q.n, "every cached pack has its object's size (%d of %d)", right, q.n);
+	ulp_archive_close(r);
+}
+
+/* Reads every file: how many right, how many failed with EIO naming the
+ * pack and the archive (msg: a pack's name). */
+static void read_tally(ulp_archive *a, const char *name, int *right, int *eio, int *wrong)
+{
+	*right = *eio = *wrong = 0;
+	for (int i = 0; i < n_files; i++) {
+		uint8_t *got;
+		int64_t n = read_all(a, files[i].path, &got);
+		if (n == (int64_t)files[i].len && !memcmp(got, files[i].data, files[i].len)) {
+			(*right)++;
+		} else if (n < 0) {
+			const char *m = ulp_archive_errmsg(a);
+			if ((n == -ULP_E_IO || n == -ULP_E_CORRUPT) && strstr(m, URL) && strstr(m, name))
+				(*eio)++;
+			else
+				diag("%s: %s (%s)", files[i].path, ulp_strerror((int)n), m);
+		} else {
+			(*wrong)++;
+		}
+		free(got);
+	}
+}
+
+/* 11: a pack object damaged or truncated in the bucket: a clear error,
+ * nothing kept, and read again once mended, without a remount (item 5). */
+static void test_bucket_damage(void)
+{
+	char err[512], dir[700], key[300];
+	int rc, right, eio, wrong;
+	packlist p;
+	home("w", "writer", "packs", dir, sizeof(dir));
+	packs_in(dir, &p);
+	REQUIRE(p.n >= 1, "packs: %d", p.n);
+	int big = 0;
+	for (int i = 1; i < p.n; i++)
+		big = p.sizes[i] > p.sizes[big] ? i : big;
+	const char *name = p.names[big];
+	snprintf(key, sizeof(key), "ckpt/a/packs/%s", name);
+	/* bit rot in the bucket */
+	REQUIRE(s3mock_corrupt(mock, key, p.sizes[big] / 2) == 0, "damage %s", key);
+	ulp_archive *r = open_as("r11", 1, 0, 0, err, &rc);
+	REQUIRE(r, "reader: %d %s", rc, err);
+	read_tally(r, name, &right, &eio, &wrong);
+	CHECK(eio >= 1 && wrong == 0, "a damaged object: EIO naming %s and the pack (%d), never wrong bytes (%d "
+	      "right, %d wrong)", URL, eio, right, wrong);
+	home("r11", "reader", "packs", dir, sizeof(dir));
+	char f[1000];
+	snprintf(f, sizeof(f), "%s/%s", dir, name);
+	CHECK(access(f, F_OK) != 0, "its damaged copy is not kept in the pack cache");
+	REQUIRE(s3mock_corrupt(mock, key, p.sizes[big] / 2) == 0, "mend %s", key);
+	read_tally(r, name, &right, &eio, &wrong);
+	CHECK(right == n_files, "mended in the bucket, every file reads back without a remount (%d of %d)", right,
+	      n_files);
+	ulp_archive_close(r);
+
+	/* truncated in the bucket */
+	size_t len = 0;
+	uint8_t *whole = s3mock_get_object(mock, key, &len);
+	REQUIRE(whole && len > 16, "the object %s", key);
+	REQUIRE(s3mock_put_object(mock, key, whole, len / 2) == 0, "truncate %s", key);
+	r = open_as("r12", 1, 0, 0, err, &rc);
+	REQUIRE(r, "reader: %d %s", rc, err);
+	read_tally(r, name, &right, &eio, &wrong);
+	CHECK(eio >= 1 && wrong == 0 && strstr(ulp_archive_errmsg(r), "the index says"),
+	      "a truncated object is refused, naming the sizes (%d): %s", eio, ulp_archive_errmsg(r));
+	home("r12", "reader", "packs", dir, sizeof(dir));
+	snprintf(f, sizeof(f), "%s/%s", dir, name);
+	CHECK(access(f, F_OK) != 0, "and not kept in the pack cache");
+	REQUIRE(s3mock_put_object(mock, key, whole, len) == 0, "restore %s", key);
+	read_tally(r, name, &right, &eio, &wrong);
+	CHECK(right == n_files, "restored, every file reads back without a remount (%d of %d)", right, n_files);
+	ulp_archive_close(r);
+	free(whole);
+}
+
+/* 12: packs/ of a read-only handle's home removed: made again at the next
+ * fetch (item 13). */
+static void test_packs_removed(void)
+{
+	char err[512], dir[700], cmd[800];
+	int rc;
+	ulp_archive *r = open_as("r13", 1, 0, 0, err, &rc);
+	REQUIRE(r, "reader: %d %s", rc, err);
+	home("r13", "reader", "packs", dir, sizeof(dir));
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	REQUIRE(system(cmd) == 0, "%s", cmd);
+	CHECK(read_back(r, "packs/ removed") == n_files, "with packs/ removed under it, every file reads back");
+	struct stat sb;
+	CHECK(lstat(dir, &sb) == 0 && S_ISDIR(sb.st_mode) && (sb.st_mode & 0777) == 0700 && sb.st_uid == geteuid(),
+	      "packs/ made again, 0700, this user's");
+	ulp_archive_close(r);
+}
+
+/* Whether dir holds nothing. */
+static int empty_dir(const char *dir)
+{
+	DIR *d = opendir(dir);
+	int n = 0;
+	for (struct dirent *e; d && (e = readdir(d));)
+		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+	if (d)
+		closedir(d);
+	return d && n == 0;
+}
+
+/* An open of URL with cache_dir dir (absolute): refused with a message
+ * holding both words? */
+static int refused(const char *dir, int ro, const char *w1, const char *w2, char *err)
+{
+	ulp_archive_opts o = {.threads = 2, .read_only = ro, .poll_ms = 50, .cache_dir = dir};
+	ulp_archive *a = NULL;
+	int rc = ulp_archive_open(URL, &o, &a, err, 512);
+	ulp_archive_close(a);
+	return rc < 0 && strstr(err, w1) && (!w2 || strstr(err, w2));
+}
+
+/* 13: the local home's checks (item 7). */
+static void test_home_checks(void)
+{
+	char err[512] = "", d[600], out[600], h[700], sub[1000];
+	int is_root = geteuid() == 0;
+	snprintf(out, sizeof(out), "%s/outside", root);
+	REQUIRE(mkdir(out, 0755) == 0, "mkdir %s", out);
+	/* a cache_dir others may write to, without the sticky bit */
+	snprintf(d, sizeof(d), "%s/loose", root);
+	REQUIRE(mkdir(d, 0700) == 0 && chmod(d, 0777) == 0, "mkdir %s", d);
+	CHECK(refused(d, 1, d, "writable", err), "a cache_dir writable by others is refused: %s", err);
+	snprintf(sub, sizeof(sub), "%s/s3", d);
+	CHECK(access(sub, F_OK) != 0, "and nothing made in it");
+	/* with the sticky bit: fine */
+	snprintf(d, sizeof(d), "%s/sticky", root);
+	REQUIRE(mkdir(d, 0700) == 0 && chmod(d, 01777) == 0, "mkdir %s", d);
+	ulp_archive_opts o = {.threads = 2, .read_only = 1, .poll_ms = 50, .cache_dir = d};
+	ulp_archive *a = NULL;
+	int rc = ulp_archive_open(URL, &o, &a, err, sizeof(err));
+	CHECK(rc == 0, "a sticky cache_dir writable by all is taken: %d %s", rc, rc ? err : "");
+	ulp_archive_close(a);
+	/* a home subdirectory made 0700 */
+	snprintf(h, sizeof(h), "%s/sticky", root);
+	char ro[900];
+	{
+		char m[256];
+		ulp_err e = {m, sizeof(m)};
+		REQUIRE(ulp_remote_local_dir(URL, h, 0, ro, sizeof(ro), &e) == 0, "local dir: %s", m);
+	}
+	struct stat sb;
+	snprintf(sub, sizeof(sub), "%s/packs", ro);
+	CHECK(stat(ro, &sb) == 0 && (sb.st_mode & 0777) == 0700 && stat(sub, &sb) == 0 &&
+	      (sb.st_mode & 0777) == 0700, "the home and its packs/ are 0700");
+	/* a symbolic link in the home pointing outside: refused, nothing written through it */
+	char keep[1100];
+	snprintf(keep, sizeof(keep), "%s.keep", sub);
+	REQUIRE(rename(sub, keep) == 0 && symlink(out, sub) == 0, "packs/ -> %s", out);
+	CHECK(refused(h, 1, "packs", "symbolic link", err), "a home whose packs/ is a link is refused: %s", err);
+	CHECK(empty_dir(out), "and nothing is written where it points");
+	REQUIRE(unlink(sub) == 0 && rename(keep, sub) == 0, "packs/ back");
+	char rf[1000], o2[700];
+	snprintf(rf, sizeof(rf), "%s/remote", ro);
+	snprintf(o2, sizeof(o2), "%s/file", out);
+	REQUIRE(rename(rf, keep) == 0 && symlink(o2, rf) == 0, "remote -> %s", o2);
+	CHECK(refused(h, 1, "remote", "symbolic link", err), "a home whose file remote is a link is refused: %s", err);
+	CHECK(empty_dir(out), "and nothing is written where it points");
+	REQUIRE(unlink(rf) == 0 && rename(keep, rf) == 0, "remote back");
+	snprintf(rf, sizeof(rf), "%s/ulpack.db", ro);
+	REQUIRE(symlink(o2, rf) == 0, "ulpack.db -> %s", o2);
+	CHECK(refused(h, 1, "ulpack.db", "symbolic link", err), "a link among the home's entries is refused: %s", err);
+	CHECK(empty_dir(out), "and nothing is written where it points");
+	unlink(rf);
+	if (!is_root) {
+		diag("not root: the checks of other users' directories left out");
+		return;
+	}
+	/* a cache_dir of another user */
+	snprintf(d, sizeof(d), "%s/theirs", root);
+	REQUIRE(mkdir(d, 0700) == 0 && chown(d, 65534, 65534) == 0, "mkdir %s", d);
+	CHECK(refused(d, 1, d, "owned by uid 65534", err), "a cache_dir owned by another user is refused: %s", err);
+	snprintf(sub, sizeof(sub), "%s/s3", d);
+	CHECK(access(sub, F_OK) != 0, "and nothing made in it");
+	/* a home (and a subdirectory of it) of another user */
+	REQUIRE(chown(ro, 65534, 65534) == 0, "chown %s", ro);
+	CHECK(refused(h, 1, ro, "owned by another user", err), "a home owned by another user is refused: %s", err);
+	REQUIRE(chown(ro, 0, 0) == 0, "chown back %s", ro);
+	snprintf(sub, sizeof(sub), "%s/index", ro);
+	REQUIRE(chown(sub, 65534, 65534) == 0, "chown %s", sub);
+	CHECK(refused(h, 1, sub, "owned by another user", err), "an index/ owned by another user is refused: %s", err);
+	REQUIRE(chown(sub, 0, 0) == 0, "chown back %s", sub);
+	/* a user's link, in a sticky directory, as the cache_dir */
+	char link[700];
+	snprintf(link, sizeof(link), "%s/sticky/mine", root);
+	REQUIRE(symlink(out, link) == 0 && lchown(link, 65534, 65534) == 0, "%s -> %s", link, out);
+	CHECK(refused(link, 1, "symbolic link of uid 65534", NULL, err), "a user's link as the cache_dir is refused: %s",
+	      err);
+	CHECK(empty_dir(out), "and nothing is written where it points");
+	/* the directory it names, the user's own: refused too */
+	snprintf(d, sizeof(d), "%s/sticky/theirs", root);
+	REQUIRE(mkdir(d, 0700) == 0 && chown(d, 65534, 65534) == 0, "mkdir %s", d);
+	CHECK(refused(d, 0, "owned by uid 65534", NULL, err), "a user's directory in a sticky one is refused: %s", err);
+	a = NULL;
+	o.cache_dir = h;
+	rc = ulp_archive_open(URL, &o, &a, err, sizeof(err));
+	CHECK(rc == 0, "the home checked still opens: %d %s", rc, rc ? err : "");
+	ulp_archive_close(a);
+}
+
+/* 14: one bucket and prefix at two endpoints: two homes (item 12). */
+static void test_two_endpoints(void)
+{
+	char err[512] = "", ha[700], hb[700];
+	s3mock *other;
+	REQUIRE(s3mock_start(&other) == 0, "a second mock");
+	const char *first = s3mock_endpoint(mock);
+	home("r", "reader", NULL, ha, sizeof(ha));
+	setenv("AWS_ENDPOINT_URL", s3mock_endpoint(other), 1);
+	home("r", "reader", NULL, hb, sizeof(hb));
+	CHECK(strcmp(ha, hb) != 0, "the home's name hashes the endpoint: %s, %s", ha, hb);
+	int rc = ulp_archive_init(URL, err, sizeof(err));
+	CHECK(rc == 0, "init of the same URL at another endpoint, the same ULPACK_CACHE_DIR: %d %s", rc, err);
+	ulp_archive *w = open_as("w", 0, 0, 0, err, &rc);
+	CHECK(w != NULL, "a writer there, the same cache_dir: %d %s", rc, w ? "" : err);
+	uint8_t data[3000];
+	fill(data, sizeof(data), 77);
+	if (w) {
+		CHECK(!exists(w, files[0].path), "it sees none of the first archive's files");
+		CHECK(put_bytes(w, "other/x.bin", data, sizeof(data)) == 0, "put: %s", ulp_archive_errmsg(w));
+		ulp_archive_close(w);
+	}
+	ulp_archive *r = open_as("r", 1, 0, 0, err, &rc);
+	CHECK(r != NULL, "a reader there, the same cache_dir: %d %s", rc, r ? "" : err);
+	if (r) {
+		uint8_t *got = NULL;
+		int64_t n = read_all(r, "other/x.bin", &got);
+		CHECK(n == (int64_t)sizeof(data) && !memcmp(got, data, sizeof(data)), "it reads its own file: %lld %s",
+		      (long long)n, n < 0 ? ulp_archive_errmsg(r) : "");
+		free(got);
+		CHECK(!exists(r, files[0].path), "and none of the first archive's");
+		ulp_archive_close(r);
+	}
+	/* a home whose identity names another endpoint */
+	char rf[800], line[800];
+	snprintf(rf, sizeof(rf), "%s/remote", hb);
+	FILE *f = fopen(rf, "w");
+	REQUIRE(f, "open %s", rf);
+	fprintf(f, "%s\nendpoint http://elsewhere.example\n", URL);
+	fclose(f);
+	r = open_as("r", 1, 0, 0, err, &rc);
+	CHECK(!r && rc == -ULP_E_EXIST && strstr(err, "http://elsewhere.example") && strstr(err, s3mock_endpoint(other)) &&
+	      strstr(err, "cache_dir"), "a home of another endpoint is refused: %d %s", rc, err);
+	ulp_archive_close(r);
+	f = fopen(rf, "w");
+	REQUIRE(f, "open %s", rf);
+	fprintf(f, "%s\nendpoint %s\n", URL, s3mock_endpoint(other));
+	fclose(f);
+	setenv("AWS_ENDPOINT_URL", first, 1);
+	r = open_as("r", 1, 0, 0, err, &rc);
+	REQUIRE(r, "the first archive's reader: %d %s", rc, err);
+	CHECK(read_back(r, "first endpoint") == n_files && !exists(r, "other/x.bin"),
+	      "back at the first endpoint, the same cache_dir serves the first archive");
+	ulp_archive_close(r);
+	FILE *g = fopen(rf, "r");
+	CHECK(g && fgets(line, sizeof(line), g) && !strncmp(line, URL, strlen(URL)), "the home names its URL");
+	if (g)
+		fclose(g);
+	s3mock_stop(other);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "%s/ulp-remote-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -696,6 +1035,11 @@ int main(void)
 	test_corrupt();
 	test_faults();
 	test_lru();
+	test_cache_damage();
+	test_bucket_damage();
+	test_packs_removed();
+	test_home_checks();
+	test_two_endpoints();
 	s3mock_stop(mock);
 	for (int i = 0; i < n_files; i++)
 		free(files[i].data);

@@ -44,6 +44,15 @@
  *     the last RECENT_MS, as rsync and cp -r list it first) caches every
  *     link it walks, so that the steps after it decode one link each
  *     (invariant 4 of layout.c).
+ *  9. A chunk whose checksum fails, or a blob that does not parse, in a pack
+ *     of an archive in a bucket (a copy fetched into the local cache, maybe
+ *     damaged there or on the way) has its pack fetched anew over the same
+ *     mapping (ulp_pack_refetch, pack.c invariant 6), once: the read that
+ *     saw it gets REFETCHED, an internal code, and the entry points
+ *     (file_chunk_as, ulp_read_blob) let the parsed blobs go and read once
+ *     more. A second failure of the fresh copy is EIO naming the pack and
+ *     the archive, and the parsed blobs go again, so that the next read
+ *     maps the pack afresh. REFETCHED never leaves this file.
  */
 #include "arch_int.h"
 #include <zstd.h>
@@ -56,6 +65,8 @@
 #include <sys/mman.h>
 
 #define ULP_WALK_MAX 4096
+/* invariant 9: a pack was fetched anew, read again (never out of this file) */
+#define REFETCHED (-(ULP_E__COUNT + 1))
 #define RECENT_MS 30000 /* invariant 8: reads of a series this close make a sweep */
 enum { MODE_LONE = 1, MODE_SWEEP = 2 };
 /* invariant 8: a lone walk's two buffers lie outside the cache's bound;
@@ -155,8 +166,8 @@ static int get_for(ulp_archive *a, const ulp_file *f, const ulp_ckey *key, ulp_c
 
 /* ulp_read_blob for a reader of f (NULL: none), which knows where its
  * chains' blobs lie even after gc dropped them from the index. */
-static int read_blob(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN],
-                     ulp_centry **e, const ulp_blob **out)
+static int read_blob_at(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN],
+                        ulp_centry **e, const ulp_blob **out, size_t *slot_out)
 {
 	ulp_ckey key = {.kind = ULP_CK_BLOB};
 	memcpy(key.sha, sha, ULP_SHA256_LEN);
@@ -169,6 +180,8 @@ static int read_blob(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SH
 	if (!must_load) {
 		*e = ce;
 		*out = ((cblob *)data)->b;
+		if (slot_out)
+			*slot_out = ((cblob *)data)->slot;
 		return 0;
 	}
 	ulp_blobrow row = {0};
@@ -190,6 +203,7 @@ static int read_blob(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SH
 			rc = ulp_pack_pin(a, row.pack, &slot);
 	}
 	int pinned = rc == 0;
+	unsigned seen = pinned && a->rm ? ulp_pack_slot_epoch(a, slot) : 0; /* invariant 9 */
 	if (rc == 0)
 		rc = ulp_pack_slot_blob(a, slot, row.offset, row.stored, &p);
 	if (rc == 0) {
@@ -208,6 +222,10 @@ static int read_blob(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SH
 				ulp_index_pack_name(a, row.pack, name, sizeof(name));
 			rc = ulp_arch_err(a, rc, "blob %.16s at %s/packs/%s+%llu: %s", hex, a->dir, name,
 			                  (unsigned long long)row.offset, why);
+			char what[400];
+			snprintf(what, sizeof(what), "blob %.16s at +%llu: %s", hex, (unsigned long long)row.offset, why);
+			int r = rc != -ULP_E_NOMEM && a->rm ? ulp_pack_refetch(a, slot, seen, what) : 0;
+			rc = r > 0 ? REFETCHED : r < 0 ? r : rc;
 		}
 	}
 	if (rc < 0) {
@@ -221,13 +239,50 @@ static int read_blob(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SH
 	ulp_cache_fill(a->cache, ce, cb, ulp_blob_footprint(b) + sizeof(*cb), blob_destroy);
 	*e = ce;
 	*out = b;
+	if (slot_out)
+		*slot_out = slot;
 	return 0;
+}
+
+static int any_blob(void *arg, const ulp_ckey *key, void *data);
+
+/* Invariant 9: after a pack was fetched anew, the parsed blobs (maybe of
+ * its damaged bytes) go, and what failed is tried once more; a second
+ * REFETCHED (another thread's fetch in between) is an error. After any
+ * failure in an archive in a bucket the parsed blobs go too: they may pin
+ * a copy that failed twice, dropped, whose object may be mended by the
+ * next read. */
+static int refetched_err(ulp_archive *a, int rc)
+{
+	if (rc < 0 && a->rm) /* parsed blobs of a copy dropped: the next read maps it afresh */
+		ulp_cache_purge(a->cache, any_blob, NULL);
+	return rc == REFETCHED ? ulp_arch_err(a, -ULP_E_IO, "%s: a pack failed its checks again after it was "
+	                                      "fetched anew", a->dir)
+	                       : rc;
+}
+
+static int read_blob(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN],
+                     ulp_centry **e, const ulp_blob **out)
+{
+	return read_blob_at(a, f, sha, e, out, NULL);
+}
+
+/* read_blob from an entry point: once more after a fetch anew (invariant 9) */
+static int read_blob_again(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SHA256_LEN],
+                           ulp_centry **e, const ulp_blob **out)
+{
+	int rc = read_blob(a, f, sha, e, out);
+	if (rc == REFETCHED) {
+		ulp_cache_purge(a->cache, any_blob, NULL);
+		rc = read_blob(a, f, sha, e, out);
+	}
+	return refetched_err(a, rc);
 }
 
 int ulp_read_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_centry **e,
                   const ulp_blob **out)
 {
-	return read_blob(a, NULL, sha, e, out);
+	return read_blob_again(a, NULL, sha, e, out);
 }
 
 /* Before a cold walk of chunk k of sha: asks the kernel for that chunk's
@@ -271,19 +326,23 @@ static void willneed_chain(ulp_archive *a, const ulp_file *f, const uint8_t sha[
 /* Decodes chunk k (l bytes) of blob b (content sha) into dst against ref
  * (l bytes, NULL for an anchor), lets go of its payload's pages and counts
  * the decode: one link of a walk, cached (read_chunk) or not (walk_lone). */
-static int decode_link(ulp_archive *a, const ulp_blob *b, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
-                       uint8_t *dst, size_t l, const uint8_t *ref, unsigned *walk)
+static int decode_link(ulp_archive *a, const ulp_blob *b, size_t slot, const uint8_t sha[ULP_SHA256_LEN],
+                       uint32_t k, uint8_t *dst, size_t l, const uint8_t *ref, unsigned *walk)
 {
 	const ulp_blob_info *in = ulp_blob_get_info(b);
 	if (in->codec == ULP_CODEC_IDENT) {
 		memcpy(dst, ref, l);
 	} else if (l > 0) {
+		unsigned seen = a->rm ? ulp_pack_slot_epoch(a, slot) : 0; /* invariant 9 */
 		int64_t n = ulp_blob_decode_chunk(b, k, dst, l, ref, ref ? l : 0);
 		if (n < 0) {
-			char hex[65];
+			char hex[65], what[200];
 			ulp_sha256_hex(sha, hex);
-			return ulp_arch_err(a, (int)n, "%s: chunk %u of blob %.16s: %s", a->dir, k, hex,
-			                    n == -ULP_E_CHECKSUM ? "checksum mismatch (damaged pack)" : ulp_strerror((int)n));
+			int rc = ulp_arch_err(a, (int)n, "%s: chunk %u of blob %.16s: %s", a->dir, k, hex,
+			                      n == -ULP_E_CHECKSUM ? "checksum mismatch (damaged pack)" : ulp_strerror((int)n));
+			snprintf(what, sizeof(what), "chunk %u of blob %.16s: checksum mismatch", k, hex);
+			int r = n == -ULP_E_CHECKSUM && a->rm ? ulp_pack_refetch(a, slot, seen, what) : 0;
+			return r > 0 ? REFETCHED : r < 0 ? r : rc;
 		}
 	}
 	const uint8_t *payload;
@@ -323,7 +382,8 @@ static int walk_lone(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SH
 	}
 	const ulp_blob *b;
 	ulp_centry *be;
-	ULP_TRY(read_blob(a, f, sha, &be, &b));
+	size_t slot;
+	ULP_TRY(read_blob_at(a, f, sha, &be, &b, &slot));
 	const ulp_blob_info *in = ulp_blob_get_info(b);
 	uint64_t off, bl;
 	ulp_blob_chunk_range(b, k, &off, &bl);
@@ -338,7 +398,7 @@ static int walk_lone(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_SH
 		ref = other;
 	}
 	if (rc == 0)
-		rc = decode_link(a, b, sha, k, dst, l, ref, walk);
+		rc = decode_link(a, b, slot, sha, k, dst, l, ref, walk);
 	ulp_cache_put(a->cache, be);
 	return rc;
 }
@@ -384,7 +444,8 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 	const ulp_blob *b;
 	ulp_centry *be = NULL, *re = NULL;
 	uint8_t *buf = NULL, *wb[2] = {NULL, NULL}; /* a lone walk's two buffers */
-	int rc = read_blob(a, f, sha, &be, &b);
+	size_t slot;
+	int rc = read_blob_at(a, f, sha, &be, &b, &slot);
 	if (rc < 0)
 		goto fail;
 	const ulp_blob_info *in = ulp_blob_get_info(b);
@@ -422,7 +483,7 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 		rc = -ULP_E_NOMEM;
 		goto fail;
 	}
-	if ((rc = decode_link(a, b, sha, k, buf, (size_t)l, ref, walk)) < 0)
+	if ((rc = decode_link(a, b, slot, sha, k, buf, (size_t)l, ref, walk)) < 0)
 		goto fail;
 	/* the reference's chunk goes first when space is needed: steps read in
 	 * order need this chunk next, not that one, so a cache the size of one
@@ -527,10 +588,13 @@ static int file_chunk_as(ulp_archive *a, const ulp_file *f, const uint8_t sha[UL
 {
 	unsigned w = 0;
 	int rc = read_chunk(a, f, sha, k, e, data, len, &w, 0, lone);
-	if (rc == -ULP_E_NOENT) { /* invariant 6: a chain re-based by another process */
+	/* invariant 6: a chain re-based by another process; invariant 9: a
+	 * pack fetched anew */
+	if (rc == -ULP_E_NOENT || rc == REFETCHED) {
 		ulp_cache_purge(a->cache, any_blob, NULL);
 		rc = read_chunk(a, f, sha, k, e, data, len, &w, 0, lone);
 	}
+	rc = refetched_err(a, rc);
 	if (rc == 0)
 		ulp_cache_mark_served(*e);
 	uint64_t m = __atomic_load_n(&a->max_walk, __ATOMIC_RELAXED);
@@ -964,7 +1028,7 @@ static int chunk_bytes(ulp_archive *a, const ulp_file *f, const ulp_extent *x, u
 {
 	const ulp_blob *b;
 	ulp_centry *be;
-	ULP_TRY(read_blob(a, f, x->content, &be, &b));
+	ULP_TRY(read_blob_again(a, f, x->content, &be, &b));
 	const ulp_blob_info *in = ulp_blob_get_info(b);
 	*cb = (uint64_t)in->chunk_elems * (in->n_elems ? in->raw_bytes / in->n_elems : 1);
 	if (in->raw_bytes != x->length) {

@@ -56,8 +56,17 @@ typedef struct ulp_backend_ops {
 	/* len bytes of object name from offset off into p (a short object: CORRUPT). */
 	int (*read_range)(ulp_backend *b, const char *name, uint64_t off, void *p, size_t len);
 	/* Optional (NULL where the objects are not files): maps object name
-	 * read-only, shared; the caller munmaps m->base, m->size. */
-	int (*map)(ulp_backend *b, const char *name, ulp_backend_map *m);
+	 * read-only, shared; the caller munmaps m->base, m->size. size: the
+	 * object's size as the index says (0: not known); a backend that fetches
+	 * objects refuses one of another size (CORRUPT) and keeps no copy. */
+	int (*map)(ulp_backend *b, const char *name, uint64_t size, ulp_backend_map *m);
+	/* Optional (NULL where an object has no copy to fetch again: the local
+	 * directory): the local copy of object name, mapped at m (its bytes
+	 * failed a checksum), dropped; then, where m is not NULL, fetched again
+	 * and mapped over the same addresses (MAP_FIXED, m->size bytes: pointers
+	 * into the old mapping stay valid and see the new bytes), m->dev and
+	 * m->ino updated. A copy of another size is refused (CORRUPT). */
+	int (*refetch)(ulp_backend *b, const char *name, ulp_backend_map *m);
 	/* Calls cb for each object whose name starts with prefix, with its size;
 	 * cb may remove the object it is called for. A non-zero return of cb
 	 * stops the walk and is returned. */

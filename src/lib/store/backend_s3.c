@@ -14,9 +14,15 @@
  *     valid, and pack.c's trim sees the file gone and maps it afresh next
  *     time, fetching it again). The least recently used go first: a map
  *     sets its file's mtime (atime is often off).
- *  3. Nothing is ever invalidated: a pack's name is the digest of its
- *     blobs, and its blobs' chunks carry checksums (a damaged object gives
- *     EIO through them, never wrong bytes).
+ *  3. A pack's name is the digest of its blobs, so a copy is never stale;
+ *     but a copy may be damaged (on the way, or on the local disk), and
+ *     its blobs' chunks carry checksums (EIO through them, never wrong
+ *     bytes). A copy is kept only of the size the index says: one of
+ *     another size is fetched anew where it is found, and an object of
+ *     another size is refused unfetched (ulp_remote_fetch's want). A copy
+ *     whose bytes fail a checksum is dropped and fetched again, once
+ *     (refetch; pack.c's ulp_pack_refetch); failing again, it is dropped,
+ *     and the read gives EIO naming the pack and the archive.
  */
 #include "backend.h"
 #include "remote.h"
@@ -25,6 +31,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -104,13 +111,27 @@ static void evict(ulp_backend *b)
 	pthread_mutex_unlock(&rm->mu);
 }
 
-/* The pack in the cache: fetched where missing (1: it was fetched). */
-static int ensure(ulp_backend *b, const char *name)
+/* The cached copy of name, whose bytes are blocks: gone, and the count. */
+static void drop(ulp_backend *b, const char *p, uint64_t blocks)
+{
+	if (unlink(p) < 0)
+		return;
+	ulp_remote *rm = b->a->rm;
+	pthread_mutex_lock(&rm->mu);
+	rm->cached -= ULP_MIN(rm->cached, blocks);
+	pthread_mutex_unlock(&rm->mu);
+}
+
+/* The pack in the cache: fetched where missing, or where the copy there
+ * is not of size (the index's; 0: not known) (invariant 3) (1: it was
+ * fetched). */
+static int ensure(ulp_backend *b, const char *name, uint64_t size)
 {
 	char p[4400], rel[200];
 	snprintf(p, sizeof(p), "%s/%s", b->root, name);
 	struct stat sb;
-	if (stat(p, &sb) == 0) {
+	int found = stat(p, &sb) == 0, had = errno;
+	if (found && (!size || (uint64_t)sb.st_size == size || is_tmp(name))) {
 		struct timespec now;
 		clock_gettime(CLOCK_REALTIME, &now);
 		if (now.tv_sec - sb.st_mtim.tv_sec > 10) /* invariant 2: recently used */
@@ -118,9 +139,11 @@ static int ensure(ulp_backend *b, const char *name)
 		return 0;
 	}
 	if (is_tmp(name))
-		return ulp_arch_err(b->a, -ULP_E_IO, "%s: %s", p, strerror(errno));
+		return ulp_arch_err(b->a, -ULP_E_IO, "%s: %s", p, strerror(had));
+	if (found) /* truncated or grown in the cache: fetched anew */
+		drop(b, p, (uint64_t)sb.st_blocks * 512);
 	rel_of(name, rel, sizeof(rel));
-	ULP_TRY(ulp_remote_fetch(b->a, rel, p, 0));
+	ULP_TRY(ulp_remote_fetch(b->a, rel, p, 0, size));
 	if (stat(p, &sb) == 0) {
 		ulp_remote *rm = b->a->rm;
 		pthread_mutex_lock(&rm->mu);
@@ -130,16 +153,16 @@ static int ensure(ulp_backend *b, const char *name)
 	return 1;
 }
 
-static int s3_map(ulp_backend *b, const char *name, ulp_backend_map *m)
+static int s3_map(ulp_backend *b, const char *name, uint64_t size, ulp_backend_map *m)
 {
 	int rc = 0;
 	for (int tries = 0; tries < 3; tries++) {
-		int fetched = ensure(b, name);
+		int fetched = ensure(b, name, size);
 		if (fetched < 0)
 			return fetched;
 		/* mapped before the eviction, which may take this very pack when the
 		 * cache is small: the mapping stays (invariant 2) */
-		rc = local_of(b)->ops->map(local_of(b), name, m);
+		rc = local_of(b)->ops->map(local_of(b), name, size, m);
 		if (fetched)
 			evict(b);
 		if (rc == 0 || !fetched)
@@ -148,9 +171,39 @@ static int s3_map(ulp_backend *b, const char *name, ulp_backend_map *m)
 	return rc;
 }
 
+/* invariant 3: a copy whose bytes failed a checksum, dropped and fetched
+ * again over its mapping */
+static int s3_refetch(ulp_backend *b, const char *name, ulp_backend_map *m)
+{
+	char p[4400];
+	snprintf(p, sizeof(p), "%s/%s", b->root, name);
+	struct stat sb;
+	if (lstat(p, &sb) == 0 && S_ISREG(sb.st_mode) && (!m || (sb.st_dev == m->dev && sb.st_ino == m->ino)))
+		drop(b, p, (uint64_t)sb.st_blocks * 512); /* (not a copy another thread fetched since) */
+	if (!m)
+		return 0;
+	ULP_TRY(ensure(b, name, m->size));
+	int fd = open(p, O_RDONLY | O_NOFOLLOW | O_CLOEXEC), rc = 0;
+	if (fd < 0 || fstat(fd, &sb) < 0)
+		rc = ulp_arch_err(b->a, -ULP_E_IO, "%s: %s", p, strerror(errno));
+	else if ((uint64_t)sb.st_size != m->size)
+		rc = ulp_arch_err(b->a, -ULP_E_CORRUPT, "%s: %lld bytes where %llu were mapped", p, (long long)sb.st_size,
+		                  (unsigned long long)m->size);
+	else if (m->size && mmap((void *)m->base, (size_t)m->size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED)
+		rc = ulp_arch_err(b->a, -ULP_E_IO, "%s: mmap: %s", p, strerror(errno));
+	if (rc == 0) {
+		m->dev = sb.st_dev;
+		m->ino = sb.st_ino;
+	}
+	if (fd >= 0)
+		close(fd);
+	evict(b);
+	return rc;
+}
+
 static int s3_read_range(ulp_backend *b, const char *name, uint64_t off, void *p, size_t len)
 {
-	int rc = ensure(b, name);
+	int rc = ensure(b, name, 0);
 	return rc < 0 ? rc : local_of(b)->ops->read_range(local_of(b), name, off, p, len);
 }
 
@@ -253,6 +306,7 @@ static const ulp_backend_ops s3_ops = {
 	.put_file = s3_put_file,
 	.read_range = s3_read_range,
 	.map = s3_map,
+	.refetch = s3_refetch,
 	.list = s3_list,
 	.remove = s3_remove,
 	.publish = s3_publish,

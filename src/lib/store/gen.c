@@ -400,7 +400,7 @@ static int fetch_gen(ulp_archive *a, const current *c, ulp_err *err)
 		if (stat(p, &sb) == 0 && sb.st_size > 0)
 			continue;
 		gen_rel(g, pt, rel, sizeof(rel));
-		int rc = ulp_remote_fetch(a, rel, p, k == 0 ? c->bytes : 0);
+		int rc = ulp_remote_fetch(a, rel, p, k == 0 ? c->bytes : 0, 0);
 		if (rc < 0)
 			return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
 	}

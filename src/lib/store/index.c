@@ -66,7 +66,12 @@ int ulp_index_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], ulp_blobro
 
 int ulp_index_pack_name(ulp_archive *a, int64_t id, char *name, size_t cap)
 {
-	static const char sql[] = "SELECT name FROM packs WHERE id = ?";
+	return ulp_index_pack_row(a, id, name, cap, NULL);
+}
+
+int ulp_index_pack_row(ulp_archive *a, int64_t id, char *name, size_t cap, uint64_t *size)
+{
+	static const char sql[] = "SELECT name, size FROM packs WHERE id = ?";
 	sqlite3_stmt *st;
 	ULP_TRY(ulp_db_stmt(a, sql, &st));
 	sqlite3_bind_int64(st, 1, id);
@@ -79,6 +84,8 @@ int ulp_index_pack_name(ulp_archive *a, int64_t id, char *name, size_t cap)
 		                    (long long)id);
 	}
 	snprintf(name, cap, "%s", (const char *)sqlite3_column_text(st, 0));
+	if (size)
+		*size = (uint64_t)sqlite3_column_int64(st, 1);
 	sqlite3_reset(st);
 	return 0;
 }

@@ -33,6 +33,13 @@
  *     the first page read at the mapping makes the kernel read ahead from
  *     the pack's start, up to the disk's window, in one sequential read,
  *     and without it a cold read of a deep step took 279 ms, not 177.)
+ *  6. A pack whose copy came from an object store and failed a checksum
+ *     is fetched anew once over the same mapping (ulp_pack_refetch: the
+ *     addresses stay, so pins and cached pointers stay valid; the slot's
+ *     epoch counts it, under refetch_mu, so that of several threads that
+ *     saw the same damage only one fetches); a second failure drops the
+ *     copy and forgets the slot's id, so that a later lookup fetches
+ *     again (an object mended in the bucket is read without a remount).
  */
 #include "backend.h"
 #include "remote.h"
@@ -70,6 +77,7 @@ struct pack_map {
 	ino_t ino;
 	unsigned users;        /* pins (invariant 2) */
 	int gone;              /* its file was removed: unmap once unused */
+	unsigned epoch;        /* times fetched anew over its mapping (invariant 6) */
 	char name[128];        /* file name under packs/ */
 };
 
@@ -89,6 +97,8 @@ struct ulp_packstore {
 	                                (ulp_pack_release) */
 	size_t n_released;           /* guarded by mu */
 	uint64_t released_bytes;     /* guarded by mu */
+	pthread_mutex_t refetch_mu;  /* one ulp_pack_refetch at a time (invariant 6);
+	                                taken before mu, never under it */
 };
 
 int ulp_packstore_open(ulp_archive *a)
@@ -104,6 +114,7 @@ int ulp_packstore_open(ulp_archive *a)
 		return rc;
 	}
 	pthread_mutex_init(&ps->mu, NULL);
+	pthread_mutex_init(&ps->refetch_mu, NULL);
 	a->ps = ps;
 	return 0;
 }
@@ -115,6 +126,7 @@ void ulp_packstore_close(ulp_archive *a)
 	ulp_pack_unmap_all(a);
 	a->ps->be->ops->close(a->ps->be);
 	pthread_mutex_destroy(&a->ps->mu);
+	pthread_mutex_destroy(&a->ps->refetch_mu);
 	free(a->ps);
 	a->ps = NULL;
 }
@@ -318,13 +330,14 @@ void ulp_pack_free(ulp_pack_writer *w)
 static int map_pack(ulp_archive *a, int64_t id, struct pack_map *out)
 {
 	char name[128], path[4200];
-	ULP_TRY(ulp_index_pack_name(a, id, name, sizeof(name)));
+	uint64_t size;
+	ULP_TRY(ulp_index_pack_row(a, id, name, sizeof(name), &size));
 	snprintf(path, sizeof(path), "%s/packs/%s", a->dir, name);
 	ulp_backend *be = a->ps->be;
 	if (!be->ops->map)
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: the %s pack store maps no pack", path, be->ops->name);
 	ulp_backend_map m;
-	int rc = be->ops->map(be, name, &m);
+	int rc = be->ops->map(be, name, size, &m);
 	if (rc < 0 && a->follow && access(path, F_OK) != 0 && errno == ENOENT) { /* gen.c invariant 4 */
 		ulp_generation g;
 		ulp_archive_generation(a, &g);
@@ -335,6 +348,11 @@ static int map_pack(ulp_archive *a, int64_t id, struct pack_map *out)
 		                    (unsigned long long)g.gen);
 	}
 	ULP_TRY(rc);
+	if (m.size >= 8 && memcmp(m.base, PACK_MAGIC, 8) != 0 && be->ops->refetch &&
+	    (rc = be->ops->refetch(be, name, &m)) < 0) { /* invariant 6: a damaged copy */
+		munmap((void *)m.base, (size_t)m.size);
+		return rc;
+	}
 	if (m.size < 8 || memcmp(m.base, PACK_MAGIC, 8) != 0) { /* invariant 5 */
 		if (m.size)
 			munmap((void *)m.base, (size_t)m.size);
@@ -514,6 +532,50 @@ void ulp_pack_forget(ulp_archive *a, int64_t pack)
 			break;
 		}
 	pthread_mutex_unlock(&ps->mu);
+}
+
+unsigned ulp_pack_slot_epoch(ulp_archive *a, size_t slot)
+{
+	ulp_packstore *ps = a->ps;
+	pthread_mutex_lock(&ps->mu);
+	unsigned e = slot < ps->n_packs ? ps->packs[slot].epoch : 0;
+	pthread_mutex_unlock(&ps->mu);
+	return e;
+}
+
+int ulp_pack_refetch(ulp_archive *a, size_t slot, unsigned seen, const char *what)
+{
+	ulp_packstore *ps = a->ps;
+	ulp_backend *be = ps->be;
+	if (!be->ops->refetch)
+		return 0;
+	pthread_mutex_lock(&ps->refetch_mu);
+	pthread_mutex_lock(&ps->mu);
+	struct pack_map pm = ps->packs[slot]; /* (pinned: its mapping stays) */
+	pthread_mutex_unlock(&ps->mu);
+	int rc = 1;
+	if (pm.epoch == seen && pm.epoch == 0) {
+		ulp_backend_map m = {pm.base, pm.size, pm.dev, pm.ino};
+		rc = be->ops->refetch(be, pm.name, &m);
+		pthread_mutex_lock(&ps->mu);
+		ps->packs[slot].epoch++; /* (failed too: the mapping may hold either copy) */
+		if (rc == 0) {
+			ps->packs[slot].dev = m.dev;
+			ps->packs[slot].ino = m.ino;
+		}
+		pthread_mutex_unlock(&ps->mu);
+		rc = rc < 0 ? rc : 1;
+	} else if (pm.epoch == seen) { /* the fresh copy failed too */
+		be->ops->refetch(be, pm.name, NULL);
+		pthread_mutex_lock(&ps->mu);
+		ps->packs[slot].id = -1; /* the next lookup maps (and fetches) it afresh */
+		pthread_mutex_unlock(&ps->mu);
+		rc = ulp_arch_err(a, -ULP_E_IO, "%s: pack %s: %s, again in a copy fetched anew from the bucket (the "
+		                  "object is damaged there; the copy was dropped)", a->rm ? a->rm->url : a->dir, pm.name,
+		                  what);
+	}
+	pthread_mutex_unlock(&ps->refetch_mu);
+	return rc;
 }
 
 unsigned ulp_pack_mark_gone(ulp_archive *a)

@@ -15,7 +15,8 @@
  *                                  writers exactly one wins
  * Every host works in a local directory of its own (the "local home": the
  * cache_dir option, else $ULPACK_CACHE_DIR, $XDG_CACHE_HOME/ulpack or
- * ~/.cache/ulpack, then /s3/BUCKET/PREFIX/writer or /reader), laid out as a
+ * ~/.cache/ulpack, then /s3/BUCKET-HASH/writer or /reader, HASH keyed by
+ * the endpoint, the bucket and the prefix), laid out as a
  * shared archive (shared.h): the writer's live ulpack.db, staging/, lease/,
  * index/ (the generations it published or fetched), and packs/, the pack
  * cache (backend_s3.c). The rest of the library sees that directory as
@@ -37,6 +38,25 @@
  *  4. A writer numbers its generations from EPOCH * 2^32 up, so two writers
  *     never make objects of the same name: a generation a fenced writer
  *     uploaded before its swap failed is never taken for the next writer's.
+ *  5. The local home is reached only through directories root or this
+ *     user owns, each writable by no one else but with the sticky bit, and
+ *     symbolic links only where no one else can replace them (open_trusted
+ *     walks the path one name at a time); s3/, s3/BUCKET-HASH/, the home
+ *     and its packs/, index/, staging/ and (a writer's) lease/ are this
+ *     user's, made 0700 (mkdirat, openat with O_NOFOLLOW under the checked
+ *     directory) and
+ *     checked when found (not a link, this user's, not writable by others):
+ *     otherwise the open is refused, naming the directory and the cause. No
+ *     symbolic link is among the home's own entries. So no other user can
+ *     put a link or swap a directory anywhere on the way, and the paths the
+ *     rest of the library opens under a->dir lead where they were checked.
+ *  6. The home belongs to one archive: its directory's name hashes the
+ *     endpoint, the bucket and the prefix (two archives of one bucket and
+ *     prefix at two endpoints never share a home), and its file "remote"
+ *     names the URL and the endpoint; a home of another is refused.
+ *  7. A subdirectory of the home that went missing (packs/ removed by hand)
+ *     is made again, with the checks of invariant 5, by the next fetch into
+ *     it (ulp_remote_fetch), never left to fail every read until a remount.
  */
 #ifndef ULP_REMOTE_H
 #define ULP_REMOTE_H
@@ -51,6 +71,9 @@ struct ulp_remote {
 	char *url;             /* set at open, read-only after: s3://BUCKET/PREFIX */
 	char *bucket;          /* set at open, read-only after */
 	char *prefix;          /* set at open, read-only after: "" or "PREFIX/" */
+	char *home;            /* set at open, read-only after: the local home's path */
+	int home_fd;           /* set at open, read-only after: the local home, open
+	                          (invariant 5: its subdirectories made again there) */
 	uint64_t cache_limit;  /* set at open, read-only after: packs/ bytes kept */
 	int writer;            /* set at open, read-only after */
 	int creating;          /* set at open, read-only after: init (no CURRENT yet) */
@@ -74,7 +97,8 @@ int ulp_remote_open(const char *url, const ulp_archive_opts *o, int writer, ulp_
 void ulp_remote_close(ulp_remote *rm);
 /* Before init: the bucket made where missing; EXIST where an archive is there. */
 int ulp_remote_init_check(ulp_remote *rm, ulp_err *err);
-/* The local home a handle of url would use (for a mount's lock). */
+/* The local home a handle of url would use (as given, its links not
+ * resolved): CACHE/s3/BUCKET-HASH/writer or reader (invariant 6). */
 int ulp_remote_local_dir(const char *url, const char *cache_dir, int writer, char *out, size_t cap, ulp_err *err);
 
 /* Objects, named relative to the prefix ("packs/x.pack"); errors through
@@ -82,8 +106,10 @@ int ulp_remote_local_dir(const char *url, const char *cache_dir, int writer, cha
 int ulp_remote_get_small(ulp_archive *a, const char *rel, char *buf, size_t cap, size_t *len,
                          char etag[ULP_S3_ETAG_MAX]);
 /* The object rel into the local file path, whole (size 0: asked first),
- * through a temporary and a rename; ranges fetched in parallel. */
-int ulp_remote_fetch(ulp_archive *a, const char *rel, const char *path, uint64_t size);
+ * through a temporary and a rename; ranges fetched in parallel. want: the
+ * size it must have (0: any); an object of another size is refused
+ * (CORRUPT), nothing fetched. */
+int ulp_remote_fetch(ulp_archive *a, const char *rel, const char *path, uint64_t size, uint64_t want);
 /* The len bytes of fd as object rel; cond: only where rel does not exist
  * (EXIST otherwise). */
 int ulp_remote_put_fd(ulp_archive *a, const char *rel, int fd, uint64_t len, int cond);

@@ -49,9 +49,9 @@ int ulp_remote_get_small(ulp_archive *a, const char *rel, char *buf, size_t cap,
 	return -ULP_E_UNSUPPORTED;
 }
 
-int ulp_remote_fetch(ulp_archive *a, const char *rel, const char *path, uint64_t size)
+int ulp_remote_fetch(ulp_archive *a, const char *rel, const char *path, uint64_t size, uint64_t want)
 {
-	(void)a, (void)rel, (void)path, (void)size;
+	(void)a, (void)rel, (void)path, (void)size, (void)want;
 	return -ULP_E_UNSUPPORTED;
 }
 
