@@ -83,10 +83,6 @@ void ulp_cache_free_buf(void *p);
 /* A buffer of ulp_cache_alloc that entered no entry (a lone walk's, read.c)
  * given back: kept for the next ulp_cache_alloc of its size, else freed. */
 void ulp_cache_give_buf(ulp_cache *c, void *p);
-/* A directory listed that holds two step directories or more (a run's: rsync,
- * cp -r, tar list it before they read): reads under it in the next 30 s
- * are a sweep, not lone (read.c invariant 8). */
-void ulp_read_note_listing(ulp_archive *a, const char *dir);
 uint64_t ulp_cache_bytes(ulp_cache *c);
 uint64_t ulp_cache_recycled(ulp_cache *c); /* buffers ulp_cache_alloc took from cold entries */
 /* Debug check of the invariants (cache.c header). */
@@ -99,6 +95,11 @@ typedef struct ulp_packstore ulp_packstore; /* pack.c: mapped packs, their lock 
 typedef struct ulp_shared ulp_shared; /* store/shared.h: generations, lease */
 typedef struct ulp_remote ulp_remote; /* store/remote.h: a home in an S3 bucket */
 typedef struct ulp_dbh ulp_dbh;  /* db.c: the thread states' key and list, their lock */
+typedef struct ulp_upkeep ulp_upkeep; /* archive/upkeep.c: a shared archive writer's publisher */
+/* upkeep.c: made for a shared archive's writer at open (after its lease);
+ * stopped at close before the lease is given back, publishing last */
+int ulp_upkeep_new(ulp_archive *a);
+void ulp_upkeep_stop(ulp_archive *a);
 
 /* A file an import is about to put (ulp_archive_expect, layout.c). */
 typedef struct ulp_expected {
@@ -118,6 +119,8 @@ typedef struct ulp_expected {
  */
 struct ulp_archive {
 	char *dir;                   /* set at open, read-only after */
+	ulp_msgs *msgs;              /* set at open, read-only after: each thread's last
+	                                error message (ulp_arch_err, ulp_archive_errmsg) */
 	int read_only;               /* set at open, read-only after */
 	char *db_uri;                /* set at open, read-only after: read-only, SQLite
 	                                unable to read the index in place: the URI every
@@ -126,6 +129,8 @@ struct ulp_archive {
 	                                shared archive's writer on a directory
 	                                (index/live-E.db, gen.c invariant 7), else NULL:
 	                                ulpack.db (ulp_db_live_path) */
+	ulp_upkeep *upkeep;          /* set at open, read-only after: a shared archive
+	                                writer's publisher (archive/upkeep.c), or NULL */
 	char *db_copy;               /* set at open, read-only after: the private copy
 	                                that URI names, removed at close, or NULL */
 	int schema;                  /* set at open, read-only after: schema version of
@@ -180,9 +185,12 @@ struct ulp_archive {
 	                                next file (started and joined under write_mu) */
 };
 
-/* Records the thread's error message; returns code. */
-int ulp_arch_err(const ulp_archive *a, int code, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+/* Records the calling thread's error message for archive a (util/err.c;
+ * under ULP_DEBUG with the source location); returns code. */
+#define ulp_arch_err(a, code, ...) ulp_msgs_set((a)->msgs, (code), __FILE__, __LINE__, __VA_ARGS__)
+/* The same for a failed system call on path: "path: what: strerror(errno)",
+ * NOSPC or IO. */
+#define ulp_arch_io_err(a, path, what) ulp_msgs_errno((a)->msgs, errno, __FILE__, __LINE__, (path), (what))
 
 /* ---- index (store/: db.c, index.c, namespace.c) ---------------------- */
 
@@ -192,6 +200,11 @@ int ulp_arch_err(const ulp_archive *a, int code, const char *fmt, ...)
  * uri, which the dbh takes; its threads move to it at their next
  * ulp_db_follow. */
 void ulp_db_set_follow(ulp_archive *a, char *uri);
+/* namespace.c: the listing under ulp_archive_readdir (archive/read.c, which
+ * notes a run's directory for its reads: read.c invariant 8); *run_dir: the
+ * directory holds two step directories or more (its archive path in dir). */
+int ulp_ns_readdir(ulp_archive *a, const char *path, int (*cb)(void *arg, const char *name, const ulp_stat *st),
+                   void *arg, char *dir, size_t dir_cap, int *run_dir);
 /* A file: URI of path (percent-encoded) with query q; NULL: no memory. */
 char *ulp_db_file_uri(const char *path, const char *q);
 /* At the library's read entry points: a reader of a shared archive looks

@@ -49,6 +49,18 @@ typedef struct ulp_err {
 int ulp_err_set(ulp_err *e, int code, const char *file, int line, const char *fmt, ...)
 	__attribute__((format(printf, 5, 6)));
 #define ULP_ERR(e, code, ...) ulp_err_set((e), (code), __FILE__, __LINE__, __VA_ARGS__)
+/* errno e as a code: NOSPC (ENOSPC, EDQUOT), NOMEM, else IO */
+int ulp_errno_code(int e);
+/* An object's last error message, one per thread (err.c): the archive's
+ * (a->msgs), written through ulp_arch_err and ulp_arch_io_err. */
+typedef struct ulp_msgs ulp_msgs;
+int ulp_msgs_new(ulp_msgs **out);
+void ulp_msgs_free(ulp_msgs *m);
+int ulp_msgs_set(ulp_msgs *m, int code, const char *file, int line, const char *fmt, ...)
+	__attribute__((format(printf, 5, 6)));
+/* "path: what: strerror(e)", its code ulp_errno_code(e) */
+int ulp_msgs_errno(ulp_msgs *m, int e, const char *file, int line, const char *path, const char *what);
+const char *ulp_msgs_get(ulp_msgs *m);
 #define ULP_CORRUPT(e, ...) ULP_ERR((e), -ULP_E_CORRUPT, __VA_ARGS__)
 
 /* The n bytes at s as text for a message (out, cap bytes, NUL-terminated;
@@ -133,11 +145,29 @@ uint64_t ulp_xxh64(const void *data, size_t len);
 /* io.c: all n bytes at off (short transfers continued, EINTR retried):
  * 0, or the errno (EIO where a write wrote nothing or a read met the end). */
 int ulp_pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
-int ulp_pread_full(int fd, void *buf, size_t n, uint64_t off);
+int ulp_pread_full(int fd, void *buf, size_t n, uint64_t off); /* ENODATA: the file ends before */
+/* write(2) of all n bytes at the file's position (pipes too): 0 or errno */
+int ulp_write_full(int fd, const void *buf, size_t n);
+/* in copied whole into out from offset 0: 0 or errno (*failed_out: 1 where
+ * the write failed, 0 the read) */
+int ulp_copy_fd(int in, int out, int *failed_out);
+/* A directory fsynced (of path: its parent): 0 or errno. */
+int ulp_fsync_dir(const char *dir);
+int ulp_fsync_parent(const char *path);
+/* path replaced by n bytes of data whole, through path.tmp-<proc tag> and a
+ * rename; durable: the file and its directory fsynced. 0 or errno. */
+int ulp_replace_file(const char *path, const void *data, size_t n, int durable);
 /* proc.c: "<pid>-<host>", this process's part of the names of the files it
  * makes in a directory other hosts may share (temporaries, staged files) */
 #define ULP_PROC_TAG_MAX 96
 void ulp_proc_tag(char *out, size_t cap);
+/* clock.c: monotonic and wall clocks; the absolute CLOCK_REALTIME deadline
+ * ms from now, for pthread_cond_timedwait */
+int64_t ulp_mono_ns(void);
+int64_t ulp_mono_ms(void);
+int64_t ulp_wall_ms(void);
+struct timespec;
+void ulp_deadline_ms(struct timespec *ts, int64_t ms);
 void ulp_proc_tag_test_host(const char *host); /* tests: this process as another host (NULL: itself) */
 /* the content digest's parts (hash.c, ulpack-format(5) 2.4): leaves of
  * [p, p + len) where p is at a leaf boundary of its content, into

@@ -122,6 +122,7 @@ static int shared_open(ulp_archive *a, const ulp_archive_opts *o, ulp_err *err)
 	ULP_TRY(ulp_shared_new(a, &a->opts, !a->read_only));
 	if (!a->read_only) {
 		ULP_TRY(ulp_lease_take(a, err));
+		ULP_TRY(ulp_upkeep_new(a));
 		if (a->rm)
 			return ulp_gen_remote_claim(a, err);
 		/* staging claimed before the newest generation is read (staging.c
@@ -158,6 +159,8 @@ int ulp_archive_share(ulp_archive *a)
 	int rc = ulp_shared_new(a, &a->opts, 1);
 	if (rc == 0 && (rc = ulp_lease_take(a, &e)) < 0)
 		ulp_arch_err(a, rc, "%s", msg);
+	if (rc == 0)
+		rc = ulp_upkeep_new(a);
 	if (rc == 0 && (rc = grace_table(a, &e)) < 0)
 		ulp_arch_err(a, rc, "%s", msg);
 	if (rc == 0) {
@@ -165,6 +168,7 @@ int ulp_archive_share(ulp_archive *a)
 		rc = ulp_gen_publish(a, 1);
 	}
 	if (rc < 0) {
+		ulp_upkeep_stop(a);
 		ulp_shared_free(a);
 		rmdir(p); /* only where nothing was published in it */
 	}
@@ -271,7 +275,8 @@ static int open_dir(const char *dir, const ulp_archive_opts *o, ulp_remote *rm, 
 	pthread_mutex_init(&a->mu, NULL);
 	pthread_mutex_init(&a->write_mu, NULL);
 	int rc = -ULP_E_NOMEM;
-	if (!a->dir || ulp_dbh_open(a) != 0) {
+	if (!a->dir || ulp_msgs_new(&a->msgs) != 0 || ulp_dbh_open(a) != 0) {
+		ulp_msgs_free(a->msgs);
 		ulp_remote_close(rm);
 		free(a->dir);
 		free(a);
@@ -318,7 +323,8 @@ void ulp_archive_close(ulp_archive *a)
 	if (!a)
 		return;
 	ulp_readahead_stop(a); /* first: its thread uses the cache and the index */
-	ulp_shared_free(a); /* the renewer, which publishes, and the lease given back */
+	ulp_upkeep_stop(a); /* the publisher, and what was archived last published */
+	ulp_shared_free(a); /* the renewer, and the lease given back */
 	ulp_cache_free(a->cache);
 	ulp_pool_free(a->pool);
 	ulp_ingest_free_spare(a);
@@ -329,8 +335,14 @@ void ulp_archive_close(ulp_archive *a)
 	ulp_db_free_copy(a); /* after the connections that read it */
 	pthread_mutex_destroy(&a->mu);
 	pthread_mutex_destroy(&a->write_mu);
+	ulp_msgs_free(a->msgs); /* last: everything above may have said why it failed */
 	free(a->dir);
 	free(a);
+}
+
+const char *ulp_archive_errmsg(const ulp_archive *a)
+{
+	return ulp_msgs_get(a->msgs);
 }
 
 int ulp_archive_is_url(const char *name)

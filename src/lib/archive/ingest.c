@@ -78,16 +78,10 @@ typedef struct put {
 
 static int read_at(put *p, uint8_t *buf, size_t len, uint64_t off)
 {
-	size_t got = 0;
-	while (got < len) {
-		ssize_t r = pread(p->fd, buf + got, len - got, (off_t)(off + got));
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			return ulp_arch_err(p->a, -ULP_E_IO, "%s: read at byte %llu: %s", p->path,
-			                    (unsigned long long)(off + got), r < 0 ? strerror(errno) : "file shrank while archiving");
-		got += (size_t)r;
-	}
+	int e = ulp_pread_full(p->fd, buf, len, off);
+	if (e)
+		return ulp_arch_err(p->a, -ULP_E_IO, "%s: read of bytes [%llu, %llu): %s", p->path, (unsigned long long)off,
+		                    (unsigned long long)(off + len), e == ENODATA ? "file shrank while archiving" : strerror(e));
 	return 0;
 }
 
@@ -861,17 +855,9 @@ static int sio_get(void *arg, uint64_t off, size_t len, uint8_t *src, uint8_t *r
 
 int ulp_spill_io(int fd, uint64_t off, void *p, size_t len, int wr)
 {
-	uint8_t *b = p;
-	while (len) {
-		ssize_t n = wr ? pwrite(fd, b, len, (off_t)off) : pread(fd, b, len, (off_t)off);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return n < 0 && (errno == ENOSPC || errno == EDQUOT) ? -ULP_E_NOSPC : -ULP_E_IO;
-		b += n;
-		off += (uint64_t)n;
-		len -= (size_t)n;
-	}
+	int e = wr ? ulp_pwrite_full(fd, p, len, off) : ulp_pread_full(fd, p, len, off);
+	if (e)
+		return ulp_errno_code(e) == -ULP_E_NOSPC ? -ULP_E_NOSPC : -ULP_E_IO;
 	return 0;
 }
 
@@ -1390,15 +1376,9 @@ static int job_iref_chunk(void *arg, size_t k)
 			return 0;
 	}
 	__atomic_store_n(&r->missed, 1, __ATOMIC_RELAXED);
-	for (size_t got = 0; got < l;) {
-		ssize_t n = pread(r->c->src, r->dst + off + got, l - got, (off_t)(r->src_off + off + got));
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			__atomic_store_n(&r->failed, 1, __ATOMIC_RELAXED);
-			return 0;
-		}
-		got += (size_t)n;
+	if (ulp_pread_full(r->c->src, r->dst + off, l, r->src_off + off) != 0) {
+		__atomic_store_n(&r->failed, 1, __ATOMIC_RELAXED);
+		return 0;
 	}
 	return 0;
 }

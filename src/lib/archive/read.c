@@ -522,13 +522,6 @@ static uint64_t listing_hash(const char *dir, size_t len)
 	return ulp_xxh64(dir, len) & ~(uint64_t)1;
 }
 
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Records e (series, file) in a->recent, over its own entry or the oldest
  * (a->mu held); returns 1 if a live entry of the same series and another
  * file, or a live listing of one of dirs, was there. */
@@ -554,12 +547,25 @@ static int note_recent(ulp_archive *a, uint64_t series, uint64_t file, const uin
 	return seen;
 }
 
-void ulp_read_note_listing(ulp_archive *a, const char *dir)
+/* A listing of a directory holding two step directories or more makes the
+ * reads under it in the next RECENT_MS a sweep's (invariant 8). */
+static void note_listing(ulp_archive *a, const char *dir)
 {
-	int64_t now = now_ms();
+	int64_t now = ulp_mono_ms();
 	pthread_mutex_lock(&a->mu);
 	note_recent(a, listing_hash(dir, strlen(dir)), 0, NULL, 0, now);
 	pthread_mutex_unlock(&a->mu);
+}
+
+int ulp_archive_readdir(ulp_archive *a, const char *path,
+                        int (*cb)(void *arg, const char *name, const ulp_stat *st), void *arg)
+{
+	char dir[4096];
+	int run_dir;
+	int rc = ulp_ns_readdir(a, path, cb, arg, dir, sizeof(dir), &run_dir);
+	if (rc == 0 && run_dir)
+		note_listing(a, dir);
+	return rc;
 }
 
 /* Decides, at f's first read, whether its reads keep the links they walk
@@ -572,7 +578,7 @@ static void lone_read(ulp_file *f)
 	ulp_archive *a = f->a;
 	int m = MODE_SWEEP; /* in no series: as before (nothing to tell a sweep by) */
 	if (f->series) {
-		int64_t now = now_ms();
+		int64_t now = ulp_mono_ms();
 		pthread_mutex_lock(&a->mu);
 		m = note_recent(a, f->series, f->file, f->dirs, 3, now) ? MODE_SWEEP : MODE_LONE;
 		pthread_mutex_unlock(&a->mu);

@@ -73,9 +73,7 @@ typedef struct plan {
 
 static double now_s(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+	return (double)ulp_mono_ns() * 1e-9;
 }
 
 static item *planned(plan *P, const uint8_t *content)

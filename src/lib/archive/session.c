@@ -250,12 +250,6 @@ struct ulp_session {
 static void writer_in(ulp_session *s, int d);
 static int still_writing(ulp_session *s, snode *n);
 
-static int64_t mono_ns(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
 
 
 static void slog(ulp_session *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -418,7 +412,7 @@ static int node_record(ulp_session *s, snode *n, int how)
 static void want_rebase(ulp_session *s)
 {
 	if (!s->rebase_wanted)
-		s->rebase_t = mono_ns();
+		s->rebase_t = ulp_mono_ns();
 	s->rebase_wanted = 1;
 }
 
@@ -430,7 +424,7 @@ static void want_rebase(ulp_session *s)
 static void archiving_nice(ulp_session *s)
 {
 	int bg = !s->pressed && (s->writers > 0 || (!s->syncing && !s->urgent && !s->stop &&
-	                                            mono_ns() - s->last_write_close < QUIET));
+	                                            ulp_mono_ns() - s->last_write_close < QUIET));
 	__atomic_store_n(&s->nice, bg ? s->bg_nice : 0, __ATOMIC_RELAXED);
 }
 
@@ -443,7 +437,7 @@ static void enqueue(ulp_session *s, snode *n)
 	n->pins++;
 	n->qnext = NULL;
 	n->qbytes = node_size(n);
-	n->qtime = mono_ns();
+	n->qtime = ulp_mono_ns();
 	s->queued_bytes += n->qbytes;
 	if (s->qtail)
 		s->qtail->qnext = n;
@@ -489,12 +483,12 @@ static int archive_node(ulp_session *s, snode *n)
 	s->cur = n;
 	s->cur_path = dst;
 	pthread_mutex_unlock(&s->mu);
-	int64_t t0 = mono_ns();
+	int64_t t0 = ulp_mono_ns();
 	int rc = ulp_archive_put(s->a, dst, ulp_stage_fd(n->stage), &m, NULL);
 	char why[1024] = "";
 	if (rc < 0)
 		snprintf(why, sizeof(why), "%s", ulp_archive_errmsg(s->a));
-	int64_t t1 = mono_ns();
+	int64_t t1 = ulp_mono_ns();
 	pthread_mutex_lock(&s->mu);
 	s->busy_ns += (uint64_t)(t1 - t0);
 	if (rc < 0) {
@@ -612,7 +606,7 @@ static void tidy(ulp_session *s, int final)
 	}
 	if (rc < 0 || rc2 < 0) { /* (a full disk, say) tried again while idle */
 		s->retry_ns = ULP_MIN(s->retry_ns ? s->retry_ns * 2 : RETRY_MIN, RETRY_MAX);
-		s->retry_at = mono_ns() + s->retry_ns;
+		s->retry_at = ulp_mono_ns() + s->retry_ns;
 		want_rebase(s);
 	} else {
 		s->retry_ns = 0;
@@ -735,7 +729,7 @@ static int64_t defer_until(ulp_session *s)
 {
 	if (!s->qhead || s->stop || s->syncing || s->urgent || s->queued_bytes > s->o.staging_max / 2 || (s->bg_on && !s->defer))
 		return 0;
-	int64_t now = mono_ns(), until = s->q_oldest + DEFER_MAX; /* (order_queue) */
+	int64_t now = ulp_mono_ns(), until = s->q_oldest + DEFER_MAX; /* (order_queue) */
 	if (s->writers == 0)
 		until = ULP_MIN(until, s->last_write_close + QUIET);
 	return until > now ? until : 0;
@@ -763,7 +757,7 @@ static int64_t release_wait(ulp_session *s)
 	if (!n || !still_writing(s, n) || n->writes != n->fwrites)
 		return 0;
 	int64_t until = n->ftime + RELEASE_WAIT;
-	return until > mono_ns() ? until : 0;
+	return until > ulp_mono_ns() ? until : 0;
 }
 
 /* Invariant 9: 0 when a re-basing pass may start now, else -1 (wait for a
@@ -774,7 +768,7 @@ static int64_t rebase_wait(ulp_session *s)
 {
 	if (s->syncing)
 		return -1;
-	int64_t now = mono_ns(), until = s->rebase_t + REBASE_MAX;
+	int64_t now = ulp_mono_ns(), until = s->rebase_t + REBASE_MAX;
 	if (s->writers == 0)
 		until = ULP_MIN(until, s->last_write_close + QUIET);
 	until = ULP_MAX(until, s->retry_at); /* after a failure (invariant 13) */
@@ -1304,7 +1298,7 @@ static void writer_in(ulp_session *s, int d)
 	if (s->writers > 0 && !s->pressed) /* (back at once; forward at the next file: archiving_nice) */
 		__atomic_store_n(&s->nice, s->bg_nice, __ATOMIC_RELAXED);
 	if (d < 0) {
-		s->last_write_close = mono_ns();
+		s->last_write_close = ulp_mono_ns();
 		pthread_cond_broadcast(&s->cv); /* the archiver's wait is shorter now */
 	}
 }
@@ -1397,7 +1391,7 @@ int ulp_session_flush(ulp_sfile *h)
 	if (go) {
 		n->pins++;
 		n->fwrites = n->writes;
-		n->ftime = mono_ns();
+		n->ftime = ulp_mono_ns();
 	}
 	pthread_mutex_unlock(&s->mu);
 	if (!go)

@@ -62,13 +62,6 @@ struct ulp_stage {
 
 enum { META_NONE, META_RECORDED, META_DURABLE };
 
-static int io_err(ulp_archive *a, const char *path, const char *what)
-{
-	int e = errno;
-	return ulp_arch_err(a, e == ENOSPC || e == EDQUOT ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s: %s",
-	                    path, what, strerror(e));
-}
-
 int ulp_stage_new(ulp_archive *a, const char *copy_from, ulp_stage **out)
 {
 	static unsigned counter;
@@ -90,7 +83,7 @@ int ulp_stage_new(ulp_archive *a, const char *copy_from, ulp_stage **out)
 			break;
 	}
 	if (s->fd < 0) {
-		int rc = io_err(a, s->data, "create");
+		int rc = ulp_arch_io_err(a, s->data, "create");
 		free(s);
 		return rc;
 	}
@@ -107,7 +100,7 @@ int ulp_stage_new(ulp_archive *a, const char *copy_from, ulp_stage **out)
 				break;
 			}
 			if (pwrite(s->fd, buf, (size_t)n, (off_t)off) != n)
-				rc = io_err(a, s->data, "write");
+				rc = ulp_arch_io_err(a, s->data, "write");
 			off += (uint64_t)n;
 		}
 		free(buf);
@@ -133,19 +126,14 @@ int64_t ulp_stage_write(ulp_stage *s, const void *buf, size_t len, uint64_t off)
 	 * rsync into the mount about 10 % slower, so the fsync of
 	 * ulp_stage_sync does all of it) */
 	ssize_t w = pwrite(s->fd, buf, len, (off_t)off);
-	return w < 0 ? io_err(s->a, s->data, "write") : w;
+	return w < 0 ? ulp_arch_io_err(s->a, s->data, "write") : w;
 }
 
 static int fsync_staging(ulp_archive *a)
 {
 	char dir[4300];
 	snprintf(dir, sizeof(dir), "%s/staging", a->dir);
-	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0)
-		return io_err(a, dir, "open");
-	int rc = fsync(dfd) < 0 ? io_err(a, dir, "fsync") : 0;
-	close(dfd);
-	return rc;
+	return (errno = ulp_fsync_dir(dir)) != 0 ? ulp_arch_io_err(a, dir, "fsync") : 0;
 }
 
 /* Writes the sidecar (invariant 3); durable: fsynced, with its directory. */
@@ -159,7 +147,7 @@ static int write_meta(ulp_stage *s, const char *path, const ulp_meta *m, int dur
 	if (!f) {
 		if (mfd >= 0)
 			close(mfd);
-		return io_err(a, tmp, "create");
+		return ulp_arch_io_err(a, tmp, "create");
 	}
 	size_t pl = strlen(path);
 	fprintf(f, "ULPM3 %o %u %u %lld %u %zu\n", m->mode & 07777, m->uid, m->gid, (long long)m->mtime.sec,
@@ -167,12 +155,12 @@ static int write_meta(ulp_stage *s, const char *path, const ulp_meta *m, int dur
 	fwrite(path, 1, pl, f);
 	int bad = fflush(f) != 0 || ferror(f) || (durable && fsync(fileno(f)) != 0);
 	if (fclose(f) != 0 || bad) {
-		int rc = io_err(a, tmp, "write");
+		int rc = ulp_arch_io_err(a, tmp, "write");
 		unlink(tmp);
 		return rc;
 	}
 	if (rename(tmp, s->meta) < 0) {
-		int rc = io_err(a, s->meta, "rename");
+		int rc = ulp_arch_io_err(a, s->meta, "rename");
 		unlink(tmp);
 		return rc;
 	}
@@ -185,7 +173,7 @@ static int write_meta(ulp_stage *s, const char *path, const ulp_meta *m, int dur
 int ulp_stage_sync(ulp_stage *s, const char *path, const ulp_meta *m)
 {
 	if (fsync(s->fd) < 0)
-		return io_err(s->a, s->data, "fsync");
+		return ulp_arch_io_err(s->a, s->data, "fsync");
 	return write_meta(s, path, m, 1);
 }
 
@@ -206,7 +194,7 @@ int ulp_stage_forget(ulp_stage *s)
 	if (s->meta_state == META_NONE)
 		return 0;
 	if (unlink(s->meta) < 0 && errno != ENOENT)
-		return io_err(s->a, s->meta, "unlink");
+		return ulp_arch_io_err(s->a, s->meta, "unlink");
 	int durable = s->meta_state == META_DURABLE;
 	s->meta_state = META_NONE;
 	return durable ? fsync_staging(s->a) : 0;
@@ -346,7 +334,7 @@ static int staging_names(ulp_archive *a, const char *dir, char ***out, size_t *n
 	*n = 0;
 	DIR *d = opendir(dir);
 	if (!d)
-		return errno == ENOENT ? -ULP_E_NOENT : io_err(a, dir, "opendir");
+		return errno == ENOENT ? -ULP_E_NOENT : ulp_arch_io_err(a, dir, "opendir");
 	size_t cap = 0;
 	int rc = 0;
 	for (struct dirent *de; rc == 0 && (de = readdir(d));) {
@@ -431,7 +419,7 @@ int ulp_stage_claim(ulp_archive *a)
 		snprintf(to, sizeof(to), "%s/%s.meta", dir, nb);
 		if (rename(from, to) < 0) {
 			if (errno != ENOENT)
-				rc = io_err(a, from, "rename");
+				rc = ulp_arch_io_err(a, from, "rename");
 			continue; /* gone meanwhile: not ours to archive */
 		}
 		snprintf(from, sizeof(from), "%s/%s.data", dir, c[i].base);
@@ -442,7 +430,7 @@ int ulp_stage_claim(ulp_archive *a)
 			unlink(from);
 			if (e != ENOENT) {
 				errno = e;
-				rc = io_err(a, to, "rename");
+				rc = ulp_arch_io_err(a, to, "rename");
 			}
 			continue;
 		}
@@ -487,7 +475,7 @@ int ulp_stage_recover(ulp_archive *a, unsigned *recovered, unsigned *removed)
 		ulp_meta m = {0};
 		if (parse_meta(meta, path, sizeof(path), &m) == 0) {
 			int fd = open(data, O_RDONLY | O_CLOEXEC);
-			int r = fd >= 0 ? ulp_archive_put(a, path, fd, &m, NULL) : io_err(a, data, "open");
+			int r = fd >= 0 ? ulp_archive_put(a, path, fd, &m, NULL) : ulp_arch_io_err(a, data, "open");
 			if (fd >= 0)
 				close(fd);
 			if (r < 0) {
@@ -530,7 +518,7 @@ int ulp_stage_orphans(ulp_archive *a, unsigned *n)
 	*n = 0;
 	DIR *d = opendir(dir);
 	if (!d)
-		return errno == ENOENT ? 0 : io_err(a, dir, "opendir");
+		return errno == ENOENT ? 0 : ulp_arch_io_err(a, dir, "opendir");
 	struct dirent *de;
 	while ((de = readdir(d))) {
 		size_t l = strlen(de->d_name);

@@ -614,18 +614,8 @@ static void sb_json_string(sbuf *s, const char *str)
 
 static int write_all(int fd, const void *buf, size_t len)
 {
-	const uint8_t *p = buf;
-	while (len) {
-		ssize_t w = write(fd, p, len);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			return errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO;
-		}
-		p += w;
-		len -= (size_t)w;
-	}
-	return 0;
+	int e = ulp_write_full(fd, buf, len);
+	return e ? ulp_errno_code(e) == -ULP_E_NOSPC ? -ULP_E_NOSPC : -ULP_E_IO : 0;
 }
 
 int ulp_st_write(const char *path, const ulp_st_wtensor *t, size_t n, const char *metadata_json)

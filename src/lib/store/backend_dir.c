@@ -16,13 +16,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static int io_err(ulp_archive *a, const char *path, const char *what)
-{
-	int e = errno;
-	return ulp_arch_err(a, e == ENOSPC || e == EDQUOT ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s: %s", path,
-	                    what, strerror(e));
-}
-
 static void path_of(const ulp_backend *b, const char *name, char path[4400])
 {
 	snprintf(path, 4400, "%s/%s", b->root, name);
@@ -51,8 +44,8 @@ static int fsync_dir(ulp_backend *b)
 {
 	int fd = open(b->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0)
-		return io_err(b->a, b->root, "open");
-	int rc = timed_fsync(fd) < 0 ? io_err(b->a, b->root, "fsync") : 0;
+		return ulp_arch_io_err(b->a, b->root, "open");
+	int rc = timed_fsync(fd) < 0 ? ulp_arch_io_err(b->a, b->root, "fsync") : 0;
 	close(fd);
 	return rc;
 }
@@ -63,10 +56,10 @@ static int dir_put_file(ulp_backend *b, int *fd, const char *tmp, const char *na
 	path_of(b, tmp, tpath);
 	path_of(b, name, fpath);
 	if (timed_fsync(*fd) < 0)
-		return io_err(b->a, tpath, "fsync");
+		return ulp_arch_io_err(b->a, tpath, "fsync");
 	if (close(*fd) < 0) {
 		*fd = -1;
-		return io_err(b->a, tpath, "close");
+		return ulp_arch_io_err(b->a, tpath, "close");
 	}
 	*fd = -1;
 	if (access(fpath, F_OK) == 0)
@@ -74,7 +67,7 @@ static int dir_put_file(ulp_backend *b, int *fd, const char *tmp, const char *na
 	else
 		*done &= ~(unsigned)ULP_PUT_REPLACED;
 	if (rename(tpath, fpath) < 0)
-		return io_err(b->a, fpath, "rename");
+		return ulp_arch_io_err(b->a, fpath, "rename");
 	*done |= ULP_PUT_RENAMED;
 	return fsync_dir(b);
 }
@@ -88,22 +81,12 @@ static int dir_put(ulp_backend *b, const char *name, const void *p, size_t len)
 	path_of(b, tmp, tpath);
 	int fd = open(tpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600); /* private: archive.c */
 	if (fd < 0)
-		return io_err(b->a, tpath, "create");
-	const uint8_t *q = p;
-	while (len) {
-		ssize_t n = write(fd, q, len);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			if (n == 0)
-				errno = EIO;
-			int rc = io_err(b->a, tpath, "write");
-			close(fd);
-			unlink(tpath);
-			return rc;
-		}
-		q += n;
-		len -= (size_t)n;
+		return ulp_arch_io_err(b->a, tpath, "create");
+	if ((errno = ulp_write_full(fd, p, len)) != 0) {
+		int rc = ulp_arch_io_err(b->a, tpath, "write");
+		close(fd);
+		unlink(tpath);
+		return rc;
 	}
 	unsigned done = 0;
 	int rc = dir_put_file(b, &fd, tmp, name, &done);
@@ -126,25 +109,12 @@ static int dir_read_range(ulp_backend *b, const char *name, uint64_t off, void *
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return ulp_arch_err(b->a, -ULP_E_IO, "%s: %s", path, strerror(errno));
-	uint8_t *q = p;
-	size_t left = len;
-	uint64_t at = off;
-	int rc = 0;
-	while (left && rc == 0) {
-		ssize_t n = pread(fd, q, left, (off_t)at);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			rc = ulp_arch_err(b->a, -ULP_E_IO, "%s: read: %s", path, strerror(errno));
-		else if (n == 0)
-			rc = ulp_arch_err(b->a, -ULP_E_CORRUPT, "%s: [%llu, %llu) is past its end", path,
-			                  (unsigned long long)off, (unsigned long long)(off + len));
-		else {
-			q += n;
-			at += (uint64_t)n;
-			left -= (size_t)n;
-		}
-	}
+	int e = ulp_pread_full(fd, p, len, off), rc = 0;
+	if (e == ENODATA)
+		rc = ulp_arch_err(b->a, -ULP_E_CORRUPT, "%s: [%llu, %llu) is past its end", path, (unsigned long long)off,
+		                  (unsigned long long)(off + len));
+	else if (e)
+		rc = ulp_arch_err(b->a, -ULP_E_IO, "%s: read: %s", path, strerror(e));
 	close(fd);
 	return rc;
 }
@@ -179,7 +149,7 @@ static int dir_list(ulp_backend *b, const char *prefix, int (*cb)(void *arg, con
 {
 	DIR *d = opendir(b->root);
 	if (!d)
-		return io_err(b->a, b->root, "open");
+		return ulp_arch_io_err(b->a, b->root, "open");
 	size_t pl = strlen(prefix);
 	struct dirent *de;
 	int rc = 0;

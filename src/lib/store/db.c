@@ -69,8 +69,8 @@
 struct ulp_tstate {
 	ulp_archive *a;  /* set at creation, read-only after */
 	sqlite3 *db;
-	int open_err;    /* the ULP_E_* of the last failed open of db, or 0 */
-	char err[1024];
+	int open_err;    /* the ULP_E_* of the last failed open of db, or 0 (its
+	                    message the archive's: ulp_arch_err) */
 	struct {
 		const char *sql; /* static strings: compared by address */
 		sqlite3_stmt *st;
@@ -195,24 +195,6 @@ static ulp_tstate *tstate(const ulp_archive *ca)
 	return t;
 }
 
-int ulp_arch_err(const ulp_archive *a, int code, const char *fmt, ...)
-{
-	ulp_tstate *t = tstate(a);
-	if (t) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(t->err, sizeof(t->err), fmt, ap);
-		va_end(ap);
-	}
-	return code;
-}
-
-const char *ulp_archive_errmsg(const ulp_archive *a)
-{
-	ulp_tstate *t = pthread_getspecific(a->dbh->tls);
-	return t && t->err[0] ? t->err : "no error";
-}
-
 /* Why path cannot be opened, as strerror names it ("Permission denied",
  * "Read-only file system"...), or NULL where it opens (the cause is SQLite's). */
 static const char *open_cause(const char *path, int flags)
@@ -330,14 +312,17 @@ sqlite3 *ulp_db(ulp_archive *a)
 		pthread_mutex_unlock(&a->dbh->mu);
 	}
 	if (!t->db) {
-		ulp_err e = {t->err, sizeof(t->err)};
+		char why[1024];
+		ulp_err e = {why, sizeof(why)};
 		t->open_err = open_conn(a, &t->db, &t->seq, &e);
 		if (t->open_err < 0 && a->follow) { /* its generation retired meanwhile: the newest */
 			ulp_gen_poll(a, 1);
 			t->open_err = open_conn(a, &t->db, &t->seq, &e);
 		}
-		if (t->open_err < 0)
+		if (t->open_err < 0) {
+			ulp_arch_err(a, t->open_err, "%s", why); /* what ulp_db_err says */
 			return NULL;
+		}
 	}
 	if (!t->hooked && a->sh && !a->read_only) { /* a shared archive's writer (ulp_archive_share) */
 		sqlite3_commit_hook(t->db, commit_hook, t);
@@ -663,15 +648,9 @@ static int copy_file(const char *src, const char *dst, ulp_err *err)
 	out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (out < 0)
 		rc = ULP_ERR(err, errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", dst, strerror(errno));
-	char buf[1 << 16];
-	for (ssize_t n; rc == 0 && (n = read(in, buf, sizeof(buf))) != 0;) {
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			rc = ULP_ERR(err, -ULP_E_IO, "%s: %s", src, strerror(errno));
-		else if (write(out, buf, (size_t)n) != n) /* a regular file: short only when full */
-			rc = ULP_ERR(err, -ULP_E_NOSPC, "%s: %s", dst, strerror(errno ? errno : ENOSPC));
-	}
+	int wrote, e = rc == 0 ? ulp_copy_fd(in, out, &wrote) : 0;
+	if (e)
+		rc = ULP_ERR(err, wrote ? ulp_errno_code(e) : -ULP_E_IO, "%s: %s", wrote ? dst : src, strerror(e));
 	close(in);
 	if (out >= 0)
 		close(out);

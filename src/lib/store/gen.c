@@ -54,20 +54,6 @@
 #include <time.h>
 #include <unistd.h>
 
-int64_t ulp_mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-int64_t ulp_wall_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 int ulp_gen_is_shared(const char *dir)
 {
 	char p[4200];
@@ -127,38 +113,12 @@ int ulp_netfs(const char *dir, char *name, size_t cap)
 	return 0;
 }
 
-/* shared.h: data into path whole, through path.tmp-PID and a rename */
+/* shared.h: data into path whole (util/io.c), its error the archive's */
 int ulp_shared_replace_file(ulp_archive *a, const char *path, const char *data, size_t n, int durable)
 {
-	char tmp[4400], me[ULP_PROC_TAG_MAX];
-	ulp_proc_tag(me, sizeof(me));
-	snprintf(tmp, sizeof(tmp), "%s.tmp-%s", path, me);
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return ulp_arch_err(a, errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", tmp, strerror(errno));
-	int e = ulp_pwrite_full(fd, data, n, 0);
-	if (!e && durable && fsync(fd) < 0)
-		e = errno;
-	close(fd);
-	if (!e && rename(tmp, path) < 0)
-		e = errno;
-	if (e) {
-		unlink(tmp);
-		return ulp_arch_err(a, e == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", path, strerror(e));
-	}
-	if (durable) {
-		char d[4300];
-		snprintf(d, sizeof(d), "%s", path);
-		char *s = strrchr(d, '/');
-		if (s)
-			*s = 0;
-		int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		if (dfd >= 0) {
-			fsync(dfd);
-			close(dfd);
-		}
-	}
-	return 0;
+	int e = ulp_replace_file(path, data, n, durable);
+	return e ? ulp_arch_err(a, e == ENOSPC || e == EDQUOT ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", path, strerror(e))
+	         : 0;
 }
 
 
@@ -367,7 +327,6 @@ void ulp_shared_free(ulp_archive *a)
 
 /* ---- a home in a bucket (remote.h) ---------------------------------------- */
 
-static int io_err(ulp_archive *a, const char *p, const char *what);
 
 static void gen_rel(uint64_t gen, int patch, char *rel, size_t cap)
 {
@@ -438,21 +397,13 @@ static int materialize(ulp_archive *a, const current *c, const char *live, ulp_e
 	snprintf(tmp, sizeof(tmp), "%s.tmp-%s", live, me);
 	int in = open(base, O_RDONLY | O_CLOEXEC);
 	int out = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	uint8_t *buf = malloc(1 << 20), *pm = NULL;
+	uint8_t *pm = NULL;
 	int rc = 0, e = 0;
-	if (in < 0 || out < 0 || !buf)
-		rc = ULP_ERR(err, !buf ? -ULP_E_NOMEM : -ULP_E_IO, "%s: %s", in < 0 ? base : tmp, strerror(errno));
-	for (uint64_t off = 0; rc == 0;) {
-		ssize_t n = pread(in, buf, 1 << 20, (off_t)off);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 || (n > 0 && (e = ulp_pwrite_full(out, buf, (size_t)n, off)) != 0))
-			rc = ULP_ERR(err, e == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", n < 0 ? base : tmp,
-			             strerror(n < 0 ? errno : e));
-		if (n <= 0)
-			break;
-		off += (uint64_t)n;
-	}
+	if (in < 0 || out < 0)
+		rc = ULP_ERR(err, -ULP_E_IO, "%s: %s", in < 0 ? base : tmp, strerror(errno));
+	int wrote;
+	if (rc == 0 && (e = ulp_copy_fd(in, out, &wrote)) != 0)
+		rc = ULP_ERR(err, wrote ? ulp_errno_code(e) : -ULP_E_IO, "%s: %s", wrote ? tmp : base, strerror(e));
 	if (rc == 0 && c->base != c->gen) {
 		ulp_genpatch gp;
 		int pfd = open(pf, O_RDONLY | O_CLOEXEC);
@@ -481,7 +432,6 @@ static int materialize(ulp_archive *a, const current *c, const char *live, ulp_e
 		close(in);
 	if (out >= 0)
 		close(out);
-	free(buf);
 	free(pm);
 	if (rc == 0) {
 		char w[4400];
@@ -590,7 +540,7 @@ static int remote_put_gen(ulp_archive *a, uint64_t gen, int patch, const char *f
 	int fd = open(fin, O_RDONLY | O_CLOEXEC);
 	struct stat sb;
 	if (fd < 0 || fstat(fd, &sb) < 0) {
-		int rc = io_err(a, fin, "open");
+		int rc = ulp_arch_io_err(a, fin, "open");
 		if (fd >= 0)
 			close(fd);
 		return rc;
@@ -870,25 +820,6 @@ void ulp_shared_forget_retained(ulp_archive *a)
 	}
 }
 
-static int fsync_path(ulp_archive *a, const char *p, int dir)
-{
-	int fd = open(p, O_RDONLY | O_CLOEXEC | (dir ? O_DIRECTORY : 0));
-	if (fd < 0)
-		return ulp_arch_err(a, -ULP_E_IO, "%s: %s", p, strerror(errno));
-	int rc = fsync(fd) < 0 ? ulp_arch_err(a, errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: fsync: %s", p,
-	                                      strerror(errno))
-	                       : 0;
-	close(fd);
-	return rc;
-}
-
-static int io_err(ulp_archive *a, const char *p, const char *what)
-{
-	int e = errno;
-	return ulp_arch_err(a, e == ENOSPC || e == EDQUOT ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s: %s", p, what,
-	                    strerror(e));
-}
-
 static void put32(uint8_t *p, uint32_t v)
 {
 	for (int i = 0; i < 4; i++)
@@ -939,7 +870,7 @@ static int scan_live(ulp_archive *a, int fd, const char *path, uint64_t size, ui
 	for (uint32_t pg = 0; rc == 0 && pg < sc->pages; pg += per) {
 		uint32_t k = ULP_MIN(per, sc->pages - pg);
 		if ((errno = ulp_pread_full(fd, blk, (size_t)k * sc->ps, (uint64_t)pg * sc->ps)) != 0) {
-			rc = io_err(a, path, "read");
+			rc = ulp_arch_io_err(a, path, "read");
 			break;
 		}
 		for (uint32_t i = 0; i < k; i++) {
@@ -986,12 +917,12 @@ static int write_whole(ulp_archive *a, int in, const char *path, const char *tmp
 	for (uint64_t off = 0; rc == 0 && off < size; off += SCAN_BLOCK) {
 		size_t n = (size_t)ULP_MIN((uint64_t)SCAN_BLOCK, size - off);
 		if ((errno = ulp_pread_full(in, blk, n, off)) != 0)
-			rc = io_err(a, path, "read");
+			rc = ulp_arch_io_err(a, path, "read");
 		else {
 			if (off == 0)
 				unwal(blk);
 			if ((errno = ulp_pwrite_full(out, blk, n, off)) != 0)
-				rc = io_err(a, tmp, "write");
+				rc = ulp_arch_io_err(a, tmp, "write");
 		}
 	}
 	free(blk);
@@ -1018,7 +949,7 @@ static int write_patch(ulp_archive *a, const char *tmp, int out, const scan *sc)
 	if (n && sc->chg_no[0] == 1)
 		unwal(q + 4 * n);
 	put64(m + 32, ulp_xxh64(q, body));
-	int rc = (errno = ulp_pwrite_full(out, m, ULP_GENPATCH_HEADER + body, 0)) != 0 ? io_err(a, tmp, "write") : 0;
+	int rc = (errno = ulp_pwrite_full(out, m, ULP_GENPATCH_HEADER + body, 0)) != 0 ? ulp_arch_io_err(a, tmp, "write") : 0;
 	free(m);
 	return rc;
 }
@@ -1030,7 +961,7 @@ static int backup_copy(ulp_archive *a, sqlite3 *src, const char *path)
 {
 	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600); /* private: archive.c */
 	if (fd < 0)
-		return io_err(a, path, "create");
+		return ulp_arch_io_err(a, path, "create");
 	close(fd);
 	sqlite3 *dst = NULL;
 	int rc = sqlite3_open_v2(path, &dst, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
@@ -1224,12 +1155,12 @@ int ulp_gen_publish(ulp_archive *a, int force)
 	snprintf(cur, sizeof(cur), "%s/index/CURRENT", a->dir);
 	int in = rc == 0 ? open(live, O_RDONLY | O_CLOEXEC) : -1;
 	if (rc == 0 && in < 0)
-		rc = io_err(a, live, "open");
+		rc = ulp_arch_io_err(a, live, "open");
 	uint8_t hdr[100];
 	struct stat sb;
 	scan sc = {0};
 	if (rc == 0 && (fstat(in, &sb) < 0 || (errno = ulp_pread_full(in, hdr, sizeof(hdr), 0)) != 0))
-		rc = io_err(a, live, "read");
+		rc = ulp_arch_io_err(a, live, "read");
 	if (rc == 0) {
 		sc.ps = (uint32_t)hdr[16] << 8 | hdr[17];
 		if (sc.ps == 1)
@@ -1250,14 +1181,14 @@ int ulp_gen_publish(ulp_archive *a, int force)
 	unlink(tmp);
 	int out = rc == 0 ? open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600) : -1; /* private: archive.c */
 	if (rc == 0 && out < 0)
-		rc = io_err(a, tmp, "create");
+		rc = ulp_arch_io_err(a, tmp, "create");
 	if (rc == 0)
 		rc = whole ? write_whole(a, in, live, tmp, out, &sc) : write_patch(a, tmp, out, &sc);
 	if (rc == 0 && fsync(out) < 0)
-		rc = io_err(a, tmp, "fsync");
+		rc = ulp_arch_io_err(a, tmp, "fsync");
 	struct stat ob;
 	if (rc == 0 && fstat(out, &ob) < 0)
-		rc = io_err(a, tmp, "stat");
+		rc = ulp_arch_io_err(a, tmp, "stat");
 	if (out >= 0)
 		close(out);
 	if (in >= 0)
@@ -1271,7 +1202,7 @@ int ulp_gen_publish(ulp_archive *a, int force)
 			break;
 		}
 		if (errno != EEXIST || tries >= 64 || a->rm) {
-			rc = io_err(a, fin, "link");
+			rc = ulp_arch_io_err(a, fin, "link");
 			break;
 		}
 		gen_path(a, ++next, !whole, fin, sizeof(fin));
@@ -1279,7 +1210,8 @@ int ulp_gen_publish(ulp_archive *a, int force)
 	if (rc == 0) {
 		char idx[4200];
 		snprintf(idx, sizeof(idx), "%s/index", a->dir);
-		rc = fsync_path(a, idx, 1);
+		if ((errno = ulp_fsync_dir(idx)) != 0)
+			rc = ulp_arch_io_err(a, idx, "fsync");
 	}
 	if (rc == 0 && a->rm)
 		rc = remote_put_gen(a, next, !whole, fin);

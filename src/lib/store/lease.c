@@ -7,8 +7,8 @@
  * A writer takes epoch E+1 by creating lease/<E+1> (O_CREAT|O_EXCL: one
  * host wins) once the holder of E gave it back or let it expire, renews it
  * while it runs, and writes its epoch into every CURRENT it publishes. The
- * publisher thread beside the renewer publishes what was archived since the
- * last publication, and retires generations and packs past the grace.
+ * writer's upkeep (publication, retirement, the grace sweep) is the
+ * archive's (archive/upkeep.c): the renewer starts it through a hook.
  *
  * Invariants:
  *  1. A writer writes (index transactions: ulp_db_begin/commit; publication:
@@ -23,7 +23,7 @@
  *  3. A new writer takes its epoch before it recovers staging (archive.c
  *     opens the archive, and so takes the lease, before ulp_stage_recover).
  *  4. Renewals have a thread of their own (the renewer), apart from the
- *     publisher's work: a publication or a sweep that takes seconds on a
+ *     upkeep's work: a publication or a sweep that takes seconds on a
  *     network file system never holds a renewal back (one did, and the
  *     writer fenced itself under load).
  */
@@ -157,11 +157,11 @@ void ulp_lease_fence(ulp_archive *a, const char *fmt, ...)
 }
 
 static void *renewer(void *arg);
-static void *publisher(void *arg);
 
-/* The renewer and the publisher run in the process that writes: started by
- * the first check of the lease in this process (a daemon forks after it
- * opened the archive, and threads do not cross a fork). */
+/* The renewer runs in the process that writes: started by the first check
+ * of the lease in this process (a daemon forks after it opened the archive,
+ * and threads do not cross a fork), and with it the archive's upkeep (the
+ * on_renewer hook). */
 static void ensure_renewer(ulp_archive *a)
 {
 	ulp_shared *sh = a->sh;
@@ -169,11 +169,14 @@ static void ensure_renewer(ulp_archive *a)
 	if (__atomic_load_n(&sh->renewer_pid, __ATOMIC_ACQUIRE) == me)
 		return;
 	pthread_mutex_lock(&sh->mu);
+	int started = 0;
 	if (sh->renewer_pid != me && !sh->stop && pthread_create(&sh->renewer, NULL, renewer, a) == 0) {
-		sh->has_publisher = pthread_create(&sh->publisher, NULL, publisher, a) == 0;
 		__atomic_store_n(&sh->renewer_pid, me, __ATOMIC_RELEASE);
+		started = 1;
 	}
 	pthread_mutex_unlock(&sh->mu);
+	if (started && sh->on_renewer)
+		sh->on_renewer(a);
 }
 
 int ulp_lease_ok(ulp_archive *a)
@@ -242,29 +245,12 @@ static void renew(ulp_archive *a)
 		__atomic_store_n(&sh->ok_mono_ms, start, __ATOMIC_RELAXED);
 }
 
-static uint64_t gen_now(ulp_shared *sh)
-{
-	pthread_mutex_lock(&sh->mu);
-	uint64_t g = sh->gen;
-	pthread_mutex_unlock(&sh->mu);
-	return g;
-}
-
 /* Waits for the next tick (a second, at most a quarter lease): 0 to go on,
  * 1 once the threads end (stop, or fenced). mu held on entry and exit. */
 static int tick(ulp_shared *sh)
 {
 	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += 1;
-	if (sh->lease_ms < 4000) {
-		ts.tv_sec -= 1;
-		ts.tv_nsec += (long)sh->lease_ms / 4 * 1000000;
-		if (ts.tv_nsec >= 1000000000) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000;
-		}
-	}
+	ulp_deadline_ms(&ts, sh->lease_ms < 4000 ? (int64_t)sh->lease_ms / 4 : 1000);
 	pthread_cond_timedwait(&sh->cv, &sh->mu, &ts);
 	return sh->stop || sh->fenced;
 }
@@ -286,36 +272,6 @@ static void *renewer(void *arg)
 			renew(a);
 			__atomic_store_n(&sh->renewing_since, 0, __ATOMIC_RELAXED);
 			last_renew = now;
-		}
-		pthread_mutex_lock(&sh->mu);
-	}
-	pthread_mutex_unlock(&sh->mu);
-	return NULL;
-}
-
-/* Publishes what was archived since the last publication (at most a tenth
- * of the time spent publishing, gen.c), retires generations and sweeps
- * packs past the grace, while the lease holds. */
-static void *publisher(void *arg)
-{
-	ulp_archive *a = arg;
-	ulp_shared *sh = a->sh;
-	int64_t last_pub = 0, pub_cost = 0;
-	pthread_mutex_lock(&sh->mu);
-	while (!tick(sh)) {
-		pthread_mutex_unlock(&sh->mu);
-		int64_t now = ulp_mono_ms();
-		if (ulp_lease_ok(a) == 0 && now - last_pub >= 10 * pub_cost) {
-			int64_t t0 = ulp_mono_ms();
-			pthread_mutex_lock(&sh->mu);
-			uint64_t before = sh->gen;
-			pthread_mutex_unlock(&sh->mu);
-			if (ulp_gen_publish(a, 0) == 0 && gen_now(sh) != before) {
-				pub_cost = ulp_mono_ms() - t0;
-				last_pub = ulp_mono_ms();
-			}
-			ulp_gen_retire(a);
-			ulp_archive_grace_sweep(a, 0);
 		}
 		pthread_mutex_lock(&sh->mu);
 	}
@@ -426,13 +382,10 @@ void ulp_lease_give_back(ulp_archive *a)
 	pthread_cond_broadcast(&sh->cv);
 	int mine = sh->renewer_pid == (long)getpid();
 	pthread_mutex_unlock(&sh->mu);
-	if (mine) {
+	if (mine)
 		pthread_join(sh->renewer, NULL);
-		if (sh->has_publisher)
-			pthread_join(sh->publisher, NULL);
-	}
 	if (sh->epoch && ulp_lease_ok(a) == 0) {
-		ulp_gen_publish(a, 0); /* what was archived last */
+		ulp_gen_publish(a, 0); /* what was archived last (archive/upkeep.c published before) */
 		if (a->rm)
 			remote_renew(a, 0);
 		write_lease(a, 0, 1); /* given back: the next writer need not wait */

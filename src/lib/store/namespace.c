@@ -35,9 +35,10 @@ int ulp_archive_stat(ulp_archive *a, const char *path, ulp_stat *out)
 	return ulp_db_err(a, "stat");
 }
 
-int ulp_archive_readdir(ulp_archive *a, const char *path,
-                        int (*cb)(void *arg, const char *name, const ulp_stat *st), void *arg)
+int ulp_ns_readdir(ulp_archive *a, const char *path, int (*cb)(void *arg, const char *name, const ulp_stat *st),
+                   void *arg, char *dir, size_t dir_cap, int *run_dir)
 {
+	*run_dir = 0;
 	ulp_db_follow(a); /* gen.c invariant 3 */
 	static const char sql[] = "SELECT " ULP_ENTRY_COLS ", name FROM entries WHERE parent = ? AND path <> '' ORDER BY name";
 	static const char sql_v2[] = "SELECT " ULP_ENTRY_COLS_V2 ", name FROM entries WHERE parent = ? AND path <> ''"
@@ -70,8 +71,10 @@ int ulp_archive_readdir(ulp_archive *a, const char *path,
 	if (r != SQLITE_ROW && r != SQLITE_DONE)
 		rc = ulp_db_err(a, "readdir");
 	sqlite3_finalize(st);
-	if (rc == 0 && steps >= 2)
-		ulp_read_note_listing(a, p); /* a run's directory: a sweep may follow */
+	if (rc == 0 && steps >= 2) {
+		*run_dir = 1; /* a run's directory: a sweep may follow (read.c) */
+		snprintf(dir, dir_cap, "%s", p);
+	}
 	return rc;
 }
 

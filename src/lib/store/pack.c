@@ -131,13 +131,6 @@ void ulp_packstore_close(ulp_archive *a)
 	a->ps = NULL;
 }
 
-static int io_err(ulp_archive *a, const char *path, const char *what)
-{
-	int e = errno;
-	return ulp_arch_err(a, e == ENOSPC || e == EDQUOT ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s: %s", path,
-	                    what, strerror(e));
-}
-
 /* invariant 1: a hint; the fsync of ulp_pack_commit stays the guarantee */
 static void start_writeback(ulp_pack_writer *w, uint64_t off, size_t len)
 {
@@ -150,20 +143,9 @@ static void start_writeback(ulp_pack_writer *w, uint64_t off, size_t len)
 
 static int write_all(ulp_pack_writer *w, const void *p, size_t len)
 {
-	const uint8_t *b = p;
-	while (len) {
-		ssize_t n = write(w->fd, b, len);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			if (n == 0)
-				errno = EIO;
-			return io_err(w->a, w->tmp, "write");
-		}
-		b += n;
-		len -= (size_t)n;
-		w->size += (uint64_t)n;
-	}
+	if ((errno = ulp_write_full(w->fd, p, len)) != 0)
+		return ulp_arch_io_err(w->a, w->tmp, "write");
+	w->size += (uint64_t)len;
 	return 0;
 }
 
@@ -189,7 +171,7 @@ int ulp_pack_writer_new(ulp_archive *a, ulp_pack_writer **out)
 	 * object at the commit (backend.h: the next issue extends the interface) */
 	w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600); /* private: archive.c */
 	if (w->fd < 0) {
-		int rc = io_err(a, w->tmp, "create");
+		int rc = ulp_arch_io_err(a, w->tmp, "create");
 		EVP_MD_CTX_free(w->sha);
 		free(w);
 		return rc;
@@ -223,28 +205,14 @@ int ulp_pack_reserve(ulp_pack_writer *w, size_t len, uint64_t *offset)
 	w->size += len;
 	/* write() appends after the reserved bytes, whoever fills them */
 	if (lseek(w->fd, (off_t)w->size, SEEK_SET) < 0)
-		return io_err(w->a, w->tmp, "seek");
+		return ulp_arch_io_err(w->a, w->tmp, "seek");
 	return 0;
 }
 
 int ulp_pack_write_at(ulp_pack_writer *w, uint64_t offset, const void *p, size_t len)
 {
-	const uint8_t *b = p;
-	uint64_t off = offset;
-	size_t left = len;
-	while (left) {
-		ssize_t n = pwrite(w->fd, b, left, (off_t)off);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			if (n == 0)
-				errno = EIO;
-			return io_err(w->a, w->tmp, "write");
-		}
-		b += n;
-		off += (uint64_t)n;
-		left -= (size_t)n;
-	}
+	if ((errno = ulp_pwrite_full(w->fd, p, len, offset)) != 0)
+		return ulp_arch_io_err(w->a, w->tmp, "write");
 	start_writeback(w, offset, len);
 	return 0;
 }

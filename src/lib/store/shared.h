@@ -89,17 +89,15 @@ struct ulp_shared {
 	                                (0: none), for the message of a lapse */
 	char why[512];               /* guarded by mu: why it was lost */
 	pthread_t renewer;           /* guarded by mu: renews the lease (lease.c invariant 4) */
-	pthread_t publisher;         /* guarded by mu: publishes, retires generations and
-	                                packs past the grace */
-	int has_publisher;           /* guarded by mu: publisher was started */
+	void (*on_renewer)(ulp_archive *a); /* set at open, read-only after: started
+	                                beside the renewer in the process that writes
+	                                (archive/upkeep.c), or NULL */
 	long renewer_pid;            /* atomic, written under mu: the process the
 	                                renewer runs in (0: none yet) */
-	int stop;                    /* guarded by mu: the renewer and the publisher end */
-	pthread_cond_t cv;           /* with mu: wakes them to end */
+	int stop;                    /* guarded by mu: the renewer ends */
+	pthread_cond_t cv;           /* with mu: wakes it to end */
 };
 
-int64_t ulp_mono_ms(void);
-int64_t ulp_wall_ms(void);
 
 /* gen.c */
 int ulp_gen_is_shared(const char *dir);

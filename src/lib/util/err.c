@@ -1,9 +1,21 @@
 /* SPDX-License-Identifier: MIT */
-/* err.c - error codes, their text and errno mapping; the error sink. */
+/*
+ * err.c - error codes, their text and errno mapping; the error sink; and an
+ * object's messages, one per thread (ulp_msgs: the archive's, which every
+ * floor of the library writes through ulp_arch_err).
+ *
+ * ulp_msgs invariants: a thread's message buffer is reached through the
+ * key by that thread only; the list of all buffers is guarded by mu and is
+ * only for the free at the object's end (the key deleted first, so no
+ * destructor runs after).
+ */
 #include "ulp_int.h"
 #include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static const char *const messages[ULP_E__COUNT] = {
@@ -228,4 +240,106 @@ int ulp_grow(void *arr, size_t *cap, size_t n, size_t size)
 	*pp = np;
 	*cap = nc;
 	return 0;
+}
+
+int ulp_errno_code(int e)
+{
+	return e == ENOSPC || e == EDQUOT ? -ULP_E_NOSPC : e == ENOMEM ? -ULP_E_NOMEM : -ULP_E_IO;
+}
+
+typedef struct msgbuf {
+	struct ulp_msgs *m;   /* set at creation, read-only after */
+	struct msgbuf *next;  /* guarded by m->mu */
+	char text[1024];      /* the thread's own */
+} msgbuf;
+
+struct ulp_msgs {
+	pthread_key_t key;    /* set at creation, read-only after: each thread's msgbuf */
+	pthread_mutex_t mu;
+	msgbuf *all;          /* guarded by mu */
+};
+
+/* Key destructor: a thread that ends takes its message with it. */
+static void msgbuf_exit(void *p)
+{
+	msgbuf *b = p;
+	pthread_mutex_lock(&b->m->mu);
+	for (msgbuf **pp = &b->m->all; *pp; pp = &(*pp)->next)
+		if (*pp == b) {
+			*pp = b->next;
+			break;
+		}
+	pthread_mutex_unlock(&b->m->mu);
+	free(b);
+}
+
+int ulp_msgs_new(ulp_msgs **out)
+{
+	ulp_msgs *m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ULP_E_NOMEM;
+	if (pthread_key_create(&m->key, msgbuf_exit) != 0) {
+		free(m);
+		return -ULP_E_NOMEM;
+	}
+	pthread_mutex_init(&m->mu, NULL);
+	*out = m;
+	return 0;
+}
+
+void ulp_msgs_free(ulp_msgs *m)
+{
+	if (!m)
+		return;
+	pthread_key_delete(m->key); /* no destructor runs after this */
+	for (msgbuf *b = m->all; b;) {
+		msgbuf *n = b->next;
+		free(b);
+		b = n;
+	}
+	pthread_mutex_destroy(&m->mu);
+	free(m);
+}
+
+static msgbuf *own(ulp_msgs *m)
+{
+	msgbuf *b = pthread_getspecific(m->key);
+	if (!b && (b = calloc(1, sizeof(*b)))) {
+		b->m = m;
+		pthread_setspecific(m->key, b);
+		pthread_mutex_lock(&m->mu);
+		b->next = m->all;
+		m->all = b;
+		pthread_mutex_unlock(&m->mu);
+	}
+	return b;
+}
+
+int ulp_msgs_set(ulp_msgs *m, int code, const char *file, int line, const char *fmt, ...)
+{
+	msgbuf *b = m ? own(m) : NULL;
+	if (b) {
+		ulp_err e = {b->text, sizeof(b->text)};
+		va_list ap;
+		va_start(ap, fmt);
+		int n = vsnprintf(e.buf, e.cap, fmt, ap);
+		va_end(ap);
+		const char *dbg = getenv("ULP_DEBUG"); /* the source location, for developers */
+		if (n >= 0 && (size_t)n < e.cap && dbg && *dbg && strcmp(dbg, "0") != 0) {
+			const char *base = strrchr(file, '/');
+			snprintf(e.buf + n, e.cap - (size_t)n, " [%s:%d]", base ? base + 1 : file, line);
+		}
+	}
+	return code;
+}
+
+int ulp_msgs_errno(ulp_msgs *m, int e, const char *file, int line, const char *path, const char *what)
+{
+	return ulp_msgs_set(m, ulp_errno_code(e), file, line, "%s: %s: %s", path, what, strerror(e));
+}
+
+const char *ulp_msgs_get(ulp_msgs *m)
+{
+	msgbuf *b = m ? pthread_getspecific(m->key) : NULL;
+	return b && b->text[0] ? b->text : "no error";
 }

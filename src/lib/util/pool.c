@@ -90,9 +90,7 @@ uint64_t ulp_pool_parallel_ns(void)
 
 static uint64_t now_ns(void)
 {
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+	return (uint64_t)ulp_mono_ns();
 }
 
 typedef struct loop {
