@@ -198,7 +198,7 @@ struct ulp_archive {
 
 /* The generation that a following reader's new connections open (gen.c):
  * uri, which the dbh takes; its threads move to it at their next
- * ulp_db_follow. */
+ * ulp_gen_follow. */
 void ulp_db_set_follow(ulp_archive *a, char *uri);
 /* namespace.c: the listing under ulp_archive_readdir (archive/read.c, which
  * notes a run's directory for its reads: read.c invariant 8); *run_dir: the
@@ -207,11 +207,20 @@ int ulp_ns_readdir(ulp_archive *a, const char *path, int (*cb)(void *arg, const 
                    void *arg, char *dir, size_t dir_cap, int *run_dir);
 /* A file: URI of path (percent-encoded) with query q; NULL: no memory. */
 char *ulp_db_file_uri(const char *path, const char *q);
-/* At the library's read entry points: a reader of a shared archive looks
- * for a newer generation when due, and the calling thread moves its
- * connection to the one followed when it runs no statement (gen.c
- * invariant 3). */
-void ulp_db_follow(ulp_archive *a);
+/* The calling thread's connection moves to the generation followed when it
+ * runs no statement (gen.c invariant 3; a reader of a shared archive). */
+void ulp_db_refollow(ulp_archive *a);
+/* A shared archive's hooks into the connection layer, installed at open
+ * (archive.c): fence, checked before a transaction begins and as it
+ * commits (lease.c invariant 1: ulp_lease_ok); refresh, when a following
+ * reader's generation cannot be opened (gen.c: the newest). db.c calls
+ * nothing above itself. */
+void ulp_db_set_hooks(ulp_archive *a, int (*fence)(ulp_archive *a), void (*refresh)(ulp_archive *a));
+/* gen.c, at the library's read entry points: a reader of a shared archive
+ * looks for a newer generation when due, and the calling thread moves its
+ * connection to the one followed (ulp_db_refollow). */
+void ulp_gen_follow(ulp_archive *a);
+void ulp_gen_refresh(ulp_archive *a); /* ulp_gen_poll now: the refresh hook */
 /* Opens two connections ahead for the first threads that ask (a hint, at
  * archive open): a mount's first lookup and open then open none (issue 29:
  * a good part of a small file's cold open). */

@@ -120,6 +120,7 @@ static int shared_open(ulp_archive *a, const ulp_archive_opts *o, ulp_err *err)
 	if (a->rm && !a->read_only)
 		ULP_TRY(ulp_gen_remote_writer(a, err)); /* the live index as new as the bucket's */
 	ULP_TRY(ulp_shared_new(a, &a->opts, !a->read_only));
+	ulp_db_set_hooks(a, a->read_only ? NULL : ulp_lease_ok, a->read_only ? ulp_gen_refresh : NULL);
 	if (!a->read_only) {
 		ULP_TRY(ulp_lease_take(a, err));
 		ULP_TRY(ulp_upkeep_new(a));
@@ -157,6 +158,8 @@ int ulp_archive_share(ulp_archive *a)
 	if (mkdir(p, 0700) < 0 && errno != EEXIST)
 		return ulp_arch_err(a, -ULP_E_IO, "%s: %s", p, strerror(errno));
 	int rc = ulp_shared_new(a, &a->opts, 1);
+	if (rc == 0)
+		ulp_db_set_hooks(a, ulp_lease_ok, NULL);
 	if (rc == 0 && (rc = ulp_lease_take(a, &e)) < 0)
 		ulp_arch_err(a, rc, "%s", msg);
 	if (rc == 0)

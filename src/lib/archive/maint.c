@@ -196,7 +196,7 @@ int64_t ulp_archive_verify_progress(ulp_archive *a, const char *prefix,
                                     void (*bad)(void *arg, const char *path, const char *why), void *arg,
                                     ulp_progress_fn progress, void *parg)
 {
-	ulp_db_follow(a); /* gen.c invariant 3 */
+	ulp_gen_follow(a); /* gen.c invariant 3 */
 	vctx v = {.a = a, .progress = progress, .parg = parg};
 	pthread_mutex_init(&v.mu, NULL);
 	int rc = ulp_index_files(a, prefix, list_file, &v);
@@ -782,7 +782,7 @@ uint64_t ulp_archive_disk_bytes(ulp_archive *a)
 
 int ulp_archive_space(ulp_archive *a, ulp_space *out)
 {
-	ulp_db_follow(a); /* gen.c invariant 3 */
+	ulp_gen_follow(a); /* gen.c invariant 3 */
 	ulp_space sp = {0};
 	char path[4400];
 	sp.disk_bytes = ulp_archive_disk_bytes(a);

@@ -911,7 +911,7 @@ static int loc_cmp(const void *x, const void *y)
 
 int ulp_file_open(ulp_archive *a, const char *path, ulp_file **out)
 {
-	ulp_db_follow(a); /* gen.c invariant 3 */
+	ulp_gen_follow(a); /* gen.c invariant 3 */
 	char p[4096];
 	ULP_TRY(ulp_arch_path(a, path, p, sizeof(p)));
 	size_t pl = strlen(p);

@@ -236,7 +236,7 @@ int ulp_archive_latest_live(ulp_archive *a, ulp_session *s, const char *dir, cha
 
 int ulp_archive_latest(ulp_archive *a, const char *dir, char *name, size_t cap)
 {
-	ulp_db_follow(a); /* gen.c invariant 3 */
+	ulp_gen_follow(a); /* gen.c invariant 3 */
 	return ulp_archive_latest_live(a, NULL, dir, name, cap);
 }
 
@@ -334,7 +334,7 @@ static int row_cmp(const void *x, const void *y)
 int ulp_archive_steps(ulp_archive *a, const char *prefix, int (*cb)(void *arg, const ulp_step_info *s),
                       void *arg)
 {
-	ulp_db_follow(a); /* gen.c invariant 3 */
+	ulp_gen_follow(a); /* gen.c invariant 3 */
 	sctx s = {0};
 	ulp_report rep;
 	int rc = ulp_archive_report(a, prefix ? prefix : "", steps_file, &s, &rep);

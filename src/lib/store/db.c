@@ -99,7 +99,24 @@ struct ulp_dbh {
 	                                (ulp_db_open_ahead), each taken by a thread's
 	                                first ulp_db; never of a following reader */
 	int n_spare;                 /* guarded by mu */
+	/* the hooks of a shared archive (ulp_db_set_hooks), set at open before
+	 * any thread queries, read-only after; NULL: none */
+	int (*fence)(ulp_archive *a);    /* a writer may write: 0, or why not */
+	void (*refresh)(ulp_archive *a); /* a reader's generation gone: the newest */
 };
+
+void ulp_db_set_hooks(ulp_archive *a, int (*fence)(ulp_archive *a), void (*refresh)(ulp_archive *a))
+{
+	a->dbh->fence = fence;
+	a->dbh->refresh = refresh;
+}
+
+/* The writer's fence (lease.c invariant 1 through its hook): 0 where there
+ * is none. */
+static int fence_ok(ulp_archive *a)
+{
+	return a->dbh->fence ? a->dbh->fence(a) : 0;
+}
 
 int ulp_dbh_open(ulp_archive *a)
 {
@@ -290,7 +307,7 @@ static int open_conn(const ulp_archive *a, sqlite3 **out, uint64_t *seq, ulp_err
 static int commit_hook(void *arg)
 {
 	ulp_tstate *t = arg;
-	if (ulp_lease_ok(t->a) < 0)
+	if (fence_ok(t->a) < 0)
 		return 1;
 	int64_t c = sqlite3_total_changes64(t->db);
 	if (c != t->hook_changes) {
@@ -315,8 +332,8 @@ sqlite3 *ulp_db(ulp_archive *a)
 		char why[1024];
 		ulp_err e = {why, sizeof(why)};
 		t->open_err = open_conn(a, &t->db, &t->seq, &e);
-		if (t->open_err < 0 && a->follow) { /* its generation retired meanwhile: the newest */
-			ulp_gen_poll(a, 1);
+		if (t->open_err < 0 && a->follow && a->dbh->refresh) { /* its generation retired meanwhile */
+			a->dbh->refresh(a);
 			t->open_err = open_conn(a, &t->db, &t->seq, &e);
 		}
 		if (t->open_err < 0) {
@@ -345,11 +362,10 @@ static void drop_conn(ulp_archive *a);
 
 /* Gen.c invariant 3: a connection that runs no statement (none stepped and
  * not reset, no transaction) moves to the generation followed. */
-void ulp_db_follow(ulp_archive *a)
+void ulp_db_refollow(ulp_archive *a)
 {
 	if (!a->follow)
 		return;
-	ulp_gen_poll(a, 0);
 	ulp_tstate *t = pthread_getspecific(a->dbh->tls);
 	if (!t || !t->db)
 		return;
@@ -450,13 +466,13 @@ int ulp_db_exec(ulp_archive *a, const char *sql)
  * commits. */
 int ulp_db_begin(ulp_archive *a)
 {
-	ULP_TRY(ulp_lease_ok(a));
+	ULP_TRY(fence_ok(a));
 	return ulp_db_exec(a, "BEGIN IMMEDIATE");
 }
 
 int ulp_db_commit(ulp_archive *a)
 {
-	int rc = ulp_lease_ok(a);
+	int rc = fence_ok(a);
 	if (rc < 0) {
 		ulp_db_rollback(a);
 		return rc;
@@ -602,7 +618,7 @@ static int upgrade(ulp_archive *a, ulp_err *err)
 		code = ulp_db_commit(a);
 	if (code < 0) {
 		ulp_db_rollback(a);
-		return ULP_ERR(err, code, "%s", ulp_archive_errmsg(a));
+		return ULP_ERR(err, code, "%s", ulp_msgs_get(a->msgs));
 	}
 	a->schema = ULP_SCHEMA_VERSION;
 	return 0;
@@ -722,7 +738,7 @@ int ulp_db_check(ulp_archive *a, ulp_err *err)
 {
 	sqlite3 *db = ulp_db(a);
 	if (!db)
-		return ULP_ERR(err, ulp_db_err(a, "open"), "%s", ulp_archive_errmsg(a));
+		return ULP_ERR(err, ulp_db_err(a, "open"), "%s", ulp_msgs_get(a->msgs));
 	sqlite3_stmt *st;
 	static const char ver[] = "SELECT value FROM meta WHERE key = 'schema_version'";
 	int rc = sqlite3_prepare_v2(db, ver, -1, &st, NULL);
@@ -733,7 +749,7 @@ int ulp_db_check(ulp_archive *a, ulp_err *err)
 		drop_conn(a); /* no -shm possible: read ulpack.db another way */
 		ULP_TRY(ro_fallback(a, err));
 		if (!(db = ulp_db(a)))
-			return ULP_ERR(err, ulp_db_err(a, "open"), "%s", ulp_archive_errmsg(a));
+			return ULP_ERR(err, ulp_db_err(a, "open"), "%s", ulp_msgs_get(a->msgs));
 		rc = sqlite3_prepare_v2(db, ver, -1, &st, NULL);
 	}
 	/* a read-write open on a full disk: the wal-index (ulpack.db-shm) and
@@ -743,7 +759,7 @@ int ulp_db_check(ulp_archive *a, ulp_err *err)
 	    ulp_db_reserve_release(a)) {
 		drop_conn(a);
 		if (!(db = ulp_db(a)))
-			return ULP_ERR(err, ulp_db_err(a, "open"), "%s", ulp_archive_errmsg(a));
+			return ULP_ERR(err, ulp_db_err(a, "open"), "%s", ulp_msgs_get(a->msgs));
 		rc = sqlite3_prepare_v2(db, ver, -1, &st, NULL);
 	}
 	if (rc != SQLITE_OK && sqlite3_errcode(db) == SQLITE_CANTOPEN && !a->read_only && access(a->dir, W_OK) != 0)

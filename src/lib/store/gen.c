@@ -16,7 +16,7 @@
  *     reader never follows a CURRENT whose (epoch, generation) is below the
  *     one it has: no reader goes back.
  *  3. A reader's threads move to a newer generation only between calls
- *     (ulp_db_follow, at the library's read entry points, when the thread's
+ *     (ulp_gen_follow, at the library's read entry points, when the thread's
  *     connection runs no statement); an open file needs no index after its
  *     open (read.c invariant 3), so it keeps the bytes of its generation.
  *  4. Retirement (ulp_gen_retire) keeps the current generation and, of the
@@ -340,7 +340,7 @@ static int remote_current(ulp_archive *a, current *c, char etag[ULP_S3_ETAG_MAX]
 	size_t n = 0;
 	int rc = ulp_remote_get_small(a, "index/CURRENT", buf, sizeof(buf) - 1, &n, etag);
 	if (rc < 0)
-		return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
+		return ULP_ERR(err, rc, "%s", ulp_msgs_get(a->msgs));
 	buf[n] = 0;
 	snprintf(where, sizeof(where), "%s/index/CURRENT", a->rm->url);
 	return parse_current(where, buf, n, c, err);
@@ -361,7 +361,7 @@ static int fetch_gen(ulp_archive *a, const current *c, ulp_err *err)
 		gen_rel(g, pt, rel, sizeof(rel));
 		int rc = ulp_remote_fetch(a, rel, p, k == 0 ? c->bytes : 0, 0);
 		if (rc < 0)
-			return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
+			return ULP_ERR(err, rc, "%s", ulp_msgs_get(a->msgs));
 	}
 	return 0;
 }
@@ -495,10 +495,10 @@ int ulp_gen_remote_writer(ulp_archive *a, ulp_err *err)
 		char cur[4300];
 		snprintf(cur, sizeof(cur), "%s/index/CURRENT", a->dir);
 		if ((k = ulp_shared_replace_file(a, cur, line, (size_t)n, 1)) < 0)
-			return ULP_ERR(err, k, "%s", ulp_archive_errmsg(a));
+			return ULP_ERR(err, k, "%s", ulp_msgs_get(a->msgs));
 	}
 	if ((rc = ulp_remote_list(a, "index/gen-", placeholder, a)) < 0)
-		return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
+		return ULP_ERR(err, rc, "%s", ulp_msgs_get(a->msgs));
 	rm->floor_epoch = c.epoch;
 	pthread_mutex_lock(&rm->mu);
 	snprintf(rm->etag, sizeof(rm->etag), "%s", etag);
@@ -521,14 +521,14 @@ int ulp_gen_remote_claim(ulp_archive *a, ulp_err *err)
 		return ULP_ERR(err, -ULP_E_BUSY, "%s: another writer took the archive while this one opened it (its "
 		               "index/CURRENT changed): one writer at a time; mount read-only (-o ro) to follow it", rm->url);
 	if (rc < 0)
-		return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
+		return ULP_ERR(err, rc, "%s", ulp_msgs_get(a->msgs));
 	pthread_mutex_lock(&a->sh->mu);
 	a->sh->gen = c.gen;
 	a->sh->gen_epoch = c.epoch;
 	pthread_mutex_unlock(&a->sh->mu);
 	snprintf(cur, sizeof(cur), "%s/index/CURRENT", a->dir);
 	rc = ulp_shared_replace_file(a, cur, line, (size_t)n, 1);
-	return rc < 0 ? ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a)) : 0;
+	return rc < 0 ? ULP_ERR(err, rc, "%s", ulp_msgs_get(a->msgs)) : 0;
 }
 
 /* Invariant 1 for a bucket: the generation file fin in the bucket, created
@@ -649,6 +649,19 @@ void ulp_gen_poll(ulp_archive *a, int force)
 	pthread_mutex_unlock(&sh->mu);
 	if (newer && (!a->rm || fetch_gen(a, &c, &e) == 0) && follow(a, &c, &e) == 0 && a->rm)
 		drop_fetched(a, &c); /* (a generation not whole yet: the next poll) */
+}
+
+void ulp_gen_follow(ulp_archive *a)
+{
+	if (!a->follow)
+		return;
+	ulp_gen_poll(a, 0);
+	ulp_db_refollow(a);
+}
+
+void ulp_gen_refresh(ulp_archive *a)
+{
+	ulp_gen_poll(a, 1);
 }
 
 /* ---- the writer ----------------------------------------------------------- */

@@ -510,7 +510,7 @@ int ulp_archive_report(ulp_archive *a, const char *prefix,
                        int (*per_file)(void *arg, const char *path, const ulp_stat *st), void *arg,
                        ulp_report *out)
 {
-	ulp_db_follow(a); /* gen.c invariant 3 */
+	ulp_gen_follow(a); /* gen.c invariant 3 */
 	static const char sql_dt[] =
 		"WITH f AS (SELECT id FROM entries WHERE type = 0 AND (?1 = '' OR path = ?1 OR "
 		ULP_BELOW("path", "?1") ")),"

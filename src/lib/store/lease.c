@@ -124,7 +124,7 @@ static int remote_holder(ulp_archive *a, holder *h, char etag[ULP_S3_ETAG_MAX], 
 	if (rc == -ULP_E_NOENT)
 		return 0;
 	if (rc < 0)
-		return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
+		return ULP_ERR(err, rc, "%s", ulp_msgs_get(a->msgs));
 	buf[n] = 0;
 	h->parsed = parse_holder(buf, h);
 	if (!h->parsed)
@@ -344,10 +344,10 @@ static int take(ulp_archive *a, ulp_err *err)
 		return ULP_ERR(err, -ULP_E_BUSY, "%s: another writer took the archive's lease first: one writer at a time",
 		               a->rm->url);
 	if (rc < 0)
-		return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
+		return ULP_ERR(err, rc, "%s", ulp_msgs_get(a->msgs));
 	rc = write_lease(a, ulp_wall_ms(), 1);
 	if (rc < 0)
-		return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
+		return ULP_ERR(err, rc, "%s", ulp_msgs_get(a->msgs));
 	/* older epochs' files: all but the one before, and but those of writers
 	 * that may still run, fenced (not given back, renewed within the grace):
 	 * their live index stays while their lease file does (gen.c invariant 7) */

@@ -15,7 +15,7 @@
 
 int ulp_archive_stat(ulp_archive *a, const char *path, ulp_stat *out)
 {
-	ulp_db_follow(a); /* gen.c invariant 3 */
+	ulp_gen_follow(a); /* gen.c invariant 3 */
 	static const char sql[] = "SELECT " ULP_ENTRY_COLS " FROM entries WHERE path = ?";
 	static const char sql_v2[] = "SELECT " ULP_ENTRY_COLS_V2 " FROM entries WHERE path = ?";
 	char p[4096];
@@ -39,7 +39,7 @@ int ulp_ns_readdir(ulp_archive *a, const char *path, int (*cb)(void *arg, const 
                    void *arg, char *dir, size_t dir_cap, int *run_dir)
 {
 	*run_dir = 0;
-	ulp_db_follow(a); /* gen.c invariant 3 */
+	ulp_gen_follow(a); /* gen.c invariant 3 */
 	static const char sql[] = "SELECT " ULP_ENTRY_COLS ", name FROM entries WHERE parent = ? AND path <> '' ORDER BY name";
 	static const char sql_v2[] = "SELECT " ULP_ENTRY_COLS_V2 ", name FROM entries WHERE parent = ? AND path <> ''"
 	                             " ORDER BY name";
@@ -80,7 +80,7 @@ int ulp_ns_readdir(ulp_archive *a, const char *path, int (*cb)(void *arg, const 
 
 int ulp_archive_readlink(ulp_archive *a, const char *path, char *buf, size_t cap)
 {
-	ulp_db_follow(a); /* gen.c invariant 3 */
+	ulp_gen_follow(a); /* gen.c invariant 3 */
 	static const char sql[] = "SELECT target FROM entries WHERE path = ? AND type = 2";
 	char p[4096];
 	ULP_TRY(ulp_arch_path(a, path, p, sizeof(p)));

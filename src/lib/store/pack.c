@@ -310,7 +310,7 @@ static int map_pack(ulp_archive *a, int64_t id, struct pack_map *out)
 		ulp_generation g;
 		ulp_archive_generation(a, &g);
 		char why[1024];
-		snprintf(why, sizeof(why), "%s", ulp_archive_errmsg(a));
+		snprintf(why, sizeof(why), "%s", ulp_msgs_get(a->msgs));
 		return ulp_arch_err(a, rc, "%s (the writer removed it: this reader's generation %llu was superseded more "
 		                    "than the writer's grace ago; reopen the file to read the newest)", why,
 		                    (unsigned long long)g.gen);
