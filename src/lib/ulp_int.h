@@ -49,6 +49,16 @@ typedef struct ulp_err {
 int ulp_err_set(ulp_err *e, int code, const char *file, int line, const char *fmt, ...)
 	__attribute__((format(printf, 5, 6)));
 #define ULP_ERR(e, code, ...) ulp_err_set((e), (code), __FILE__, __LINE__, __VA_ARGS__)
+/* The calling thread's interrupt check (ulp_set_interrupt; util/err.c):
+ * ulp_interrupted is 1 where it says the wait should end. A thread that
+ * works for another (a parallel fetch) installs the other's with
+ * ulp_set_interrupt(saved.check, saved.arg) or a check of its own. */
+typedef struct ulp_intr {
+	int (*check)(void *arg);
+	void *arg;
+} ulp_intr;
+void ulp_interrupt_get(ulp_intr *out);
+int ulp_interrupted(void);
 #define ULP_CORRUPT(e, ...) ULP_ERR((e), -ULP_E_CORRUPT, __VA_ARGS__)
 
 /* The n bytes at s as text for a message (out, cap bytes, NUL-terminated;
