@@ -816,7 +816,7 @@ int ulp_archive_space(ulp_archive *a, ulp_space *out)
 	ulp_db_follow(a); /* gen.c invariant 3 */
 	ulp_space sp = {0};
 	char path[4400];
-	sp.disk_bytes = ulp_archive_disk_bytes(a);
+	sp.disk_bytes = du_bytes(a->dir, 0); /* (a bucket's: its local home, a cache) */
 	static const char *const idx[] = {"ulpack.db", "ulpack.db-wal", "ulpack.db-shm", "ulpack.reserve"};
 	for (size_t i = 0; i < sizeof(idx) / sizeof(idx[0]); i++) {
 		snprintf(path, sizeof(path), "%s/%s", a->dir, idx[i]);
