@@ -79,8 +79,8 @@ took=$(($(now_ms) - t0))
 	fail "getfattr user.ulpack.space took $took ms after SIGINT at 1 s (the deadline is 30 s)"
 
 # an interrupted read that needs the store: its pack evicted from the cache
-n=$(ls "$T"/rcache/s3/ckpt/run/reader/packs/*.pack 2> /dev/null | wc -l)
-rm -f "$T"/rcache/s3/ckpt/run/reader/packs/*.pack
+n=$(ls "$T"/rcache/s3/ckpt-*/reader/packs/*.pack 2> /dev/null | wc -l)
+rm -f "$T"/rcache/s3/ckpt-*/reader/packs/*.pack
 [ "$n" -gt 0 ] || fail "no pack in the reader's cache"
 t0=$(now_ms)
 timeout -s INT 1 cat "$M/$victim" > /dev/null 2> "$T/cat.err"
