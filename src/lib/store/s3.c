@@ -806,7 +806,7 @@ int ulp_s3_conf_load(ulp_s3_conf *c, const char *profile, ulp_err *e)
 				continue;
 			double d = strtod(v, &end);
 			if (end == v || *end || !(d > 0) || d > 86400) {
-				rc = ULP_ERR(e, -ULP_E_INVAL, "%s '%.32s' is not a number of seconds (0 to 86400)", names[i], v);
+				rc = ULP_ERR(e, -ULP_E_INVAL, "%s '%.32s' is not a number of seconds (more than 0, at most 86400)", names[i], v);
 				goto out;
 			}
 			unsigned ms = (unsigned)(d * 1000 + 0.5);
