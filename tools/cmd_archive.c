@@ -1350,7 +1350,7 @@ int cmd_stat(int argc, char **argv)
 			first = 0;
 		}
 		ulp_space sp;
-		char js[1024] = "null";
+		char js[2048] = "null";
 		if (ulp_archive_space(a, &sp) == 0)
 			ulp_space_json(&sp, js, sizeof(js));
 		printf("\n  },\n  \"space\": %s", js);
@@ -1569,13 +1569,19 @@ int cmd_gc(int argc, char **argv)
 	ulp_rebase_result rb1 = {0}, rb2 = {0};
 	ulp_space before, after;
 	int status = 0;
-	char js[1024], js2[1024];
+	char js[2048], js2[2048];
 	if (ulp_archive_space(a, &before) < 0) {
 		status = cli_fail("%s", ulp_archive_errmsg(a));
 	} else if (ao.dry_run) {
 		ulp_space_json(&before, js, sizeof(js));
 		if (ao.json)
 			printf("{\"dry_run\": true, \"space\": %s}\n", js);
+		else if (before.in_bucket)
+			printf("dry run: %llu of %llu bytes in the bucket reclaimable (%llu live; %llu in packs no generation"
+			       " names); %llu re-codes pending; local cache %llu bytes\n",
+			       (unsigned long long)before.reclaimable_bytes, (unsigned long long)before.bucket_bytes,
+			       (unsigned long long)before.live_bytes, (unsigned long long)before.bucket_unnamed_bytes,
+			       (unsigned long long)before.pending_recodes, (unsigned long long)before.disk_bytes);
 		else
 			printf("dry run: %llu of %llu bytes on disk reclaimable (%llu live); %llu re-codes pending\n",
 			       (unsigned long long)before.reclaimable_bytes, (unsigned long long)before.disk_bytes,
@@ -1604,11 +1610,12 @@ int cmd_gc(int argc, char **argv)
 			       (unsigned long long)r.blobs_rebased, js, js2);
 		} else {
 			printf("gc: %llu blobs dropped, %llu packs removed, %llu rewritten, %llu bytes reclaimed,"
-			       " %llu blobs re-based; disk %llu -> %llu bytes\n",
+			       " %llu blobs re-based; %s %llu -> %llu bytes\n",
 			       (unsigned long long)r.blobs_removed, (unsigned long long)r.packs_removed,
 			       (unsigned long long)r.packs_rewritten, (unsigned long long)r.bytes_reclaimed,
-			       (unsigned long long)r.blobs_rebased, (unsigned long long)before.disk_bytes,
-			       (unsigned long long)after.disk_bytes);
+			       (unsigned long long)r.blobs_rebased, before.in_bucket ? "bucket" : "disk",
+			       (unsigned long long)(before.in_bucket ? before.bucket_bytes : before.disk_bytes),
+			       (unsigned long long)(after.in_bucket ? after.bucket_bytes : after.disk_bytes));
 		}
 	}
 	ulp_archive_close(a);

@@ -112,9 +112,15 @@ int cli_print_space(ulp_archive *a, FILE *f)
 	ulp_space sp;
 	if (ulp_archive_space(a, &sp) < 0)
 		return 0;
-	fprintf(f, "disk: %llu bytes (packs %llu, index %llu, staging %llu); live %llu; reclaimable %llu"
+	/* an archive in a bucket: the bucket is the archive, the local home a cache */
+	if (sp.in_bucket)
+		fprintf(f, "bucket: %llu bytes (packs %llu in %llu objects, %llu of them in packs no generation names)\n",
+		        (unsigned long long)sp.bucket_bytes, (unsigned long long)sp.bucket_pack_bytes,
+		        (unsigned long long)sp.bucket_packs, (unsigned long long)sp.bucket_unnamed_bytes);
+	fprintf(f, "%s: %llu bytes (packs %llu, index %llu, staging %llu); live %llu; reclaimable %llu"
 	        " (%llu of %llu packs with nothing live, %llu under %u%% live); pending re-codes %llu\n",
-	        (unsigned long long)sp.disk_bytes, (unsigned long long)sp.pack_disk_bytes,
+	        sp.in_bucket ? "local cache" : "disk", (unsigned long long)sp.disk_bytes,
+	        (unsigned long long)sp.pack_disk_bytes,
 	        (unsigned long long)sp.index_bytes, (unsigned long long)sp.staging_bytes,
 	        (unsigned long long)sp.live_bytes, (unsigned long long)sp.reclaimable_bytes,
 	        (unsigned long long)sp.dead_packs, (unsigned long long)sp.packs,

@@ -34,6 +34,13 @@
  *     only adds what the writer archived, so they never hide a listed
  *     name. Only a read-only mount of an unshared archive caches misses
  *     (10 s).
+ *  7. Interrupts: every worker thread's library calls ask libfuse whether
+ *     the request it serves was interrupted (intr_on: ulp_set_interrupt
+ *     with fuse_interrupted), so a wait on an object store ends within
+ *     about a second of a FUSE_INTERRUPT (the program waiting got a
+ *     signal) and the request answers EINTR. Cached reads, lookups and
+ *     listings of an s3:// archive never wait on the bucket (the library's
+ *     poller looks for new generations in the background).
  */
 #define FUSE_USE_VERSION 312
 #include "config.h"
@@ -150,6 +157,23 @@ typedef struct handle {
 
 static void readahead_once(void);
 
+/* invariant 7: the thread's library calls end their waits when libfuse
+ * says the request it serves was interrupted (once per worker thread) */
+static int fuse_intr_check(void *arg)
+{
+	(void)arg;
+	return fuse_interrupted();
+}
+
+static void intr_on(void)
+{
+	static __thread int on;
+	if (!on) {
+		ulp_set_interrupt(fuse_intr_check, NULL);
+		on = 1;
+	}
+}
+
 static void *ulpfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 {
 	if (conn->capable & FUSE_CAP_ASYNC_READ)
@@ -248,6 +272,7 @@ static void latest_stat(const char *p, const char *target, struct stat *st)
 static int ulpfs_getattr(const char *path, struct stat *st, struct fuse_file_info *fi)
 {
 	readahead_once();
+	intr_on();
 	ulp_stat s;
 	int rc;
 	if (fi && fi->fh && H(fi)->sf)
@@ -289,6 +314,7 @@ static int ulpfs_readdir(const char *path, void *buf, fuse_fill_dir_t filler, of
 {
 	(void)off, (void)fi, (void)flags;
 	readahead_once();
+	intr_on();
 	if (!path)
 		return -ESTALE; /* invariant 3: a directory removed while open */
 	filler(buf, ".", NULL, 0, 0);
@@ -356,11 +382,13 @@ static int open_handle(const char *p, struct fuse_file_info *fi, const ulp_meta 
 static int ulpfs_open(const char *path, struct fuse_file_info *fi)
 {
 	readahead_once();
+	intr_on();
 	return open_handle(rel(path), fi, NULL);
 }
 
 static int ulpfs_create(const char *path, mode_t mode, struct fuse_file_info *fi)
 {
+	intr_on();
 	struct fuse_context *cx = fuse_get_context();
 	ulp_meta m = {mode & 07777, cx ? cx->uid : 0, cx ? cx->gid : 0, {0, 0}};
 	return open_handle(rel(path), fi, &m);
@@ -368,11 +396,13 @@ static int ulpfs_create(const char *path, mode_t mode, struct fuse_file_info *fi
 
 static int ulpfs_read(const char *path, char *buf, size_t size, off_t off, struct fuse_file_info *fi)
 {
+	intr_on();
 	handle *h = H(fi);
 	int64_t n = h->sf ? ulp_session_read(h->sf, buf, size, (uint64_t)off)
 	                  : ulp_file_pread(h->file, buf, size, (uint64_t)off);
 	if (n < 0) {
-		log_err("read", path ? path : "(unlinked file)", (int)n);
+		if (n != -ULP_E_INTR) /* (the reader gave up: nothing wrong) */
+			log_err("read", path ? path : "(unlinked file)", (int)n);
 		return err_of((int)n); /* a damaged blob: EIO, never wrong bytes */
 	}
 	return (int)n;
@@ -503,6 +533,7 @@ static int ulpfs_symlink(const char *target, const char *path)
 
 static int ulpfs_readlink(const char *path, char *buf, size_t size)
 {
+	intr_on();
 	int rc = ulp_archive_readlink(fs.a, rel(path), buf, size);
 	char target[ULP_NAME_MAX + 1];
 	if (rc == -ULP_E_NOENT && size > 0 && virtual_latest(rel(path), target, sizeof(target))) {
@@ -557,7 +588,9 @@ static int ulpfs_utimens(const char *path, const struct timespec tv[2], struct f
  * df of the mount: the size is what the archive takes on disk (ulp_archive_disk_bytes,
  * as du counts it) plus the space still available beside it, so that "Used"
  * is the archive's own disk use and "Avail" the file system's. Measured at
- * most once a second.
+ * most once a second. An s3:// archive's "Used" is its bucket's bytes (the
+ * library lists the bucket in the background, at most 30 s old; the local
+ * home is a cache), and "Avail" the local home's file system's.
  */
 static int ulpfs_statfs(const char *path, struct statvfs *st)
 {
@@ -566,6 +599,7 @@ static int ulpfs_statfs(const char *path, struct statvfs *st)
 	static uint64_t used;       /* its disk bytes (mu) */
 	(void)path;
 	readahead_once();
+	intr_on();
 	trim_packs(1);
 	if (statvfs(fs.home, st) < 0)
 		return -errno;
@@ -655,6 +689,7 @@ static int root_sync(char *value, size_t size)
 
 static int ulpfs_getxattr(const char *path, const char *name, char *value, size_t size)
 {
+	intr_on();
 	ulp_stat s;
 	char v[4400];
 	const char *p = rel(path);
@@ -740,6 +775,7 @@ static int ulpfs_getxattr(const char *path, const char *name, char *value, size_
 
 static int ulpfs_listxattr(const char *path, char *list, size_t size)
 {
+	intr_on();
 	ulp_stat s;
 	if (!rel(path)[0]) { /* the root: the counters (getxattr; user.ulpack.sync is an
 	                      * action, not listed: getfattr -d must not wait) */

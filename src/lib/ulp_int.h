@@ -61,6 +61,16 @@ int ulp_msgs_set(ulp_msgs *m, int code, const char *file, int line, const char *
 /* "path: what: strerror(e)", its code ulp_errno_code(e) */
 int ulp_msgs_errno(ulp_msgs *m, int e, const char *file, int line, const char *path, const char *what);
 const char *ulp_msgs_get(ulp_msgs *m);
+/* The calling thread's interrupt check (ulp_set_interrupt; util/err.c):
+ * ulp_interrupted is 1 where it says the wait should end. A thread that
+ * works for another (a parallel fetch) installs the other's with
+ * ulp_set_interrupt(saved.check, saved.arg) or a check of its own. */
+typedef struct ulp_intr {
+	int (*check)(void *arg);
+	void *arg;
+} ulp_intr;
+void ulp_interrupt_get(ulp_intr *out);
+int ulp_interrupted(void);
 #define ULP_CORRUPT(e, ...) ULP_ERR((e), -ULP_E_CORRUPT, __VA_ARGS__)
 
 /* The n bytes at s as text for a message (out, cap bytes, NUL-terminated;

@@ -57,6 +57,7 @@ enum {
 	ULP_E_NOTDIR,      /* a directory was needed */
 	ULP_E_ISDIR,       /* is a directory */
 	ULP_E_FENCED,      /* this writer lost a shared archive's lease to another */
+	ULP_E_INTR,        /* the call was interrupted (ulp_set_interrupt) */
 	ULP_E__COUNT
 };
 
@@ -64,6 +65,14 @@ enum {
 const char *ulp_strerror(int rc);
 /** errno value (positive) for a ULP_E_* code: CORRUPT/CHECKSUM -> EIO, ... */
 int ulp_to_errno(int rc);
+/** Interrupting a wait (an archive in an object store): the calling
+ *  thread's later calls ask check(arg) about once a second (at most every
+ *  100 ms) while they wait on the store (a request, a pause between
+ *  retries); a non-zero answer ends the wait and the call fails with
+ *  -ULP_E_INTR (errno EINTR). check NULL: none (the default). Per thread;
+ *  ulpackfs passes libfuse's fuse_interrupted(), so that a FUSE interrupt
+ *  (the program waiting on the mount got a signal) ends the request. */
+void ulp_set_interrupt(int (*check)(void *arg), void *arg);
 
 /* ---- dtypes ------------------------------------------------------------- */
 
@@ -509,13 +518,29 @@ typedef struct ulp_space {
 	uint64_t packs, dead_packs, sparse_packs; /* packs; with nothing live; under the threshold */
 	uint64_t pending_recodes;   /* files queued for re-basing (a newer step arrived,
 	                               a rename) and tensors coded against removed steps */
+	/* An archive in an object store ("s3://..."): the disk figures above are
+	 * its local home's (a cache of packs and generations); the archive is
+	 * the bucket's objects, listed: */
+	int in_bucket;              /* 1: an archive in a bucket (the fields below set) */
+	uint64_t bucket_bytes;      /* every object under the archive's prefix */
+	uint64_t bucket_pack_bytes; /* of which the packs (PREFIX/packs/) */
+	uint64_t bucket_packs;      /* pack objects */
+	uint64_t bucket_unnamed_bytes; /* of which packs the index does not name (dropped:
+	                               reclaimable_bytes counts them, gc removes them once
+	                               past the grace) */
 } ulp_space;
 /** Measures the archive's disk use (a walk of its directory and index
- *  queries; read-only archives too). */
+ *  queries; read-only archives too; an archive in a bucket: a listing of
+ *  the bucket too). */
 int ulp_archive_space(ulp_archive *a, ulp_space *out);
-/** Its disk_bytes alone: the walk of the directory, no index query (df). */
+/** Its disk_bytes alone: the walk of the directory, no index query (df).
+ *  An archive in a bucket: the bucket's bytes (bucket_bytes) as listed at
+ *  most 30 s before, the listing made in the background (the figure of
+ *  the last one meanwhile; before the first, at most 2 s waited for it,
+ *  then the local home's). */
 uint64_t ulp_archive_disk_bytes(ulp_archive *a);
-/** sp as one JSON object ({"disk_bytes": ..., ...}, every field) into
+/** sp as one JSON object ({"disk_bytes": ..., ...}, every field; the
+ *  bucket_* ones only where in_bucket) into
  *  dst[cap], NUL-terminated: the form of `ulpack stat --json`'s "space", of
  *  `ulpack gc --json` and of the mount root's user.ulpack.space.
  *  @return its length (truncated if >= cap). */

@@ -107,6 +107,7 @@ struct s3mock {
 	unsigned upload_seq;
 	char *key_id;
 	int fail_n, fail_status, drop_n;
+	int hang; /* s3mock_hang */
 	unsigned stall;
 	unsigned long counts[K_N], total;
 	unsigned long req_seq;
@@ -1588,7 +1589,14 @@ static void *conn_main(void *arg)
 		pthread_mutex_lock(&m->lock);
 		m->counts[q.kind]++;
 		m->total++;
-		if (m->drop_n > 0) {
+		if (m->hang) {
+			drop = 1; /* held, unanswered, until the hang ends */
+			while (m->hang && !m->stopping) {
+				pthread_mutex_unlock(&m->lock);
+				sleep_ms(10);
+				pthread_mutex_lock(&m->lock);
+			}
+		} else if (m->drop_n > 0) {
 			m->drop_n--;
 			drop = 1;
 		} else if (m->fail_n > 0) {
@@ -1950,4 +1958,11 @@ int s3mock_delete_object(s3mock *m, const char *path)
 	}
 	pthread_mutex_unlock(&m->lock);
 	return rc;
+}
+
+void s3mock_hang(s3mock *m, int on)
+{
+	pthread_mutex_lock(&m->lock);
+	m->hang = on;
+	pthread_mutex_unlock(&m->lock);
 }

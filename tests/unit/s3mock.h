@@ -75,6 +75,11 @@ void s3mock_drop_next(s3mock *m, int n);
 int s3mock_corrupt(s3mock *m, const char *path, uint64_t offset);
 /* Every answer waits ms milliseconds after its request was read (0: none). */
 void s3mock_stall_ms(s3mock *m, unsigned ms);
+/* on: a hung store (not refusing, silent): connections are accepted and
+ * requests read, and none is answered; each request held is dropped (the
+ * connection closed, no answer) once the hang is lifted (on 0) or the mock
+ * stops. */
+void s3mock_hang(s3mock *m, int on);
 
 /* Requests whose head arrived (faulted ones included), by kind: "PUT",
  * "GET" (an object), "LIST" (a GET of a bucket), "HEAD", "DELETE", "POST",

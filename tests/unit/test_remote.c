@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define URL "s3://ckpt/a"
@@ -1005,6 +1006,111 @@ static void test_two_endpoints(void)
 	s3mock_stop(other);
 }
 
+/* ---- issue 34 items 6 and 11 ------------------------------------------------- */
+
+static double mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int count_entry(void *arg, const char *name, const ulp_stat *st)
+{
+	(void)name, (void)st;
+	(*(int *)arg)++;
+	return 0;
+}
+
+/* A JSON number field of ulp_space_json's object: 1 and *v, or 0. */
+static int json_u64(const char *js, const char *name, uint64_t *v)
+{
+	char key[80];
+	snprintf(key, sizeof(key), "\"%s\": ", name);
+	const char *p = strstr(js, key);
+	unsigned long long x;
+	if (!p || sscanf(p + strlen(key), "%llu", &x) != 1)
+		return 0;
+	*v = x;
+	return 1;
+}
+
+/* 10 (item 11): the space figures are the bucket's, beside the local
+ * cache's: a pack object no generation names counts as reclaimable, and
+ * df's figure (ulp_archive_disk_bytes) is the bucket's bytes. */
+static void test_space(void)
+{
+	char err[512], js[2048];
+	int rc;
+	enum { DROPPED = 1 << 20 };
+	uint8_t *junk = calloc(1, DROPPED);
+	REQUIRE(junk, "calloc");
+	static const char dropped[] = "ckpt/a/packs/"
+	                              "00000000000000000000000000000000000000000000000000000000deadbeef.pack";
+	REQUIRE(s3mock_put_object(mock, dropped, junk, DROPPED) == 0, "a dropped pack in the bucket");
+	free(junk);
+	ulp_archive *r = open_as("r10", 1, 0, 0, err, &rc);
+	REQUIRE(r, "reader: %d %s", rc, err);
+	ulp_space sp;
+	memset(&sp, 0, sizeof(sp));
+	rc = ulp_archive_space(r, &sp);
+	CHECK(rc == 0, "space: %d %s", rc, rc ? ulp_archive_errmsg(r) : "");
+	ulp_space_json(&sp, js, sizeof(js));
+	diag("space: %s", js);
+	uint64_t bb = 0, bpb = 0, bp = 0, bun = 0, recl = 0, pack = 0, disk = 0;
+	int has = json_u64(js, "bucket_bytes", &bb) && json_u64(js, "bucket_pack_bytes", &bpb) &&
+	          json_u64(js, "bucket_packs", &bp) && json_u64(js, "bucket_unnamed_bytes", &bun);
+	json_u64(js, "reclaimable_bytes", &recl);
+	json_u64(js, "pack_bytes", &pack);
+	json_u64(js, "disk_bytes", &disk);
+	CHECK(has, "the JSON has the bucket's figures beside the local ones");
+	CHECK(bpb >= pack + DROPPED && bb > bpb && bp >= 3, "the bucket's bytes: %" PRIu64 " in all, %" PRIu64
+	      " in %" PRIu64 " packs (the index names %" PRIu64 ")", bb, bpb, bp, pack);
+	/* (and what the fenced writers of tests 6 and 7 uploaded) */
+	CHECK(bun >= DROPPED && recl >= bun, "the pack no generation names is reclaimable: %" PRIu64 " unnamed (%" PRIu64
+	      " dropped here), %" PRIu64 " reclaimable", bun, (uint64_t)DROPPED, recl);
+	CHECK(disk < bb, "the local home (%" PRIu64 " bytes, nothing read yet) is not the archive's size", disk);
+	uint64_t df = ulp_archive_disk_bytes(r);
+	CHECK(df == bb, "df's figure is the bucket's: %" PRIu64 " (bucket %" PRIu64 ")", df, bb);
+	ulp_archive_close(r);
+	s3mock_delete_object(mock, dropped);
+}
+
+/* 11 (item 6): a hung store (silent, not refusing) never holds up a reader
+ * whose packs are all cached: reads, lookups and listings go on with the
+ * generation it follows while its poll of CURRENT waits in the background;
+ * the close ends that wait at once. */
+static void test_hang(void)
+{
+	char err[512];
+	int rc;
+	ulp_archive *r = open_as("r11", 1, 0, 0, err, &rc);
+	REQUIRE(r, "reader: %d %s", rc, err);
+	CHECK(read_back(r, "before the hang") == n_files, "every file read (and cached)");
+	uint64_t gen = gen_of(r).gen;
+	s3mock_hang(mock, 1);
+	usleep(120000); /* a poll is due (poll_ms 50) */
+	double t0 = mono_ms();
+	int ok = 1;
+	for (int round = 0; round < 3; round++) {
+		int n = 0;
+		ok &= read_back(r, "hung store") == n_files;
+		ok &= ulp_archive_readdir(r, "notes", count_entry, &n) == 0 && n >= 3;
+		ok &= exists(r, "run/checkpoint-1/model.safetensors");
+		ok &= !exists(r, "notes/none");
+		usleep(100000); /* the next poll due */
+	}
+	double took = mono_ms() - t0;
+	CHECK(ok, "with the store hung, every cached file reads, lists and stats");
+	CHECK(took < 2500, "within a second or two: %.0f ms (3 rounds, 300 ms of them sleeps)", took);
+	CHECK(gen_of(r).gen == gen, "on the generation it followed (%" PRIu64 ")", gen);
+	t0 = mono_ms();
+	ulp_archive_close(r);
+	took = mono_ms() - t0;
+	CHECK(took < 2500, "the close ends the background poll's wait: %.0f ms", took);
+	s3mock_hang(mock, 0);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "%s/ulp-remote-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -1040,6 +1146,8 @@ int main(void)
 	test_packs_removed();
 	test_home_checks();
 	test_two_endpoints();
+	test_space();
+	test_hang();
 	s3mock_stop(mock);
 	for (int i = 0; i < n_files; i++)
 		free(files[i].data);

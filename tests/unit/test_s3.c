@@ -17,6 +17,7 @@
 #include "store/s3.h"
 #include "s3mock.h"
 #include <arpa/inet.h>
+#include <errno.h>
 #include <openssl/evp.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -851,6 +852,133 @@ static void test_mock(void)
 	s3mock_stop(NULL);
 }
 
+/* ---- issue 34 item 6: a hung store ------------------------------------------ */
+
+/* The environment's time limits: a request to a store that accepts and
+ * never answers gives up within its deadline, tries and pauses included. */
+static void test_deadline(void)
+{
+	char msg[512], buf[64];
+	ulp_err e = {msg, sizeof(msg)};
+	s3mock *m = NULL;
+	ulp_s3_conf c;
+	REQUIRE(s3mock_start(&m) == 0, "s3mock_start");
+	clear_env();
+	setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent", 1);
+	setenv("AWS_CONFIG_FILE", "/nonexistent", 1);
+	setenv("AWS_ACCESS_KEY_ID", "testkey", 1);
+	setenv("AWS_SECRET_ACCESS_KEY", "SECRETSECRET", 1);
+	setenv("AWS_ENDPOINT_URL", s3mock_endpoint(m), 1);
+	setenv("ULPACK_S3_TIMEOUT", "nonsense", 1);
+	int rc = ulp_s3_conf_load(&c, NULL, &e);
+	CHECK(rc == -ULP_E_INVAL && strstr(msg, "ULPACK_S3_TIMEOUT"), "a bad ULPACK_S3_TIMEOUT is refused: %d %s", rc,
+	      rc ? msg : "");
+	if (rc == 0)
+		ulp_s3_conf_free(&c);
+	setenv("ULPACK_S3_TIMEOUT", "2", 1);
+	setenv("ULPACK_S3_STALL_TIMEOUT", "1", 1);
+	rc = ulp_s3_conf_load(&c, NULL, &e);
+	REQUIRE(rc == 0, "conf: %d %s", rc, msg);
+	ulp_s3 *s = NULL;
+	rc = ulp_s3_open(&c, "ckpt", &s, &e);
+	ulp_s3_conf_free(&c);
+	REQUIRE(rc == 0, "open: %d %s", rc, msg);
+	REQUIRE(ulp_s3_bucket_create(s, &e) == 0 && ulp_s3_put(s, "k", "hello", 5, &e) == 0, "put: %s", msg);
+	s3mock_hang(m, 1);
+	double t0 = now_ms();
+	size_t n = 0;
+	rc = ulp_s3_get(s, "k", buf, sizeof(buf), &n, NULL, &e);
+	double took = now_ms() - t0;
+	CHECK(rc == -ULP_E_IO && strstr(msg, "s3://ckpt/k"), "a hung store: the GET fails: %d %s", rc, msg);
+	CHECK(took >= 900 && took < 3500, "within its deadline (2 s): %.0f ms", took);
+	s3mock_hang(m, 0);
+	rc = ulp_s3_get(s, "k", buf, sizeof(buf), &n, NULL, &e);
+	CHECK(rc == 0 && n == 5 && !memcmp(buf, "hello", 5), "and works again once it answers: %d %s", rc, rc ? msg : "");
+	ulp_s3_close(s);
+	unsetenv("ULPACK_S3_TIMEOUT");
+	unsetenv("ULPACK_S3_STALL_TIMEOUT");
+	clear_env();
+	unsetenv("AWS_SHARED_CREDENTIALS_FILE");
+	unsetenv("AWS_CONFIG_FILE");
+	s3mock_stop(m);
+}
+
+static int flag_set(void *arg)
+{
+	return __atomic_load_n((int *)arg, __ATOMIC_RELAXED);
+}
+
+struct raiser {
+	int *flag;
+	unsigned after_ms;
+};
+
+static void *raise_later(void *arg)
+{
+	struct raiser *r = arg;
+	usleep(r->after_ms * 1000);
+	__atomic_store_n(r->flag, 1, __ATOMIC_RELAXED);
+	return NULL;
+}
+
+/* The thread's interrupt check ends a request on a hung store early, and a
+ * pause between tries too. */
+static void test_interrupt(void)
+{
+	char msg[512], buf[64];
+	ulp_err e = {msg, sizeof(msg)};
+	s3mock *m = NULL;
+	REQUIRE(s3mock_start(&m) == 0, "s3mock_start");
+	ulp_s3 *s = mock_client(m, "ckpt", "testkey", &e);
+	REQUIRE(s, "client: %s", msg);
+	REQUIRE(ulp_s3_bucket_create(s, &e) == 0 && ulp_s3_put(s, "k", "hello", 5, &e) == 0, "put: %s", msg);
+	int flag = 0;
+	pthread_t th;
+	struct raiser ra = {&flag, 300};
+	ulp_set_interrupt(flag_set, &flag);
+	s3mock_hang(m, 1);
+	REQUIRE(pthread_create(&th, NULL, raise_later, &ra) == 0, "thread");
+	double t0 = now_ms();
+	size_t n = 0;
+	int rc = ulp_s3_get(s, "k", buf, sizeof(buf), &n, NULL, &e);
+	double took = now_ms() - t0;
+	pthread_join(th, NULL);
+	CHECK(rc == -ULP_E_INTR && strstr(msg, "interrupted") && strstr(msg, "s3://ckpt/k"),
+	      "the check ends a hung GET: %d %s", rc, msg);
+	CHECK(took >= 250 && took < 1800, "soon after it is raised (300 ms): %.0f ms", took);
+	CHECK(ulp_to_errno(rc) == EINTR, "as EINTR");
+	s3mock_hang(m, 0);
+	/* raised already: the next request does not start */
+	rc = ulp_s3_head(s, "k", NULL, NULL, &e);
+	CHECK(rc == -ULP_E_INTR, "a request after it is raised stops at once: %d %s", rc, msg);
+	/* the pauses between tries: 503s with a long backoff */
+	ulp_set_interrupt(NULL, NULL);
+	rc = ulp_s3_head(s, "k", NULL, NULL, &e);
+	CHECK(rc == 0, "no check: the request works: %d %s", rc, rc ? msg : "");
+	ulp_s3_close(s);
+	ulp_s3_conf c = {0};
+	c.endpoint = (char *)s3mock_endpoint(m);
+	c.region = (char *)"us-east-1";
+	c.access_key = (char *)"testkey";
+	c.secret_key = (char *)"SECRETSECRET";
+	c.max_tries = 5;
+	c.backoff_ms = 4000;
+	REQUIRE(ulp_s3_open(&c, "ckpt", &s, &e) == 0, "client: %s", msg);
+	flag = 0;
+	ulp_set_interrupt(flag_set, &flag);
+	s3mock_fail_next(m, 5, 503);
+	REQUIRE(pthread_create(&th, NULL, raise_later, &ra) == 0, "thread");
+	t0 = now_ms();
+	rc = ulp_s3_head(s, "k", NULL, NULL, &e);
+	took = now_ms() - t0;
+	pthread_join(th, NULL);
+	CHECK(rc == -ULP_E_INTR && took < 1500, "a pause between tries is cut short: %d in %.0f ms: %s", rc, took, msg);
+	ulp_set_interrupt(NULL, NULL);
+	s3mock_fail_next(m, 0, 503);
+	ulp_s3_close(s);
+	s3mock_stop(m);
+}
+
 int main(void)
 {
 	test_encode();
@@ -860,5 +988,7 @@ int main(void)
 	test_headers();
 	test_wire();
 	test_mock();
+	test_deadline();
+	test_interrupt();
 	return tap_done();
 }

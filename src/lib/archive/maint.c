@@ -48,6 +48,7 @@
  *     index's order (step order), after all are checked.
  */
 #include "store/shared.h"
+#include "store/remote.h"
 #include <dirent.h>
 #include <errno.h>
 #include <openssl/evp.h>
@@ -777,7 +778,37 @@ static uint64_t du_bytes(const char *path, int depth)
 
 uint64_t ulp_archive_disk_bytes(ulp_archive *a)
 {
+	if (!a->rm)
+		return du_bytes(a->dir, 0);
+	/* the bucket's bytes, never waited for long (ulpackfs's statfs) */
+	ulp_remote_usage u;
+	if (ulp_remote_usage_cached(a->rm, 30000, &u))
+		return u.bytes;
+	int any = ulp_remote_usage_cached(a->rm, INT64_MAX / 2, &u);
+	ulp_gen_usage_refresh(a, any ? 0 : 2000);
+	if (any || ulp_remote_usage_cached(a->rm, INT64_MAX / 2, &u))
+		return u.bytes;
 	return du_bytes(a->dir, 0);
+}
+
+typedef struct unnamed {
+	ulp_archive *a;
+	uint64_t bytes;
+} unnamed;
+
+/* a pack object of the bucket: counted where the index does not name it */
+static int unnamed_pack(void *arg, const char *name, uint64_t size)
+{
+	unnamed *u = arg;
+	size_t l = strlen(name);
+	if (l < 6 || strcmp(name + l - 5, ".pack"))
+		return 0;
+	int has = ulp_index_has_pack(u->a, name);
+	if (has < 0)
+		return has;
+	if (!has)
+		u->bytes += size;
+	return 0;
 }
 
 int ulp_archive_space(ulp_archive *a, ulp_space *out)
@@ -785,7 +816,7 @@ int ulp_archive_space(ulp_archive *a, ulp_space *out)
 	ulp_gen_follow(a); /* gen.c invariant 3 */
 	ulp_space sp = {0};
 	char path[4400];
-	sp.disk_bytes = ulp_archive_disk_bytes(a);
+	sp.disk_bytes = du_bytes(a->dir, 0); /* (a bucket's: its local home, a cache) */
 	static const char *const idx[] = {"ulpack.db", "ulpack.db-wal", "ulpack.db-shm", "ulpack.reserve"};
 	for (size_t i = 0; i < sizeof(idx) / sizeof(idx[0]); i++) {
 		snprintf(path, sizeof(path), "%s/%s", a->dir, idx[i]);
@@ -802,21 +833,42 @@ int ulp_archive_space(ulp_archive *a, ulp_space *out)
 	uint64_t named = sp.pack_bytes + (sp.packs + 1) * 4096, held = sp.live_bytes + sp.packs * ULP_PACK_HEADER;
 	sp.reclaimable_bytes = (sp.pack_bytes > held ? sp.pack_bytes - held : 0) +
 	                       (sp.pack_disk_bytes > named ? sp.pack_disk_bytes - named : 0);
+	if (a->rm) {
+		/* the archive is the bucket: its packs no generation of the index
+		 * names are what gc gives back (the local packs/ is a cache of named
+		 * ones, the term above 0) */
+		ulp_remote_usage ru;
+		unnamed un = {a, 0};
+		ULP_TRY(ulp_remote_usage_list(a, &ru, unnamed_pack, &un));
+		sp.in_bucket = 1;
+		sp.bucket_bytes = ru.bytes;
+		sp.bucket_pack_bytes = ru.pack_bytes;
+		sp.bucket_packs = ru.packs;
+		sp.bucket_unnamed_bytes = un.bytes;
+		sp.reclaimable_bytes = (sp.pack_bytes > held ? sp.pack_bytes - held : 0) + un.bytes;
+	}
 	*out = sp;
 	return 0;
 }
 
 int ulp_space_json(const ulp_space *sp, char *dst, size_t cap)
 {
+	char bucket[256] = "";
+	if (sp->in_bucket)
+		snprintf(bucket, sizeof(bucket),
+		         ", \"bucket_bytes\": %llu, \"bucket_pack_bytes\": %llu, \"bucket_packs\": %llu,"
+		         " \"bucket_unnamed_bytes\": %llu",
+		         (unsigned long long)sp->bucket_bytes, (unsigned long long)sp->bucket_pack_bytes,
+		         (unsigned long long)sp->bucket_packs, (unsigned long long)sp->bucket_unnamed_bytes);
 	return snprintf(dst, cap,
 	                "{\"disk_bytes\": %llu, \"index_bytes\": %llu, \"pack_disk_bytes\": %llu,"
 	                " \"staging_bytes\": %llu, \"pack_bytes\": %llu, \"live_bytes\": %llu,"
 	                " \"reclaimable_bytes\": %llu, \"packs\": %llu, \"dead_packs\": %llu,"
-	                " \"sparse_packs\": %llu, \"pending_recodes\": %llu}",
+	                " \"sparse_packs\": %llu, \"pending_recodes\": %llu%s}",
 	                (unsigned long long)sp->disk_bytes, (unsigned long long)sp->index_bytes,
 	                (unsigned long long)sp->pack_disk_bytes, (unsigned long long)sp->staging_bytes,
 	                (unsigned long long)sp->pack_bytes, (unsigned long long)sp->live_bytes,
 	                (unsigned long long)sp->reclaimable_bytes, (unsigned long long)sp->packs,
 	                (unsigned long long)sp->dead_packs, (unsigned long long)sp->sparse_packs,
-	                (unsigned long long)sp->pending_recodes);
+	                (unsigned long long)sp->pending_recodes, bucket);
 }

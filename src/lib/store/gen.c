@@ -39,6 +39,15 @@
  *     whole when there is no base or the patch would exceed a quarter of
  *     the index (or 256 KiB), so that a reader's memory for a patch stays
  *     below that.
+ *  9. A reader of a bucket never waits on the bucket in a read, a lookup or
+ *     a listing (issue 34 item 6): ulp_gen_poll only wakes the handle's
+ *     background thread (the poller, started in the process that asks, as
+ *     the renewer), which reads CURRENT, fetches a newer generation whole
+ *     and follows it; reads meanwhile are served by the generation
+ *     followed. The same thread lists the bucket when asked (the figures of
+ *     df, ulp_gen_usage_refresh). It runs no index statement, and its
+ *     requests end within about a second of the close (its interrupt check
+ *     is poller_stop).
  */
 #include "shared.h"
 #include "remote.h"
@@ -276,6 +285,8 @@ int ulp_gen_oldest(ulp_archive *a, uint64_t *oldest)
 	return 0;
 }
 
+static void poller_stop(ulp_archive *a);
+
 int ulp_shared_new(ulp_archive *a, const ulp_archive_opts *o, int writer)
 {
 	ulp_shared *sh = calloc(1, sizeof(*sh));
@@ -295,6 +306,7 @@ int ulp_shared_new(ulp_archive *a, const ulp_archive_opts *o, int writer)
 	pthread_mutex_init(&sh->mu, NULL);
 	pthread_mutex_init(&sh->pub_mu, NULL);
 	pthread_cond_init(&sh->cv, NULL);
+	pthread_cond_init(&sh->poll_cv, NULL);
 	sh->published_changes = UINT64_MAX; /* the first publication always happens */
 	a->sh = sh;
 	return 0;
@@ -305,6 +317,7 @@ void ulp_shared_free(ulp_archive *a)
 	ulp_shared *sh = a->sh;
 	if (!sh)
 		return;
+	poller_stop(a);
 	ulp_lease_give_back(a); /* joins the renewer */
 	ulp_shared_forget_retained(a); /* (what was not published stays for the next writer) */
 	if (a->live && !__atomic_load_n(&sh->opened, __ATOMIC_ACQUIRE)) {
@@ -321,6 +334,7 @@ void ulp_shared_free(ulp_archive *a)
 	pthread_mutex_destroy(&sh->mu);
 	pthread_mutex_destroy(&sh->pub_mu);
 	pthread_cond_destroy(&sh->cv);
+	pthread_cond_destroy(&sh->poll_cv);
 	free(sh);
 	a->sh = NULL;
 }
@@ -626,8 +640,118 @@ int ulp_gen_reader_open(ulp_archive *a, ulp_err *err)
 	return 0;
 }
 
+/* A look at CURRENT, and a newer generation followed (invariant 2). */
+static void poll_now(ulp_archive *a)
+{
+	ulp_shared *sh = a->sh;
+	current c;
+	char msg[512];
+	ulp_err e = {msg, sizeof(msg)};
+	if ((a->rm ? remote_current(a, &c, NULL, &e) : best_current(a->dir, &c, &e)) < 0)
+		return; /* the generation followed stays */
+	pthread_mutex_lock(&sh->mu);
+	int newer = c.epoch >= sh->gen_epoch && c.gen > sh->gen;
+	pthread_mutex_unlock(&sh->mu);
+	if (newer && (!a->rm || fetch_gen(a, &c, &e) == 0) && follow(a, &c, &e) == 0 && a->rm)
+		drop_fetched(a, &c); /* (a generation not whole yet: the next poll) */
+}
+
+/* ---- the background thread of an archive in a bucket (invariant 9) -------- */
+
+static int poller_stopped(void *arg)
+{
+	ulp_shared *sh = arg;
+	pthread_mutex_lock(&sh->mu);
+	int stop = sh->poller_stop;
+	pthread_mutex_unlock(&sh->mu);
+	return stop;
+}
+
+static void *poller(void *arg)
+{
+	ulp_archive *a = arg;
+	ulp_shared *sh = a->sh;
+	ulp_set_interrupt(poller_stopped, sh); /* the close ends its requests */
+	pthread_mutex_lock(&sh->mu);
+	for (;;) {
+		while (!sh->poller_stop && !sh->poll_wanted && !sh->usage_wanted)
+			pthread_cond_wait(&sh->poll_cv, &sh->mu);
+		if (sh->poller_stop)
+			break;
+		int poll = sh->poll_wanted, usage = sh->usage_wanted;
+		sh->poll_wanted = sh->usage_wanted = 0;
+		pthread_mutex_unlock(&sh->mu);
+		if (poll)
+			poll_now(a);
+		if (usage) {
+			ulp_remote_usage u;
+			ulp_remote_usage_list(a, &u, NULL, NULL); /* (a failure: the last figures stay) */
+		}
+		pthread_mutex_lock(&sh->mu);
+		if (usage) {
+			sh->usage_rounds++;
+			pthread_cond_broadcast(&sh->poll_cv);
+		}
+	}
+	pthread_mutex_unlock(&sh->mu);
+	return NULL;
+}
+
+/* Wakes the poller (started first where this process has none) for a poll
+ * or a listing. */
+static void poller_kick(ulp_archive *a, int poll, int usage)
+{
+	ulp_shared *sh = a->sh;
+	long me = (long)getpid();
+	pthread_mutex_lock(&sh->mu);
+	if (sh->poller_pid != me && !sh->poller_stop && pthread_create(&sh->poller, NULL, poller, a) == 0)
+		__atomic_store_n(&sh->poller_pid, me, __ATOMIC_RELEASE);
+	sh->poll_wanted |= poll;
+	sh->usage_wanted |= usage;
+	pthread_cond_broadcast(&sh->poll_cv);
+	pthread_mutex_unlock(&sh->mu);
+}
+
+static void poller_stop(ulp_archive *a)
+{
+	ulp_shared *sh = a->sh;
+	pthread_mutex_lock(&sh->mu);
+	sh->poller_stop = 1;
+	pthread_cond_broadcast(&sh->poll_cv);
+	int mine = sh->poller_pid == (long)getpid();
+	pthread_mutex_unlock(&sh->mu);
+	if (mine)
+		pthread_join(sh->poller, NULL);
+}
+
+void ulp_gen_usage_refresh(ulp_archive *a, unsigned wait_ms)
+{
+	ulp_shared *sh = a->sh;
+	if (!sh || !a->rm)
+		return;
+	pthread_mutex_lock(&sh->mu);
+	uint64_t before = sh->usage_rounds;
+	pthread_mutex_unlock(&sh->mu);
+	poller_kick(a, 0, 1);
+	if (!wait_ms)
+		return;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += wait_ms / 1000;
+	ts.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&sh->mu);
+	while (sh->usage_rounds == before && !sh->poller_stop)
+		if (pthread_cond_timedwait(&sh->poll_cv, &sh->mu, &ts) != 0)
+			break;
+	pthread_mutex_unlock(&sh->mu);
+}
+
 /* A reader looks at CURRENT when its poll interval has passed (force: now),
- * one thread at a time, and follows a newer generation (invariant 2). */
+ * one thread at a time; in a bucket, its poller looks (invariant 9). */
 void ulp_gen_poll(ulp_archive *a, int force)
 {
 	ulp_shared *sh = a->sh;
@@ -639,16 +763,10 @@ void ulp_gen_poll(ulp_archive *a, int force)
 	if (!__atomic_compare_exchange_n(&sh->next_poll_ms, &due, now + sh->poll_ms, 0, __ATOMIC_RELAXED,
 	                                 __ATOMIC_RELAXED))
 		return; /* another thread looks */
-	current c;
-	char msg[512];
-	ulp_err e = {msg, sizeof(msg)};
-	if ((a->rm ? remote_current(a, &c, NULL, &e) : best_current(a->dir, &c, &e)) < 0)
-		return; /* the generation followed stays */
-	pthread_mutex_lock(&sh->mu);
-	int newer = c.epoch >= sh->gen_epoch && c.gen > sh->gen;
-	pthread_mutex_unlock(&sh->mu);
-	if (newer && (!a->rm || fetch_gen(a, &c, &e) == 0) && follow(a, &c, &e) == 0 && a->rm)
-		drop_fetched(a, &c); /* (a generation not whole yet: the next poll) */
+	if (a->rm)
+		poller_kick(a, 1, 0);
+	else
+		poll_now(a);
 }
 
 void ulp_gen_follow(ulp_archive *a)

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static void key_of(const ulp_remote *rm, const char *rel, char *key, size_t cap)
@@ -516,10 +517,26 @@ typedef struct fetch {
 	int fd;
 	uint64_t size;
 	pthread_mutex_t mu;
+	pthread_cond_t cv; /* with mu: a helper ended */
 	uint64_t next;  /* guarded by mu: the next part's offset */
 	int rc;         /* guarded by mu: the first error */
 	char msg[1024]; /* guarded by mu: its message */
+	int running;    /* guarded by mu: helpers not ended yet */
+	int cancel;     /* atomic: the caller was interrupted (its check said so) */
 } fetch;
+
+/* A helper's interrupt check: the caller's was (it waits and asks its
+ * own), or a part failed, so that the others stop too. */
+static int fetch_stopped(void *arg)
+{
+	fetch *f = arg;
+	if (__atomic_load_n(&f->cancel, __ATOMIC_RELAXED))
+		return 1;
+	pthread_mutex_lock(&f->mu);
+	int stop = f->rc < 0;
+	pthread_mutex_unlock(&f->mu);
+	return stop;
+}
 
 static void *fetch_main(void *arg)
 {
@@ -561,6 +578,18 @@ static void *fetch_main(void *arg)
 	return NULL;
 }
 
+static void *fetch_helper(void *arg)
+{
+	fetch *f = arg;
+	ulp_set_interrupt(fetch_stopped, f);
+	fetch_main(f);
+	pthread_mutex_lock(&f->mu);
+	f->running--;
+	pthread_cond_broadcast(&f->cv);
+	pthread_mutex_unlock(&f->mu);
+	return NULL;
+}
+
 int ulp_remote_fetch(ulp_archive *a, const char *rel, const char *path, uint64_t size, uint64_t want)
 {
 	static unsigned counter;
@@ -593,15 +622,47 @@ int ulp_remote_fetch(ulp_archive *a, const char *rel, const char *path, uint64_t
 	if (f.fd < 0)
 		return ulp_arch_err(a, errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", tmp, strerror(errno));
 	pthread_mutex_init(&f.mu, NULL);
+	pthread_cond_init(&f.cv, NULL);
 	unsigned nt = (unsigned)ULP_MIN((size + FETCH_PART - 1) / FETCH_PART, FETCH_THREADS), started = 0;
 	pthread_t th[FETCH_THREADS];
-	for (unsigned i = 1; i < nt; i++)
-		if (pthread_create(&th[started], NULL, fetch_main, &f) == 0)
+	for (unsigned i = 1; i < nt; i++) {
+		pthread_mutex_lock(&f.mu);
+		f.running++;
+		pthread_mutex_unlock(&f.mu);
+		if (pthread_create(&th[started], NULL, fetch_helper, &f) == 0) {
 			started++;
-	fetch_main(&f); /* this thread too */
+		} else {
+			pthread_mutex_lock(&f.mu);
+			f.running--;
+			pthread_mutex_unlock(&f.mu);
+		}
+	}
+	fetch_main(&f); /* this thread too (its requests ask its own interrupt check) */
+	/* the helpers' requests ask fetch_stopped: while they run, this thread
+	 * asks its check for them */
+	pthread_mutex_lock(&f.mu);
+	while (f.running > 0) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 100000000L;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&f.cv, &f.mu, &ts);
+		if (f.running > 0 && !__atomic_load_n(&f.cancel, __ATOMIC_RELAXED)) {
+			pthread_mutex_unlock(&f.mu);
+			if (ulp_interrupted())
+				__atomic_store_n(&f.cancel, 1, __ATOMIC_RELAXED);
+			pthread_mutex_lock(&f.mu);
+		}
+	}
+	pthread_mutex_unlock(&f.mu);
 	for (unsigned i = 0; i < started; i++)
 		pthread_join(th[i], NULL);
+	pthread_cond_destroy(&f.cv);
 	pthread_mutex_destroy(&f.mu);
+	/* (f.rc 0: every part came, interrupted or not) */
 	rc = f.rc;
 	if (rc < 0)
 		ulp_arch_err(a, rc, "%s", f.msg);
@@ -692,4 +753,50 @@ int ulp_remote_list(ulp_archive *a, const char *rel_prefix, int (*cb)(void *arg,
 	if (rc == -ULP_E_NOENT)
 		return 0; /* no bucket: nothing in it */
 	return rc < 0 && msg[0] ? fail(a, rc, msg) : rc; /* (else cb's own, with its message) */
+}
+
+/* ---- what the bucket holds (issue 34 item 11) ------------------------------ */
+
+typedef struct usage_walk {
+	ulp_remote_usage u;
+	int (*cb)(void *arg, const char *name, uint64_t size);
+	void *arg;
+} usage_walk;
+
+static int usage_one(void *arg, const char *rel, uint64_t size)
+{
+	usage_walk *w = arg;
+	w->u.bytes += size;
+	if (strncmp(rel, "packs/", 6) || strchr(rel + 6, '/') || !rel[6])
+		return 0;
+	w->u.pack_bytes += size;
+	w->u.packs++;
+	return w->cb ? w->cb(w->arg, rel + 6, size) : 0;
+}
+
+int ulp_remote_usage_list(ulp_archive *a, ulp_remote_usage *u, int (*cb)(void *arg, const char *name, uint64_t size),
+                          void *arg)
+{
+	usage_walk w = {{0, 0, 0}, cb, arg};
+	int rc = ulp_remote_list(a, "", usage_one, &w);
+	if (rc != 0)
+		return rc;
+	ulp_remote *rm = a->rm;
+	int64_t now = ulp_mono_ms();
+	pthread_mutex_lock(&rm->mu);
+	rm->usage = w.u;
+	rm->usage_ms = now ? now : 1;
+	pthread_mutex_unlock(&rm->mu);
+	*u = w.u;
+	return 0;
+}
+
+int ulp_remote_usage_cached(ulp_remote *rm, int64_t max_age_ms, ulp_remote_usage *u)
+{
+	int64_t now = ulp_mono_ms();
+	pthread_mutex_lock(&rm->mu);
+	*u = rm->usage;
+	int fresh = rm->usage_ms && now - rm->usage_ms <= max_age_ms;
+	pthread_mutex_unlock(&rm->mu);
+	return fresh;
 }

@@ -66,6 +66,14 @@
 
 #define ULP_PACK_CACHE_DEFAULT ((uint64_t)8 << 30) /* a reader's pack cache, bytes */
 
+/* What the bucket holds under the prefix (issue 34 item 11): the archive's
+ * size, where the local home is only a cache. */
+typedef struct ulp_remote_usage {
+	uint64_t bytes;      /* every object */
+	uint64_t pack_bytes; /* of which the packs (PREFIX/packs/NAME) */
+	uint64_t packs;
+} ulp_remote_usage;
+
 struct ulp_remote {
 	ulp_s3 *s3;            /* set at open, read-only after (its own lock) */
 	char *url;             /* set at open, read-only after: s3://BUCKET/PREFIX */
@@ -86,6 +94,8 @@ struct ulp_remote {
 	                          object as this writer last wrote it */
 	uint64_t cached;       /* guarded by mu: bytes in packs/ (counted at open,
 	                          plus what was fetched or written since) */
+	ulp_remote_usage usage; /* guarded by mu: the bucket's figures as last listed */
+	int64_t usage_ms;      /* guarded by mu: monotonic time of that listing (0: none) */
 };
 
 /* 1 where s names an archive in an object store ("s3://..."). */
@@ -124,6 +134,15 @@ int ulp_remote_swap(ulp_archive *a, const char *rel, const char *p, size_t len, 
 int ulp_remote_delete(ulp_archive *a, const char *rel);
 int ulp_remote_list(ulp_archive *a, const char *rel_prefix, int (*cb)(void *arg, const char *rel, uint64_t size),
                     void *arg);
+
+/* Lists every object under the prefix into *u (and rm->usage), calling cb
+ * (may be NULL) with each pack's name (packs/ off) and size; a non-zero
+ * return of cb stops the walk and is returned. */
+int ulp_remote_usage_list(ulp_archive *a, ulp_remote_usage *u, int (*cb)(void *arg, const char *name, uint64_t size),
+                          void *arg);
+/* The figures of the last listing if it is at most max_age_ms old: 1 and
+ * *u, else 0 (*u: the last ones, or zeros). */
+int ulp_remote_usage_cached(ulp_remote *rm, int64_t max_age_ms, ulp_remote_usage *u);
 
 /* backend_s3.c: the pack store's backend over the bucket, with the local
  * pack cache packs/ (bounded by rm->cache_limit, LRU by mtime). */

@@ -91,3 +91,17 @@ int ulp_backend_s3_open(ulp_archive *a, const char *root, struct ulp_backend **o
 	(void)a, (void)root, (void)out;
 	return -ULP_E_UNSUPPORTED;
 }
+
+int ulp_remote_usage_list(ulp_archive *a, ulp_remote_usage *u, int (*cb)(void *arg, const char *name, uint64_t size),
+                          void *arg)
+{
+	(void)a, (void)u, (void)cb, (void)arg;
+	return -ULP_E_UNSUPPORTED;
+}
+
+int ulp_remote_usage_cached(ulp_remote *rm, int64_t max_age_ms, ulp_remote_usage *u)
+{
+	(void)rm, (void)max_age_ms;
+	memset(u, 0, sizeof(*u));
+	return 0;
+}

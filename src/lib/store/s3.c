@@ -778,6 +778,46 @@ int ulp_s3_conf_load(ulp_s3_conf *c, const char *profile, ulp_err *e)
 	else
 		TRY(conf_get(cfg, profile, "ca_bundle", &c->ca_bundle));
 #undef TRY
+	/* the numbers (s3.h): tries, and the time limits in seconds */
+	{
+		char *ma = NULL;
+		const char *v = envs("AWS_MAX_ATTEMPTS", NULL);
+		if (!v && conf_get(cfg, profile, "max_attempts", &ma) < 0)
+			goto nomem;
+		if (!v)
+			v = ma;
+		long n = 0;
+		char *end = NULL;
+		if (v)
+			n = strtol(v, &end, 10);
+		int bad = v && (end == v || *end || n < 1 || n > 100);
+		if (!bad && v)
+			c->max_tries = (int)n;
+		free(ma);
+		if (bad) {
+			rc = ULP_ERR(e, -ULP_E_INVAL, "AWS_MAX_ATTEMPTS (or max_attempts) '%.32s' is not a number of tries "
+			             "from 1 to 100", v);
+			goto out;
+		}
+		static const char *const names[3] = {"ULPACK_S3_CONNECT_TIMEOUT", "ULPACK_S3_STALL_TIMEOUT",
+		                                      "ULPACK_S3_TIMEOUT"};
+		for (int i = 0; i < 3; i++) {
+			if (!(v = envs(names[i], NULL)))
+				continue;
+			double d = strtod(v, &end);
+			if (end == v || *end || !(d > 0) || d > 86400) {
+				rc = ULP_ERR(e, -ULP_E_INVAL, "%s '%.32s' is not a number of seconds (more than 0, at most 86400)", names[i], v);
+				goto out;
+			}
+			unsigned ms = (unsigned)(d * 1000 + 0.5);
+			if (i == 0)
+				c->connect_timeout_ms = ms ? ms : 1;
+			else if (i == 1)
+				c->stall_s = ms < 1000 ? 1 : (ms + 999) / 1000;
+			else
+				c->deadline_ms = ms ? ms : 1;
+		}
+	}
 	if (!c->access_key || !c->secret_key) {
 		rc = ULP_ERR(e, -ULP_E_INVAL,
 		             "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give profile '%s' "
@@ -860,7 +900,9 @@ int ulp_s3_open(const ulp_s3_conf *c, const char *bucket, ulp_s3 **out, ulp_err 
 	if (!s->c.connect_timeout_ms)
 		s->c.connect_timeout_ms = 10000;
 	if (!s->c.stall_s)
-		s->c.stall_s = 30;
+		s->c.stall_s = 15;
+	if (!s->c.deadline_ms)
+		s->c.deadline_ms = 60000;
 	if (!s->c.multipart_threshold)
 		s->c.multipart_threshold = 64ull << 20;
 	if (!s->c.part_size)
@@ -939,7 +981,31 @@ typedef struct s3_req {
 	char crange[96];
 	int tries; /* how many were made */
 	int maybe_done; /* a try failed in a way the store may have acted on */
+	int64_t next_check_ms; /* monotonic: the next ask of the interrupt check */
+	int intr;              /* the interrupt check said stop */
 } s3_req;
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* libcurl's progress callback: the thread's interrupt check, at most every
+ * 100 ms (non-zero: the transfer ends, CURLE_ABORTED_BY_CALLBACK) */
+static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
+{
+	s3_req *r = arg;
+	(void)dt, (void)dn, (void)ut, (void)un;
+	int64_t now = mono_ms();
+	if (now < r->next_check_ms)
+		return 0;
+	r->next_check_ms = now + 100;
+	if (ulp_interrupted())
+		r->intr = 1;
+	return r->intr;
+}
 
 static size_t on_write(char *p, size_t sz, size_t nm, void *arg)
 {
@@ -1129,11 +1195,20 @@ int ulp_s3_debug_headers(ulp_s3 *s, const char *payload_hash, const char *if_mat
 	return 0;
 }
 
-static void pause_ms(unsigned ms)
+/* A pause of ms, in slices that ask the interrupt check: 1 if it said stop. */
+static int pause_ms(unsigned ms)
 {
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-		;
+	for (;;) {
+		if (ulp_interrupted())
+			return 1;
+		if (!ms)
+			return 0;
+		unsigned step = ms < 50 ? ms : 50;
+		struct timespec ts = {0, (long)step * 1000000L};
+		while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+			;
+		ms -= step;
+	}
 }
 
 /* "s3://bucket/key" for messages */
@@ -1166,6 +1241,9 @@ static int req_run(ulp_s3 *s, s3_req *r, ulp_err *e)
 	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)s->c.connect_timeout_ms);
 	curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
 	curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, (long)s->c.stall_s);
+	curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+	curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+	curl_easy_setopt(h, CURLOPT_XFERINFODATA, r);
 	if (s->c.ca_bundle)
 		curl_easy_setopt(h, CURLOPT_CAINFO, s->c.ca_bundle);
 	if (s->c.max_recv_speed)
@@ -1196,7 +1274,14 @@ static int req_run(ulp_s3 *s, s3_req *r, ulp_err *e)
 		         (unsigned long long)(r->r_off + r->out_cap - 1));
 		curl_easy_setopt(h, CURLOPT_RANGE, range);
 	}
+	/* the deadline: the configured time, and a second more per MiB moved */
+	uint64_t moved = r->ranged ? r->out_cap : r->up_len;
+	int64_t start = mono_ms(), deadline = start + (int64_t)s->c.deadline_ms + (int64_t)(moved >> 20) * 1000;
+	r->next_check_ms = 0;
+	r->intr = 0;
 	for (r->tries = 1;; r->tries++) {
+		int64_t left = deadline - mono_ms();
+		curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(left > 1 ? left : 1));
 		r->status = 0;
 		r->out_len = 0;
 		r->out_over = 0;
@@ -1232,6 +1317,9 @@ static int req_run(ulp_s3 *s, s3_req *r, ulp_err *e)
 				goto out;
 			}
 			r->maybe_done = 1;
+		} else if (cc == CURLE_ABORTED_BY_CALLBACK && r->intr) {
+			rc = ULP_ERR(e, -ULP_E_INTR, "%s: %s: interrupted", w, r->op);
+			goto out;
 		} else if (r->out_over || r->body.over) {
 			rc = ULP_ERR(e, -ULP_E_CORRUPT, "%s: %s: the answer is longer than asked for", w, r->op);
 			goto out;
@@ -1241,17 +1329,26 @@ static int req_run(ulp_s3 *s, s3_req *r, ulp_err *e)
 		} else if (cc != CURLE_COULDNT_CONNECT && cc != CURLE_COULDNT_RESOLVE_HOST) {
 			r->maybe_done = 1;
 		}
-		if (r->tries >= s->c.max_tries) {
+		/* a pause of 50-100% of the backoff, so that clients spread out */
+		unsigned wait = pause / 2 + (unsigned)(((uint64_t)rand() * (pause / 2 + 1)) / ((uint64_t)RAND_MAX + 1));
+		int64_t now = mono_ms();
+		int late = now + (int64_t)wait >= deadline;
+		if (r->tries >= s->c.max_tries || late) {
+			char why[96];
+			snprintf(why, sizeof(why), "after %d tries in %.1f s%s", r->tries, (double)(now - start) / 1000,
+			         late ? " (its deadline: ULPACK_S3_TIMEOUT)" : "");
 			if (cc == CURLE_OK)
-				rc = ULP_ERR(e, -ULP_E_IO, "%s: %s: HTTP %ld%s%s after %d tries", w, r->op, st,
-				             code[0] ? " " : "", code, r->tries);
+				rc = ULP_ERR(e, -ULP_E_IO, "%s: %s: HTTP %ld%s%s %s", w, r->op, st, code[0] ? " " : "", code,
+				             why);
 			else
-				rc = ULP_ERR(e, -ULP_E_IO, "%s: %s: %s (%s) after %d tries", w, r->op,
-				             errbuf[0] ? errbuf : curl_easy_strerror(cc), s->c.endpoint, r->tries);
+				rc = ULP_ERR(e, -ULP_E_IO, "%s: %s: %s (%s) %s", w, r->op,
+				             errbuf[0] ? errbuf : curl_easy_strerror(cc), s->c.endpoint, why);
 			goto out;
 		}
-		/* a pause of 50-100% of the backoff, so that clients spread out */
-		pause_ms(pause / 2 + (unsigned)(((uint64_t)rand() * (pause / 2 + 1)) / ((uint64_t)RAND_MAX + 1)));
+		if (pause_ms(wait)) {
+			rc = ULP_ERR(e, -ULP_E_INTR, "%s: %s: interrupted (between tries)", w, r->op);
+			goto out;
+		}
 		pause = pause >= 2500 ? 5000 : pause * 2;
 	}
 out:

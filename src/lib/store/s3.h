@@ -20,7 +20,17 @@
  *   401, 403                  -ULP_E_INVAL, "access denied: check the credentials"
  *   409, other 4xx            -ULP_E_INVAL (409: -ULP_E_BUSY)
  *   5xx, 429, connection errors and timeouts: retried (conf max_tries, with
- *                             doubling pauses), then -ULP_E_IO
+ *                             doubling pauses) while the request's deadline
+ *                             allows, then -ULP_E_IO
+ *   the thread's interrupt check said stop (ulp_set_interrupt)  -ULP_E_INTR
+ *
+ * Every request ends within its deadline (issue 34 item 6): a try that
+ * moves no byte for stall_s fails, and each try may take only what is left
+ * of deadline_ms (plus a second per MiB of its body or range), counted
+ * from the request's start across its tries and pauses. While it waits,
+ * libcurl's progress callback asks the thread's interrupt check at most
+ * every 100 ms (libcurl calls it about once a second when nothing moves),
+ * and the pauses between tries ask it every 50 ms.
  *   a malformed response (XML) -ULP_E_CORRUPT
  *
  * A ulp_s3 may be used from any number of threads at once: each request
@@ -44,6 +54,10 @@
  *                  else the profile's aws_access_key_id, aws_secret_access_key,
  *                  aws_session_token in the credentials file, then in the config file
  *   ca_bundle      AWS_CA_BUNDLE, the profile's ca_bundle; NULL: libcurl's default
+ *   max_tries      AWS_MAX_ATTEMPTS, the profile's max_attempts
+ *   connect_timeout_ms, stall_s, deadline_ms  ULPACK_S3_CONNECT_TIMEOUT,
+ *                  ULPACK_S3_STALL_TIMEOUT, ULPACK_S3_TIMEOUT (seconds,
+ *                  decimals allowed; a bad value is an error)
  *   profile        the argument, AWS_PROFILE, else "default"; the files
  *                  AWS_SHARED_CREDENTIALS_FILE (~/.aws/credentials) and
  *                  AWS_CONFIG_FILE (~/.aws/config, sections "[profile NAME]" or
@@ -57,7 +71,9 @@ typedef struct ulp_s3_conf {
 	int max_tries;                /* [5] tries of a request that failed transiently */
 	unsigned backoff_ms;          /* [100] pause after the first try, doubled after each, up to 5 s */
 	unsigned connect_timeout_ms;  /* [10000] */
-	unsigned stall_s;             /* [30] a transfer that moves no byte for this long fails */
+	unsigned stall_s;             /* [15] a try that moves no byte for this long fails */
+	unsigned deadline_ms;         /* [60000] a request's whole time, tries and pauses
+	                                 included, plus 1 s per MiB it sends or asks for */
 	uint64_t multipart_threshold; /* [64 MiB] ulp_s3_put/put_file of more go in parts */
 	uint64_t part_size;           /* [16 MiB] (at least 5 MiB, S3's minimum) */
 	uint64_t max_recv_speed;      /* [0: no limit] bytes/s (tests) */

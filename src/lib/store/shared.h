@@ -96,6 +96,15 @@ struct ulp_shared {
 	                                renewer runs in (0: none yet) */
 	int stop;                    /* guarded by mu: the renewer ends */
 	pthread_cond_t cv;           /* with mu: wakes it to end */
+	/* an archive in a bucket: its background thread (gen.c invariant 9) */
+	pthread_t poller;            /* guarded by mu */
+	long poller_pid;             /* atomic, written under mu: the process it runs in
+	                                (0: none yet) */
+	int poll_wanted;             /* guarded by mu: a reader's look at CURRENT is due */
+	int usage_wanted;            /* guarded by mu: a listing of the bucket is asked for */
+	uint64_t usage_rounds;       /* guarded by mu: listings it made (or tried) */
+	int poller_stop;             /* guarded by mu: it ends (the handle closes) */
+	pthread_cond_t poll_cv;      /* with mu: wakes it, and waiters of a listing */
 };
 
 
@@ -105,6 +114,9 @@ int ulp_gen_reader_open(ulp_archive *a, ulp_err *err);
 int ulp_gen_publish(ulp_archive *a, int force);
 void ulp_gen_retire(ulp_archive *a);
 int ulp_gen_oldest(ulp_archive *a, uint64_t *oldest);
+/* An archive in a bucket: asks the background thread for a listing of the
+ * bucket (rm->usage) and waits at most wait_ms for one to end. */
+void ulp_gen_usage_refresh(ulp_archive *a, unsigned wait_ms);
 /* An archive in a bucket (remote.h): the writer's local home made current
  * with the bucket's generation before the lease (its live index rebuilt
  * from it where another writer moved on), the pointer claimed for the new

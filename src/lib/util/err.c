@@ -37,6 +37,7 @@ static const char *const messages[ULP_E__COUNT] = {
 	[ULP_E_NOTDIR] = "not a directory",
 	[ULP_E_ISDIR] = "is a directory",
 	[ULP_E_FENCED] = "another writer took the archive over (lease lost)",
+	[ULP_E_INTR] = "interrupted",
 };
 
 const char *ulp_strerror(int rc)
@@ -58,10 +59,32 @@ int ulp_to_errno(int rc)
 		[ULP_E_UNSUPPORTED] = EOPNOTSUPP, [ULP_E_NAMETOOLONG] = ENAMETOOLONG,
 		[ULP_E_NOTEMPTY] = ENOTEMPTY,
 		[ULP_E_NOTDIR] = ENOTDIR, [ULP_E_ISDIR] = EISDIR, [ULP_E_FENCED] = EROFS,
+		[ULP_E_INTR] = EINTR,
 	};
 	if (rc < 0)
 		rc = -rc;
 	return rc < ULP_E__COUNT ? map[rc] : EIO;
+}
+
+/* ulp_set_interrupt: the calling thread's check (ulp_int.h) */
+static __thread int (*intr_check)(void *arg);
+static __thread void *intr_arg;
+
+void ulp_set_interrupt(int (*check)(void *arg), void *arg)
+{
+	intr_check = check;
+	intr_arg = arg;
+}
+
+void ulp_interrupt_get(ulp_intr *out)
+{
+	out->check = intr_check;
+	out->arg = intr_arg;
+}
+
+int ulp_interrupted(void)
+{
+	return intr_check && intr_check(intr_arg);
 }
 
 int ulp_err_set(ulp_err *e, int code, const char *file, int line, const char *fmt, ...)
