@@ -1070,6 +1070,45 @@ int ulp_index_run_steps(ulp_archive *a, const char *run, int (*cb)(void *arg, in
 	return rc;
 }
 
+int ulp_index_run_tensors(ulp_archive *a, const char *run, int (*cb)(void *arg, const ulp_tensorrow *r),
+                          void *arg)
+{
+	/* one pass: the entries under run by their path index, each file's
+	 * extents by their key, each blob and its reference by content */
+	static const char sql[] =
+		"SELECT e.series, x.name, e.step, x.dtype, x.length, b.id, r.id, b.codec, b.depth, b.stored_size"
+		" FROM entries e JOIN extents x ON x.file = e.id JOIN blobs b ON b.id = x.blob"
+		" LEFT JOIN blobs r ON r.content = b.ref"
+		" WHERE e.type = 0 AND e.step IS NOT NULL AND e.series IS NOT NULL AND"
+		" (?1 = '' OR " ULP_BELOW("e.path", "?1") ") AND x.name IS NOT NULL AND x.length > 0"
+		" ORDER BY e.step, e.path, x.offset";
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *st;
+	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "tensors of a run");
+	sqlite3_bind_text(st, 1, run, -1, SQLITE_STATIC);
+	int rc = 0, r;
+	while (rc == 0 && (r = sqlite3_step(st)) == SQLITE_ROW) {
+		ulp_tensorrow t = {.series = (const char *)sqlite3_column_text(st, 0),
+		                   .name = (const char *)sqlite3_column_text(st, 1),
+		                   .step = sqlite3_column_int64(st, 2),
+		                   .dtype = sqlite3_column_type(st, 3) == SQLITE_NULL ? 0 : sqlite3_column_int(st, 3),
+		                   .length = (uint64_t)sqlite3_column_int64(st, 4),
+		                   .blob = sqlite3_column_int64(st, 5),
+		                   .ref_blob = sqlite3_column_type(st, 6) == SQLITE_NULL ? 0 : sqlite3_column_int64(st, 6),
+		                   .codec = sqlite3_column_int(st, 7),
+		                   .depth = (unsigned)sqlite3_column_int(st, 8),
+		                   .stored = (uint64_t)sqlite3_column_int64(st, 9)};
+		if (!t.series || !t.name)
+			continue; /* out of memory in SQLite: the row is passed over, not misread */
+		rc = cb(arg, &t);
+	}
+	if (rc == 0 && r != SQLITE_DONE)
+		rc = ulp_db_err(a, "tensors of a run");
+	sqlite3_finalize(st);
+	return rc;
+}
+
 int ulp_index_forget_steps(ulp_archive *a, const char *run, const int64_t *steps, size_t n)
 {
 	/* the files of those steps, then the directories they leave empty
