@@ -917,7 +917,7 @@ typedef struct ulp_dynamics {
 	char *run;
 	size_t n_steps, n_tensors, n_layers;
 	int64_t *steps;         /* n_steps, ascending */
-	char **tensors;         /* n_tensors names, in the order of the first step's files */
+	char **tensors;         /* n_tensors names, in the order met (by file path, then offset) */
 	char **tensor_files;    /* each tensor's file: its series under run ("checkpoint-{S}/model.safetensors") */
 	int *tensor_dtypes;     /* ulp_dtype */
 	uint64_t *tensor_elements;

@@ -83,8 +83,11 @@ size_t ulp_dynamics_layer(const char *name, char *dst, size_t cap)
 /* ---- the pass over the index's rows -------------------------------------------- */
 
 typedef struct trow {
-	uint32_t step, tensor; /* indexes */
-	int64_t blob, ref_blob;
+	int64_t step;          /* the step itself, then (build) its index */
+	uint32_t tensor;       /* index */
+	int has_ref;
+	int64_t blob;
+	uint64_t content64, ref64;
 	uint64_t stored;
 	unsigned depth;
 	int codec;
@@ -176,7 +179,8 @@ static int row_cb(void *arg, const ulp_tensorrow *r)
 	dctx *c = arg;
 	if (c->glob && fnmatch(c->glob, r->name, 0) != 0)
 		return 0;
-	if (!c->n_steps || c->steps[c->n_steps - 1] != r->step) { /* rows come by step */
+	/* a file's rows come together: a step is new only at a new file */
+	if (!c->n_steps || c->steps[c->n_steps - 1] != r->step) {
 		if (ulp_grow(&c->steps, &c->cap_steps, c->n_steps, sizeof(*c->steps)) < 0)
 			return c->rc = -ULP_E_NOMEM;
 		c->steps[c->n_steps++] = r->step;
@@ -186,7 +190,7 @@ static int row_cb(void *arg, const ulp_tensorrow *r)
 		return c->rc = (int)t;
 	if (ulp_grow(&c->rows, &c->cap_rows, c->n_rows, sizeof(*c->rows)) < 0)
 		return c->rc = -ULP_E_NOMEM;
-	c->rows[c->n_rows++] = (trow){(uint32_t)(c->n_steps - 1), (uint32_t)t, r->blob, r->ref_blob, r->stored,
+	c->rows[c->n_rows++] = (trow){r->step, (uint32_t)t, r->has_ref, r->blob, r->content64, r->ref64, r->stored,
 	                              r->depth, r->codec};
 	return 0;
 }
@@ -196,6 +200,12 @@ static int row_cb(void *arg, const ulp_tensorrow *r)
 static int name_cmp_p(const void *x, const void *y)
 {
 	return ulp_name_cmp(*(char *const *)x, *(char *const *)y);
+}
+
+static int i64_cmp(const void *x, const void *y)
+{
+	int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+	return a < b ? -1 : a > b;
 }
 
 static int dbl_cmp(const void *x, const void *y)
@@ -307,6 +317,17 @@ void ulp_dynamics_free(ulp_dynamics *d)
 /* Builds d from the rows in c (whose keys and steps it takes over). */
 static int build(dctx *c, ulp_dynamics *d)
 {
+	/* the steps, distinct and in order; each row's step by its index */
+	qsort(c->steps, c->n_steps, sizeof(*c->steps), i64_cmp);
+	size_t ns = 0;
+	for (size_t i = 0; i < c->n_steps; i++)
+		if (!ns || c->steps[ns - 1] != c->steps[i])
+			c->steps[ns++] = c->steps[i];
+	c->n_steps = ns;
+	for (size_t k = 0; k < c->n_rows; k++) {
+		const int64_t *p = bsearch(&c->rows[k].step, c->steps, ns, sizeof(*c->steps), i64_cmp);
+		c->rows[k].step = p ? p - c->steps : 0;
+	}
 	size_t S = c->n_steps, T = c->n_keys;
 	d->n_steps = S;
 	d->n_tensors = T;
@@ -321,11 +342,14 @@ static int build(dctx *c, ulp_dynamics *d)
 	d->step_bits = calloc(S, sizeof(double));
 	d->step_update = calloc(S, sizeof(double));
 	d->step_stored = calloc(S, sizeof(uint64_t));
-	int64_t *blobs = calloc(S * T, sizeof(int64_t)), *refs = calloc(S * T, sizeof(int64_t));
+	int64_t *blobs = calloc(S * T, sizeof(int64_t));
+	uint64_t *cont = calloc(S * T, sizeof(uint64_t)), *refs = calloc(S * T, sizeof(uint64_t));
+	uint8_t *hasref = calloc(S * T, 1);
 	char **lnames = calloc(T, sizeof(char *));
 	int rc = 0;
 	if (!d->tensors || !d->tensor_files || !d->tensor_dtypes || !d->tensor_elements || !d->tensor_layer ||
-	    !d->cells || !d->step_bits || !d->step_update || !d->step_stored || !blobs || !refs || !lnames)
+	    !d->cells || !d->step_bits || !d->step_update || !d->step_stored || !blobs || !cont ||
+	    !refs || !hasref || !lnames)
 		rc = -ULP_E_NOMEM;
 	/* tensors, and their layers (distinct, sorted) */
 	size_t L = 0;
@@ -372,8 +396,7 @@ static int build(dctx *c, ulp_dynamics *d)
 	if (rc < 0)
 		goto out;
 
-	/* the cells: what each row says; a blob id -> the step of the same
-	 * tensor using it, through the neighbours first (invariant 1) */
+	/* the cells: what each row says */
 	for (size_t i = 0; i < S * T; i++) {
 		d->cells[i].role = ULP_DYN_ABSENT;
 		d->cells[i].codec = -1;
@@ -386,12 +409,14 @@ static int build(dctx *c, ulp_dynamics *d)
 		ulp_dyn_cell *x = &d->cells[i];
 		if (x->role != ULP_DYN_ABSENT)
 			continue; /* the same (series, name) twice in one step: two paths of one series */
-		x->role = r->ref_blob ? ULP_DYN_DELTA : ULP_DYN_ANCHOR;
+		x->role = r->has_ref ? ULP_DYN_DELTA : ULP_DYN_ANCHOR;
 		x->codec = r->codec;
 		x->stored_bytes = r->stored;
 		x->chain_depth = r->depth;
 		blobs[i] = r->blob;
-		refs[i] = r->ref_blob;
+		cont[i] = r->content64;
+		refs[i] = r->ref64;
+		hasref[i] = (uint8_t)r->has_ref;
 	}
 	/* ref steps: the neighbour holding the reference, else any step of the
 	 * same tensor (a delta over several steps: segment 0's key) */
@@ -400,13 +425,13 @@ static int build(dctx *c, ulp_dynamics *d)
 			size_t i = s * T + t;
 			ulp_dyn_cell *x = &d->cells[i];
 			if (x->role == ULP_DYN_DELTA) {
-				if (s > 0 && blobs[i - T] == refs[i])
+				if (s > 0 && d->cells[i - T].role != ULP_DYN_ABSENT && cont[i - T] == refs[i])
 					x->ref_step = d->steps[s - 1];
-				else if (s + 1 < S && blobs[i + T] == refs[i])
+				else if (s + 1 < S && d->cells[i + T].role != ULP_DYN_ABSENT && cont[i + T] == refs[i])
 					x->ref_step = d->steps[s + 1];
 				else
 					for (size_t q = 0; q < S && x->ref_step < 0; q++)
-						if (blobs[q * T + t] == refs[i])
+						if (d->cells[q * T + t].role != ULP_DYN_ABSENT && cont[q * T + t] == refs[i])
 							x->ref_step = d->steps[q];
 			}
 		}
@@ -441,10 +466,10 @@ static int build(dctx *c, ulp_dynamics *d)
 				x->stored_bytes = 0;
 				x->ref_step = -1;
 				bytes = 0;
-			} else if (refs[i] && refs[i] == blobs[i - T]) {
+			} else if (hasref[i] && refs[i] == cont[i - T]) {
 				bytes = orig[i];
 				fwd[sid[t]]++;
-			} else if (refs[i - T] && refs[i - T] == blobs[i]) {
+			} else if (hasref[i - T] && refs[i - T] == cont[i]) {
 				bytes = orig[i - T];
 				bwd[sid[t]]++;
 			} else {
@@ -460,9 +485,9 @@ static int build(dctx *c, ulp_dynamics *d)
 			    isfinite(x->update_bits))
 				continue;
 			size_t k = sid[t], at;
-			if (fwd[k] > bwd[k] && !refs[i])
+			if (fwd[k] > bwd[k] && !hasref[i])
 				at = i;
-			else if (bwd[k] > fwd[k] && !refs[i - T])
+			else if (bwd[k] > fwd[k] && !hasref[i - T])
 				at = i - T;
 			else
 				continue;
@@ -534,7 +559,9 @@ out:
 		free(lnames);
 	}
 	free(blobs);
+	free(cont);
 	free(refs);
+	free(hasref);
 	return rc;
 }
 

@@ -1073,15 +1073,15 @@ int ulp_index_run_steps(ulp_archive *a, const char *run, int (*cb)(void *arg, in
 int ulp_index_run_tensors(ulp_archive *a, const char *run, int (*cb)(void *arg, const ulp_tensorrow *r),
                           void *arg)
 {
-	/* one pass: the entries under run by their path index, each file's
-	 * extents by their key, each blob and its reference by content */
+	/* one pass in index order, no sort, no lookup by content: the entries
+	 * under run by their path index, each file's extents by their key, each
+	 * blob by its id (1000 steps x 300 tensors: 0.4 s of CPU here, 1.0 s
+	 * with a join of the references and an ORDER BY) */
 	static const char sql[] =
-		"SELECT e.series, x.name, e.step, x.dtype, x.length, b.id, r.id, b.codec, b.depth, b.stored_size"
-		" FROM entries e JOIN extents x ON x.file = e.id JOIN blobs b ON b.id = x.blob"
-		" LEFT JOIN blobs r ON r.content = b.ref"
+		"SELECT e.series, x.name, e.step, x.dtype, x.length, b.id, b.content, b.ref, b.codec, b.depth,"
+		" b.stored_size FROM entries e JOIN extents x ON x.file = e.id JOIN blobs b ON b.id = x.blob"
 		" WHERE e.type = 0 AND e.step IS NOT NULL AND e.series IS NOT NULL AND"
-		" (?1 = '' OR " ULP_BELOW("e.path", "?1") ") AND x.name IS NOT NULL AND x.length > 0"
-		" ORDER BY e.step, e.path, x.offset";
+		" (?1 = '' OR " ULP_BELOW("e.path", "?1") ") AND x.name IS NOT NULL AND x.length > 0";
 	sqlite3 *db = ulp_db(a);
 	sqlite3_stmt *st;
 	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
@@ -1095,12 +1095,15 @@ int ulp_index_run_tensors(ulp_archive *a, const char *run, int (*cb)(void *arg, 
 		                   .dtype = sqlite3_column_type(st, 3) == SQLITE_NULL ? 0 : sqlite3_column_int(st, 3),
 		                   .length = (uint64_t)sqlite3_column_int64(st, 4),
 		                   .blob = sqlite3_column_int64(st, 5),
-		                   .ref_blob = sqlite3_column_type(st, 6) == SQLITE_NULL ? 0 : sqlite3_column_int64(st, 6),
-		                   .codec = sqlite3_column_int(st, 7),
-		                   .depth = (unsigned)sqlite3_column_int(st, 8),
-		                   .stored = (uint64_t)sqlite3_column_int64(st, 9)};
-		if (!t.series || !t.name)
-			continue; /* out of memory in SQLite: the row is passed over, not misread */
+		                   .codec = sqlite3_column_int(st, 8),
+		                   .depth = (unsigned)sqlite3_column_int(st, 9),
+		                   .stored = (uint64_t)sqlite3_column_int64(st, 10)};
+		if (!t.series || !t.name || sqlite3_column_bytes(st, 6) != ULP_SHA256_LEN)
+			continue; /* out of memory in SQLite, a damaged row: passed over, not misread */
+		memcpy(&t.content64, sqlite3_column_blob(st, 6), 8);
+		t.has_ref = sqlite3_column_bytes(st, 7) == ULP_SHA256_LEN;
+		if (t.has_ref)
+			memcpy(&t.ref64, sqlite3_column_blob(st, 7), 8);
 		rc = cb(arg, &t);
 	}
 	if (rc == 0 && r != SQLITE_DONE)
