@@ -3,8 +3,10 @@
  * cmd_dynamics.c - `ulpack dynamics ARCHIVE RUN`: a run's training dynamics
  * from its index (ulp_archive_dynamics): the verdict line, a table of steps
  * with their largest movers, --json (ulp_dynamics_json), and --svg, a heat
- * map of steps x layers drawn here as plain SVG text. The figures are the
- * library's; this file only lays them out.
+ * map of steps x layers drawn here as plain SVG text; `ulpack diff ARCHIVE A
+ * B`: what changed between two checkpoints, tensor by tensor
+ * (ulp_archive_diff). The figures are the library's; this file only lays
+ * them out.
  */
 #include "cli.h"
 #include <errno.h>
@@ -330,6 +332,114 @@ int cmd_dynamics(int argc, char **argv)
 			status = write_svg(d, svg);
 	}
 	ulp_dynamics_free(d);
+	ulp_archive_close(a);
+	return status;
+}
+
+/* ---- diff -------------------------------------------------------------------- */
+
+static void json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			fprintf(f, "\\%c", *s);
+		else if ((unsigned char)*s < 0x20)
+			fprintf(f, "\\u%04x", *s);
+		else
+			fputc(*s, f);
+	}
+	fputc('"', f);
+}
+
+static void json_num(FILE *f, double v)
+{
+	if (isfinite(v))
+		fprintf(f, "%.9g", v);
+	else
+		fputs("null", f);
+}
+
+int cmd_diff(int argc, char **argv)
+{
+	const char *pos[3] = {NULL, NULL, NULL};
+	int npos = 0, json = 0;
+	static const char use[] = "usage: ulpack diff ARCHIVE PATH_A PATH_B [--json]\n"
+	                          "What changed from checkpoint file PATH_A to PATH_B (any two steps of a run),\n"
+	                          "tensor by tensor, largest relative change first: elements changed, the median,\n"
+	                          "99th percentile and largest change in units in the last place, ||B - A|| / ||A||\n"
+	                          "and exponent moves. Decodes both files' tensors. See ulpack(1) DIFF.\n";
+	for (int i = 1; i < argc; i++) {
+		if (cli_is_help(argv[i])) {
+			fputs(use, stdout);
+			return 0;
+		} else if (!strcmp(argv[i], "--json")) {
+			json = 1;
+		} else if ((argv[i][0] == '-' && argv[i][1]) || npos == 3) {
+			cli_fail("%s '%s'", npos == 3 ? "unexpected argument" : "unknown option", argv[i]);
+			fputs(use, stderr);
+			return 2;
+		} else {
+			pos[npos++] = argv[i];
+		}
+	}
+	if (npos < 3) {
+		cli_fail("missing argument%s", npos < 2 ? "s" : "");
+		fputs(use, stderr);
+		return 2;
+	}
+	char err[1024];
+	ulp_archive *a;
+	ulp_archive_opts o = {.read_only = 1};
+	if (ulp_archive_open(pos[0], &o, &a, err, sizeof(err)) < 0)
+		return cli_fail("%s", err);
+	ulp_tensor_diff *v = NULL;
+	size_t n = 0;
+	int status = 0;
+	if (ulp_archive_diff(a, pos[1], pos[2], &v, &n) < 0) {
+		status = cli_fail("%s", ulp_archive_errmsg(a));
+	} else if (json) {
+		printf("{\"a\": ");
+		json_str(stdout, pos[1]);
+		printf(", \"b\": ");
+		json_str(stdout, pos[2]);
+		printf(", \"tensors\": [");
+		for (size_t i = 0; i < n; i++) {
+			const ulp_tensor_diff *r = &v[i];
+			printf("%s\n  {\"name\": ", i ? "," : "");
+			json_str(stdout, r->name);
+			printf(", \"dtype\": \"%s\", \"elements\": %llu, \"changed\": %llu, \"frac_changed\": ",
+			       ulp_dtype_name((ulp_dtype)r->dtype), (unsigned long long)r->elements,
+			       (unsigned long long)r->changed);
+			json_num(stdout, r->frac_changed);
+			printf(", \"median_ulps\": %llu, \"p99_ulps\": %llu, \"max_ulps\": %llu, \"rel_change\": ",
+			       (unsigned long long)r->median_ulps, (unsigned long long)r->p99_ulps,
+			       (unsigned long long)r->max_ulps);
+			json_num(stdout, r->rel_change);
+			printf(", \"norm_a\": ");
+			json_num(stdout, r->norm_a);
+			printf(", \"norm_diff\": ");
+			json_num(stdout, r->norm_diff);
+			printf(", \"exponent_moves\": %llu}", (unsigned long long)r->exponent_moves);
+		}
+		printf("%s]}\n", n ? "\n" : "");
+	} else {
+		printf("%-48s %6s %11s %8s %7s %7s %9s %10s %9s\n", "tensor", "dtype", "elements", "changed", "median", "p99",
+		       "max ulps", "rel change", "exp moves");
+		for (size_t i = 0; i < n; i++) {
+			const ulp_tensor_diff *r = &v[i];
+			char rel[32];
+			if (isfinite(r->rel_change))
+				snprintf(rel, sizeof(rel), "%.3e", r->rel_change);
+			else
+				snprintf(rel, sizeof(rel), "-");
+			printf("%-48s %6s %11llu %7.2f%% %7llu %7llu %9llu %10s %9llu\n", r->name,
+			       ulp_dtype_name((ulp_dtype)r->dtype), (unsigned long long)r->elements, 100 * r->frac_changed,
+			       (unsigned long long)r->median_ulps, (unsigned long long)r->p99_ulps,
+			       (unsigned long long)r->max_ulps, rel, (unsigned long long)r->exponent_moves);
+		}
+	}
+	ulp_tensor_diffs_free(v, n);
 	ulp_archive_close(a);
 	return status;
 }

@@ -498,6 +498,11 @@ typedef struct ulp_tensorrow {
  * which it returns. */
 int ulp_index_run_tensors(ulp_archive *a, const char *run, int (*cb)(void *arg, const ulp_tensorrow *r),
                           void *arg);
+/* The named tensors of file path in offset order: name, dtype, offset and
+ * length in the file. Stops at a non-zero return of cb, which it returns. */
+int ulp_index_file_named(ulp_archive *a, const char *path,
+                         int (*cb)(void *arg, const char *name, int dtype, uint64_t offset, uint64_t length),
+                         void *arg);
 /* In the caller's transaction: removes the files of those steps under run
  * and the directories that leaves empty below run. */
 int ulp_index_forget_steps(ulp_archive *a, const char *run, const int64_t *steps, size_t n);

@@ -854,6 +854,33 @@ int ulp_archive_latest(ulp_archive *a, const char *dir, char *name, size_t cap);
  *  step before it; closed files still queued for archiving count. */
 int ulp_archive_latest_live(ulp_archive *a, ulp_session *s, const char *dir, char *name, size_t cap);
 
+/* ---- the change between two checkpoints (diff.c) ---------------------------
+ *
+ * Decodes the tensors of two files (through ulp_file reads of their byte
+ * ranges) and measures, per tensor of the same name, dtype and size, what
+ * changed. ULP distances are between the values' ordered integers (the
+ * codec's: a float's bits with the sign folded so that the integers keep the
+ * values' order), exact; percentiles are of every element's distance (0 for
+ * an unchanged one), the value at rank floor(q (n - 1)) of them sorted. */
+typedef struct ulp_tensor_diff {
+	char *name;
+	int dtype;               /* ulp_dtype */
+	uint64_t elements;
+	uint64_t changed;        /* elements whose bits differ */
+	double frac_changed;     /* changed / elements */
+	uint64_t median_ulps, p99_ulps, max_ulps; /* floats; 0 for other dtypes */
+	double rel_change;       /* ||b - a|| / ||a|| over the values, in double (floats:
+	                            NaN where a is all zeros and b is not; other dtypes: NaN) */
+	double norm_a, norm_diff; /* ||a|| and ||b - a|| */
+	uint64_t exponent_moves; /* floats: elements whose exponent field differs */
+} ulp_tensor_diff;
+/** The tensors of path_a and path_b that match by name, dtype and size,
+ *  in *out (n of them, malloc'd; ulp_tensor_diffs_free), sorted by
+ *  rel_change, largest first (NaN last). Memory: the largest pair of
+ *  tensors. Errors: NOENT, INVAL (no tensor in common), NOMEM, IO, CORRUPT. */
+int ulp_archive_diff(ulp_archive *a, const char *path_a, const char *path_b, ulp_tensor_diff **out, size_t *n);
+void ulp_tensor_diffs_free(ulp_tensor_diff *v, size_t n);
+
 /* ---- training dynamics (dynamics.c) ---------------------------------------
  *
  * What a run's index says about its training, with nothing decoded: for each

@@ -1112,6 +1112,30 @@ int ulp_index_run_tensors(ulp_archive *a, const char *run, int (*cb)(void *arg, 
 	return rc;
 }
 
+int ulp_index_file_named(ulp_archive *a, const char *path,
+                         int (*cb)(void *arg, const char *name, int dtype, uint64_t offset, uint64_t length),
+                         void *arg)
+{
+	static const char sql[] = "SELECT x.name, x.dtype, x.offset, x.length FROM extents x JOIN entries e ON e.id = x.file"
+	                          " WHERE e.path = ? AND e.type = 0 AND x.name IS NOT NULL AND x.length > 0 ORDER BY x.offset";
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *st;
+	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "tensors of a file");
+	sqlite3_bind_text(st, 1, path, -1, SQLITE_STATIC);
+	int rc = 0, r;
+	while (rc == 0 && (r = sqlite3_step(st)) == SQLITE_ROW) {
+		const char *name = (const char *)sqlite3_column_text(st, 0);
+		if (name)
+			rc = cb(arg, name, sqlite3_column_type(st, 1) == SQLITE_NULL ? 0 : sqlite3_column_int(st, 1),
+			        (uint64_t)sqlite3_column_int64(st, 2), (uint64_t)sqlite3_column_int64(st, 3));
+	}
+	if (rc == 0 && r != SQLITE_DONE)
+		rc = ulp_db_err(a, "tensors of a file");
+	sqlite3_finalize(st);
+	return rc;
+}
+
 int ulp_index_forget_steps(ulp_archive *a, const char *run, const int64_t *steps, size_t n)
 {
 	/* the files of those steps, then the directories they leave empty
