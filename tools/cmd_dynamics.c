@@ -17,13 +17,15 @@
 static void usage(FILE *f)
 {
 	fprintf(f,
-	        "usage: ulpack dynamics ARCHIVE RUN [--json] [--svg FILE] [--tensors GLOB]\n"
+	        "usage: ulpack dynamics ARCHIVE RUN [--json] [--svg FILE] [--tensors GLOB] [--norms]\n"
 	        "A run's training dynamics from the archive's index alone (nothing is decoded):\n"
 	        "per step and per layer, the stored bits per weight of the tensors' blobs and of\n"
 	        "the update from the step before (the delta linking the two steps). The first\n"
 	        "line names the step whose update stands out most from its neighbours'.\n"
 	        "--json prints every figure; --svg FILE writes a heat map (steps x layers, colour:\n"
-	        "update bits per weight); --tensors GLOB keeps the tensors whose name matches.\n"
+	        "update bits per weight); --tensors GLOB keeps the tensors whose name matches;\n"
+	        "--norms decodes the run and adds each step's change from the step before:\n"
+	        "||x_t - x_s|| / ||x_s||, elements changed, ULP percentiles (as ulpack diff).\n"
 	        "See ulpack(1) DYNAMICS.\n");
 }
 
@@ -44,7 +46,12 @@ static void human(uint64_t b, char *out, size_t cap)
 static void print_table(const ulp_dynamics *d)
 {
 	size_t S = d->n_steps, T = d->n_tensors, L = d->n_layers;
-	printf("%10s %11s %8s %8s %7s  %s\n", "step", "stored", "bits/w", "update", "a/d/=", "largest movers (update bits over their neighbours')");
+	if (d->norms)
+		printf("%10s %11s %8s %8s %7s %10s %8s  %s\n", "step", "stored", "bits/w", "update", "a/d/=", "rel chg",
+		       "changed", "largest movers (update bits over their neighbours')");
+	else
+		printf("%10s %11s %8s %8s %7s  %s\n", "step", "stored", "bits/w", "update", "a/d/=",
+		       "largest movers (update bits over their neighbours')");
 	for (size_t s = 0; s < S; s++) {
 		unsigned na = 0, nd = 0, ns = 0;
 		for (size_t t = 0; t < T; t++) {
@@ -61,6 +68,12 @@ static void print_table(const ulp_dynamics *d)
 			snprintf(up, sizeof(up), "-");
 		snprintf(roles, sizeof(roles), "%u/%u/%u", na, nd, ns);
 		printf("%10lld %11s %8.3f %8s %7s ", (long long)d->steps[s], st, d->step_bits[s], up, roles);
+		if (d->norms) {
+			if (isfinite(d->step_rel_change[s]))
+				printf("%10.3e %7.2f%% ", d->step_rel_change[s], 100 * d->step_frac_changed[s]);
+			else
+				printf("%10s %8s ", "-", "-");
+		}
 		/* the two layers that moved most against their neighbours */
 		size_t top[2] = {SIZE_MAX, SIZE_MAX};
 		for (size_t l = 0; l < L; l++) {
@@ -273,11 +286,13 @@ static int write_svg(const ulp_dynamics *d, const char *path)
 int cmd_dynamics(int argc, char **argv)
 {
 	const char *pos[2] = {NULL, NULL}, *svg = NULL, *glob = NULL;
-	int npos = 0, json = 0;
+	int npos = 0, json = 0, norms = 0;
 	for (int i = 1; i < argc; i++) {
 		if (cli_is_help(argv[i])) {
 			usage(stdout);
 			return 0;
+		} else if (!strcmp(argv[i], "--norms")) {
+			norms = 1;
 		} else if ((!strcmp(argv[i], "--svg") || !strcmp(argv[i], "--tensors")) && i + 1 == argc) {
 			return cli_opt_missing(argv[i]);
 		} else if (!strcmp(argv[i], "--svg")) {
@@ -305,12 +320,14 @@ int cmd_dynamics(int argc, char **argv)
 	}
 	char err[1024];
 	ulp_archive *a;
-	ulp_archive_opts o = {.read_only = 1, .threads = 1};
+	ulp_archive_opts o = {.read_only = 1, .threads = norms ? 0 : 1};
 	if (ulp_archive_open(pos[0], &o, &a, err, sizeof(err)) < 0)
 		return cli_fail("%s", err);
 	ulp_dynamics *d = NULL;
 	int status = 0;
-	if (ulp_archive_dynamics(a, pos[1], glob, &d) < 0) {
+	if (ulp_archive_dynamics(a, pos[1], glob, &d) < 0 ||
+	    (norms && ulp_dynamics_norms(a, d, cli_progress_fn, (void *)"norms") < 0)) {
+		cli_progress_end();
 		status = cli_fail("%s", ulp_archive_errmsg(a));
 	} else {
 		if (json) {

@@ -481,6 +481,7 @@ int ulp_index_run_steps(ulp_archive *a, const char *run, int (*cb)(void *arg, in
  * blob's content digest and of its reference's (a chance match between
  * the blobs of one run: 2^-64 a pair). */
 typedef struct ulp_tensorrow {
+	const char *path;     /* the file's */
 	const char *series;   /* the file's series (path, step digits as {S}) */
 	const char *name;     /* the tensor's name */
 	int64_t step;

@@ -959,6 +959,14 @@ typedef struct ulp_dynamics {
 	double *step_bits, *step_update; /* n_steps: the same over every tensor */
 	double *step_excess;    /* n_steps: excess bits of step_update (NaN: none) */
 	uint64_t *step_stored;  /* n_steps: stored bytes (ULP_DYN_SAME counts 0) */
+	size_t n_files;         /* the run's files (series) */
+	size_t *tensor_file_index; /* n_tensors: into the files */
+	char **file_paths;      /* n_steps x n_files: each file's path at each step (NULL: absent) */
+	/* ulp_dynamics_norms (NULL until then): the change from the step before */
+	ulp_tensor_diff *norms; /* n_steps x n_tensors (elements 0: no figure) */
+	double *layer_rel_change, *step_rel_change; /* n_steps x n_layers, n_steps:
+	                           sqrt(sum ||b - a||^2 / sum ||a||^2) over their tensors (NaN: none) */
+	double *layer_frac_changed, *step_frac_changed; /* elements changed / elements */
 	int has_jump;           /* jump is set: 3 steps or more have an update figure */
 	ulp_dyn_jump jump;
 } ulp_dynamics;
@@ -976,6 +984,12 @@ size_t ulp_dynamics_layer(const char *name, char *dst, size_t cap);
  *  step under it), NOMEM. Caller frees *out with ulp_dynamics_free. */
 int ulp_archive_dynamics(ulp_archive *a, const char *run, const char *glob, ulp_dynamics **out);
 void ulp_dynamics_free(ulp_dynamics *d);
+/** Adds the decoded figures of each step's update (ulp_archive_diff of each
+ *  file against the step before: d->norms and the per-layer and per-step
+ *  relative change and share of elements changed). Decodes the whole run
+ *  (each file twice; the decode cache keeps each step's chunks for the next
+ *  pair); progress (may be NULL) gets steps done of steps. */
+int ulp_dynamics_norms(ulp_archive *a, ulp_dynamics *d, ulp_progress_fn progress, void *arg);
 /** The one-line verdict ("step 4200: +1.6 bits/weight over its neighbours'
  *  update (about 3.1x the change), layers model.layers.17-19 +4.2, most
  *  model.layers.18.self_attn.o_proj.weight +4.9"), or a line saying why

@@ -11,6 +11,9 @@
 #    its fill, the hottest cell's colour is not the coldest's, and the framed
 #    hottest cells are the planted step's;
 #  - --tensors GLOB; the errors (no such run, missing arguments);
+#  - --norms and `ulpack diff` (decoded through the file reads) against
+#    numpy on the safetensors files themselves, bf16 and f32: counts and
+#    ULP percentiles exact, relative norms to 1e-6;
 #  - speed: an index of 1,000 steps x 300 tensors (written here with
 #    sqlite3: the view reads the index alone) in under 1 s of CPU and 100 MB.
 . "$(dirname "$0")/lib.sh"
@@ -153,6 +156,88 @@ assert d['jump']['step'] == 1300" "$T/g.json" && ok "--tensors keeps the matchin
 "$ULPACK" dynamics "$A" > /dev/null 2>&1; rc=$?
 [ $rc = 2 ] && ok "a missing argument: exit 2" || fail "missing argument: rc $rc"
 
+# --norms and ulpack diff against numpy, on the files themselves: bf16 and
+# f32 tensors (synth --dtype mixed), counts and ULPs exact, norms to 1e-6
+"$ULPACK" synth "$T/src2/mix" --steps 4 --dim 64 --dtype mixed --interval 10 > /dev/null || fail "synth mixed"
+"$ULPACK" import "$A" "$T/src2" > /dev/null || fail "import mixed"
+"$ULPACK" dynamics "$A" mix --norms --json > "$T/n.json" || fail "dynamics --norms"
+"$ULPACK" diff "$A" mix/checkpoint-10/model.safetensors mix/checkpoint-40/model.safetensors --json > "$T/diff.json" \
+	|| fail "diff"
+"$ULPACK" diff "$A" mix/checkpoint-10/model.safetensors mix/checkpoint-40/model.safetensors > "$T/diff.txt" || fail "diff text"
+"$PY" - "$T/src2/mix" "$T/n.json" "$T/diff.json" "$T/diff.txt" <<'PYEOF' && ok "--norms and ulpack diff match numpy (exact counts and ULPs, norms to 1e-6)" || fail "--norms / diff against numpy"
+import json, math, struct, sys
+import numpy as np
+src, nj, dj, dt = sys.argv[1:5]
+def load(step):
+    raw = open("%s/checkpoint-%d/model.safetensors" % (src, step), "rb").read()
+    hl = struct.unpack("<Q", raw[:8])[0]
+    hdr = json.loads(raw[8:8 + hl])
+    out = {}
+    for name, t in hdr.items():
+        if name == "__metadata__":
+            continue
+        b, e = t["data_offsets"]
+        buf = raw[8 + hl + b:8 + hl + e]
+        if t["dtype"] == "BF16":
+            u = np.frombuffer(buf, dtype="<u2").astype(np.uint64)
+            v = (u.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+            out[name] = ("BF16", u, v, 16, 7, 8)
+        else:
+            u = np.frombuffer(buf, dtype="<u4").astype(np.uint64)
+            v = np.frombuffer(buf, dtype="<f4").astype(np.float64)
+            out[name] = ("F32", u, v, 32, 23, 8)
+    return out
+def figures(a, b):
+    dt, ua, va, w, mb, eb = a
+    _, ub, vb, _, _, _ = b
+    sign = np.uint64(1 << (w - 1))
+    mask = np.uint64((1 << w) - 1)
+    def key(u):
+        return np.where(u & sign, ~u & mask, u | sign).astype(np.int64)
+    d = np.sort(np.abs(key(ua) - key(ub)))
+    n = len(d)
+    emask = np.uint64((1 << eb) - 1)
+    na, nd = np.linalg.norm(va), np.linalg.norm(vb - va)
+    return {"dtype": dt, "elements": n, "changed": int(np.count_nonzero(ua != ub)),
+            "median_ulps": int(d[(n - 1) // 2]), "p99_ulps": int(d[int(math.floor(0.99 * (n - 1)))]),
+            "max_ulps": int(d[-1]), "rel_change": nd / na if na > 0 else (0.0 if nd == 0 else None),
+            "exponent_moves": int(np.count_nonzero(((ua >> np.uint64(mb)) & emask) != ((ub >> np.uint64(mb)) & emask)))}
+def close(x, y):
+    if y is None or x is None:
+        return x is None and y is None
+    return abs(x - y) <= 1e-6 * max(abs(y), 1e-300)
+steps = {s: load(s) for s in (10, 20, 30, 40)}
+# ulpack diff 10 -> 40
+diff = json.load(open(dj))
+assert {t["dtype"] for t in diff["tensors"]} == {"BF16", "F32"}
+assert len(diff["tensors"]) == len(steps[10])
+rels = [t["rel_change"] for t in diff["tensors"]]
+assert rels == sorted(rels, key=lambda r: -r if r is not None else math.inf), "sorted by relative change"
+for t in diff["tensors"]:
+    want = figures(steps[10][t["name"]], steps[40][t["name"]])
+    for k in ("dtype", "elements", "changed", "median_ulps", "p99_ulps", "max_ulps", "exponent_moves"):
+        assert t[k] == want[k], (t["name"], k, t[k], want[k])
+    assert close(t["rel_change"], want["rel_change"]), (t["name"], t["rel_change"], want["rel_change"])
+txt = open(dt).read().splitlines()
+assert txt[0].split()[0] == "tensor" and txt[1].split()[0] == diff["tensors"][0]["name"]
+# dynamics --norms: each step against the one before
+d = json.load(open(nj))
+assert d["steps"] == [10, 20, 30, 40]
+for i in range(4):
+    for t, ten in enumerate(d["tensors"]):
+        if i == 0:
+            assert d["rel_change"][0][t] is None
+            continue
+        want = figures(steps[d["steps"][i - 1]][ten["name"]], steps[d["steps"][i]][ten["name"]])
+        for k in ("changed", "median_ulps", "p99_ulps", "max_ulps", "exponent_moves"):
+            assert d[k][i][t] == want[k], (i, ten["name"], k, d[k][i][t], want[k])
+        assert close(d["rel_change"][i][t], want["rel_change"]), (i, ten["name"])
+    if i:
+        num = sum(np.linalg.norm(steps[d["steps"][i]][n][2] - steps[d["steps"][i - 1]][n][2]) ** 2 for n in steps[10])
+        den = sum(np.linalg.norm(steps[d["steps"][i - 1]][n][2]) ** 2 for n in steps[10])
+        assert close(d["step_rel_change"][0][i], math.sqrt(num / den)), (d["step_rel_change"][0][i], math.sqrt(num / den))
+PYEOF
+
 # speed: 1,000 steps x 300 tensors, the index alone
 B="$T/big"
 "$ULPACK" init "$B" > /dev/null || fail "init big"
@@ -189,14 +274,21 @@ PYEOF
 "$PY" - "$ULPACK" "$B" <<'PYEOF' && ok "1,000 steps x 300 tensors: under 1 s of CPU and 100 MB" || fail "speed"
 import resource, subprocess, sys, time
 t0 = time.monotonic()
-out = subprocess.run([sys.argv[1], "dynamics", sys.argv[2], "big", "--json"], stdout=subprocess.PIPE, check=True).stdout
+out = subprocess.run([sys.argv[1], "dynamics", sys.argv[2], "big"], stdout=subprocess.PIPE, check=True).stdout
 wall = time.monotonic() - t0
 ru = resource.getrusage(resource.RUSAGE_CHILDREN)
 cpu, rss_mb = ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024
-print("# 1000 x 300: %.3f s CPU, %.3f s wall, %.1f MB peak, %d bytes of JSON" % (cpu, wall, rss_mb, len(out)))
+print("# 1000 x 300, the table: %.3f s CPU, %.3f s wall, %.1f MB peak" % (cpu, wall, rss_mb))
+assert len(out.splitlines()) == 1000 + 3
+assert cpu < 1.0 and rss_mb < 100, (cpu, rss_mb)
+t0 = time.monotonic()
+out = subprocess.run([sys.argv[1], "dynamics", sys.argv[2], "big", "--json"], stdout=subprocess.PIPE, check=True).stdout
+ru2 = resource.getrusage(resource.RUSAGE_CHILDREN)
+print("# 1000 x 300, --json: %.3f s CPU, %.3f s wall, %d bytes" % (ru2.ru_utime + ru2.ru_stime - cpu,
+      time.monotonic() - t0, len(out)))
 import json
 d = json.loads(out)
 assert len(d["steps"]) == 1000 and len(d["tensors"]) == 300 and len(d["layers"]) == 30
-assert cpu < 1.0 and rss_mb < 100, (cpu, rss_mb)
+assert ru2.ru_maxrss / 1024 < 100, ru2.ru_maxrss
 PYEOF
 finish

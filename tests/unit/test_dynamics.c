@@ -8,7 +8,9 @@
  *    (ulp_stat), update bits, the jump and its layer and tensor; the same
  *    after re-basing to the final layout (backward deltas: the update read
  *    from the step before's blob);
- *  - --tensors' glob, the JSON, and the errors (no such run, a file).
+ *  - --tensors' glob, the JSON, and the errors (no such run, a file);
+ *  - ulp_dynamics_norms and ulp_archive_diff: the decoded change of each
+ *    tensor (the frozen one none), the jump's layer, the order by change.
  */
 #include "tap.h"
 #include "ulpack.h"
@@ -220,6 +222,39 @@ static void test_run(void)
 	CHECK(back >= 3 * (STEPS - 1) - 1, "backward deltas after re-basing: %zu", back);
 	ulp_dynamics_free(d);
 	check_run(a);
+	/* decoded: the frozen tensor unchanged, the others changed; the jump's
+	 * tensor the largest relative change into step 5 */
+	REQUIRE(ulp_archive_dynamics(a, "run", NULL, &d) == 0, "dynamics: %s", ulp_archive_errmsg(a));
+	REQUIRE(ulp_dynamics_norms(a, d, NULL, NULL) == 0, "norms: %s", ulp_archive_errmsg(a));
+	T = d->n_tensors;
+	for (size_t s = 1; s < STEPS; s++) {
+		for (size_t t = 0; t < T; t++) {
+			const ulp_tensor_diff *x = &d->norms[s * T + t];
+			CHECK(x->elements == N && !strcmp(x->name, d->tensors[t]), "step %zu tensor %zu: figures", s + 1, t);
+			if (!strcmp(d->tensors[t], "model.layers.0.frozen"))
+				CHECK(x->changed == 0 && x->rel_change == 0 && x->max_ulps == 0, "frozen: no change");
+			else
+				CHECK(x->changed > 0 && x->rel_change > 0 && x->max_ulps >= x->p99_ulps &&
+				          x->p99_ulps >= x->median_ulps,
+				      "step %zu tensor %zu: a change", s + 1, t);
+		}
+		CHECK(isfinite(d->step_rel_change[s]) && d->step_frac_changed[s] > 0.5, "step %zu: %g", s + 1,
+		      d->step_rel_change[s]);
+	}
+	CHECK(d->layer_rel_change[(JUMP - 1) * 3 + 1] > 5 * d->layer_rel_change[(JUMP - 2) * 3 + 1],
+	      "the jump's layer: %g against %g", d->layer_rel_change[(JUMP - 1) * 3 + 1],
+	      d->layer_rel_change[(JUMP - 2) * 3 + 1]);
+	ulp_dynamics_free(d);
+	ulp_tensor_diff *v = NULL;
+	size_t nv = 0;
+	CHECK(ulp_archive_diff(a, "run/checkpoint-1/model.safetensors", "run/nope", &v, &nv) == -ULP_E_NOENT && !v,
+	      "diff: no such file");
+	REQUIRE(ulp_archive_diff(a, "run/checkpoint-4/model.safetensors", "run/checkpoint-5/model.safetensors", &v,
+	                         &nv) == 0,
+	        "diff: %s", ulp_archive_errmsg(a));
+	CHECK(nv == 4 && !strcmp(v[0].name, "model.layers.1.mlp.weight") && !strcmp(v[3].name, "model.layers.0.frozen"),
+	      "diff: sorted by relative change: %s .. %s", v[0].name, v[nv - 1].name);
+	ulp_tensor_diffs_free(v, nv);
 	ulp_archive_close(a);
 }
 

@@ -85,6 +85,7 @@ size_t ulp_dynamics_layer(const char *name, char *dst, size_t cap)
 typedef struct trow {
 	int64_t step;          /* the step itself, then (build) its index */
 	uint32_t tensor;       /* index */
+	uint32_t path;         /* into dctx paths */
 	int has_ref;
 	int64_t blob;
 	uint64_t content64, ref64;
@@ -110,6 +111,8 @@ typedef struct dctx {
 	size_t n_steps, cap_steps;
 	tkey *keys;
 	size_t n_keys, cap_keys;
+	char **paths;          /* the files' paths, each file's once (its rows come together) */
+	size_t n_paths, cap_paths;
 	size_t *slots;         /* hash table of keys: index + 1, 0 empty */
 	size_t n_slots;        /* a power of two, > 2 n_keys */
 	int rc;
@@ -185,13 +188,19 @@ static int row_cb(void *arg, const ulp_tensorrow *r)
 			return c->rc = -ULP_E_NOMEM;
 		c->steps[c->n_steps++] = r->step;
 	}
+	if (!c->n_paths || strcmp(c->paths[c->n_paths - 1], r->path)) {
+		if (ulp_grow(&c->paths, &c->cap_paths, c->n_paths, sizeof(*c->paths)) < 0 ||
+		    !(c->paths[c->n_paths] = strdup(r->path)))
+			return c->rc = -ULP_E_NOMEM;
+		c->n_paths++;
+	}
 	int64_t t = key_of(c, r);
 	if (t < 0)
 		return c->rc = (int)t;
 	if (ulp_grow(&c->rows, &c->cap_rows, c->n_rows, sizeof(*c->rows)) < 0)
 		return c->rc = -ULP_E_NOMEM;
-	c->rows[c->n_rows++] = (trow){r->step, (uint32_t)t, r->has_ref, r->blob, r->content64, r->ref64, r->stored,
-	                              r->depth, r->codec};
+	c->rows[c->n_rows++] = (trow){r->step, (uint32_t)t, (uint32_t)(c->n_paths - 1), r->has_ref, r->blob,
+	                              r->content64, r->ref64, r->stored, r->depth, r->codec};
 	return 0;
 }
 
@@ -311,6 +320,18 @@ void ulp_dynamics_free(ulp_dynamics *d)
 	free(d->step_bits);
 	free(d->step_update);
 	free(d->step_stored);
+	for (size_t i = 0; d->file_paths && i < d->n_steps * d->n_files; i++)
+		free(d->file_paths[i]);
+	free(d->file_paths);
+	free(d->tensor_file_index);
+	if (d->norms)
+		for (size_t i = 0; i < d->n_steps * d->n_tensors; i++)
+			free(d->norms[i].name);
+	free(d->norms);
+	free(d->layer_rel_change);
+	free(d->step_rel_change);
+	free(d->layer_frac_changed);
+	free(d->step_frac_changed);
 	free(d);
 }
 
@@ -387,6 +408,24 @@ static int build(dctx *c, ulp_dynamics *d)
 		char *key = buf, **hit = bsearch(&key, d->layers, L, sizeof(char *), name_cmp_p);
 		d->tensor_layer[t] = hit ? (size_t)(hit - d->layers) : 0;
 	}
+	/* the files: distinct series, in the order met; each one's path at each step */
+	d->tensor_file_index = calloc(T ? T : 1, sizeof(size_t));
+	size_t F = 0;
+	for (size_t t = 0; rc == 0 && d->tensor_file_index && t < T; t++) {
+		size_t q = 0;
+		while (q < t && strcmp(d->tensor_files[q], d->tensor_files[t]))
+			q++;
+		d->tensor_file_index[t] = q < t ? d->tensor_file_index[q] : F++;
+	}
+	d->n_files = F;
+	d->file_paths = calloc(S * F + 1, sizeof(char *));
+	if (rc == 0 && (!d->tensor_file_index || !d->file_paths))
+		rc = -ULP_E_NOMEM;
+	for (size_t k = 0; rc == 0 && k < c->n_rows; k++) {
+		char **slot = &d->file_paths[(size_t)c->rows[k].step * F + d->tensor_file_index[c->rows[k].tensor]];
+		if (!*slot && !(*slot = strdup(c->paths[c->rows[k].path])))
+			rc = -ULP_E_NOMEM;
+	}
 	d->layer_bits = calloc(S * (L ? L : 1), sizeof(double));
 	d->layer_update = calloc(S * (L ? L : 1), sizeof(double));
 	d->layer_excess = calloc(S * (L ? L : 1), sizeof(double));
@@ -437,20 +476,14 @@ static int build(dctx *c, ulp_dynamics *d)
 		}
 	}
 	/* SAME (invariant 1) and the updates */
-	/* orig: the stored bytes before SAME; sid: each tensor's file, by the
-	 * first tensor of its series; fwd, bwd: links per file at a step */
+	/* orig: the stored bytes before SAME; fwd, bwd: links per file at a step */
 	uint64_t *orig = malloc(S * T * sizeof(*orig));
-	size_t *sid = malloc(T * sizeof(*sid)), *fwd = calloc(T, sizeof(*fwd)), *bwd = calloc(T, sizeof(*bwd));
-	if (!orig || !sid || !fwd || !bwd) {
-		free(orig), free(sid), free(fwd), free(bwd);
+	const size_t *sid = d->tensor_file_index;
+	size_t *fwd = calloc(F + 1, sizeof(*fwd)), *bwd = calloc(F + 1, sizeof(*bwd));
+	if (!orig || !fwd || !bwd) {
+		free(orig), free(fwd), free(bwd);
 		rc = -ULP_E_NOMEM;
 		goto out;
-	}
-	for (size_t t = 0; t < T; t++) {
-		sid[t] = t;
-		for (size_t q = 0; q < t && sid[t] == t; q++)
-			if (sid[q] == q && !strcmp(d->tensor_files[q], d->tensor_files[t]))
-				sid[t] = q;
 	}
 	for (size_t i = 0; i < S * T; i++)
 		orig[i] = d->cells[i].stored_bytes;
@@ -494,11 +527,10 @@ static int build(dctx *c, ulp_dynamics *d)
 			x->update_bits = d->tensor_elements[t] ? 8.0 * (double)orig[at] / (double)d->tensor_elements[t] : 0;
 			x->update_bound = 1;
 		}
-		memset(fwd, 0, T * sizeof(*fwd));
-		memset(bwd, 0, T * sizeof(*bwd));
+		memset(fwd, 0, F * sizeof(*fwd));
+		memset(bwd, 0, F * sizeof(*bwd));
 	}
 	free(orig);
-	free(sid);
 	free(fwd);
 	free(bwd);
 	/* per-weight figures, and their sums per layer and per step */
@@ -591,6 +623,9 @@ int ulp_archive_dynamics(ulp_archive *a, const char *run, const char *glob, ulp_
 		free(c.keys[i].series);
 	}
 	free(c.keys);
+	for (size_t i = 0; i < c.n_paths; i++)
+		free(c.paths[i]);
+	free(c.paths);
 	free(c.slots);
 	free(c.rows);
 	free(c.steps);
@@ -600,6 +635,98 @@ int ulp_archive_dynamics(ulp_archive *a, const char *run, const char *glob, ulp_
 	}
 	*out = d;
 	return 0;
+}
+
+/* ---- decoded figures ---------------------------------------------------------- */
+
+/* The index of tensor name in file f, or SIZE_MAX. */
+static size_t tensor_index(const ulp_dynamics *d, size_t f, const char *name)
+{
+	for (size_t t = 0; t < d->n_tensors; t++)
+		if (d->tensor_file_index[t] == f && !strcmp(d->tensors[t], name))
+			return t;
+	return SIZE_MAX;
+}
+
+int ulp_dynamics_norms(ulp_archive *a, ulp_dynamics *d, ulp_progress_fn progress, void *arg)
+{
+	size_t S = d->n_steps, T = d->n_tensors, L = d->n_layers, F = d->n_files;
+	if (!d->norms) {
+		d->norms = calloc(S * T, sizeof(*d->norms));
+		d->layer_rel_change = calloc(S * L + 1, sizeof(double));
+		d->step_rel_change = calloc(S, sizeof(double));
+		d->layer_frac_changed = calloc(S * L + 1, sizeof(double));
+		d->step_frac_changed = calloc(S, sizeof(double));
+		if (!d->norms || !d->layer_rel_change || !d->step_rel_change || !d->layer_frac_changed ||
+		    !d->step_frac_changed)
+			return ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", d->run);
+	}
+	double *la = calloc(2 * L + 1, sizeof(double)), *ld = la + L;
+	uint64_t *le = calloc(2 * L + 1, sizeof(uint64_t)), *lc = le + L;
+	if (!la || !le) {
+		free(la);
+		free(le);
+		return ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", d->run);
+	}
+	int rc = 0;
+	for (size_t s = 0; s < S && rc == 0; s++) {
+		for (size_t f = 0; s > 0 && f < F && rc == 0; f++) {
+			const char *pa = d->file_paths[(s - 1) * F + f], *pb = d->file_paths[s * F + f];
+			if (!pa || !pb)
+				continue;
+			ulp_tensor_diff *v = NULL;
+			size_t n = 0;
+			rc = ulp_archive_diff(a, pa, pb, &v, &n);
+			if (rc == -ULP_E_INVAL) { /* no tensor in common: no figure */
+				rc = 0;
+				continue;
+			}
+			for (size_t k = 0; rc == 0 && k < n; k++) {
+				size_t t = tensor_index(d, f, v[k].name);
+				if (t == SIZE_MAX)
+					continue;
+				ulp_tensor_diff *x = &d->norms[s * T + t];
+				free(x->name);
+				*x = v[k];
+				v[k].name = NULL; /* taken */
+			}
+			ulp_tensor_diffs_free(v, n);
+		}
+		/* per layer and step: norms summed in squares, counts summed */
+		memset(la, 0, 2 * L * sizeof(double));
+		memset(le, 0, 2 * L * sizeof(uint64_t));
+		double sa = 0, sd = 0;
+		uint64_t se = 0, sc = 0;
+		int any = 0;
+		for (size_t t = 0; t < T; t++) {
+			const ulp_tensor_diff *x = &d->norms[s * T + t];
+			if (!x->elements)
+				continue;
+			size_t l = d->tensor_layer[t];
+			le[l] += x->elements;
+			lc[l] += x->changed;
+			se += x->elements;
+			sc += x->changed;
+			if (isfinite(x->norm_a) && isfinite(x->norm_diff)) {
+				la[l] += x->norm_a * x->norm_a;
+				ld[l] += x->norm_diff * x->norm_diff;
+				sa += x->norm_a * x->norm_a;
+				sd += x->norm_diff * x->norm_diff;
+				any = 1;
+			}
+		}
+		for (size_t l = 0; l < L; l++) {
+			d->layer_rel_change[s * L + l] = la[l] > 0 ? sqrt(ld[l] / la[l]) : NAN;
+			d->layer_frac_changed[s * L + l] = le[l] ? (double)lc[l] / (double)le[l] : NAN;
+		}
+		d->step_rel_change[s] = any && sa > 0 ? sqrt(sd / sa) : NAN;
+		d->step_frac_changed[s] = se ? (double)sc / (double)se : NAN;
+		if (progress)
+			progress(arg, s + 1, S);
+	}
+	free(la);
+	free(le);
+	return rc;
 }
 
 /* ---- text and JSON ------------------------------------------------------------ */
@@ -660,7 +787,7 @@ static void jstr(FILE *f, const char *s)
 static void jnum(FILE *f, double v)
 {
 	if (isfinite(v))
-		fprintf(f, "%.6g", v);
+		fprintf(f, "%.9g", v);
 	else
 		fputs("null", f);
 }
@@ -780,6 +907,39 @@ int ulp_dynamics_json(const ulp_dynamics *d, int compact, char **out, size_t *le
 		}
 		jmat(f, "bits_per_weight", &d->cells[0].bits_per_weight, sizeof(ulp_dyn_cell), S, T);
 		jmat(f, "update_bits_per_weight", &d->cells[0].update_bits, sizeof(ulp_dyn_cell), S, T);
+	}
+	if (d->norms) { /* ulp_dynamics_norms: NaN / null where no figure */
+		jmat(f, "step_rel_change", d->step_rel_change, sizeof(double), 1, S);
+		jmat(f, "step_frac_changed", d->step_frac_changed, sizeof(double), 1, S);
+		jmat(f, "layer_rel_change", d->layer_rel_change, sizeof(double), S, L);
+		jmat(f, "layer_frac_changed", d->layer_frac_changed, sizeof(double), S, L);
+		if (!compact) {
+			static const char *const nk[] = {"rel_change", "frac_changed", "changed", "median_ulps", "p99_ulps",
+			                                 "max_ulps", "exponent_moves"};
+			for (int k = 0; k < 7; k++) {
+				fprintf(f, ",\n \"%s\": [", nk[k]);
+				for (size_t s = 0; s < S; s++) {
+					fputs(s ? ",\n  [" : "\n  [", f);
+					for (size_t t = 0; t < T; t++) {
+						const ulp_tensor_diff *x = &d->norms[s * T + t];
+						if (t)
+							fputc(',', f);
+						if (!x->elements)
+							fputs("null", f);
+						else if (k == 0)
+							jnum(f, x->rel_change);
+						else if (k == 1)
+							jnum(f, x->frac_changed);
+						else
+							fprintf(f, "%llu", (unsigned long long)(k == 2 ? x->changed : k == 3 ? x->median_ulps
+							                                        : k == 4 ? x->p99_ulps : k == 5 ? x->max_ulps
+							                                        : x->exponent_moves));
+					}
+					fputc(']', f);
+				}
+				fputs(S ? "\n ]" : "]", f);
+			}
+		}
 	}
 	fputs("\n}\n", f);
 	int bad = ferror(f);

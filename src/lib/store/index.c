@@ -1079,7 +1079,7 @@ int ulp_index_run_tensors(ulp_archive *a, const char *run, int (*cb)(void *arg, 
 	 * with a join of the references and an ORDER BY) */
 	static const char sql[] =
 		"SELECT e.series, x.name, e.step, x.dtype, x.length, b.id, b.content, b.ref, b.codec, b.depth,"
-		" b.stored_size FROM entries e JOIN extents x ON x.file = e.id JOIN blobs b ON b.id = x.blob"
+		" b.stored_size, e.path FROM entries e JOIN extents x ON x.file = e.id JOIN blobs b ON b.id = x.blob"
 		" WHERE e.type = 0 AND e.step IS NOT NULL AND e.series IS NOT NULL AND"
 		" (?1 = '' OR " ULP_BELOW("e.path", "?1") ") AND x.name IS NOT NULL AND x.length > 0";
 	sqlite3 *db = ulp_db(a);
@@ -1097,8 +1097,9 @@ int ulp_index_run_tensors(ulp_archive *a, const char *run, int (*cb)(void *arg, 
 		                   .blob = sqlite3_column_int64(st, 5),
 		                   .codec = sqlite3_column_int(st, 8),
 		                   .depth = (unsigned)sqlite3_column_int(st, 9),
-		                   .stored = (uint64_t)sqlite3_column_int64(st, 10)};
-		if (!t.series || !t.name || sqlite3_column_bytes(st, 6) != ULP_SHA256_LEN)
+		                   .stored = (uint64_t)sqlite3_column_int64(st, 10),
+		                   .path = (const char *)sqlite3_column_text(st, 11)};
+		if (!t.series || !t.name || !t.path || sqlite3_column_bytes(st, 6) != ULP_SHA256_LEN)
 			continue; /* out of memory in SQLite, a damaged row: passed over, not misread */
 		memcpy(&t.content64, sqlite3_column_blob(st, 6), 8);
 		t.has_ref = sqlite3_column_bytes(st, 7) == ULP_SHA256_LEN;
