@@ -981,7 +981,8 @@ size_t ulp_dynamics_layer(const char *name, char *dst, size_t cap);
  *  archive) from its index alone: the files with a step under it, their
  *  tensors whose name matches glob (fnmatch(3), NULL for all). One query,
  *  nothing decoded. Errors: NOENT (no such directory, or no tensor with a
- *  step under it), NOMEM. Caller frees *out with ulp_dynamics_free. */
+ *  step under it; a step directory or a path in one), NOTDIR, NOMEM.
+ *  Caller frees *out with ulp_dynamics_free. */
 int ulp_archive_dynamics(ulp_archive *a, const char *run, const char *glob, ulp_dynamics **out);
 void ulp_dynamics_free(ulp_dynamics *d);
 /** Adds the decoded figures of each step's update (ulp_archive_diff of each

@@ -11,6 +11,7 @@
 #    its fill, the hottest cell's colour is not the coldest's, and the framed
 #    hottest cells are the planted step's;
 #  - --tensors GLOB; the errors (no such run, missing arguments);
+#  - a mount's user.ulpack.dynamics on a run directory (the compact JSON);
 #  - --norms and `ulpack diff` (decoded through the file reads) against
 #    numpy on the safetensors files themselves, bf16 and f32: counts and
 #    ULP percentiles exact, relative norms to 1e-6;
@@ -155,6 +156,22 @@ assert d['jump']['step'] == 1300" "$T/g.json" && ok "--tensors keeps the matchin
 [ $rc = 1 ] && grep -q "nope" "$T/err" && ok "no such run: exit 1, named" || fail "no such run: rc $rc $(cat "$T/err")"
 "$ULPACK" dynamics "$A" > /dev/null 2>&1; rc=$?
 [ $rc = 2 ] && ok "a missing argument: exit 2" || fail "missing argument: rc $rc"
+
+# a mount: a run directory's user.ulpack.dynamics, the compact JSON of the view
+need_fuse
+M="$T/mnt"
+mount_fs "$A" "$M" -o ro || fail "mount"
+getfattr --only-values -n user.ulpack.dynamics "$M/run" > "$T/x.json" 2> "$T/err" || fail "getfattr: $(cat "$T/err")"
+getfattr --only-values -n user.ulpack.dynamics "$M/run/checkpoint-100" > /dev/null 2>&1 \
+	&& fail "a step directory has a dynamics xattr"
+"$PY" - "$T/x.json" "$T/d.json" <<'PYEOF' && ok "user.ulpack.dynamics on the mount: the view's compact JSON" || fail "xattr: $(head -c 300 "$T/x.json")"
+import json, sys
+x, d = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert "role" not in x and "tensors" not in x
+for k in ("run", "summary", "steps", "layers", "jump", "step_stored_bytes", "layer_update_bits_per_weight", "layer_excess_bits"):
+    assert x[k] == d[k], k
+PYEOF
+umount_fs "$M"
 
 # --norms and ulpack diff against numpy, on the files themselves: bf16 and
 # f32 tensors (synth --dtype mixed), counts and ULPs exact, norms to 1e-6

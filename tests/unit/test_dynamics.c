@@ -206,6 +206,9 @@ static void test_run(void)
 	CHECK(ulp_archive_dynamics(a, "nope", NULL, &d) == -ULP_E_NOENT && !d, "no such run: NOENT");
 	CHECK(ulp_archive_dynamics(a, "run/checkpoint-1/model.safetensors", NULL, &d) == -ULP_E_NOTDIR && !d,
 	      "a file: NOTDIR");
+	CHECK(ulp_archive_dynamics(a, "run/checkpoint-1", NULL, &d) == -ULP_E_NOENT && !d &&
+	          strstr(ulp_archive_errmsg(a), "a step directory, not a run"),
+	      "a step directory: NOENT: %s", ulp_archive_errmsg(a));
 	REQUIRE(ulp_archive_dynamics(a, "", NULL, &d) == 0, "the root: %s", ulp_archive_errmsg(a));
 	CHECK(d->n_steps == STEPS && !strcmp(d->tensor_files[0], "run/checkpoint-{S}/model.safetensors"),
 	      "the root: files %s", d->tensor_files[0]);

@@ -606,6 +606,15 @@ int ulp_archive_dynamics(ulp_archive *a, const char *run, const char *glob, ulp_
 	ULP_TRY(ulp_archive_stat(a, p, &st));
 	if (!st.is_dir)
 		return ulp_arch_err(a, -ULP_E_NOTDIR, "%s: not a directory (a run is one)", p);
+	for (const char *c = p; *c;) { /* steps.c's rule: no step directory, nor in one */
+		const char *e = strchr(c, '/');
+		size_t l = e ? (size_t)(e - c) : strlen(c);
+		char comp[ULP_NAME_MAX + 1];
+		snprintf(comp, sizeof(comp), "%.*s", (int)ULP_MIN(l, ULP_NAME_MAX), c);
+		if (ulp_name_step(comp) >= 0)
+			return ulp_arch_err(a, -ULP_E_NOENT, "%s: %s step directory, not a run directory", p, e ? "in a" : "a");
+		c = e ? e + 1 : c + l;
+	}
 	dctx c = {.a = a, .glob = glob, .run_len = p[0] ? strlen(p) + 1 : 0};
 	int rc = ulp_index_run_tensors(a, p, row_cb, &c);
 	if (rc >= 0 && c.rc < 0)
