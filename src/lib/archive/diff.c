@@ -19,13 +19,17 @@
  *    percentile with method="lower"), found by a radix select over 16-bit
  *    digits (no copy of the distances);
  *  - rel_change = sqrt(sum (b - a)^2) / sqrt(sum a^2), the values converted
- *    to double and summed in double, in element order;
+ *    to double and summed in double by blocks of 2^20 elements, the blocks
+ *    in order;
  *  - exponent moves: elements whose exponent field differs.
  *
  * Invariants:
  *  1. At most two tensors (one of each file) are held at a time.
  *  2. The result is sorted by rel_change, largest first, NaN last, ties by
  *     name: the same files give the same order.
+ *  3. A pair is compared in blocks of SCAN_BLOCK elements on the archive's
+ *     pool; the blocks' sums are added in block order, so the figures do not
+ *     depend on the threads.
  */
 #include "arch_int.h"
 #include <math.h>
@@ -50,44 +54,11 @@ static int fmt_of(int dt, fmt *f)
 	}
 }
 
-static uint64_t bits_at(const uint8_t *p, unsigned size, size_t i)
-{
-	uint64_t u = 0;
-	memcpy(&u, p + i * size, size); /* little-endian, as safetensors and the codec */
-	return u;
-}
-
-static uint64_t ordered(uint64_t u, unsigned size)
-{
-	uint64_t sign = (uint64_t)1 << (8 * size - 1), mask = size == 8 ? ~(uint64_t)0 : (sign << 1) - 1;
-	return u & sign ? ~u & mask : u | sign;
-}
-
-static uint64_t dist(const uint8_t *a, const uint8_t *b, unsigned size, size_t i)
-{
-	uint64_t x = ordered(bits_at(a, size, i), size), y = ordered(bits_at(b, size, i), size);
-	return x > y ? x - y : y - x;
-}
+/* The ordered integer of a W-bit float's bits u (sign bit sg, all bits mk). */
+#define ORD(u, sg, mk) ((u) & (sg) ? ~(u) & (mk) : (u) | (sg))
 
 static double value(uint64_t u, const fmt *f)
 {
-	if (f->size == 4) {
-		float v;
-		uint32_t w = (uint32_t)u;
-		memcpy(&v, &w, 4);
-		return v;
-	}
-	if (f->size == 8) {
-		double v;
-		memcpy(&v, &u, 8);
-		return v;
-	}
-	if (f->mbits == 7) { /* bf16: the high half of an f32 */
-		float v;
-		uint32_t w = (uint32_t)u << 16;
-		memcpy(&v, &w, 4);
-		return v;
-	}
 	unsigned top = f->ebits + f->mbits;
 	int neg = (int)((u >> top) & 1);
 	uint64_t e = (u >> f->mbits) & ((1u << f->ebits) - 1), m = u & ((1u << f->mbits) - 1);
@@ -104,36 +75,160 @@ static double value(uint64_t u, const fmt *f)
 	return neg ? -v : v;
 }
 
-/* The k-th smallest ULP distance (0-based) over n elements: radix select on
- * 16-bit digits, from the top, each pass over the elements that share the
- * digits found so far. */
-static int select_rank(const uint8_t *a, const uint8_t *b, unsigned size, size_t n, uint64_t k, uint64_t *out)
+/* What a pass over a block of elements gathers (its sums are added in
+ * block order: the same figures whatever the threads). */
+typedef struct blk {
+	uint64_t changed, maxd, emoves;
+	double sa, sd;
+} blk;
+
+/* The histogram of every element's distance by its top 16 bits (all its
+ * bits for 8 and 16-bit formats), and where to find the rest. */
+typedef struct acc {
+	uint64_t *hist;
+	unsigned hshift;
+} acc;
+
+static inline double v_bf16(uint16_t x)
 {
-	uint64_t *h = malloc(65536 * sizeof(*h));
-	if (!h)
-		return -ULP_E_NOMEM;
-	unsigned w = size * 8 < 16 ? 16 : size * 8;
-	uint64_t hi = 0;
-	for (int shift = (int)w - 16; shift >= 0; shift -= 16) {
-		memset(h, 0, 65536 * sizeof(*h));
-		unsigned above = (unsigned)shift + 16;
-		for (size_t i = 0; i < n; i++) {
-			uint64_t d = dist(a, b, size, i);
-			if (above < 64 && (d >> above) != hi)
-				continue;
-			h[(d >> shift) & 0xffff]++;
-		}
-		uint64_t digit = 0;
-		while (digit < 65535 && k >= h[digit])
-			k -= h[digit++];
-		hi = hi << 16 | digit;
+	uint32_t w = (uint32_t)x << 16;
+	float v;
+	memcpy(&v, &w, 4);
+	return v;
+}
+
+static inline double v_f32(uint32_t x)
+{
+	float v;
+	memcpy(&v, &x, 4);
+	return v;
+}
+
+static inline double v_f64(uint64_t x)
+{
+	double v;
+	memcpy(&v, &x, 8);
+	return v;
+}
+
+typedef struct scan {
+	const uint8_t *a, *b;
+	size_t n, nb, jobs;
+	fmt f;
+	int dtype;
+	const double *tab;     /* f16, f8: every value */
+	unsigned hshift;
+	blk *blks;             /* nb */
+	uint64_t *hists;       /* jobs x 65536 */
+} scan;
+
+#define SCAN_BLOCK ((size_t)1 << 20) /* elements */
+
+/* A function that scans elements [lo, hi) of type T (W bits) into o and h;
+ * VAL gives a value of bits x. */
+#define SCAN_FN(NAME, T, W, VAL)                                                                             \
+	static void NAME(const scan *c, size_t lo, size_t hi, blk *o, uint64_t *h)                            \
+	{                                                                                                     \
+		const T sg = (T)((T)1 << ((W) - 1)), mk = (T)~(T)0;                                          \
+		const uint64_t em = ((uint64_t)1 << c->f.ebits) - 1;                                          \
+		const unsigned mb = c->f.mbits, hs = c->hshift;                                               \
+		const double *tab = c->tab;                                                                   \
+		(void)tab;                                                                                    \
+		for (size_t i = lo; i < hi; i++) {                                                            \
+			T x, y;                                                                               \
+			memcpy(&x, c->a + i * sizeof(T), sizeof(T));                                          \
+			memcpy(&y, c->b + i * sizeof(T), sizeof(T));                                          \
+			double va = VAL(x);                                                                   \
+			o->sa += va * va;                                                                     \
+			if (x == y)                                                                           \
+				continue;                                                                     \
+			T ox = (T)ORD(x, sg, mk), oy = (T)ORD(y, sg, mk);                                     \
+			uint64_t d = ox > oy ? (uint64_t)(ox - oy) : (uint64_t)(oy - ox);                     \
+			o->changed++;                                                                         \
+			o->maxd = d > o->maxd ? d : o->maxd;                                                  \
+			h[d >> hs]++;                                                                         \
+			o->emoves += (((uint64_t)x >> mb) & em) != (((uint64_t)y >> mb) & em);                \
+			double dv = VAL(y) - va;                                                              \
+			o->sd += dv * dv;                                                                     \
+		}                                                                                             \
 	}
-	free(h);
+
+#define V_TAB(x) tab[x]
+SCAN_FN(scan_f32, uint32_t, 32, v_f32)
+SCAN_FN(scan_f64, uint64_t, 64, v_f64)
+SCAN_FN(scan_bf16, uint16_t, 16, v_bf16)
+SCAN_FN(scan_tab16, uint16_t, 16, V_TAB)
+SCAN_FN(scan_tab8, uint8_t, 8, V_TAB)
+
+/* Job j: blocks j, j + jobs, ... into their blk and job j's histogram. */
+static int scan_job(void *arg, size_t j)
+{
+	const scan *c = arg;
+	uint64_t *h = c->hists + j * 65536;
+	for (size_t k = j; k < c->nb; k += c->jobs) {
+		size_t lo = k * SCAN_BLOCK, hi = ULP_MIN(c->n, lo + SCAN_BLOCK);
+		blk *o = &c->blks[k];
+		switch (c->f.size) {
+		case 4: scan_f32(c, lo, hi, o, h); break;
+		case 8: scan_f64(c, lo, hi, o, h); break;
+		case 2:
+			if (c->dtype == ULP_DT_BF16)
+				scan_bf16(c, lo, hi, o, h);
+			else
+				scan_tab16(c, lo, hi, o, h);
+			break;
+		default: scan_tab8(c, lo, hi, o, h); break;
+		}
+	}
+	return 0;
+}
+
+/* The distance at rank k (0-based): its top digit from the histogram, the
+ * lower 16-bit digits (W > 16) by a pass each over the elements that share
+ * the digits found so far. */
+#define REFINE(T, W)                                                                                         \
+	do {                                                                                                  \
+		const T sg = (T)((T)1 << ((W) - 1)), mk = (T)~(T)0;                                          \
+		for (int shift = (int)z->hshift - 16; shift >= 0; shift -= 16) {                              \
+			memset(h, 0, 65536 * sizeof(*h));                                                     \
+			unsigned above = (unsigned)shift + 16;                                                \
+			for (size_t i = 0; i < n; i++) {                                                      \
+				T x, y;                                                                       \
+				memcpy(&x, a + i * sizeof(T), sizeof(T));                                     \
+				memcpy(&y, b + i * sizeof(T), sizeof(T));                                     \
+				T ox = (T)ORD(x, sg, mk), oy = (T)ORD(y, sg, mk);                             \
+				uint64_t d = ox > oy ? (uint64_t)(ox - oy) : (uint64_t)(oy - ox);             \
+				if ((d >> above) == hi)                                                       \
+					h[(d >> shift) & 0xffff]++;                                           \
+			}                                                                                     \
+			uint64_t digit = 0;                                                                   \
+			while (digit < 65535 && k >= h[digit])                                                \
+				k -= h[digit++];                                                              \
+			hi = hi << 16 | digit;                                                                \
+		}                                                                                             \
+	} while (0)
+
+static int select_rank(const uint8_t *a, const uint8_t *b, unsigned size, size_t n, const acc *z, uint64_t k,
+                       uint64_t *out)
+{
+	uint64_t hi = 0;
+	while (hi < 65535 && k >= z->hist[hi])
+		k -= z->hist[hi++];
+	if (z->hshift) {
+		uint64_t *h = malloc(65536 * sizeof(*h));
+		if (!h)
+			return -ULP_E_NOMEM;
+		if (size == 4)
+			REFINE(uint32_t, 32);
+		else
+			REFINE(uint64_t, 64);
+		free(h);
+	}
 	*out = hi;
 	return 0;
 }
 
-static int compare(const uint8_t *a, const uint8_t *b, size_t bytes, ulp_tensor_diff *r)
+static int compare(ulp_pool *pool, const uint8_t *a, const uint8_t *b, size_t bytes, ulp_tensor_diff *r)
 {
 	fmt f;
 	int is_float = fmt_of(r->dtype, &f);
@@ -150,31 +245,55 @@ static int compare(const uint8_t *a, const uint8_t *b, size_t bytes, ulp_tensor_
 		r->frac_changed = n ? (double)r->changed / (double)n : 0;
 		return 0;
 	}
-	double sa = 0, sd = 0;
-	uint64_t emask = ((uint64_t)1 << f.ebits) - 1;
-	for (size_t i = 0; i < n; i++) {
-		uint64_t x = bits_at(a, size, i), y = bits_at(b, size, i);
-		double va = value(x, &f), vb = value(y, &f);
-		sa += va * va;
-		if (x != y) {
-			r->changed++;
-			double dv = vb - va;
-			sd += dv * dv;
-			uint64_t d = dist(a, b, size, i);
-			if (d > r->max_ulps)
-				r->max_ulps = d;
-			r->exponent_moves += ((x >> f.mbits) & emask) != ((y >> f.mbits) & emask);
-		}
+	scan c = {.a = a, .b = b, .n = n, .f = f, .dtype = r->dtype, .hshift = size == 1 ? 0 : size * 8 - 16};
+	c.nb = (n + SCAN_BLOCK - 1) / SCAN_BLOCK;
+	c.jobs = ULP_MIN(c.nb, (size_t)ulp_pool_threads(pool));
+	c.jobs = c.jobs ? ULP_MIN(c.jobs, 16) : 1;
+	c.blks = calloc(c.nb + 1, sizeof(*c.blks));
+	c.hists = calloc(c.jobs * 65536, sizeof(*c.hists));
+	double *tab = NULL;
+	if (c.blks && c.hists && size <= 2 && r->dtype != ULP_DT_BF16) { /* f16, f8: a table of every value */
+		size_t nv = (size_t)1 << (8 * size);
+		if ((tab = malloc(nv * sizeof(*tab))) != NULL)
+			for (size_t u = 0; u < nv; u++)
+				tab[u] = value(u, &f);
+		c.tab = tab;
 	}
+	if (!c.blks || !c.hists || (size <= 2 && r->dtype != ULP_DT_BF16 && !tab)) {
+		free(c.blks);
+		free(c.hists);
+		free(tab);
+		return -ULP_E_NOMEM;
+	}
+	ulp_pool_run(c.jobs > 1 ? pool : NULL, c.jobs, scan_job, &c);
+	free(tab);
+	/* the blocks' figures in block order; the histograms added into the first */
+	acc z = {c.hists, c.hshift};
+	for (size_t j = 1; j < c.jobs; j++)
+		for (size_t k = 0; k < 65536; k++)
+			z.hist[k] += c.hists[j * 65536 + k];
+	double sa = 0, sd = 0;
+	for (size_t k = 0; k < c.nb; k++) {
+		r->changed += c.blks[k].changed;
+		r->max_ulps = ULP_MAX(r->max_ulps, c.blks[k].maxd);
+		r->exponent_moves += c.blks[k].emoves;
+		sa += c.blks[k].sa;
+		sd += c.blks[k].sd;
+	}
+	free(c.blks);
+	z.hist[0] += n - r->changed; /* the unchanged: distance 0 */
 	r->frac_changed = n ? (double)r->changed / (double)n : 0;
 	r->norm_a = sqrt(sa);
 	r->norm_diff = sqrt(sd);
 	r->rel_change = sa > 0 ? r->norm_diff / r->norm_a : sd > 0 ? NAN : 0;
+	int rc = 0;
 	if (n && r->changed) {
-		ULP_TRY(select_rank(a, b, size, n, (uint64_t)(n - 1) / 2, &r->median_ulps));
-		ULP_TRY(select_rank(a, b, size, n, (uint64_t)floor(0.99 * (double)(n - 1)), &r->p99_ulps));
+		rc = select_rank(a, b, size, n, &z, (uint64_t)(n - 1) / 2, &r->median_ulps);
+		if (rc == 0)
+			rc = select_rank(a, b, size, n, &z, (uint64_t)floor(0.99 * (double)(n - 1)), &r->p99_ulps);
 	}
-	return 0;
+	free(c.hists);
+	return rc;
 }
 
 /* ---- files ---------------------------------------------------------------------- */
@@ -288,7 +407,7 @@ int ulp_archive_diff(ulp_archive *a, const char *path_a, const char *path_b, ulp
 		}
 		r->dtype = x->dtype;
 		nr++;
-		if ((rc = compare(ba, bb, (size_t)x->length, r)) < 0) {
+		if ((rc = compare(a->pool, ba, bb, (size_t)x->length, r)) < 0) {
 			rc = ulp_arch_err(a, rc, "%s: out of memory for tensor %s", pa, x->name);
 			break;
 		}
