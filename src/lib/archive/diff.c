@@ -208,27 +208,34 @@ static int scan_job(void *arg, size_t j)
 		}                                                                                             \
 	} while (0)
 
-static int select_rank(const uint8_t *a, const uint8_t *b, unsigned size, size_t n, const acc *z, uint64_t k,
-                       uint64_t *out)
+/* h: room for a histogram of 65536 counts. */
+static void select_rank(const uint8_t *a, const uint8_t *b, unsigned size, size_t n, const acc *z, uint64_t k,
+                        uint64_t *h, uint64_t *out)
 {
 	uint64_t hi = 0;
 	while (hi < 65535 && k >= z->hist[hi])
 		k -= z->hist[hi++];
 	if (z->hshift) {
-		uint64_t *h = malloc(65536 * sizeof(*h));
-		if (!h)
-			return -ULP_E_NOMEM;
 		if (size == 4)
 			REFINE(uint32_t, 32);
 		else
 			REFINE(uint64_t, 64);
-		free(h);
 	}
 	*out = hi;
-	return 0;
 }
 
-static int compare(ulp_pool *pool, const uint8_t *a, const uint8_t *b, size_t bytes, ulp_tensor_diff *r)
+/* Buffers that one ulp_archive_diff reuses from tensor to tensor (fresh
+ * ones cost a page fault a page each time). */
+typedef struct scratch {
+	uint64_t *hists;       /* (MAX_JOBS + 1) x 65536 counts */
+	blk *blks;
+	size_t cap_blks;
+} scratch;
+
+#define MAX_JOBS 16
+
+static int compare(ulp_pool *pool, scratch *sc, const uint8_t *a, const uint8_t *b, size_t bytes,
+                   ulp_tensor_diff *r)
 {
 	fmt f;
 	int is_float = fmt_of(r->dtype, &f);
@@ -248,23 +255,30 @@ static int compare(ulp_pool *pool, const uint8_t *a, const uint8_t *b, size_t by
 	scan c = {.a = a, .b = b, .n = n, .f = f, .dtype = r->dtype, .hshift = size == 1 ? 0 : size * 8 - 16};
 	c.nb = (n + SCAN_BLOCK - 1) / SCAN_BLOCK;
 	c.jobs = ULP_MIN(c.nb, (size_t)ulp_pool_threads(pool));
-	c.jobs = c.jobs ? ULP_MIN(c.jobs, 16) : 1;
-	c.blks = calloc(c.nb + 1, sizeof(*c.blks));
-	c.hists = calloc(c.jobs * 65536, sizeof(*c.hists));
+	c.jobs = c.jobs ? ULP_MIN(c.jobs, MAX_JOBS) : 1;
+	if (!sc->hists && !(sc->hists = malloc((MAX_JOBS + 1) * 65536 * sizeof(*sc->hists))))
+		return -ULP_E_NOMEM;
+	if (c.nb > sc->cap_blks) {
+		blk *nbk = realloc(sc->blks, c.nb * sizeof(*nbk));
+		if (!nbk)
+			return -ULP_E_NOMEM;
+		sc->blks = nbk;
+		sc->cap_blks = c.nb;
+	}
+	c.blks = sc->blks;
+	c.hists = sc->hists;
+	memset(c.blks, 0, c.nb * sizeof(*c.blks));
+	memset(c.hists, 0, c.jobs * 65536 * sizeof(*c.hists));
 	double *tab = NULL;
-	if (c.blks && c.hists && size <= 2 && r->dtype != ULP_DT_BF16) { /* f16, f8: a table of every value */
+	if (size <= 2 && r->dtype != ULP_DT_BF16) { /* f16, f8: a table of every value */
 		size_t nv = (size_t)1 << (8 * size);
 		if ((tab = malloc(nv * sizeof(*tab))) != NULL)
 			for (size_t u = 0; u < nv; u++)
 				tab[u] = value(u, &f);
 		c.tab = tab;
 	}
-	if (!c.blks || !c.hists || (size <= 2 && r->dtype != ULP_DT_BF16 && !tab)) {
-		free(c.blks);
-		free(c.hists);
-		free(tab);
+	if (size <= 2 && r->dtype != ULP_DT_BF16 && !tab)
 		return -ULP_E_NOMEM;
-	}
 	ulp_pool_run(c.jobs > 1 ? pool : NULL, c.jobs, scan_job, &c);
 	free(tab);
 	/* the blocks' figures in block order; the histograms added into the first */
@@ -280,20 +294,17 @@ static int compare(ulp_pool *pool, const uint8_t *a, const uint8_t *b, size_t by
 		sa += c.blks[k].sa;
 		sd += c.blks[k].sd;
 	}
-	free(c.blks);
 	z.hist[0] += n - r->changed; /* the unchanged: distance 0 */
 	r->frac_changed = n ? (double)r->changed / (double)n : 0;
 	r->norm_a = sqrt(sa);
 	r->norm_diff = sqrt(sd);
 	r->rel_change = sa > 0 ? r->norm_diff / r->norm_a : sd > 0 ? NAN : 0;
-	int rc = 0;
 	if (n && r->changed) {
-		rc = select_rank(a, b, size, n, &z, (uint64_t)(n - 1) / 2, &r->median_ulps);
-		if (rc == 0)
-			rc = select_rank(a, b, size, n, &z, (uint64_t)floor(0.99 * (double)(n - 1)), &r->p99_ulps);
+		uint64_t *h = sc->hists + MAX_JOBS * 65536;
+		select_rank(a, b, size, n, &z, (uint64_t)(n - 1) / 2, h, &r->median_ulps);
+		select_rank(a, b, size, n, &z, (uint64_t)floor(0.99 * (double)(n - 1)), h, &r->p99_ulps);
 	}
-	free(c.hists);
-	return rc;
+	return 0;
 }
 
 /* ---- files ---------------------------------------------------------------------- */
@@ -369,6 +380,7 @@ int ulp_archive_diff(ulp_archive *a, const char *path_a, const char *path_b, ulp
 	ulp_tensor_diff *res = NULL;
 	size_t nr = 0;
 	uint8_t *ba = NULL, *bb = NULL;
+	scratch sc = {0};
 	int rc = ulp_file_open(a, pa, &fa);
 	if (rc >= 0)
 		rc = ulp_file_open(a, pb, &fb);
@@ -377,8 +389,6 @@ int ulp_archive_diff(ulp_archive *a, const char *path_a, const char *path_b, ulp
 	if (rc == -ULP_E_NOMEM)
 		rc = ulp_arch_err(a, rc, "%s: out of memory", pa);
 	if (rc >= 0) {
-		ulp_file_set_readahead(fa, 0);
-		ulp_file_set_readahead(fb, 0);
 		if (lb.n)
 			qsort(lb.v, lb.n, sizeof(*lb.v), named_cmp);
 		if (la.n && !(res = calloc(la.n, sizeof(*res))))
@@ -407,7 +417,7 @@ int ulp_archive_diff(ulp_archive *a, const char *path_a, const char *path_b, ulp
 		}
 		r->dtype = x->dtype;
 		nr++;
-		if ((rc = compare(a->pool, ba, bb, (size_t)x->length, r)) < 0) {
+		if ((rc = compare(a->pool, &sc, ba, bb, (size_t)x->length, r)) < 0) {
 			rc = ulp_arch_err(a, rc, "%s: out of memory for tensor %s", pa, x->name);
 			break;
 		}
@@ -416,6 +426,8 @@ int ulp_archive_diff(ulp_archive *a, const char *path_a, const char *path_b, ulp
 		rc = ulp_arch_err(a, -ULP_E_INVAL, "%s and %s: no tensor of the same name, dtype and size in both", pa, pb);
 	free(ba);
 	free(bb);
+	free(sc.hists);
+	free(sc.blks);
 	ulp_file_close(fa);
 	ulp_file_close(fb);
 	for (size_t i = 0; i < la.n; i++)
