@@ -10,18 +10,121 @@
  *    from the step before's blob);
  *  - --tensors' glob, the JSON, and the errors (no such run, a file);
  *  - ulp_dynamics_norms and ulp_archive_diff: the decoded change of each
- *    tensor (the frozen one none), the jump's layer, the order by change.
+ *    tensor (the frozen one none), the jump's layer, the order by change;
+ *  - out of memory: every allocation of ulp_archive_dynamics and
+ *    ulp_dynamics_json failed in turn (malloc, calloc, realloc, strdup are
+ *    wrapped: GNU ld --wrap, as test_faults): NOMEM, nothing returned, and
+ *    the same view once none fails (valgrind: nothing leaks).
  */
 #include "tap.h"
 #include "ulpack.h"
+#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 static char root[256];
+
+/* ---- allocation faults: the armed thread's nth allocation fails ---------- */
+
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t size);
+void *__real_realloc(void *p, size_t n);
+char *__real_strdup(const char *s);
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t n, size_t size);
+void *__wrap_realloc(void *p, size_t n);
+char *__wrap_strdup(const char *s);
+static long fault_at; /* 0: off; else the allocation (1-based) that fails */
+static long fault_calls;
+static pthread_t fault_thread;
+
+static int fault_now(void)
+{
+	if (!fault_at || !pthread_equal(pthread_self(), fault_thread))
+		return 0;
+	return ++fault_calls == fault_at;
+}
+
+void *__wrap_malloc(size_t n)
+{
+	if (fault_now()) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	return __real_malloc(n);
+}
+
+void *__wrap_calloc(size_t n, size_t size)
+{
+	if (fault_now()) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	return __real_calloc(n, size);
+}
+
+void *__wrap_realloc(void *p, size_t n)
+{
+	if (fault_now()) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	return __real_realloc(p, n);
+}
+
+char *__wrap_strdup(const char *s)
+{
+	if (fault_now()) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	return __real_strdup(s);
+}
+
+/* ulp_archive_dynamics and ulp_dynamics_json with allocation n failing. */
+static int dyn_with_fault(ulp_archive *a, long n, char **js)
+{
+	ulp_dynamics *d = NULL;
+	size_t jl = 0;
+	*js = NULL;
+	fault_thread = pthread_self();
+	fault_calls = 0;
+	fault_at = n;
+	int rc = ulp_archive_dynamics(a, "run", NULL, &d);
+	if (rc == 0)
+		rc = ulp_dynamics_json(d, 0, js, &jl);
+	else
+		CHECK(d == NULL, "allocation %ld: nothing returned on failure", n);
+	fault_at = 0;
+	ulp_dynamics_free(d);
+	return rc;
+}
+
+static void test_faults(ulp_archive *a)
+{
+	char *want = NULL;
+	REQUIRE(dyn_with_fault(a, 0, &want) == 0 && want, "the view without faults");
+	long n = 1, fails = 0;
+	for (; n < 100000; n++) {
+		char *js = NULL;
+		int rc = dyn_with_fault(a, n, &js);
+		if (fault_calls < n) { /* it made fewer allocations: every one was failed once */
+			CHECK(rc == 0 && js && !strcmp(js, want), "allocation %ld: not reached, the same view", n);
+			free(js);
+			break;
+		}
+		fails += rc == -ULP_E_NOMEM;
+		CHECK(rc == -ULP_E_NOMEM && !js, "allocation %ld failed: rc %d, want NOMEM", n, rc);
+		free(js);
+	}
+	CHECK(n > 20 && fails == n - 1, "%ld allocations failed in turn (%ld NOMEM)", n - 1, fails);
+	free(want);
+}
 
 #define N 8192
 #define STEPS 8
@@ -258,6 +361,7 @@ static void test_run(void)
 	CHECK(nv == 4 && !strcmp(v[0].name, "model.layers.1.mlp.weight") && !strcmp(v[3].name, "model.layers.0.frozen"),
 	      "diff: sorted by relative change: %s .. %s", v[0].name, v[nv - 1].name);
 	ulp_tensor_diffs_free(v, nv);
+	test_faults(a);
 	ulp_archive_close(a);
 }
 

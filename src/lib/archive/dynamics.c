@@ -245,14 +245,15 @@ static double excess_at(const double *v, size_t n, size_t stride, size_t i)
 	return isfinite(x) && isfinite(med) ? x - med : NAN;
 }
 
-static void find_jump(ulp_dynamics *d)
+/* Sets d->jump and has_jump where there is one; NOMEM. */
+static int find_jump(ulp_dynamics *d)
 {
 	size_t best = SIZE_MAX;
 	for (size_t i = 0; i < d->n_steps; i++)
 		if (isfinite(d->step_excess[i]) && (best == SIZE_MAX || d->step_excess[i] > d->step_excess[best]))
 			best = i;
 	if (best == SIZE_MAX)
-		return;
+		return 0;
 	ulp_dyn_jump *j = &d->jump;
 	memset(j, 0, sizeof(*j));
 	j->step_index = best;
@@ -267,7 +268,7 @@ static void find_jump(ulp_dynamics *d)
 		if (isfinite(lx[l]) && (top == SIZE_MAX || lx[l] > lx[top]))
 			top = l;
 	if (top == SIZE_MAX)
-		return;
+		return 0;
 	j->layer_first = j->layer_last = top;
 	j->layer_excess = lx[top];
 	while (j->layer_first > 0 && isfinite(lx[j->layer_first - 1]) && lx[j->layer_first - 1] >= lx[top] / 2)
@@ -278,7 +279,7 @@ static void find_jump(ulp_dynamics *d)
 	size_t T = d->n_tensors, tt = SIZE_MAX;
 	double *col = malloc(d->n_steps * sizeof(*col));
 	if (!col)
-		return;
+		return -ULP_E_NOMEM;
 	j->tensor_excess = NAN;
 	for (size_t t = 0; t < T; t++) {
 		for (size_t s = 0; s < d->n_steps; s++)
@@ -292,6 +293,7 @@ static void find_jump(ulp_dynamics *d)
 	free(col);
 	j->top_tensor = tt == SIZE_MAX ? 0 : tt;
 	d->has_jump = 1;
+	return 0;
 }
 
 void ulp_dynamics_free(ulp_dynamics *d)
@@ -583,7 +585,7 @@ static int build(dctx *c, ulp_dynamics *d)
 			d->layer_excess[s * L + l] = excess_at(d->layer_update + l, S, L, s);
 		d->step_excess[s] = excess_at(d->step_update, S, 1, s);
 	}
-	find_jump(d);
+	rc = find_jump(d);
 out:
 	if (lnames) {
 		for (size_t i = 0; i < L; i++)
