@@ -158,8 +158,11 @@ assert d['jump']['step'] == 1300" "$T/g.json" && ok "--tensors keeps the matchin
 [ $rc = 2 ] && ok "a missing argument: exit 2" || fail "missing argument: rc $rc"
 
 # a mount: a run directory's user.ulpack.dynamics, the compact JSON of the view
-need_fuse
 M="$T/mnt"
+if [ ! -c /dev/fuse ] || ! command -v fusermount3 > /dev/null; then
+	[ "${CI:-}" = true ] && fail "no /dev/fuse or fusermount3 under CI=true"
+	echo "# no /dev/fuse or fusermount3: the mount's xattr is not checked"
+else
 mount_fs "$A" "$M" -o ro || fail "mount"
 getfattr --only-values -n user.ulpack.dynamics "$M/run" > "$T/x.json" 2> "$T/err" || fail "getfattr: $(cat "$T/err")"
 getfattr --only-values -n user.ulpack.dynamics "$M/run/checkpoint-100" > /dev/null 2>&1 \
@@ -172,6 +175,7 @@ for k in ("run", "summary", "steps", "layers", "jump", "step_stored_bytes", "lay
     assert x[k] == d[k], k
 PYEOF
 umount_fs "$M"
+fi
 
 # --norms and ulpack diff against numpy, on the files themselves: bf16 and
 # f32 tensors (synth --dtype mixed; the embedding and head of 1.28M elements:
