@@ -31,7 +31,12 @@
 #      on a radosgw the section starts. ULP_BENCH_ONLY=S runs it alone;
 #   G. a shared archive's index generation published after a 150 MB step of
 #      300 tensors into an index of 1,000 such steps, against that step's
-#      import (issue 25). ULP_BENCH_ONLY=G runs it alone.
+#      import (issue 25). ULP_BENCH_ONLY=G runs it alone;
+#   D. `ulpack dynamics` (issue 39): the index-only view of an index of 1,000
+#      steps x 300 tensors (written with python3's sqlite3: the view reads the
+#      index alone), time and peak memory (targets 1 s, 100 MB); --norms of a
+#      12-step --dim 256 run against `ulpack verify` of it (the decoding of the
+#      run). ULP_BENCH_ONLY=D runs it alone.
 # Usage: bench.sh BUILD_DIR
 set -eu
 B=${1:-.}
@@ -124,6 +129,66 @@ PYEOF
 	return 0
 }
 [ "${ULP_BENCH_ONLY:-}" = P ] && { bench_python; exit 0; }
+
+# ---- D. training dynamics from the index (issue 39)
+bench_dynamics() {
+	PYD=$(command -v /usr/bin/python3 || command -v python3 || true)
+	[ -n "$PYD" ] || { echo "== D. skipped: no python3"; return 0; }
+	echo "== D. ulpack dynamics: the index-only view of 1,000 steps x 300 tensors; --norms against verify"
+	"$ULPACK" init "$T/dyn" > /dev/null
+	"$PYD" - "$T/dyn/ulpack.db" <<'PYEOF'
+import hashlib, sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+db.execute("PRAGMA synchronous=OFF")
+db.execute("INSERT INTO packs(id, name, size) VALUES(1, 'none.pack', 0)")
+db.execute("INSERT INTO entries(path, parent, name, type, mode, mtime_ns) VALUES('big', '', 'big', 1, 493, 0)")
+bid, prev = 0, {}
+for s in range(1, 1001):
+    d = "big/checkpoint-%d" % (s * 10)
+    db.execute("INSERT INTO entries(path, parent, name, type, mode, mtime_ns) VALUES(?, 'big', ?, 1, 493, 0)", (d, d[4:]))
+    fid = db.execute("INSERT INTO entries(path, parent, name, type, size, mode, mtime_ns, kind, run, series, step)"
+                     " VALUES(?, ?, 'model.safetensors', 0, 0, 420, 0, 1, 'big', 'big/checkpoint-{S}/model.safetensors', ?)",
+                     (d + "/model.safetensors", d, s * 10)).lastrowid
+    blobs, rows = [], []
+    for t in range(300):
+        bid += 1
+        c = hashlib.sha256(b"%d" % bid).digest()
+        ref = prev.get(t) if s % 17 else None
+        blobs.append((bid, c, 4 if ref else 5, ref, 1 if ref else 0, 20000 + t))
+        prev[t] = c
+        rows.append((fid, t * 65536, 65536, bid, "model.layers.%d.w%d.weight" % (t // 10, t % 10), 11))
+    db.executemany("INSERT INTO blobs(id, content, codec, ref, depth, raw_size, stored_size, pack, offset)"
+                   " VALUES(?, ?, ?, ?, ?, 65536, ?, 1, 0)", blobs)
+    db.executemany("INSERT INTO extents(file, offset, length, blob, name, dtype) VALUES(?, ?, ?, ?, ?, ?)", rows)
+db.execute("DELETE FROM rebase_queue")
+db.commit()
+PYEOF
+	"$ULPACK" synth "$T/dynsrc/r" --steps 12 --dim 256 > /dev/null
+	"$ULPACK" init "$T/dynar" > /dev/null && "$ULPACK" import "$T/dynar" "$T/dynsrc" > /dev/null
+	"$PYD" - "$ULPACK" "$T/dyn" "$T/dynar" <<'PYEOF'
+import resource, subprocess, sys, time
+u, big, ar = sys.argv[1:4]
+def run(*args):
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    subprocess.run([u, *args], stdout=subprocess.DEVNULL, check=True)
+    t = time.monotonic() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return t, r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime, r1.ru_maxrss / 1024
+def med(args, k=3):
+    v = sorted(run(*args) for _ in range(k))
+    return v[k // 2]
+t, cpu, rss = med(["dynamics", big, "big"])
+print("index-only view, 1000 steps x 300 tensors: %.3f s (%.3f s CPU), peak %.0f MB (targets 1 s, 100 MB)" % (t, cpu, rss))
+t, cpu, _ = med(["dynamics", big, "big", "--json"])
+print("  with --json (every figure): %.3f s" % t)
+tn, _, _ = med(["dynamics", ar, "r", "--norms"])
+tv, _, _ = med(["verify", ar, "r"])
+print("--norms of a 12-step --dim 256 run: %.3f s; verify (decodes it): %.3f s = %.2f x its speed (target >= 0.8)"
+      % (tn, tv, tv / tn))
+PYEOF
+}
+[ "${ULP_BENCH_ONLY:-}" = D ] && { bench_dynamics; exit 0; }
 
 # ---- G. publishing a shared archive's index generation (issue 25) on a big
 # index: ULP_BENCH_PUB_STEPS (1000) steps of a model of 300 small tensors
@@ -589,4 +654,5 @@ fi
 bench_python
 bench_publish
 bench_s3
+bench_dynamics
 exit 0

@@ -22,6 +22,8 @@ int cmd_gc(int argc, char **argv);
 int cmd_sync(int argc, char **argv);
 int cmd_forget(int argc, char **argv);
 int cmd_steps(int argc, char **argv);
+int cmd_dynamics(int argc, char **argv);
+int cmd_diff(int argc, char **argv);
 
 /* The subcommand running ("cat"), set by main before dispatch; NULL before. */
 extern const char *cli_cmd;

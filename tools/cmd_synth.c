@@ -5,7 +5,11 @@
  * weights updated by AdamW on synthetic gradients (linear warm-up, cosine
  * decay, weight decay). It has transformer-like shapes, norms initialized to
  * one, zero-initialized biases, a frozen tensor and one tensor of at least a
- * million elements, so it exercises every path of the codec.
+ * million elements, so it exercises every path of the codec. --layers sets
+ * the transformer blocks (default 2); --spike STEP plants a jump at STEP:
+ * the optimizer steps that lead to it move the middle block and the one
+ * after it 30 times as far (a loss spike's update, for `ulpack dynamics`).
+ * Without them the output is what it always was.
  */
 #include "cli.h"
 #include <errno.h>
@@ -146,7 +150,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 	        "usage: ulpack synth OUTDIR [--steps N] [--interval K] [--dtype bf16|f16|f32|mixed]\n"
-	        "                    [--dim D] [--vocab V] [--seed S]\n"
+	        "                    [--dim D] [--vocab V] [--seed S] [--layers L] [--spike STEP]\n"
 	        "Writes a deterministic synthetic trajectory: OUTDIR/checkpoint-<step>/model.safetensors\n"
 	        "for steps K, 2K, ... NK (defaults: 8 steps, interval 100, bf16, D = 512: about\n"
 	        "8.4M parameters a checkpoint). --vocab sets the rows of the embedding and the\n"
@@ -154,7 +158,9 @@ static void usage(FILE *f)
 	        "(synth itself then holds 12 bytes a parameter).\n"
 	        "--big-tensor-mb N adds model.big_embed.weight, N MiB of bf16 made up afresh at\n"
 	        "each step (a drifting embedding: deltas like the other tensors'), written in\n"
-	        "blocks: a 2 GiB tensor costs synth no memory (--dim 64 --big-tensor-mb 2048).\n");
+	        "blocks: a 2 GiB tensor costs synth no memory (--dim 64 --big-tensor-mb 2048).\n"
+	        "--layers L: L transformer blocks (default 2, at most 12). --spike STEP: the update\n"
+	        "that leads to checkpoint STEP moves blocks L/2 and L/2 + 1 30 times as far.\n");
 }
 
 static int mkdir_p(const char *path)
@@ -181,6 +187,8 @@ int cmd_synth(int argc, char **argv)
 	int steps = 8, interval = 100, dim = 512;
 	int64_t vocab_rows = 0; /* 0: 4 * dim */
 	int64_t big_mb = 0;     /* --big-tensor-mb: 0 none */
+	int64_t spike = -1;     /* --spike: the step whose update is planted */
+	int layers = 2;
 	unsigned long long seed = 20261130;
 	int64_t v;
 	for (int i = 1; i < argc; i++) {
@@ -189,7 +197,8 @@ int cmd_synth(int argc, char **argv)
 			return 0;
 		} else if ((!strcmp(argv[i], "--steps") || !strcmp(argv[i], "--interval") || !strcmp(argv[i], "--dtype") ||
 		            !strcmp(argv[i], "--dim") || !strcmp(argv[i], "--seed") ||
-		            !strcmp(argv[i], "--vocab") || !strcmp(argv[i], "--big-tensor-mb")) && i + 1 == argc) {
+		            !strcmp(argv[i], "--vocab") || !strcmp(argv[i], "--big-tensor-mb") ||
+		            !strcmp(argv[i], "--layers") || !strcmp(argv[i], "--spike")) && i + 1 == argc) {
 			return cli_opt_missing(argv[i]);
 		} else if (!strcmp(argv[i], "--steps")) {
 			if (cli_opt_int(argv[i], argv[i + 1], 1, 100000, &v))
@@ -220,6 +229,16 @@ int cmd_synth(int argc, char **argv)
 			if (cli_opt_int(argv[i], argv[i + 1], 0, (int64_t)1 << 20, &v))
 				return 2;
 			big_mb = v;
+			i++;
+		} else if (!strcmp(argv[i], "--layers")) {
+			if (cli_opt_int(argv[i], argv[i + 1], 1, 12, &v))
+				return 2;
+			layers = (int)v;
+			i++;
+		} else if (!strcmp(argv[i], "--spike")) {
+			if (cli_opt_int(argv[i], argv[i + 1], 1, INT32_MAX, &v))
+				return 2;
+			spike = v;
 			i++;
 		} else if (!strcmp(argv[i], "--seed")) {
 			if (cli_opt_int(argv[i], argv[i + 1], 0, INT64_MAX, &v))
@@ -257,7 +276,7 @@ int cmd_synth(int argc, char **argv)
 
 	rng_state = seed * 2 + 1;
 	const uint64_t d = (uint64_t)dim, vocab = vocab_rows ? (uint64_t)vocab_rows : 4 * d;
-	stensor ts[32];
+	stensor ts[8 + 7 * 12];
 	size_t nt = 0;
 #define ADD(nm, r, c, k, fz) do {                                              \
 		stensor *t = &ts[nt++];                                          \
@@ -271,7 +290,7 @@ int cmd_synth(int argc, char **argv)
 	char nm[96];
 	ADD("model.embed_tokens.weight", vocab, d, 0, 0);
 	ADD("model.pos_embed.weight", 128, d, 0, 1);
-	for (int l = 0; l < 2; l++) {
+	for (int l = 0; l < layers; l++) {
 		snprintf(nm, sizeof(nm), "model.layers.%d.input_layernorm.weight", l);
 		ADD(nm, d, 0, 1, 0);
 		snprintf(nm, sizeof(nm), "model.layers.%d.self_attn.qkv_proj.weight", l);
@@ -329,17 +348,24 @@ int cmd_synth(int argc, char **argv)
 			                       : (float)(1e-4 + 0.5 * (peak - 1e-4) *
 			                                 (1 + cos(M_PI * (prog - warm) / (total - warm))));
 			lr *= (float)interval / (float)inner; /* the inner step stands for several */
+			int spiking = (int64_t)s * interval == spike;
 			float c1 = 1.0f - powf(b1, (float)t_step), c2 = 1.0f - powf(b2, (float)t_step);
 			for (size_t i = 0; i < nt; i++) {
 				stensor *t = &ts[i];
 				if (t->frozen)
 					continue;
+				float tl = lr;
+				if (spiking) { /* blocks L/2 and L/2 + 1 (those there are) */
+					int lo = layers / 2, hi = layers / 2 + 1, bl = -1;
+					if (sscanf(t->name, "model.layers.%d.", &bl) == 1 && bl >= lo && bl <= hi)
+						tl = lr * 30.0f;
+				}
 				for (size_t j = 0; j < t->n; j++) {
 					float g = gauss() * 0.01f + (t->w[j] - (t->kind == 1 ? 1.0f : 0.0f)) * 0.05f;
 					t->m[j] = b1 * t->m[j] + (1 - b1) * g;
 					t->v[j] = b2 * t->v[j] + (1 - b2) * g * g;
 					float upd = (t->m[j] / c1) / (sqrtf(t->v[j] / c2) + eps);
-					t->w[j] -= lr * 0.1f * (upd + (t->kind ? 0.0f : wd * t->w[j]));
+					t->w[j] -= tl * 0.1f * (upd + (t->kind ? 0.0f : wd * t->w[j]));
 				}
 			}
 		}

@@ -21,6 +21,9 @@ static const struct {
 	{"import", cmd_import, "ARCHIVE SRC_DIR [--prefix P] [--json]: archive a directory tree, in step order"},
 	{"ls", cmd_ls, "ARCHIVE [PATH] [--json]: list a directory of the archive, numbered names in numeric order"},
 	{"steps", cmd_steps, "ARCHIVE [RUN] [--json]: each run's steps: raw and stored bytes, ratio, chain depth"},
+	{"dynamics", cmd_dynamics, "ARCHIVE RUN [--json] [--svg FILE] [--tensors GLOB]: per step and layer, the update's"
+	             " bits/weight from the index; the step that jumps"},
+	{"diff", cmd_diff, "ARCHIVE PATH_A PATH_B [--json]: what changed between two checkpoints, tensor by tensor"},
 	{"cat", cmd_cat, "ARCHIVE PATH: write a file's original bytes to stdout"},
 	{"export", cmd_export, "ARCHIVE PATH DEST: write a file, a step or a tree out as plain files (no FUSE needed)"},
 	{"stat", cmd_stat, "ARCHIVE [PATH] [--json]: sizes, ratios, bits/weight, chain depths"},

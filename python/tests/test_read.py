@@ -280,3 +280,41 @@ def test_no_leak_over_10000_opens(ar):
     assert grown < 256 << 10, grown
     assert _fds() == fds
     assert _rss_kb() - rss < 16 << 10, (rss, _rss_kb())
+
+
+def test_dynamics(ar):
+    """archive.dynamics: the index-only view as numpy arrays, consistent with
+    `ulpack dynamics --json`; norms=True adds the decoded change, checked
+    against the tensors read here; torch.save files too."""
+    import json
+    import numpy as np
+    from conftest import ulpack
+    d = ar.dynamics("run")
+    assert list(d.steps) == [100, 200, 300, 400]
+    S, T, L = len(d.steps), len(d.tensors), len(d.layers)
+    assert d.bits_per_weight.shape == (S, T) and d.layer_update_bits_per_weight.shape == (S, L)
+    assert d.role.shape == (S, T) and set(np.unique(d.role)) <= set("ads")
+    assert np.isnan(d.update_bits_per_weight[0]).all()
+    assert np.isfinite(d.step_update_bits_per_weight[1:]).all()
+    assert "model.layers.0" in d.layers and d.layers[d.tensor_layer[d.tensors.index("lm_head.weight")]] == "lm_head"
+    js = json.loads(ulpack("dynamics", ar.path, "run", "--json"))
+    assert js["summary"] == d.summary and js["jump"] == d.jump
+    assert (np.array(js["stored_bytes"]) == d.stored_bytes).all()
+    np.testing.assert_allclose(d.bits_per_weight, 8 * d.stored_bytes / d.elements[None, :], rtol=1e-6)
+    # with norms: the decoded change of one tensor, from the arrays read here
+    n = ar.dynamics("run", tensors="model.layers.1.*", norms=True)
+    assert all(t.startswith("model.layers.1.") for t in n.tensors) and n.layers == ["model.layers.1"]
+    t = n.tensors.index("model.layers.1.mlp.down_proj.weight")
+    a = ar.tensor("run/checkpoint-200/model.safetensors", n.tensors[t])
+    b = ar.tensor("run/checkpoint-300/model.safetensors", n.tensors[t])
+    va = (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    vb = (b.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    assert n.changed[2, t] == np.count_nonzero(a != b)
+    np.testing.assert_allclose(n.rel_change[2, t], np.linalg.norm(vb - va) / np.linalg.norm(va), rtol=1e-6)
+    assert np.isnan(n.rel_change[0]).all() and (n.step_rel_change[1:] > 0).all()
+    # torch.save files: coded per tensor, the same view
+    tr = ar.dynamics("trun")
+    assert list(tr.steps) == [20, 30] and len(tr.tensors) > 0
+    assert (tr.stored_bytes[tr.role != "s"] > 0).all()
+    with pytest.raises(FileNotFoundError):
+        ar.dynamics("nope")

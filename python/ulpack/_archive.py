@@ -13,6 +13,15 @@ import threading
 from . import _lib
 from ._lib import lib, enc
 
+_libc = ctypes.CDLL(None)
+_libc.free.argtypes = [ctypes.c_void_p]
+_libc.free.restype = None
+
+
+def _libc_free(p):
+    """Frees what libulpack malloc'd for the caller (its JSON strings)."""
+    _libc.free(p)
+
 # A BufferedReader's buffer over an archived file: small reads (a zip
 # directory, a pickle) come from it; reads of at least this size go straight
 # to the library.
@@ -493,6 +502,68 @@ class Archive:
         self.stat(prefix)  # NOENT names the prefix
         with self._use() as a:
             self._check(lib.ulp_archive_steps(a, enc(prefix), _lib.STEPS_CB(cb), None), prefix)
+        return out
+
+    def dynamics(self, run, tensors=None, norms=False):
+        """A run's training dynamics (ulp_archive_dynamics: `ulpack dynamics
+        --json`, ulpack(1) DYNAMICS) as numpy arrays: a namespace with steps
+        (int64), layers, tensors and files (lists of names), tensor_layer,
+        elements; steps x tensors: role ('a' anchor, 'd' delta, 's' same as
+        the step before, '-' absent), stored_bytes, ref_step, chain_depth,
+        codec, bits_per_weight, update_bits_per_weight (NaN: no delta links
+        the step to the one before), update_bound; steps x layers:
+        layer_bits_per_weight, layer_update_bits_per_weight, layer_excess_bits;
+        per step: step_stored_bytes, step_bits_per_weight,
+        step_update_bits_per_weight, step_excess_bits; jump (a dict, or None)
+        and summary (the line `ulpack dynamics` prints first). From the index
+        alone, unless norms: then the run is decoded and rel_change,
+        frac_changed, changed, median_ulps, p99_ulps, max_ulps,
+        exponent_moves (steps x tensors), layer_rel_change,
+        layer_frac_changed, step_rel_change, step_frac_changed are added.
+        tensors: a glob of the tensor names to keep."""
+        import json
+        import types
+        import numpy as np
+        d = ctypes.c_void_p()
+        self._check(lib.ulp_archive_dynamics(self._live(), enc(run), enc(tensors) if tensors else None,
+                                             ctypes.byref(d)), run)
+        try:
+            if norms:
+                self._check(lib.ulp_dynamics_norms(self._a, d, None, None), run)
+            buf, n = ctypes.c_void_p(), ctypes.c_size_t()
+            self._check(lib.ulp_dynamics_json(d, 0, ctypes.byref(buf), ctypes.byref(n)), run)
+            try:
+                js = json.loads(ctypes.string_at(buf, n.value).decode("utf-8"))
+            finally:
+                _libc_free(buf)
+        finally:
+            lib.ulp_dynamics_free(d)
+        out = types.SimpleNamespace(run=js["run"], summary=js["summary"], jump=js["jump"], layers=js["layers"])
+        out.steps = np.array(js["steps"], dtype=np.int64)
+        out.tensors = [t["name"] for t in js["tensors"]]
+        out.files = [t["file"] for t in js["tensors"]]
+        out.tensor_layer = np.array([t["layer"] for t in js["tensors"]], dtype=np.int64)
+        out.elements = np.array([t["elements"] for t in js["tensors"]], dtype=np.int64)
+        out.role = np.array([list(r) for r in js["role"]], dtype="<U1")
+
+        def floats(v):
+            return np.array([[np.nan if x is None else x for x in r] for r in v], dtype=np.float64)
+        for k in ("stored_bytes", "ref_step", "chain_depth", "codec"):
+            setattr(out, k, np.array(js[k], dtype=np.int64))
+        out.update_bound = np.array(js["update_bound"], dtype=bool)
+        for k in ("bits_per_weight", "update_bits_per_weight", "layer_bits_per_weight",
+                  "layer_update_bits_per_weight", "layer_excess_bits"):
+            setattr(out, k, floats(js[k]))
+        out.step_stored_bytes = np.array(js["step_stored_bytes"], dtype=np.int64)
+        for k in ("step_bits_per_weight", "step_update_bits_per_weight", "step_excess_bits"):
+            setattr(out, k, floats(js[k])[0])
+        if norms:
+            for k in ("rel_change", "frac_changed", "layer_rel_change", "layer_frac_changed"):
+                setattr(out, k, floats(js[k]))
+            for k in ("step_rel_change", "step_frac_changed"):
+                setattr(out, k, floats(js[k])[0])
+            for k in ("changed", "median_ulps", "p99_ulps", "max_ulps", "exponent_moves"):
+                setattr(out, k, np.array([[-1 if x is None else x for x in r] for r in js[k]], dtype=np.int64))
         return out
 
     def runs(self):

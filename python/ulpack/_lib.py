@@ -122,6 +122,10 @@ _PROTOS = {
     "ulp_tz_at": (_P(TzStorage), [c_void_p, c_size_t]),
     "ulp_tz_free": (None, [c_void_p]),
     "ulp_dtype_name": (c_char_p, [c_int]),
+    "ulp_archive_dynamics": (c_int, [c_void_p, c_char_p, c_char_p, _P(c_void_p)]),
+    "ulp_dynamics_norms": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p]),
+    "ulp_dynamics_json": (c_int, [c_void_p, c_int, _P(c_void_p), _P(c_size_t)]),
+    "ulp_dynamics_free": (None, [c_void_p]),
 }
 
 

@@ -24,7 +24,11 @@
  *     not waited for, session.c invariant 12), user.ulpack.space (the
  *     archive's disk use: ulp_space_json; df of the mount counts the same
  *     disk bytes as used). Every file's user.ulpack.state says
- *     staged, archived or failed with the errno and cause.
+ *     staged, archived or failed with the errno and cause. A directory's
+ *     user.ulpack.dynamics (asked for by name, not listed: it is computed
+ *     at each read) is the compact JSON of ulp_archive_dynamics of it as a
+ *     run, the index-only view of what is archived (ENODATA: no tensor
+ *     with a step under it; E2BIG past the 64 KiB of an xattr).
  *  5. Writers: see direct_writer().
  *  6. Listing and lookup agree: a name readdir lists is found by lookup.
  *     A read-write mount keeps no negative entries; a read-only mount that
@@ -687,6 +691,30 @@ static int root_sync(char *value, size_t size)
 	return r;
 }
 
+/* A directory's user.ulpack.dynamics (invariant 4). */
+static int dynamics_xattr(const char *p, char *value, size_t size)
+{
+	ulp_stat s;
+	int rc = ulp_archive_stat(fs.a, p, &s);
+	if (rc < 0)
+		return rc == -ULP_E_NOENT ? -ENODATA : err_of(rc);
+	if (!s.is_dir)
+		return -ENODATA;
+	ulp_dynamics *d = NULL;
+	rc = ulp_archive_dynamics(fs.a, p, NULL, &d);
+	if (rc < 0)
+		return rc == -ULP_E_NOENT ? -ENODATA : err_of(rc);
+	char *js = NULL;
+	size_t n = 0;
+	rc = ulp_dynamics_json(d, 1, &js, &n);
+	ulp_dynamics_free(d);
+	if (rc < 0)
+		return -ENOMEM;
+	int r = n > 65536 ? -E2BIG : xattr_reply(value, size, js);
+	free(js);
+	return r;
+}
+
 static int ulpfs_getxattr(const char *path, const char *name, char *value, size_t size)
 {
 	intr_on();
@@ -736,6 +764,8 @@ static int ulpfs_getxattr(const char *path, const char *name, char *value, size_
 		ulp_space_json(&sp, v, sizeof(v));
 		return xattr_reply(value, size, v);
 	}
+	if (!strcmp(name, "user.ulpack.dynamics")) /* invariant 4 */
+		return dynamics_xattr(p, value, size);
 	if (!strcmp(name, "user.ulpack.state")) {
 		int rc = fs.s ? ulp_session_state(fs.s, p, v, sizeof(v)) : ulp_archive_stat(fs.a, p, &s);
 		char target[ULP_NAME_MAX + 1];

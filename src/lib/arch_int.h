@@ -525,6 +525,34 @@ int ulp_index_file_id(ulp_archive *a, const char *path, int64_t *id);
 /* Steps of the files under run, ascending, with their file counts. */
 int ulp_index_run_steps(ulp_archive *a, const char *run, int (*cb)(void *arg, int64_t step, uint64_t files),
                         void *arg);
+/* A tensor of a run's step as the index holds it (dynamics.c): one row of
+ * ulp_index_run_tensors. content64 and ref64 are the first 8 bytes of the
+ * blob's content digest and of its reference's (a chance match between
+ * the blobs of one run: 2^-64 a pair). */
+typedef struct ulp_tensorrow {
+	const char *path;     /* the file's */
+	const char *series;   /* the file's series (path, step digits as {S}) */
+	const char *name;     /* the tensor's name */
+	int64_t step;
+	int dtype;            /* ulp_dtype */
+	uint64_t length;      /* bytes */
+	int64_t blob;         /* its id */
+	uint64_t content64, ref64;
+	int has_ref;          /* the blob is a delta (ref64 is set) */
+	int codec;
+	unsigned depth;
+	uint64_t stored;      /* the blob's stored bytes */
+} ulp_tensorrow;
+/* Every named tensor of the files with a step under run ("" for all), in
+ * one query, in no particular order. Stops at a non-zero return of cb,
+ * which it returns. */
+int ulp_index_run_tensors(ulp_archive *a, const char *run, int (*cb)(void *arg, const ulp_tensorrow *r),
+                          void *arg);
+/* The named tensors of file path in offset order: name, dtype, offset and
+ * length in the file. Stops at a non-zero return of cb, which it returns. */
+int ulp_index_file_named(ulp_archive *a, const char *path,
+                         int (*cb)(void *arg, const char *name, int dtype, uint64_t offset, uint64_t length),
+                         void *arg);
 /* In the caller's transaction: removes the files of those steps under run
  * and the directories that leaves empty below run. */
 int ulp_index_forget_steps(ulp_archive *a, const char *run, const int64_t *steps, size_t n);

@@ -879,6 +879,154 @@ int ulp_archive_latest(ulp_archive *a, const char *dir, char *name, size_t cap);
  *  step before it; closed files still queued for archiving count. */
 int ulp_archive_latest_live(ulp_archive *a, ulp_session *s, const char *dir, char *name, size_t cap);
 
+/* ---- the change between two checkpoints (diff.c) ---------------------------
+ *
+ * Decodes the tensors of two files (through ulp_file reads of their byte
+ * ranges) and measures, per tensor of the same name, dtype and size, what
+ * changed. ULP distances are between the values' ordered integers (the
+ * codec's: a float's bits with the sign folded so that the integers keep the
+ * values' order), exact; percentiles are of every element's distance (0 for
+ * an unchanged one), the value at rank floor(q (n - 1)) of them sorted. */
+typedef struct ulp_tensor_diff {
+	char *name;
+	int dtype;               /* ulp_dtype */
+	uint64_t elements;
+	uint64_t changed;        /* elements whose bits differ */
+	double frac_changed;     /* changed / elements */
+	uint64_t median_ulps, p99_ulps, max_ulps; /* floats; 0 for other dtypes */
+	double rel_change;       /* ||b - a|| / ||a|| over the values, in double (floats:
+	                            NaN where a is all zeros and b is not; other dtypes: NaN) */
+	double norm_a, norm_diff; /* ||a|| and ||b - a|| */
+	uint64_t exponent_moves; /* floats: elements whose exponent field differs */
+} ulp_tensor_diff;
+/** The tensors of path_a and path_b that match by name, dtype and size,
+ *  in *out (n of them, malloc'd; ulp_tensor_diffs_free), sorted by
+ *  rel_change, largest first (NaN last). Memory: the largest pair of
+ *  tensors. Errors: NOENT, INVAL (no tensor in common), NOMEM, IO, CORRUPT. */
+int ulp_archive_diff(ulp_archive *a, const char *path_a, const char *path_b, ulp_tensor_diff **out, size_t *n);
+void ulp_tensor_diffs_free(ulp_tensor_diff *v, size_t n);
+
+/* ---- training dynamics (dynamics.c) ---------------------------------------
+ *
+ * What a run's index says about its training, with nothing decoded: for each
+ * step and each tensor, the stored bits per weight of the tensor's blob, its
+ * role (anchor, delta, same blob as the step before) and chain, and the size
+ * of the update from the step before (the delta that links the two steps,
+ * whichever of them it codes), summed per layer and per step. ulpack(1)
+ * DYNAMICS defines each figure. */
+
+/* Roles of a tensor at a step. */
+enum {
+	ULP_DYN_ABSENT = 0, /* the step has no tensor of that name and file */
+	ULP_DYN_ANCHOR,     /* stored standalone */
+	ULP_DYN_DELTA,      /* a delta against another blob */
+	ULP_DYN_SAME        /* the same blob as at the step before (no change) */
+};
+
+typedef struct ulp_dyn_cell {
+	int role;               /* ULP_DYN_* */
+	int codec;              /* ULP_CODEC_* of its blob; -1 if absent */
+	uint64_t stored_bytes;  /* its blob's stored bytes; 0 for ULP_DYN_SAME */
+	double bits_per_weight; /* 8 x stored_bytes / elements (0 if absent) */
+	int64_t ref_step;       /* the step of this run whose same tensor its blob
+	                           is a delta against; -1 for none (an anchor, a
+	                           same blob, or a reference outside the run) */
+	unsigned chain_depth;   /* deltas between its blob and an anchor */
+	double update_bits;     /* bits per weight of the change from the step
+	                           before: the stored bits of the delta linking the
+	                           two steps (this one against it, or it against
+	                           this one), 0 for the same blob; NaN where no delta
+	                           links them (the first step, an anchor's far
+	                           side, a delta over several steps) */
+	int update_bound;       /* 1: update_bits is a lower bound: the step that
+	                           would be the delta (by the direction the file's
+	                           other tensors link the two steps) holds this
+	                           tensor standalone, the delta being no smaller */
+} ulp_dyn_cell;
+
+/* Excess bits: an update's bits per weight less the median of the same
+ * figure at the ULP_DYN_WINDOW steps each side (itself left out). A delta
+ * stores each element's change as a count of units in the last place, about
+ * log2 of it in bits: one more bit per weight is about twice the change. */
+#define ULP_DYN_WINDOW 3
+
+/* The step whose update stands out most from its neighbours'. */
+typedef struct ulp_dyn_jump {
+	size_t step_index;      /* into steps */
+	int64_t step;
+	double excess_bits;     /* its step update's excess bits (the largest) */
+	double ratio;           /* 2^excess_bits: about how many times its neighbours' change */
+	double update_bits, median_bits; /* its update and the neighbours' median, bits per weight */
+	size_t layer_first, layer_last;  /* the layers (into layers, adjacent in
+	                                    their order) that moved most: the top one
+	                                    and its neighbours within half its excess */
+	double layer_excess;    /* the top layer's excess bits */
+	size_t top_tensor;      /* into tensors: the tensor with the largest excess */
+	double tensor_excess;   /* its excess bits (NaN: none) */
+} ulp_dyn_jump;
+
+typedef struct ulp_dynamics {
+	char *run;
+	size_t n_steps, n_tensors, n_layers;
+	int64_t *steps;         /* n_steps, ascending */
+	char **tensors;         /* n_tensors names, in the order met (by file path, then offset) */
+	char **tensor_files;    /* each tensor's file: its series under run ("checkpoint-{S}/model.safetensors") */
+	int *tensor_dtypes;     /* ulp_dtype */
+	uint64_t *tensor_elements;
+	size_t *tensor_layer;   /* into layers */
+	char **layers;          /* n_layers (ulp_dynamics_layer), in ulp_name_cmp order */
+	ulp_dyn_cell *cells;    /* n_steps x n_tensors: cells[s * n_tensors + t] */
+	double *layer_bits;     /* n_steps x n_layers: 8 x stored bytes / elements of its tensors */
+	double *layer_update;   /* n_steps x n_layers: its tensors' update bits per weight
+	                           of them; NaN unless every tensor there at both steps
+	                           has an update figure */
+	double *layer_excess;   /* n_steps x n_layers: excess bits of layer_update (NaN: none) */
+	double *step_bits, *step_update; /* n_steps: the same over every tensor */
+	double *step_excess;    /* n_steps: excess bits of step_update (NaN: none) */
+	uint64_t *step_stored;  /* n_steps: stored bytes (ULP_DYN_SAME counts 0) */
+	size_t n_files;         /* the run's files (series) */
+	size_t *tensor_file_index; /* n_tensors: into the files */
+	char **file_paths;      /* n_steps x n_files: each file's path at each step (NULL: absent) */
+	/* ulp_dynamics_norms (NULL until then): the change from the step before */
+	ulp_tensor_diff *norms; /* n_steps x n_tensors (elements 0: no figure) */
+	double *layer_rel_change, *step_rel_change; /* n_steps x n_layers, n_steps:
+	                           sqrt(sum ||b - a||^2 / sum ||a||^2) over their tensors (NaN: none) */
+	double *layer_frac_changed, *step_frac_changed; /* elements changed / elements */
+	int has_jump;           /* jump is set: 3 steps or more have an update figure */
+	ulp_dyn_jump jump;
+} ulp_dynamics;
+
+/** The layer of a tensor name: the name up to its first component that is
+ *  digits only ("model.layers.17.mlp.up_proj.weight" -> "model.layers.17");
+ *  a name without one less its last component ("model.norm.weight" ->
+ *  "model.norm"); a name of one component, itself. Writes at most cap bytes
+ *  with the NUL; @return its length (truncated if >= cap). */
+size_t ulp_dynamics_layer(const char *name, char *dst, size_t cap);
+/** The dynamics of run (a directory of the archive; "" for the whole
+ *  archive) from its index alone: the files with a step under it, their
+ *  tensors whose name matches glob (fnmatch(3), NULL for all). One query,
+ *  nothing decoded. Errors: NOENT (no such directory, or no tensor with a
+ *  step under it; a step directory or a path in one), NOTDIR, NOMEM.
+ *  Caller frees *out with ulp_dynamics_free. */
+int ulp_archive_dynamics(ulp_archive *a, const char *run, const char *glob, ulp_dynamics **out);
+void ulp_dynamics_free(ulp_dynamics *d);
+/** Adds the decoded figures of each step's update (ulp_archive_diff of each
+ *  file against the step before: d->norms and the per-layer and per-step
+ *  relative change and share of elements changed). Decodes the whole run
+ *  (each file twice; the decode cache keeps each step's chunks for the next
+ *  pair); progress (may be NULL) gets steps done of steps. */
+int ulp_dynamics_norms(ulp_archive *a, ulp_dynamics *d, ulp_progress_fn progress, void *arg);
+/** The one-line verdict ("step 4200: +1.6 bits/weight over its neighbours'
+ *  update (about 3.1x the change), layers model.layers.17-19 +4.2, most
+ *  model.layers.18.self_attn.o_proj.weight +4.9"), or a line saying why
+ *  there is none, into dst[cap]. @return its length (truncated if >= cap). */
+int ulp_dynamics_summary(const ulp_dynamics *d, char *dst, size_t cap);
+/** d as JSON (every figure; NaN as null) into a malloc'd string *out of
+ *  *len bytes (NUL-terminated); caller frees. compact: the steps, layers,
+ *  per-layer and per-step figures and the jump only (no per-tensor
+ *  matrices). Errors: NOMEM. */
+int ulp_dynamics_json(const ulp_dynamics *d, int compact, char **out, size_t *len);
+
 /** Bytes of the file being archived by ulp_archive_put (on any thread) that
  *  are coded so far; 0 between files. Thread-safe: for progress display. */
 uint64_t ulp_archive_put_progress(const ulp_archive *a);

@@ -1077,6 +1077,73 @@ int ulp_index_run_steps(ulp_archive *a, const char *run, int (*cb)(void *arg, in
 	return rc;
 }
 
+int ulp_index_run_tensors(ulp_archive *a, const char *run, int (*cb)(void *arg, const ulp_tensorrow *r),
+                          void *arg)
+{
+	/* one pass in index order, no sort, no lookup by content: the entries
+	 * under run by their path index, each file's extents by their key, each
+	 * blob by its id (1000 steps x 300 tensors: 0.4 s of CPU here, 1.0 s
+	 * with a join of the references and an ORDER BY) */
+	static const char sql[] =
+		"SELECT e.series, x.name, e.step, x.dtype, x.length, b.id, b.content, b.ref, b.codec, b.depth,"
+		" b.stored_size, e.path FROM entries e JOIN extents x ON x.file = e.id JOIN blobs b ON b.id = x.blob"
+		" WHERE e.type = 0 AND e.step IS NOT NULL AND e.series IS NOT NULL AND"
+		" (?1 = '' OR " ULP_BELOW("e.path", "?1") ") AND x.name IS NOT NULL AND x.length > 0";
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *st;
+	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "tensors of a run");
+	sqlite3_bind_text(st, 1, run, -1, SQLITE_STATIC);
+	int rc = 0, r;
+	while (rc == 0 && (r = sqlite3_step(st)) == SQLITE_ROW) {
+		ulp_tensorrow t = {.series = (const char *)sqlite3_column_text(st, 0),
+		                   .name = (const char *)sqlite3_column_text(st, 1),
+		                   .step = sqlite3_column_int64(st, 2),
+		                   .dtype = sqlite3_column_type(st, 3) == SQLITE_NULL ? 0 : sqlite3_column_int(st, 3),
+		                   .length = (uint64_t)sqlite3_column_int64(st, 4),
+		                   .blob = sqlite3_column_int64(st, 5),
+		                   .codec = sqlite3_column_int(st, 8),
+		                   .depth = (unsigned)sqlite3_column_int(st, 9),
+		                   .stored = (uint64_t)sqlite3_column_int64(st, 10),
+		                   .path = (const char *)sqlite3_column_text(st, 11)};
+		if (!t.series || !t.name || !t.path || sqlite3_column_bytes(st, 6) != ULP_SHA256_LEN)
+			continue; /* out of memory in SQLite, a damaged row: passed over, not misread */
+		memcpy(&t.content64, sqlite3_column_blob(st, 6), 8);
+		t.has_ref = sqlite3_column_bytes(st, 7) == ULP_SHA256_LEN;
+		if (t.has_ref)
+			memcpy(&t.ref64, sqlite3_column_blob(st, 7), 8);
+		rc = cb(arg, &t);
+	}
+	if (rc == 0 && r != SQLITE_DONE)
+		rc = ulp_db_err(a, "tensors of a run");
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int ulp_index_file_named(ulp_archive *a, const char *path,
+                         int (*cb)(void *arg, const char *name, int dtype, uint64_t offset, uint64_t length),
+                         void *arg)
+{
+	static const char sql[] = "SELECT x.name, x.dtype, x.offset, x.length FROM extents x JOIN entries e ON e.id = x.file"
+	                          " WHERE e.path = ? AND e.type = 0 AND x.name IS NOT NULL AND x.length > 0 ORDER BY x.offset";
+	sqlite3 *db = ulp_db(a);
+	sqlite3_stmt *st;
+	if (!db || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+		return ulp_db_err(a, "tensors of a file");
+	sqlite3_bind_text(st, 1, path, -1, SQLITE_STATIC);
+	int rc = 0, r;
+	while (rc == 0 && (r = sqlite3_step(st)) == SQLITE_ROW) {
+		const char *name = (const char *)sqlite3_column_text(st, 0);
+		if (name)
+			rc = cb(arg, name, sqlite3_column_type(st, 1) == SQLITE_NULL ? 0 : sqlite3_column_int(st, 1),
+			        (uint64_t)sqlite3_column_int64(st, 2), (uint64_t)sqlite3_column_int64(st, 3));
+	}
+	if (rc == 0 && r != SQLITE_DONE)
+		rc = ulp_db_err(a, "tensors of a file");
+	sqlite3_finalize(st);
+	return rc;
+}
+
 int ulp_index_forget_steps(ulp_archive *a, const char *run, const int64_t *steps, size_t n)
 {
 	/* the files of those steps, then the directories they leave empty
