@@ -371,7 +371,7 @@ void ulp_tensor_diffs_free(ulp_tensor_diff *v, size_t n)
 
 int ulp_archive_diff(ulp_archive *a, const char *path_a, const char *path_b, ulp_tensor_diff **out, size_t *n_out)
 {
-	ulp_db_follow(a); /* gen.c invariant 3 */
+	ulp_gen_follow(a); /* gen.c invariant 3 */
 	char pa[ULP_PATH_MAX + 1], pb[ULP_PATH_MAX + 1];
 	ULP_TRY(ulp_arch_path(a, path_a, pa, sizeof(pa)));
 	ULP_TRY(ulp_arch_path(a, path_b, pb, sizeof(pb)));

@@ -601,7 +601,7 @@ out:
 
 int ulp_archive_dynamics(ulp_archive *a, const char *run, const char *glob, ulp_dynamics **out)
 {
-	ulp_db_follow(a); /* gen.c invariant 3 */
+	ulp_gen_follow(a); /* gen.c invariant 3 */
 	char p[ULP_PATH_MAX + 1];
 	ULP_TRY(ulp_arch_path(a, run ? run : "", p, sizeof(p)));
 	ulp_stat st;
