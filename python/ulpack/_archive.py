@@ -524,20 +524,21 @@ class Archive:
         import json
         import types
         import numpy as np
-        d = ctypes.c_void_p()
-        self._check(lib.ulp_archive_dynamics(self._live(), enc(run), enc(tensors) if tensors else None,
-                                             ctypes.byref(d)), run)
-        try:
-            if norms:
-                self._check(lib.ulp_dynamics_norms(self._a, d, None, None), run)
-            buf, n = ctypes.c_void_p(), ctypes.c_size_t()
-            self._check(lib.ulp_dynamics_json(d, 0, ctypes.byref(buf), ctypes.byref(n)), run)
+        with self._use() as a:
+            d = ctypes.c_void_p()
+            self._check(lib.ulp_archive_dynamics(a, enc(run), enc(tensors) if tensors else None,
+                                                 ctypes.byref(d)), run)
             try:
-                js = json.loads(ctypes.string_at(buf, n.value).decode("utf-8"))
+                if norms:
+                    self._check(lib.ulp_dynamics_norms(a, d, None, None), run)
+                buf, n = ctypes.c_void_p(), ctypes.c_size_t()
+                self._check(lib.ulp_dynamics_json(d, 0, ctypes.byref(buf), ctypes.byref(n)), run)
+                try:
+                    js = json.loads(ctypes.string_at(buf, n.value).decode("utf-8"))
+                finally:
+                    _libc_free(buf)
             finally:
-                _libc_free(buf)
-        finally:
-            lib.ulp_dynamics_free(d)
+                lib.ulp_dynamics_free(d)
         out = types.SimpleNamespace(run=js["run"], summary=js["summary"], jump=js["jump"], layers=js["layers"])
         out.steps = np.array(js["steps"], dtype=np.int64)
         out.tensors = [t["name"] for t in js["tensors"]]
