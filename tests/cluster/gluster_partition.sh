@@ -98,8 +98,14 @@ p_db() {
 	_d_w=no
 	[ -e "$_d_a/ulpack.db-wal" ] && p_direct "$_d_a/ulpack.db-wal" "$_d_c/ulpack.db-wal" &&
 		_d_w="$(stat -c %s "$_d_c/ulpack.db-wal") bytes"
+	# the wal-index header of -shm (mxFrame: the frames its readers use) against
+	# the frames SQLite's recovery finds valid in the -wal (its checkpoint's log)
+	_d_x=""
+	[ -e "$_d_a/ulpack.db-shm" ] && p_direct "$_d_a/ulpack.db-shm" "$P_R/shm" &&
+		_d_x="; -shm mxFrame $(od -An -tu4 -j16 -N4 "$P_R/shm" | tr -d ' ')"
 	_d_q=$(sqlite3 "$_d_c/ulpack.db" "PRAGMA quick_check" 2>&1 | head -1)
 	_d_s="live index ($1): $_d_q, a/ {$(p_nums "$_d_c/ulpack.db" a)} b/ {$(p_nums "$_d_c/ulpack.db" b)}; -wal: $_d_w"
+	[ "$_d_w" = no ] || _d_s="$_d_s, $(sqlite3 "$_d_c/ulpack.db" "PRAGMA wal_checkpoint" 2>&1 | cut -d'|' -f2) frames valid$_d_x"
 	if [ "$P_DOWN" = 0 ]; then # (else host 1's client would wait for its ping timeout)
 		p_direct "$(cl_path 1)/$P_A/ulpack.db" "$_d_c/ulpack.db-host1"
 		cmp -s "$_d_c/ulpack.db-host1" "$_d_c/ulpack.db" && _d_s="$_d_s; host 1 reads the same ulpack.db" ||
@@ -256,11 +262,16 @@ while [ "$P_ROUND" -lt "$P_ROUNDS" ]; do
 		p_note "B mounted $(cl_secs "$_r_down") s after the link went down${_r_up:+ (after the heal)}: $(p_gen "$P_MB");" \
 			"$(grep 'staging:' "$P_MB.log" | tail -1); $(p_db 2-b-mounted)"
 		mkdir -p "$P_MB/b"
+		_r_b_cp=""
 		for _r_k in 1 2 3; do
-			cp "$(p_src $((_r_k + 20)))" "$P_MB/b/f$_r_k.safetensors" || fail "round $P_ROUND: B: cp b/f$_r_k"
+			if cp "$(p_src $((_r_k + 20)))" "$P_MB/b/f$_r_k.safetensors" 2> "$P_R/cp.err"; then
+				_r_b_cp="$_r_b_cp $_r_k"
+			else
+				fail "round $P_ROUND: B: cp b/f$_r_k: $(cat "$P_R/cp.err")"
+			fi
 		done
 		if timeout 60 "$ULPACK" sync "$P_MB" > "$P_R/sync.out" 2>&1; then
-			_r_b_ok="1 2 3"
+			_r_b_ok=$_r_b_cp # (what B promised: copied, then synced)
 		else
 			fail "round $P_ROUND: B: ulpack sync: $(cat "$P_R/sync.out")"
 		fi
