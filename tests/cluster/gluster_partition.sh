@@ -101,11 +101,13 @@ p_db() {
 	# the wal-index header of -shm (mxFrame: the frames its readers use) against
 	# the frames SQLite's recovery finds valid in the -wal (its checkpoint's log)
 	_d_x=""
-	[ -e "$_d_a/ulpack.db-shm" ] && p_direct "$_d_a/ulpack.db-shm" "$P_R/shm" &&
+	[ -e "$_d_a/ulpack.db-shm" ] && p_direct "$_d_a/ulpack.db-shm" "$P_R/shm" 2> /dev/null &&
 		_d_x="; -shm mxFrame $(od -An -tu4 -j16 -N4 "$P_R/shm" | tr -d ' ')"
+	# (first: the first close of the copy checkpoints it and removes its -wal)
+	[ "$_d_w" = no ] ||
+		_d_w="$_d_w, $(sqlite3 "$_d_c/ulpack.db" "PRAGMA wal_checkpoint" 2>&1 | cut -d'|' -f2) frames valid$_d_x"
 	_d_q=$(sqlite3 "$_d_c/ulpack.db" "PRAGMA quick_check" 2>&1 | head -1)
 	_d_s="live index ($1): $_d_q, a/ {$(p_nums "$_d_c/ulpack.db" a)} b/ {$(p_nums "$_d_c/ulpack.db" b)}; -wal: $_d_w"
-	[ "$_d_w" = no ] || _d_s="$_d_s, $(sqlite3 "$_d_c/ulpack.db" "PRAGMA wal_checkpoint" 2>&1 | cut -d'|' -f2) frames valid$_d_x"
 	if [ "$P_DOWN" = 0 ]; then # (else host 1's client would wait for its ping timeout)
 		p_direct "$(cl_path 1)/$P_A/ulpack.db" "$_d_c/ulpack.db-host1"
 		cmp -s "$_d_c/ulpack.db-host1" "$_d_c/ulpack.db" && _d_s="$_d_s; host 1 reads the same ulpack.db" ||
