@@ -38,6 +38,7 @@ P_OPTS="lease=$P_LEASE,grace=$P_GRACE"
 
 cl_need_gluster
 command -v getfattr > /dev/null || skip "no getfattr (attr)"
+command -v sqlite3 > /dev/null || skip "no sqlite3 (the CLI: sh tools/install-deps.sh --test)"
 cl_netns_up 3
 cl_gluster_up
 "$ULPACK" synth "$T/run" --steps "$P_NSRC" --dim 256 > /dev/null || fail "ulpack synth"
