@@ -24,9 +24,10 @@ pkgs="build-essential autoconf automake pkg-config libzstd-dev libsqlite3-dev li
 # librsvg2-bin: rsvg-convert renders `ulpack dynamics --svg` in tests/integration/cli_dynamics.sh
 [ "$test" = 1 ] && pkgs="$pkgs clang libclang-rt-14-dev python3-numpy python3-pytest zstd librsvg2-bin"
 # the many-host tests (make check-cluster, tests/cluster): GlusterFS and Ceph
-# servers and FUSE clients, without their recommends (installed apart below)
+# servers and FUSE clients, without their recommends (installed apart below);
+# sqlite3 (the CLI): gluster_partition.sh reads copies of the live index
 cluster=""
-[ "$test" = 1 ] && cluster="iproute2 glusterfs-server glusterfs-client ceph-mon ceph-mgr ceph-osd ceph-mds ceph-fuse ceph-common radosgw"
+[ "$test" = 1 ] && cluster="iproute2 glusterfs-server glusterfs-client ceph-mon ceph-mgr ceph-osd ceph-mds ceph-fuse ceph-common radosgw sqlite3"
 [ "$bench" = 1 ] && pkgs="$pkgs squashfs-tools squashfuse borgbackup"
 [ "$cross" = 1 ] && pkgs="$pkgs gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
       libzstd-dev:arm64 libsqlite3-dev:arm64 libssl-dev:arm64 libxxhash-dev:arm64 libfuse3-dev:arm64
