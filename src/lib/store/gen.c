@@ -157,17 +157,36 @@ static int parse_current(const char *p, const char *buf, size_t n, current *c, u
 }
 
 /* CURRENT of dir: 0, NOENT (none), CORRUPT (not one). */
+/* A small file whole into buf (NUL-terminated): bytes read, or -1 with
+ * errno. A file replaced by rename on a network file system can answer
+ * ESTALE for a moment (GlusterFS: its old handle): read again. */
+static ssize_t read_small(const char *p, char *buf, size_t cap)
+{
+	for (int tries = 0;; tries++) {
+		int fd = open(p, O_RDONLY | O_CLOEXEC);
+		ssize_t n = fd >= 0 ? read(fd, buf, cap - 1) : -1;
+		int e = errno;
+		if (fd >= 0)
+			close(fd);
+		if (n >= 0) {
+			buf[n] = 0;
+			return n;
+		}
+		if (e != ESTALE || tries >= 5) {
+			errno = e;
+			return -1;
+		}
+		usleep(20000);
+	}
+}
+
 static int read_current(const char *dir, current *c, ulp_err *err)
 {
 	char p[4200], buf[256];
 	snprintf(p, sizeof(p), "%s/index/CURRENT", dir);
-	int fd = open(p, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return ULP_ERR(err, errno == ENOENT ? -ULP_E_NOENT : -ULP_E_IO, "%s: %s", p, strerror(errno));
-	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
+	ssize_t n = read_small(p, buf, sizeof(buf));
 	if (n < 0)
-		return ULP_ERR(err, -ULP_E_IO, "%s: %s", p, strerror(errno));
+		return ULP_ERR(err, errno == ENOENT ? -ULP_E_NOENT : -ULP_E_IO, "%s: %s", p, strerror(errno));
 	buf[n] = 0;
 	return parse_current(p, buf, (size_t)n, c, err);
 }
@@ -190,10 +209,7 @@ static int best_current(const char *dir, current *c, ulp_err *err)
 			continue;
 		char f[4300], buf[256];
 		snprintf(f, sizeof(f), "%s/%s", p, e->d_name);
-		int fd = open(f, O_RDONLY | O_CLOEXEC);
-		ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
-		if (fd >= 0)
-			close(fd);
+		ssize_t n = read_small(f, buf, sizeof(buf));
 		current x;
 		char m[64];
 		ulp_err xe = {m, sizeof(m)};
