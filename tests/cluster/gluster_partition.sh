@@ -292,6 +292,9 @@ while [ "$P_ROUND" -lt "$P_ROUNDS" ]; do
 	else
 		fail "round $P_ROUND: A does not say it is fenced 15 s after the heal: '$(p_gen "$P_MA")'" \
 			"(its threads wait in: $(p_wchan "$_r_apid"))"
+		if [ -n "${ULP_PARTITION_GDB:-}" ] && command -v gdb > /dev/null; then
+			gdb -batch -ex "thread apply all bt 12" -p "$_r_apid" 2> /dev/null | grep -E '^(Thread|#)' | sed 's/^/#     /' | head -150
+		fi
 	fi
 	touch "$P_R/stop"
 	cl_wait 20 cl_gone "$_r_loop" || kill -9 "$_r_loop" 2> /dev/null

@@ -129,9 +129,12 @@ static int shared_open(ulp_archive *a, const ulp_archive_opts *o, ulp_err *err)
 		/* staging claimed before the newest generation is read (staging.c
 		 * invariant 5, gen.c invariant 7) */
 		int rc = ulp_stage_claim(a);
+		if (rc == 0)
+			rc = ulp_lease_refresh(a);
 		if (rc < 0)
 			return ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a));
-		return ulp_gen_writer_open(a, err);
+		ULP_TRY(ulp_gen_writer_open(a, err));
+		return (rc = ulp_lease_refresh(a)) < 0 ? ULP_ERR(err, rc, "%s", ulp_archive_errmsg(a)) : 0;
 	}
 	a->follow = 1;
 	return ulp_gen_reader_open(a, err);

@@ -321,6 +321,7 @@ int ulp_shared_new(ulp_archive *a, const ulp_archive_opts *o, int writer)
 			*c = '_';
 	pthread_mutex_init(&sh->mu, NULL);
 	pthread_mutex_init(&sh->pub_mu, NULL);
+	pthread_mutex_init(&sh->renew_mu, NULL);
 	pthread_cond_init(&sh->cv, NULL);
 	pthread_cond_init(&sh->poll_cv, NULL);
 	sh->published_changes = UINT64_MAX; /* the first publication always happens */
@@ -349,6 +350,7 @@ void ulp_shared_free(ulp_archive *a)
 	free(sh->base_hash);
 	pthread_mutex_destroy(&sh->mu);
 	pthread_mutex_destroy(&sh->pub_mu);
+	pthread_mutex_destroy(&sh->renew_mu);
 	pthread_cond_destroy(&sh->cv);
 	pthread_cond_destroy(&sh->poll_cv);
 	free(sh);

@@ -211,7 +211,7 @@ int ulp_lease_test_stall; /* tests: renewals fail, as behind a network partition
 
 /* One tick of the renewer: a higher epoch fences (invariant 2); else the
  * lease is renewed. */
-static void renew(ulp_archive *a)
+static void renew_locked(ulp_archive *a)
 {
 	ulp_shared *sh = a->sh;
 	char p[4200], msg[256];
@@ -243,6 +243,22 @@ static void renew(ulp_archive *a)
 	if (ulp_lease_ok(a) == 0 && !__atomic_load_n(&ulp_lease_test_stall, __ATOMIC_RELAXED) &&
 	    write_lease(a, ulp_wall_ms(), 0) == 0)
 		__atomic_store_n(&sh->ok_mono_ms, start, __ATOMIC_RELAXED);
+}
+
+/* One renewal at a time: the renewer's, or an open's (ulp_lease_refresh). */
+static void renew(ulp_archive *a)
+{
+	pthread_mutex_lock(&a->sh->renew_mu);
+	renew_locked(a);
+	pthread_mutex_unlock(&a->sh->renew_mu);
+}
+
+int ulp_lease_refresh(ulp_archive *a)
+{
+	if (!a->sh || !a->sh->writer || !a->sh->epoch)
+		return 0;
+	renew(a);
+	return ulp_lease_ok(a);
 }
 
 /* Waits for the next tick (a second, at most a quarter lease): 0 to go on,

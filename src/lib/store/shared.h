@@ -89,6 +89,8 @@ struct ulp_shared {
 	                                (0: none), for the message of a lapse */
 	char why[512];               /* guarded by mu: why it was lost */
 	pthread_t renewer;           /* guarded by mu: renews the lease (lease.c invariant 4) */
+	pthread_mutex_t renew_mu;    /* one renewal at a time (the renewer's, an open's);
+	                                taken before mu */
 	void (*on_renewer)(ulp_archive *a); /* set at open, read-only after: started
 	                                beside the renewer in the process that writes
 	                                (archive/upkeep.c), or NULL */
@@ -155,6 +157,11 @@ int ulp_genvfs_register(void);
 int ulp_lease_take(ulp_archive *a, ulp_err *err);
 void ulp_lease_give_back(ulp_archive *a);
 int ulp_lease_ok(ulp_archive *a);
+/* Renews the lease now, as the renewer does (while it holds): for the
+ * steps of a writer's open that take long on a network file system (the
+ * claim of staging, the live index rebuilt), before the renewer's first
+ * tick. 0, or FENCED. */
+int ulp_lease_refresh(ulp_archive *a);
 /* Fences the writer for good (invariant 2 of lease.c), saying why (once). */
 void ulp_lease_fence(ulp_archive *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 extern int ulp_lease_test_stall;
