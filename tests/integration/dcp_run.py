@@ -8,10 +8,10 @@ torch.distributed.checkpoint, and loaded back.
       trains STEPS steps; after step s (STEP0 + s) saves the state with
       dcp.save to OUT/step-<s> and, if given, PLAIN/step-<s> (the reference
       copy) and (rank 0) the same tensors as SAFE/step-<s>/state.safetensors.
-  load WORLD PORT CKPT REF
-      loads CKPT and REF (two copies of one checkpoint) into WORLD ranks and
-      checks that every tensor is equal, and that the sharded tensor holds
-      the values it was saved with.
+  load WORLD PORT CKPT REF [CKPT REF ...]
+      loads CKPT and REF (two copies of one checkpoint, ".../step-<s>") into
+      WORLD ranks and checks that every tensor is equal, and that the sharded
+      tensor holds the values it was saved with at step s.
 
 The state dict: the model, the optimizer's state (exp_avg, exp_avg_sq,
 step) and "shard", a DTensor sharded by rows over the ranks (so that a load
@@ -98,24 +98,23 @@ def template(mesh):
     for p in m.parameters():
         p.grad = torch.zeros_like(p)
     opt.step()
-    sd = state(m, opt, mesh, 0)
-    for t in flat(sd).values():
-        pass
-    return sd
+    return state(m, opt, mesh, 0)
 
 
-def load(rank, world, port, ckpt, ref, step):
+def load(rank, world, port, pairs):
     mesh = init(rank, world, port)
-    a, b = template(mesh), template(mesh)
-    dcp.load(a, checkpoint_id=ckpt)
-    dcp.load(b, checkpoint_id=ref)
-    fa, fb = flat(a), flat(b)
-    assert fa.keys() == fb.keys(), (sorted(fa), sorted(fb))
-    for k in fa:
-        assert torch.equal(fa[k], fb[k]), "rank %d: %s differs" % (rank, k)
-    assert torch.equal(fa["shard"], shard_value(step)), "rank %d: shard has other values" % rank
-    # the local chunk of the resharded DTensor is this world size's
-    assert a["shard"].to_local().shape[0] == ROWS // world
+    for ckpt, ref in pairs:
+        step = int(ckpt.rstrip("/").rsplit("-", 1)[1])
+        a, b = template(mesh), template(mesh)
+        dcp.load(a, checkpoint_id=ckpt)
+        dcp.load(b, checkpoint_id=ref)
+        fa, fb = flat(a), flat(b)
+        assert fa.keys() == fb.keys(), (sorted(fa), sorted(fb))
+        for k in fa:
+            assert torch.equal(fa[k], fb[k]), "rank %d: %s: %s differs" % (rank, ckpt, k)
+        assert torch.equal(fa["shard"], shard_value(step)), "rank %d: %s: shard has other values" % (rank, ckpt)
+        # the local chunk of the (maybe resharded) DTensor is this world size's
+        assert a["shard"].to_local().shape[0] == ROWS // world
     dist.destroy_process_group()
 
 
@@ -127,9 +126,9 @@ def main():
         safe = sys.argv[8] if len(sys.argv) > 8 else ""
         mp.spawn(save, args=(world, port, step0, steps, out, plain, safe), nprocs=world)
     elif cmd == "load":
-        ckpt, ref = sys.argv[4], sys.argv[5]
-        step = int(ckpt.rstrip("/").rsplit("-", 1)[1])
-        mp.spawn(load, args=(world, port, ckpt, ref, step), nprocs=world)
+        rest = sys.argv[4:]
+        pairs = list(zip(rest[0::2], rest[1::2]))
+        mp.spawn(load, args=(world, port, pairs), nprocs=world)
     else:
         raise SystemExit("usage: dcp_run.py save|load ...")
 
