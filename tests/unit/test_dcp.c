@@ -84,6 +84,8 @@ static void test_scan_real(void)
 	CHECK(ulp_dcp_scan_mem(b.p + 1, b.n - 1, &d, &parsed, why, sizeof(why)) == -ULP_E_CORRUPT && d == NULL,
 	      "not a record at 0: %s", why);
 	CHECK(ulp_dcp_scan_mem(b.p, 10, &d, &parsed, NULL, 0) == -ULP_E_CORRUPT, "10 bytes");
+	/* an empty file is no rank file (found by fuzz_dcp) */
+	CHECK(ulp_dcp_scan_mem(b.p, 0, &d, &parsed, NULL, 0) == -ULP_E_CORRUPT && d == NULL, "0 bytes");
 	CHECK(ulp_dcp_name("a/__0_0.distcp") && !ulp_dcp_name("a/x.pt") && !ulp_dcp_name(".distcp"), "names");
 	free(b.p);
 }

@@ -183,6 +183,10 @@ int ulp_dcp_scan(ulp_tz_read_fn rd, void *arg, uint64_t size, ulp_dcp **out, uin
 		d->records++;
 		r = end;
 	}
+	if (!d->records) { /* an empty file */
+		rc = ULP_CORRUPT(&e, "dcp: no torch.save record");
+		goto out;
+	}
 	*parsed = r;
 out:
 	free(buf);
