@@ -21,7 +21,7 @@ done
 # rsync, python3, attr (getfattr): what the README's walkthrough and the demo run
 pkgs="build-essential autoconf automake pkg-config libzstd-dev libsqlite3-dev libssl-dev
       libxxhash-dev libfuse3-dev libcurl4-openssl-dev fuse3 rsync python3 attr"
-[ "$test" = 1 ] && pkgs="$pkgs clang libclang-rt-14-dev python3-numpy python3-pytest zstd"
+[ "$test" = 1 ] && pkgs="$pkgs clang libclang-rt-14-dev python3-numpy python3-pytest python3-venv zstd"
 # the many-host tests (make check-cluster, tests/cluster): GlusterFS and Ceph
 # servers and FUSE clients, without their recommends (installed apart below)
 cluster=""
