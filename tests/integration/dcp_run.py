@@ -20,6 +20,7 @@ by one rank (DCP's deduplication).
 """
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -31,8 +32,25 @@ from torch.distributed.tensor import Shard, distribute_tensor
 ROWS, COLS = 64, 256
 
 
+class Tiny(torch.nn.Module):
+    """A small transformer (ULP_DCP_MODEL=transformer, make bench section D):
+    4 encoder layers of width 256 between an input and an output projection."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(128, 256)
+        layer = torch.nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, batch_first=True)
+        self.body = torch.nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+        self.out = torch.nn.Linear(256, 128)
+
+    def forward(self, x):
+        return self.out(self.body(self.inp(x).unsqueeze(1)).squeeze(1))
+
+
 def model():
     torch.manual_seed(0)
+    if os.environ.get("ULP_DCP_MODEL") == "transformer":
+        return Tiny()
     return torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.GELU(), torch.nn.Linear(512, 512),
                                torch.nn.GELU(), torch.nn.Linear(512, 128))
 
@@ -72,6 +90,7 @@ def save(rank, world, port, step0, steps, out, plain, safe):
     m = model()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(7)
+    times = [0.0, 0.0]
     for s in range(step0 + 1, step0 + steps + 1):
         for _ in range(2):
             x = torch.randn(32, 128, generator=g)
@@ -80,14 +99,20 @@ def save(rank, world, port, step0, steps, out, plain, safe):
             opt.step()
             opt.zero_grad()
         sd = state(m, opt, mesh, s)
+        t0 = time.perf_counter()
         dcp.save(sd, checkpoint_id="%s/step-%d" % (out, s))
+        t1 = time.perf_counter()
         if plain:
             dcp.save(sd, checkpoint_id="%s/step-%d" % (plain, s))
+        times[0] += t1 - t0
+        times[1] += time.perf_counter() - t1
         full = flat(sd)  # collective (full_tensor): every rank
         if safe and rank == 0:
             from safetensors.torch import save_file
             os.makedirs("%s/step-%d" % (safe, s), exist_ok=True)
             save_file(full, "%s/step-%d/state.safetensors" % (safe, s))
+    if rank == 0:  # what dcp.save took (a collective: every rank returns together)
+        print("dcp.save: %.3f s into OUT, %.3f s into PLAIN" % tuple(times), flush=True)
     dist.destroy_process_group()
 
 
