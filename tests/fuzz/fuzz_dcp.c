@@ -2,7 +2,8 @@
 /*
  * fuzz_dcp.c - the DCP rank-file scanner (dcp.c) on hostile input: the input
  * is a whole rank file (records of torch.save zips back to back), and then
- * also a pickle (what a .metadata holds). Consistency on success: at least
+ * also a pickle (what a .metadata holds: its storage_data items, and the
+ * torch.save pickle reader on it). Consistency on success: at least
  * one record, where parsing stopped inside the file, tensors sorted,
  * disjoint, inside the parsed part, each of a known dtype with a whole
  * number of elements, names non-empty and unique; the pickle parser's
@@ -34,6 +35,16 @@ FUZZ_TARGET(dcp)
 			prev_end = t->offset + t->length;
 		}
 		ulp_dcp_free(d);
+	}
+	ulp_dcp_meta *m;
+	if (ulp_dcp_meta_parse(data, size, &m, why, sizeof(why)) == 0) {
+		for (size_t i = 0; i < ulp_dcp_meta_count(m); i++) {
+			const ulp_dcp_item *it = ulp_dcp_meta_at(m, i);
+			FUZZ_ASSERT(it->fqn && it->file && it->offset + it->length >= it->offset);
+			for (uint32_t j = 0; j < it->ndim; j++)
+				(void)it->chunk[j];
+		}
+		ulp_dcp_meta_free(m);
 	}
 	ulp_pk *k;
 	size_t peak;

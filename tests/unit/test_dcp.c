@@ -5,7 +5,8 @@
  * tensors named by position; the same file with bytes after it, cut inside a
  * record and missing its last byte (parsed as far as whole records go);
  * hostile input (no record, an end-record signature repeated a million
- * times: refused after a bounded number of tries). Archiving: a run of three
+ * times: refused after a bounded number of tries). .metadata: its items are
+ * exactly the records the scan finds. Archiving: a run of three
  * steps coded per tensor with deltas between steps and read back
  * byte-identical; a rank file of another plan (its items moved, as after a
  * re-sharding) put into the same series falls back to anchors where tensors
@@ -87,6 +88,51 @@ static void test_scan_real(void)
 	/* an empty file is no rank file (found by fuzz_dcp) */
 	CHECK(ulp_dcp_scan_mem(b.p, 0, &d, &parsed, NULL, 0) == -ULP_E_CORRUPT && d == NULL, "0 bytes");
 	CHECK(ulp_dcp_name("a/__0_0.distcp") && !ulp_dcp_name("a/x.pt") && !ulp_dcp_name(".distcp"), "names");
+	free(b.p);
+}
+
+/* .metadata (pickle.c): its storage_data items are exactly the records the
+ * scan finds in the rank file, back to back, each tensor inside its item */
+static void test_metadata(void)
+{
+	buf mb = load("run/step-1/.metadata"), b = load("run/step-1/__0_0.distcp");
+	ulp_dcp_meta *m;
+	ulp_dcp *d;
+	uint64_t parsed;
+	char why[256] = "";
+	REQUIRE(ulp_dcp_meta_parse(mb.p, mb.n, &m, why, sizeof(why)) == 0, ".metadata: %s", why);
+	REQUIRE(ulp_dcp_scan_mem(b.p, b.n, &d, &parsed, NULL, 0) == 0, "scan");
+	size_t n = ulp_dcp_meta_count(m);
+	CHECK(n == ulp_dcp_records(d), "%zu items, %zu records", n, ulp_dcp_records(d));
+	uint64_t total = 0;
+	int files = 1, found_w = 0;
+	for (size_t i = 0; i < n; i++) {
+		const ulp_dcp_item *it = ulp_dcp_meta_at(m, i);
+		files &= strcmp(it->file, "__0_0.distcp") == 0;
+		total += it->length;
+		if (!strcmp(it->fqn, "model.0.weight"))
+			found_w = it->ndim == 2 && it->chunk[0] == 0 && it->chunk[1] == 0 && it->length > 64 * 64 * 4;
+	}
+	CHECK(files && total == b.n, "items in __0_0.distcp, %llu of %zu bytes", (unsigned long long)total, b.n);
+	CHECK(found_w, "model.0.weight: a 2-dim chunk at (0, 0)");
+	int inside = 1;
+	for (size_t t = 0; t < ulp_dcp_count(d); t++) {
+		const ulp_dcp_tensor *x = ulp_dcp_at(d, t);
+		int k = 0;
+		for (size_t i = 0; i < n; i++) {
+			const ulp_dcp_item *it = ulp_dcp_meta_at(m, i);
+			k += x->offset >= it->offset && x->offset + x->length <= it->offset + it->length;
+		}
+		inside &= k == 1;
+	}
+	CHECK(inside, "each scanned tensor inside exactly one item");
+	ulp_dcp_free(d);
+	ulp_dcp_meta_free(m);
+	/* cut, or a pickle of something else: refused */
+	CHECK(ulp_dcp_meta_parse(mb.p, mb.n - 1, &m, NULL, 0) == -ULP_E_CORRUPT && !m, "cut .metadata");
+	static const uint8_t other[] = {0x80, 0x02, '}', 'q', 0, '.'}; /* {} */
+	CHECK(ulp_dcp_meta_parse(other, sizeof(other), &m, why, sizeof(why)) == -ULP_E_CORRUPT, "{}: %s", why);
+	free(mb.p);
 	free(b.p);
 }
 
@@ -210,6 +256,7 @@ int main(void)
 	snprintf(root, sizeof(root), "%s/ulp-dcp-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
 	REQUIRE(mkdtemp(root), "mkdtemp");
 	test_scan_real();
+	test_metadata();
 	test_hostile();
 	test_archive();
 	char cmd[700];

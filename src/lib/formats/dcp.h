@@ -27,6 +27,9 @@
  * step: same plan, same tensors; after a re-sharding, a tensor whose dtype
  * or length differs is an anchor, and one that happens to match is a delta
  * against an unrelated tensor (lossless all the same, only larger).
+ * ulp_dcp_meta_parse reads .metadata (pickle.c) into the items' names,
+ * chunk offsets and places; test_dcp checks that on torch 2.13's output the
+ * items are exactly the records the scan finds. The coding does not use it.
  * Items DCP writes as raw bytes (the SAFETENSORS serialization format) and
  * anything after the last record that parsed are not taken apart: the
  * caller stores them opaque.
@@ -69,6 +72,35 @@ size_t ulp_dcp_count(const ulp_dcp *d);
 size_t ulp_dcp_records(const ulp_dcp *d);
 const ulp_dcp_tensor *ulp_dcp_at(const ulp_dcp *d, size_t i);
 void ulp_dcp_free(ulp_dcp *d);
+
+/* ---- .metadata (pickle.c: it needs the pickle machine's values) ---------- */
+
+/** Where one item of a DCP checkpoint lies: storage_data's MetadataIndex ->
+ *  _StorageInfo. */
+typedef struct ulp_dcp_item {
+	const char *fqn;          /* the fully qualified name; owned by the ulp_dcp_meta */
+	const char *file;         /* the rank file, relative to the step directory; owned */
+	uint64_t offset, length;  /* of the item in that file */
+	const int64_t *chunk;     /* the chunk's offsets in the tensor (ndim of them; owned) */
+	uint32_t ndim;            /* 0 for a BYTE_IO item or a 0-dim tensor */
+	int64_t index;            /* MetadataIndex.index, -1 when None */
+} ulp_dcp_item;
+
+typedef struct ulp_dcp_meta ulp_dcp_meta;
+
+/**
+ * Reads a .metadata pickle (torch.distributed.checkpoint.metadata.Metadata)
+ * of len bytes without executing anything: the items of its storage_data,
+ * in the pickle's order. Strict: CORRUPT (errbuf says why) for a pickle the
+ * reader refuses (pickle.c's bound: 24 bytes of memory a byte) or one not
+ * shaped as torch 2.x writes it (a Metadata object whose state holds a
+ * storage_data dict of MetadataIndex -> _StorageInfo objects, each with its
+ * fields of the right types, offset + length not overflowing); NOMEM.
+ */
+int ulp_dcp_meta_parse(const uint8_t *p, size_t len, ulp_dcp_meta **out, char *errbuf, size_t errcap);
+size_t ulp_dcp_meta_count(const ulp_dcp_meta *m);
+const ulp_dcp_item *ulp_dcp_meta_at(const ulp_dcp_meta *m, size_t i);
+void ulp_dcp_meta_free(ulp_dcp_meta *m);
 
 /** A rank file's name, by DCP's convention ("<anything>.distcp")? */
 int ulp_dcp_name(const char *path);
