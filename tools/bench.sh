@@ -29,14 +29,17 @@
 #   S. an archive in an S3 bucket (issue 26): archiving through a mount and the
 #      newest step cold (empty and warm pack cache) against a local archive,
 #      on a radosgw the section starts. ULP_BENCH_ONLY=S runs it alone;
+#   D. torch.distributed.checkpoint: 8 ranks of a real training loop saving 4
+#      steps into the mount vs a plain directory, stored bytes against the same
+#      tensors as safetensors. ULP_BENCH_ONLY=D runs it alone;
 #   G. a shared archive's index generation published after a 150 MB step of
 #      300 tensors into an index of 1,000 such steps, against that step's
 #      import (issue 25). ULP_BENCH_ONLY=G runs it alone;
-#   D. `ulpack dynamics` (issue 39): the index-only view of an index of 1,000
+#   Y. `ulpack dynamics` (issue 39): the index-only view of an index of 1,000
 #      steps x 300 tensors (written with python3's sqlite3: the view reads the
 #      index alone), time and peak memory (targets 1 s, 100 MB); --norms of a
 #      12-step --dim 256 run against `ulpack verify` of it (the decoding of the
-#      run). ULP_BENCH_ONLY=D runs it alone.
+#      run). ULP_BENCH_ONLY=Y runs it alone.
 # Usage: bench.sh BUILD_DIR
 set -eu
 B=${1:-.}
@@ -130,11 +133,11 @@ PYEOF
 }
 [ "${ULP_BENCH_ONLY:-}" = P ] && { bench_python; exit 0; }
 
-# ---- D. training dynamics from the index (issue 39)
+# ---- Y. training dynamics from the index (issue 39)
 bench_dynamics() {
 	PYD=$(command -v /usr/bin/python3 || command -v python3 || true)
-	[ -n "$PYD" ] || { echo "== D. skipped: no python3"; return 0; }
-	echo "== D. ulpack dynamics: the index-only view of 1,000 steps x 300 tensors; --norms against verify"
+	[ -n "$PYD" ] || { echo "== Y. skipped: no python3"; return 0; }
+	echo "== Y. ulpack dynamics: the index-only view of 1,000 steps x 300 tensors; --norms against verify"
 	"$ULPACK" init "$T/dyn" > /dev/null
 	"$PYD" - "$T/dyn/ulpack.db" <<'PYEOF'
 import hashlib, sqlite3, sys
@@ -188,7 +191,62 @@ print("--norms of a 12-step --dim 256 run: %.3f s; verify (decodes it): %.3f s =
       % (tn, tv, tv / tn))
 PYEOF
 }
-[ "${ULP_BENCH_ONLY:-}" = D ] && { bench_dynamics; exit 0; }
+[ "${ULP_BENCH_ONLY:-}" = Y ] && { bench_dynamics; exit 0; }
+# ---- D. torch.distributed.checkpoint (issue 36): 8 ranks (one process each,
+# gloo on CPU) train a small transformer for real (fp32, AdamW) and save 4
+# steps with dcp.save into the mount and into a plain directory (and the same
+# tensors as safetensors); the time dcp.save took into each, until `ulpack
+# sync`; byte-identical rank files; dcp.load into 4 ranks from a read-only
+# mount; stored bytes against the same tensors as safetensors (both
+# imported, and the mount's own). Needs the venv of tools/install-pydeps.sh
+# ($ULP_TORCH_PYTHON). ULP_BENCH_ONLY=D runs it alone.
+bench_dcp() {
+	TPY=${ULP_TORCH_PYTHON:-/opt/ulpack-venv/bin/python}
+	"$TPY" -c 'import torch, safetensors' 2> /dev/null || { echo "== D. skipped: no torch at $TPY (sh tools/install-pydeps.sh)"; return 0; }
+	[ -c /dev/fuse ] || { echo "== D. skipped: no /dev/fuse"; return 0; }
+	RUNPY="$(cd "$(dirname "$0")/.." && pwd)/tests/integration/dcp_run.py"
+	port=$((20000 + $$ % 20000))
+	echo "== D. torch.distributed.checkpoint: 8 ranks (gloo, CPU), a small transformer trained for real (fp32, AdamW), 4 steps"
+	"$ULPACK" init "$T/dcparch" > /dev/null && mkdir -p "$M" && "$ULPACKFS" "$T/dcparch" "$M" || { echo "section D failed: mount"; return 0; }
+	mkdir -p "$M/run"
+	ULP_DCP_MODEL=transformer "$TPY" "$RUNPY" save 8 "$port" 0 4 "$M/run" "$T/dcpplain/run" "$T/dcpsafe/run" > "$T/dcp.log" 2>&1 \
+		|| { echo "section D failed: $(tail -5 "$T/dcp.log")"; fusermount3 -u "$M"; return 0; }
+	t0=$(now)
+	"$ULPACK" sync "$M" > /dev/null
+	ts=$(( ($(now) - t0) / 1000000 ))
+	sed -n 's/^dcp.save: \([0-9.]*\) s into OUT, \([0-9.]*\) s into PLAIN/\1 \2/p' "$T/dcp.log" | awk -v ts="$ts" '{
+		printf "dcp.save of 4 steps: %.2f s into ulpackfs, %.2f s into a plain directory = %.2f x (target <= 1.3); archived %.2f s after (ulpack sync)\n", $1, $2, $1 / $2, ts / 1000 }'
+	bad=0 n=0
+	for f in $(cd "$T/dcpplain/run" && find . -name '*.distcp'); do
+		n=$((n + 1))
+		cmp -s "$T/dcpplain/run/$f" "$M/run/$f" || bad=$((bad + 1))
+	done
+	echo "rank files byte-identical: $((n - bad)) of $n"
+	fusermount3 -u "$M"
+	pid=$(pgrep -n -f "ulpackfs $T/dcparch" || true)
+	while [ -n "$pid" ] && kill -0 "$pid" 2> /dev/null; do sleep 0.05; done
+	"$ULPACKFS" "$T/dcparch" "$M" -o ro || { echo "section D failed: mount -o ro"; return 0; }
+	ULP_DCP_MODEL=transformer "$TPY" "$RUNPY" load 4 "$((port + 1))" "$M/run/step-4" "$T/dcpplain/run/step-4" > "$T/dcpl.log" 2>&1 \
+		&& echo "dcp.load of step 4 into 4 ranks (resharded) from a read-only mount: equal tensors" \
+		|| echo "dcp.load from the read-only mount FAILED: $(tail -3 "$T/dcpl.log")"
+	fusermount3 -u "$M"
+	"$ULPACK" init "$T/dcpi" > /dev/null && "$ULPACK" import "$T/dcpi" "$T/dcpplain" > /dev/null
+	"$ULPACK" init "$T/dcps" > /dev/null && "$ULPACK" import "$T/dcps" "$T/dcpsafe" > /dev/null
+	for a in dcparch dcpi dcps; do "$ULPACK" stat "$T/$a" --json > "$T/$a.json"; done
+	python3 - "$T/dcparch.json" "$T/dcpi.json" "$T/dcps.json" <<'PYEOF'
+import json, sys
+m, i, s = (json.load(open(p)) for p in sys.argv[1:4])
+def tot(j):
+    fs = [f for f in j["files"] if f["path"].endswith((".distcp", ".safetensors", ".metadata"))]
+    return sum(f["raw_bytes"] for f in fs), sum(f["stored_bytes"] for f in fs)
+(rm, sm), (ri, si), (rs, ss) = tot(m), tot(i), tot(s)
+print("stored/raw: DCP through the mount %.4f, DCP imported %.4f, the same tensors as safetensors imported %.4f"
+      % (sm / rm, si / ri, ss / rs))
+print("  DCP stored = %.4f x safetensors (mount), %.4f x (imported) (target <= 1.02)" % (sm / ss, si / ss))
+PYEOF
+	return 0
+}
+[ "${ULP_BENCH_ONLY:-}" = D ] && { bench_dcp; exit 0; }
 
 # ---- G. publishing a shared archive's index generation (issue 25) on a big
 # index: ULP_BENCH_PUB_STEPS (1000) steps of a model of 300 small tensors
@@ -652,6 +710,7 @@ PYEOF
 	done
 fi
 bench_python
+bench_dcp
 bench_publish
 bench_s3
 bench_dynamics

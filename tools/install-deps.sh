@@ -22,7 +22,7 @@ done
 pkgs="build-essential autoconf automake pkg-config libzstd-dev libsqlite3-dev libssl-dev
       libxxhash-dev libfuse3-dev libcurl4-openssl-dev fuse3 rsync python3 attr"
 # librsvg2-bin: rsvg-convert renders `ulpack dynamics --svg` in tests/integration/cli_dynamics.sh
-[ "$test" = 1 ] && pkgs="$pkgs clang libclang-rt-14-dev python3-numpy python3-pytest zstd librsvg2-bin"
+[ "$test" = 1 ] && pkgs="$pkgs clang libclang-rt-14-dev python3-numpy python3-pytest python3-venv zstd librsvg2-bin"
 # the many-host tests (make check-cluster, tests/cluster): GlusterFS and Ceph
 # servers and FUSE clients, without their recommends (installed apart below);
 # sqlite3 (the CLI): gluster_partition.sh reads copies of the live index

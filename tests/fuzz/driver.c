@@ -15,12 +15,14 @@ int fuzz_safetensors(const uint8_t *data, size_t size);
 int fuzz_roundtrip(const uint8_t *data, size_t size);
 int fuzz_torchzip(const uint8_t *data, size_t size);
 int fuzz_genpatch(const uint8_t *data, size_t size);
+int fuzz_dcp(const uint8_t *data, size_t size);
 
 static const struct {
 	const char *name;
 	int (*fn)(const uint8_t *, size_t);
 } targets[] = {{"blob", fuzz_blob}, {"safetensors", fuzz_safetensors}, {"roundtrip", fuzz_roundtrip},
-               {"torchzip", fuzz_torchzip}, {"genpatch", fuzz_genpatch}};
+               {"torchzip", fuzz_torchzip}, {"genpatch", fuzz_genpatch},
+               {"dcp", fuzz_dcp}};
 
 int main(int argc, char **argv)
 {

@@ -50,6 +50,24 @@ static void test_steps(void)
 		 "run/checkpoint-{S}/model-00001-of-00004.safetensors"},
 		{"run/config.json", -1, NULL},
 		{"mystep5/x", -1, NULL}, /* "step" inside a word is not a step */
+		/* the trainers of issue 36: torchtitan, Megatron, DeepSpeed, NeMo and Lightning */
+		{"run/step-100/__0_0.distcp", 100, "run/step-{S}/__0_0.distcp"},
+		{"titan/checkpoint/step-2000/.metadata", 2000, "titan/checkpoint/step-{S}/.metadata"},
+		{"mega/iter_0000100/__3_0.distcp", 100, "mega/iter_{S}/__3_0.distcp"},
+		{"ds/global_step100/zero_pp_rank_0_mp_rank_00_optim_states.pt", 100,
+		 "ds/global_step{S}/zero_pp_rank_0_mp_rank_00_optim_states.pt"},
+		/* Lightning: one series whatever the epoch (and the version suffix kept) */
+		{"lit/epoch=0-step=100.ckpt", 100, "lit/epoch=*-step={S}.ckpt"},
+		{"lit/epoch=12-step=15000.ckpt", 15000, "lit/epoch=*-step={S}.ckpt"},
+		{"lit/epoch=2-step=300-v1.ckpt", 300, "lit/epoch=*-step={S}-v1.ckpt"},
+		{"lit/step=7-val_loss=-1.5e-3.ckpt", 7, "lit/step={S}-val_loss=*.ckpt"},
+		/* NeMo: metrics in the name, a file or a DCP directory */
+		{"nemo/megatron_gpt--val_loss=2.31-step=100-consumed_samples=800.0.ckpt", 100,
+		 "nemo/megatron_gpt--val_loss=*-step={S}-consumed_samples=*.ckpt"},
+		{"nemo/megatron_gpt--val_loss=2.05-step=200-consumed_samples=1600.0/weights/__0_0.distcp", 200,
+		 "nemo/megatron_gpt--val_loss=*-step={S}-consumed_samples=*/weights/__0_0.distcp"},
+		/* only the step's own component: a sweep's directories stay apart */
+		{"sweep/lr=0.1/checkpoint-100/model.safetensors", 100, "sweep/lr=0.1/checkpoint-{S}/model.safetensors"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		char *series = NULL;

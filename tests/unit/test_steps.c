@@ -43,6 +43,8 @@ static void test_name_step(void)
 		{"step9", 9}, {"iter_0001500", 1500}, {"iteration_3", 3}, {"iter-4", 4}, {"ckpt-9", 9},
 		{"ckpt_10", 10}, {"epoch3-step1500", 1500}, {"1000", 1000}, {"0", 0}, {"run-a_step_12", 12},
 		{"checkpoint-0100", 100}, {"epoch=0-step=100", 100}, {"epoch=3-step=12-v1", 12},
+		/* issue 36: torchtitan, Megatron, NeMo's DCP directory named after its metrics */
+		{"step-2000", 2000}, {"iter_0000100", 100}, {"megatron_gpt--val_loss=2.31-step=100-consumed_samples=800.0", 100},
 		/* not step directories */
 		{"", -1}, {".checkpoint-1", -1}, {"tmp-checkpoint-5", -1}, {"tmpstep_5", -1},
 		{"global_step100", -1}, {"mystep3", -1}, {"model", -1}, {"checkpoint-", -1}, {"step", -1},
@@ -61,6 +63,7 @@ static void test_name_step(void)
 	} files[] = {
 		{"model_step_1000.pt", 1000}, {"epoch=0-step=100.ckpt", 100}, {"epoch=2-step=300-v1.ckpt", 300},
 		{"checkpoint-5.pth", 5}, {"ckpt_7.safetensors", 7}, {"model.step_9.bin", 9},
+		{"megatron_gpt--val_loss=2.31-step=100-consumed_samples=800.0.ckpt", 100},
 		/* not step files */
 		{"checkpoint-9999", -1}, {"model-00001-of-00002.safetensors", -1}, {"last.ckpt", -1},
 		{"1000.pt", -1}, {"0.0", -1}, {".model_step_5.pt.Ab12Cd", -1}, {"tmp_step_5.pt", -1},
@@ -384,6 +387,11 @@ static void test_steps_rows(void)
 		REQUIRE(ulp_archive_stat(a, "lit/ckpts/epoch=1-step=200.ckpt", &st) == 0, "stat");
 		CHECK(f.raw[1] == st.size && f.stored[1] == st.stored_bytes && f.depth[1] == st.chain_depth,
 		      "sizes and depth of a step file are its own");
+		/* issue 36: Lightning's files of two epochs are one series: the
+		 * older a delta against the newer */
+		REQUIRE(ulp_archive_stat(a, "lit/ckpts/epoch=0-step=100.ckpt", &st) == 0, "stat");
+		CHECK(!st.anchor && st.chain_depth == 1, "epoch=0-step=100.ckpt: a delta across epochs (depth %u)",
+		      st.chain_depth);
 	}
 	ulp_archive_close(a);
 }

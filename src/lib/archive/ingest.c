@@ -9,8 +9,10 @@
  * bytes, each a zstd or raw blob). A safetensors file is its header
  * (verbatim), its tensors and any bytes between or after them (opaque); a
  * torch.save zip (torchzip.c) is its storages as tensors, the small records
- * and ZIP structures around them verbatim (larger gaps opaque); any other
- * file is opaque. Identical contents are stored once.
+ * and ZIP structures around them verbatim (larger gaps opaque); a DCP rank
+ * file ("*.distcp", dcp.c) is laid out the same way record after record
+ * (kind 2 too; its tensors named "dcp.<record>"), what follows its last
+ * record that parses opaque; any other file is opaque. Identical contents are stored once.
  *
  * Invariants:
  *  1. Every new blob is decoded and compared byte for byte with its input
@@ -28,6 +30,7 @@
 #include "arch_int.h"
 #include "senc.h"
 #include "torchzip.h"
+#include "dcp.h"
 #include <zstd.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -1193,6 +1196,7 @@ typedef struct layout {
 	int kind;               /* 0 opaque, 1 safetensors, 2 torch zip (ulp_stat.kind) */
 	ulp_st *st;             /* kind 1: owns the tensor names */
 	ulp_tz *tz;             /* kind 2: owns the storage names */
+	ulp_dcp *dcp;           /* kind 2, a DCP rank file: owns the tensor names */
 	seg *segs;
 	size_t n, cap;
 	uint64_t verbatim;      /* bytes in verbatim segments */
@@ -1227,6 +1231,7 @@ static void layout_free(layout *L)
 {
 	ulp_st_free(L->st);
 	ulp_tz_free(L->tz);
+	ulp_dcp_free(L->dcp);
 	free(L->segs);
 }
 
@@ -1278,6 +1283,27 @@ static int layout_file(put *P, uint64_t size, layout *L)
 				at = t->offset + t->length;
 			}
 			return rc < 0 ? rc : add_gap(L, at, size - at);
+		}
+		/* a DCP rank file: torch.save records back to back (dcp.h) */
+		uint64_t parsed;
+		if (rc == -ULP_E_CORRUPT && ulp_dcp_name(P->path)) {
+			rc = ulp_dcp_scan(tz_read, P, size, &L->dcp, &parsed, NULL, 0);
+			if (rc == -ULP_E_IO || rc == -ULP_E_NOMEM)
+				return rc;
+		}
+		if (rc == 0 && L->dcp) {
+			uint64_t at = 0;
+			L->kind = 2;
+			for (size_t i = 0; rc == 0 && i < ulp_dcp_count(L->dcp); i++) {
+				const ulp_dcp_tensor *t = ulp_dcp_at(L->dcp, i);
+				rc = add_gap(L, at, t->offset - at);
+				if (rc == 0)
+					rc = add_seg(L, t->offset, t->length, SEG_TENSOR, t->name, t->dtype);
+				at = t->offset + t->length;
+			}
+			if (rc == 0)
+				rc = add_gap(L, at, parsed - at);
+			return rc < 0 ? rc : add_seg(L, parsed, size - parsed, SEG_OPAQUE, NULL, ULP_DT_UNKNOWN);
 		}
 	}
 	if (rc == -ULP_E_IO)

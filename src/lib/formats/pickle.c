@@ -4,7 +4,8 @@
  * needs: it builds the object graph (nothing is executed: a global is a
  * name, a reduction a record of callable and arguments), collects the
  * storages named by persistent ids and names each after the first tensor
- * that uses it.
+ * that uses it. The same machine reads DCP's .metadata (ulp_dcp_meta_parse,
+ * dcp.h): the items of its storage_data, copied out of the arena.
  *
  * Memory bound: parsing a pickle of LEN bytes holds at most
  * PK_BYTES_PER_BYTE x LEN + PK_BYTES_FIXED bytes (24 x LEN + 1 MiB), the
@@ -32,6 +33,7 @@
  *     floats, the empty tuple, integers 0..255) are one value each per parse.
  */
 #include "torchzip.h"
+#include "dcp.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -907,4 +909,166 @@ void ulp_pk_free(ulp_pk *k)
 	free(k->st);
 	free(k->strs);
 	free(k);
+}
+
+/* ---- DCP .metadata (dcp.h) ------------------------------------------------ */
+
+struct ulp_dcp_meta {
+	ulp_dcp_item *it;
+	size_t n;
+	char *strs;     /* names and paths, NUL-terminated */
+	int64_t *dims;  /* chunk offsets */
+};
+
+/* The value of key in dict d (a V_DICT, or an object's state dict), or NULL. */
+static pv *dict_get(const pv *d, const char *key)
+{
+	if (!d || d->type != V_DICT)
+		return NULL;
+	const pv_seq *q = SEQ(d);
+	for (size_t i = 0; i + 1 < q->h.n; i += 2)
+		if (is_str(q->it[i], key))
+			return q->it[i + 1];
+	return NULL;
+}
+
+static pv *state_of(const pv *o)
+{
+	return o && o->type == V_OBJ ? OBJ(o)->state : NULL;
+}
+
+/* torch.Size((d0, d1, ...)): an object whose single argument is a tuple of
+ * ints (an empty tuple for a 0-dim tensor) */
+static const pv_seq *size_dims(const pv *v)
+{
+	if (!v || v->type != V_OBJ || !OBJ(v)->args || OBJ(v)->args->n != 1)
+		return NULL;
+	const pv *t = SEQ(OBJ(v)->args)->it[0];
+	if (t->type != V_TUPLE)
+		return NULL;
+	for (size_t i = 0; i < t->n; i++)
+		if (SEQ(t)->it[i]->type != V_INT)
+			return NULL;
+	return SEQ(t);
+}
+
+void ulp_dcp_meta_free(ulp_dcp_meta *m)
+{
+	if (!m)
+		return;
+	free(m->it);
+	free(m->strs);
+	free(m->dims);
+	free(m);
+}
+
+size_t ulp_dcp_meta_count(const ulp_dcp_meta *m)
+{
+	return m->n;
+}
+
+const ulp_dcp_item *ulp_dcp_meta_at(const ulp_dcp_meta *m, size_t i)
+{
+	return i < m->n ? &m->it[i] : NULL;
+}
+
+/* Checks the shape of the items and sizes what the result needs. */
+static int meta_items(px *x, const pv *sd, size_t *strs, size_t *dims)
+{
+	const pv_seq *q = SEQ(sd);
+	*strs = *dims = 0;
+	for (size_t i = 0; i + 1 < q->h.n; i += 2) {
+		pv *ks = state_of(q->it[i]), *vs = state_of(q->it[i + 1]);
+		pv *fqn = dict_get(ks, "fqn"), *idx = dict_get(ks, "index"), *file = dict_get(vs, "relative_path"),
+		   *off = dict_get(vs, "offset"), *len = dict_get(vs, "length");
+		/* offset and index are left out (or None) for a BYTE_IO item */
+		pv *ko = dict_get(ks, "offset");
+		const pv_seq *d = size_dims(ko);
+		if (!fqn || fqn->type != V_STR || !file || file->type != V_STR || (ko && ko->type != V_NONE && !d) ||
+		    !off || off->type != V_INT || !len || len->type != V_INT ||
+		    (idx && idx->type != V_INT && idx->type != V_NONE))
+			return ULP_CORRUPT(x->e, "dcp metadata: storage_data item %zu is not MetadataIndex -> _StorageInfo",
+			                   i / 2);
+		if (INT(off)->i < 0 || INT(len)->i < 0 || INT(len)->i > INT64_MAX - INT(off)->i)
+			return ULP_CORRUPT(x->e, "dcp metadata: item %zu: offset %lld, length %lld", i / 2,
+			                   (long long)INT(off)->i, (long long)INT(len)->i);
+		*strs += (size_t)fqn->n + 1 + (size_t)file->n + 1;
+		*dims += d ? d->h.n : 0;
+	}
+	return 0;
+}
+
+static int meta_copy(px *x, const pv *sd, ulp_dcp_meta *m, size_t strs, size_t dims)
+{
+	const pv_seq *q = SEQ(sd);
+	size_t n = q->h.n / 2, s = 0, k = 0;
+	if (!(m->it = calloc(n ? n : 1, sizeof(*m->it))) || !(m->strs = malloc(strs ? strs : 1)) ||
+	    !(m->dims = malloc((dims ? dims : 1) * sizeof(int64_t))))
+		return -ULP_E_NOMEM;
+	(void)x;
+	for (size_t i = 0; i + 1 < q->h.n; i += 2) {
+		pv *ks = state_of(q->it[i]), *vs = state_of(q->it[i + 1]);
+		pv *fqn = dict_get(ks, "fqn"), *idx = dict_get(ks, "index"), *file = dict_get(vs, "relative_path");
+		const pv_seq *d = size_dims(dict_get(ks, "offset"));
+		ulp_dcp_item *it = &m->it[m->n++];
+		it->fqn = m->strs + s;
+		memcpy(m->strs + s, STR(fqn)->s, fqn->n);
+		s += fqn->n;
+		m->strs[s++] = 0;
+		it->file = m->strs + s;
+		memcpy(m->strs + s, STR(file)->s, file->n);
+		s += file->n;
+		m->strs[s++] = 0;
+		it->offset = (uint64_t)INT(dict_get(vs, "offset"))->i;
+		it->length = (uint64_t)INT(dict_get(vs, "length"))->i;
+		it->index = idx && idx->type == V_INT ? INT(idx)->i : -1;
+		it->ndim = d ? d->h.n : 0;
+		it->chunk = m->dims + k;
+		for (size_t j = 0; j < it->ndim; j++)
+			m->dims[k++] = INT(d->it[j])->i;
+	}
+	return 0;
+}
+
+int ulp_dcp_meta_parse(const uint8_t *p, size_t len, ulp_dcp_meta **out, char *why, size_t cap)
+{
+	ulp_err e = {why, cap};
+	*out = NULL;
+	if (len >= UINT32_MAX)
+		return ULP_CORRUPT(&e, "pickle: %zu bytes", len);
+	px *x = calloc(1, sizeof(*x));
+	ulp_dcp_meta *m = calloc(1, sizeof(*m));
+	if (!x || !m) {
+		free(x);
+		free(m);
+		return -ULP_E_NOMEM;
+	}
+	*x = (px){.p = p, .end = p + len, .e = &e, .len = len};
+	x->budget = PK_BYTES_PER_BYTE * len + PK_BYTES_FIXED;
+	x->used = sizeof(*x);
+	x->none.type = V_NONE;
+	x->flt.type = V_FLOAT;
+	x->bools[0] = (pv_int){{V_BOOL, 0, 0}, 0};
+	x->bools[1] = (pv_int){{V_BOOL, 0, 0}, 1};
+	x->empty_tuple.h.type = V_TUPLE;
+	pv *root = NULL;
+	size_t strs = 0, dims = 0;
+	int rc = run(x, &root);
+	pv *sd = rc == 0 ? dict_get(state_of(root), "storage_data") : NULL;
+	if (rc == 0 && !sd)
+		rc = ULP_CORRUPT(&e, "dcp metadata: no Metadata object with a storage_data dict");
+	if (rc == 0)
+		rc = meta_items(x, sd, &strs, &dims);
+	if (rc == 0 && strs + dims * sizeof(int64_t) + (sd->n / 2) * sizeof(ulp_dcp_item) > x->budget)
+		rc = too_complex(x);
+	if (rc == 0)
+		rc = meta_copy(x, sd, m, strs, dims);
+	pk_unmap(x);
+	free(x);
+	if (rc < 0) {
+		ulp_dcp_meta_free(m);
+		return rc;
+	}
+	*out = m;
+	return 0;
 }

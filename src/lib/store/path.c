@@ -116,10 +116,41 @@ const char *ulp_step_key(const char *start, const char *end, const char *const *
 	return NULL;
 }
 
+/* Lightning and NeMo name a checkpoint after its metrics ("epoch=2-step=300",
+ * "megatron_gpt--val_loss=2.31-step=100-consumed_samples=800.0"): values
+ * that change with the step, or (an epoch) every so many steps. In the
+ * component s[cs, ce) of a series, each "word=<number>" becomes "word=*",
+ * in place (it only shortens), so that such files are one series. A
+ * component without "=" is left as it is. */
+static void metrics_out(char *s, size_t cs, size_t ce)
+{
+	size_t o = cs, i = cs, n = strlen(s);
+	while (i < ce) {
+		s[o++] = s[i];
+		if (s[i++] != '=' || i - 1 == cs || !(is_digit(s[i]) || (s[i] == '-' && is_digit(s[i + 1]))))
+			continue;
+		size_t j = i + (s[i] == '-');
+		while (j < ce && is_digit(s[j]))
+			j++;
+		if (j + 1 < ce && s[j] == '.' && is_digit(s[j + 1]))
+			for (j++; j < ce && is_digit(s[j]);)
+				j++;
+		if (j + 1 < ce && (s[j] == 'e' || s[j] == 'E')) {
+			size_t k = j + 1 + (s[j + 1] == '-' || s[j + 1] == '+');
+			if (k < ce && is_digit(s[k]))
+				for (j = k; j < ce && is_digit(s[j]);)
+					j++;
+		}
+		s[o++] = '*';
+		i = j;
+	}
+	memmove(s + o, s + ce, n - ce + 1);
+}
+
 int64_t ulp_parse_step(const char *path, char **series)
 {
 	static const char *const keys[] = {"global_step", "checkpoint-", "checkpoint_", "checkpoint",
-	                                   "step_", "step-", "step", "iter_", "iter-", "iteration_",
+	                                   "step_", "step-", "step=", "step", "iter_", "iter-", "iteration_",
 	                                   "iteration-", "iter", "ckpt-", "ckpt_", "ckpt"};
 	size_t len = strlen(path);
 	const char *digits = NULL;
@@ -165,6 +196,13 @@ int64_t ulp_parse_step(const char *path, char **series)
 			memcpy(*series, path, pre);
 			memcpy(*series + pre, "{S}", 3);
 			memcpy(*series + pre + 3, de, post + 1);
+			/* the component holding the step, in the series */
+			size_t cs = pre, ce = pre + 3;
+			while (cs > 0 && (*series)[cs - 1] != '/')
+				cs--;
+			while ((*series)[ce] && (*series)[ce] != '/')
+				ce++;
+			metrics_out(*series, cs, ce);
 		}
 	}
 	return v;

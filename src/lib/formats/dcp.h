@@ -1,0 +1,108 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * dcp.h - internals: the reader of torch.distributed.checkpoint (DCP) rank
+ * files (dcp.c). Never installed.
+ *
+ * What torch 2.x's FileSystemWriter writes (checked on torch 2.13): a step
+ * directory holds one or more rank files "__<rank>_<n>.distcp" and, written
+ * last by the coordinator, ".metadata" (a pickle of
+ * torch.distributed.checkpoint.metadata.Metadata). A rank file is its items
+ * back to back, from byte 0, without any framing: with the default
+ * serialization format (TORCH_SAVE) each tensor item is a torch.save record
+ * of that one tensor (a self-contained ZIP whose offsets count from the
+ * record's first byte; local headers carry data descriptors), and each
+ * BYTE_IO item (a non-tensor object) is a torch.save record too
+ * (DefaultSavePlanner pickles it with torch.save).
+ *
+ * The reader scans a rank file for those records without .metadata: a
+ * record starts with a local header where the previous one ended, and ends
+ * with the first end-of-central-directory record after it at which the
+ * window [start, end) parses as a whole torch.save zip (torchzip.c, strict).
+ * The trade-off (also in ulpack-format(5)): a rank file is coded per tensor
+ * whatever order the files of a step arrive in (.metadata comes last), at
+ * the cost of one extra sequential read of the file to find the records;
+ * the items are named by their position in the file ("dcp.<k>"), not by
+ * their fully qualified names (which only .metadata holds), so a step is
+ * coded against the same position of the same rank file of the previous
+ * step: same plan, same tensors; after a re-sharding, a tensor whose dtype
+ * or length differs is an anchor, and one that happens to match is a delta
+ * against an unrelated tensor (lossless all the same, only larger).
+ * ulp_dcp_meta_parse reads .metadata (pickle.c) into the items' names,
+ * chunk offsets and places; test_dcp checks that on torch 2.13's output the
+ * items are exactly the records the scan finds. The coding does not use it.
+ * Items DCP writes as raw bytes (the SAFETENSORS serialization format) and
+ * anything after the last record that parsed are not taken apart: the
+ * caller stores them opaque.
+ */
+#ifndef ULP_DCP_H
+#define ULP_DCP_H
+
+#include "ulp_int.h"
+
+/* Limits: beyond them the rest of a rank file is left unparsed (opaque). */
+#define ULP_DCP_MAX_ITEMS     ((size_t)1 << 20)  /* records in one rank file */
+#define ULP_DCP_MAX_TRIES     8                  /* end-record candidates that fail, per record */
+#define ULP_DCP_MAX_FAILS     64                 /* such failures in one file */
+
+/** A tensor of a rank file: the storage of one of its torch.save records. */
+typedef struct ulp_dcp_tensor {
+	const char *name;        /* "dcp.<record>" or "dcp.<record>.<storage name>"; unique; owned */
+	ulp_dtype dtype;         /* never ULP_DT_UNKNOWN */
+	uint64_t offset, length; /* in the rank file; length > 0 */
+} ulp_dcp_tensor;
+
+typedef struct ulp_dcp ulp_dcp;
+
+/**
+ * Scans a rank file of size bytes through rd for its torch.save records.
+ * Succeeds (0) when at least one record parsed: *out lists the tensors of
+ * known dtype, sorted by offset, disjoint, and *parsed is where the last
+ * record that parsed ends (bytes from there on are not understood). CORRUPT
+ * (errbuf says why) when not even the first record parses; NOMEM; rd's
+ * errors. Reads each byte of [0, *parsed) about once, plus the records'
+ * directories; memory is bounded by torchzip.c's limits per record and
+ * ULP_DCP_MAX_ITEMS.
+ */
+int ulp_dcp_scan(ulp_tz_read_fn rd, void *arg, uint64_t size, ulp_dcp **out, uint64_t *parsed, char *errbuf,
+                 size_t errcap);
+int ulp_dcp_scan_mem(const uint8_t *data, size_t size, ulp_dcp **out, uint64_t *parsed, char *errbuf,
+                     size_t errcap);
+size_t ulp_dcp_count(const ulp_dcp *d);
+/** Records found (tensor items and BYTE_IO items alike). */
+size_t ulp_dcp_records(const ulp_dcp *d);
+const ulp_dcp_tensor *ulp_dcp_at(const ulp_dcp *d, size_t i);
+void ulp_dcp_free(ulp_dcp *d);
+
+/* ---- .metadata (pickle.c: it needs the pickle machine's values) ---------- */
+
+/** Where one item of a DCP checkpoint lies: storage_data's MetadataIndex ->
+ *  _StorageInfo. */
+typedef struct ulp_dcp_item {
+	const char *fqn;          /* the fully qualified name; owned by the ulp_dcp_meta */
+	const char *file;         /* the rank file, relative to the step directory; owned */
+	uint64_t offset, length;  /* of the item in that file */
+	const int64_t *chunk;     /* the chunk's offsets in the tensor (ndim of them; owned) */
+	uint32_t ndim;            /* 0 for a BYTE_IO item or a 0-dim tensor */
+	int64_t index;            /* MetadataIndex.index, -1 when None */
+} ulp_dcp_item;
+
+typedef struct ulp_dcp_meta ulp_dcp_meta;
+
+/**
+ * Reads a .metadata pickle (torch.distributed.checkpoint.metadata.Metadata)
+ * of len bytes without executing anything: the items of its storage_data,
+ * in the pickle's order. Strict: CORRUPT (errbuf says why) for a pickle the
+ * reader refuses (pickle.c's bound: 24 bytes of memory a byte) or one not
+ * shaped as torch 2.x writes it (a Metadata object whose state holds a
+ * storage_data dict of MetadataIndex -> _StorageInfo objects, each with its
+ * fields of the right types, offset + length not overflowing); NOMEM.
+ */
+int ulp_dcp_meta_parse(const uint8_t *p, size_t len, ulp_dcp_meta **out, char *errbuf, size_t errcap);
+size_t ulp_dcp_meta_count(const ulp_dcp_meta *m);
+const ulp_dcp_item *ulp_dcp_meta_at(const ulp_dcp_meta *m, size_t i);
+void ulp_dcp_meta_free(ulp_dcp_meta *m);
+
+/** A rank file's name, by DCP's convention ("<anything>.distcp")? */
+int ulp_dcp_name(const char *path);
+
+#endif

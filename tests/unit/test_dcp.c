@@ -1,0 +1,267 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_dcp.c - DCP rank files (dcp.c): the scanner on real rank files written
+ * by torch 2.13 (tests/data/dcp, see make.py there): every record found, its
+ * tensors named by position; the same file with bytes after it, cut inside a
+ * record and missing its last byte (parsed as far as whole records go);
+ * hostile input (no record, an end-record signature repeated a million
+ * times: refused after a bounded number of tries). .metadata: its items are
+ * exactly the records the scan finds. Archiving: a run of three
+ * steps coded per tensor with deltas between steps and read back
+ * byte-identical; a rank file of another plan (its items moved, as after a
+ * re-sharding) put into the same series falls back to anchors where tensors
+ * no longer match and reads back byte-identical; verify.
+ */
+#include "tap.h"
+#include "dcp.h"
+#include "ulpack.h"
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char root[512], datadir[1024];
+
+typedef struct buf {
+	uint8_t *p;
+	size_t n;
+} buf;
+
+static buf load(const char *rel)
+{
+	char path[2048];
+	snprintf(path, sizeof(path), "%s/%s", datadir, rel);
+	FILE *f = fopen(path, "rb");
+	REQUIRE(f, "open %s", path);
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	buf b = {malloc((size_t)n + 64), (size_t)n};
+	REQUIRE(b.p && fread(b.p, 1, b.n, f) == b.n, "read %s", path);
+	fclose(f);
+	return b;
+}
+
+/* 16 tensors: 2 weights and 2 biases, and per parameter exp_avg, exp_avg_sq
+ * and step (a 0-dim F32) */
+#define N_TENSORS 16
+#define TENSOR_BYTES (3 * (2 * 64 * 64 * 4 + 2 * 64 * 4) + 4 * 4)
+
+static void test_scan_real(void)
+{
+	buf b = load("run/step-1/__0_0.distcp");
+	ulp_dcp *d;
+	uint64_t parsed;
+	char why[256] = "";
+	REQUIRE(ulp_dcp_scan_mem(b.p, b.n, &d, &parsed, why, sizeof(why)) == 0, "scan: %s", why);
+	CHECK(parsed == b.n, "parsed %llu of %zu", (unsigned long long)parsed, b.n);
+	CHECK(ulp_dcp_count(d) == N_TENSORS, "%zu tensors", ulp_dcp_count(d));
+	CHECK(ulp_dcp_records(d) > N_TENSORS, "%zu records (tensors and BYTE_IO items)", ulp_dcp_records(d));
+	uint64_t sum = 0, prev = 0;
+	int names = 1;
+	for (size_t i = 0; i < ulp_dcp_count(d); i++) {
+		const ulp_dcp_tensor *t = ulp_dcp_at(d, i);
+		sum += t->length;
+		names &= strncmp(t->name, "dcp.", 4) == 0 && t->dtype == ULP_DT_F32 && t->offset >= prev;
+		prev = t->offset + t->length;
+	}
+	CHECK(names, "tensors named dcp.<record>, F32, in order");
+	CHECK(sum == TENSOR_BYTES, "%llu tensor bytes", (unsigned long long)sum);
+	ulp_dcp_free(d);
+
+	/* bytes after the last record: parsed up to it */
+	memset(b.p + b.n, 0, 7);
+	CHECK(ulp_dcp_scan_mem(b.p, b.n + 7, &d, &parsed, NULL, 0) == 0 && parsed == b.n, "a tail of 7 bytes");
+	ulp_dcp_free(d);
+	/* cut inside a record; the last byte missing */
+	CHECK(ulp_dcp_scan_mem(b.p, b.n / 2, &d, &parsed, NULL, 0) == 0 && parsed > 0 && parsed < b.n / 2 &&
+	          ulp_dcp_count(d) < N_TENSORS,
+	      "cut in half: whole records only");
+	ulp_dcp_free(d);
+	CHECK(ulp_dcp_scan_mem(b.p, b.n - 1, &d, &parsed, NULL, 0) == 0 && parsed < b.n - 1, "the last byte missing");
+	ulp_dcp_free(d);
+	/* no record at all */
+	CHECK(ulp_dcp_scan_mem(b.p + 1, b.n - 1, &d, &parsed, why, sizeof(why)) == -ULP_E_CORRUPT && d == NULL,
+	      "not a record at 0: %s", why);
+	CHECK(ulp_dcp_scan_mem(b.p, 10, &d, &parsed, NULL, 0) == -ULP_E_CORRUPT, "10 bytes");
+	/* an empty file is no rank file (found by fuzz_dcp) */
+	CHECK(ulp_dcp_scan_mem(b.p, 0, &d, &parsed, NULL, 0) == -ULP_E_CORRUPT && d == NULL, "0 bytes");
+	CHECK(ulp_dcp_name("a/__0_0.distcp") && !ulp_dcp_name("a/x.pt") && !ulp_dcp_name(".distcp"), "names");
+	free(b.p);
+}
+
+/* .metadata (pickle.c): its storage_data items are exactly the records the
+ * scan finds in the rank file, back to back, each tensor inside its item */
+static void test_metadata(void)
+{
+	buf mb = load("run/step-1/.metadata"), b = load("run/step-1/__0_0.distcp");
+	ulp_dcp_meta *m;
+	ulp_dcp *d;
+	uint64_t parsed;
+	char why[256] = "";
+	REQUIRE(ulp_dcp_meta_parse(mb.p, mb.n, &m, why, sizeof(why)) == 0, ".metadata: %s", why);
+	REQUIRE(ulp_dcp_scan_mem(b.p, b.n, &d, &parsed, NULL, 0) == 0, "scan");
+	size_t n = ulp_dcp_meta_count(m);
+	CHECK(n == ulp_dcp_records(d), "%zu items, %zu records", n, ulp_dcp_records(d));
+	uint64_t total = 0;
+	int files = 1, found_w = 0;
+	for (size_t i = 0; i < n; i++) {
+		const ulp_dcp_item *it = ulp_dcp_meta_at(m, i);
+		files &= strcmp(it->file, "__0_0.distcp") == 0;
+		total += it->length;
+		if (!strcmp(it->fqn, "model.0.weight"))
+			found_w = it->ndim == 2 && it->chunk[0] == 0 && it->chunk[1] == 0 && it->length > 64 * 64 * 4;
+	}
+	CHECK(files && total == b.n, "items in __0_0.distcp, %llu of %zu bytes", (unsigned long long)total, b.n);
+	CHECK(found_w, "model.0.weight: a 2-dim chunk at (0, 0)");
+	int inside = 1;
+	for (size_t t = 0; t < ulp_dcp_count(d); t++) {
+		const ulp_dcp_tensor *x = ulp_dcp_at(d, t);
+		int k = 0;
+		for (size_t i = 0; i < n; i++) {
+			const ulp_dcp_item *it = ulp_dcp_meta_at(m, i);
+			k += x->offset >= it->offset && x->offset + x->length <= it->offset + it->length;
+		}
+		inside &= k == 1;
+	}
+	CHECK(inside, "each scanned tensor inside exactly one item");
+	ulp_dcp_free(d);
+	ulp_dcp_meta_free(m);
+	/* cut, or a pickle of something else: refused */
+	CHECK(ulp_dcp_meta_parse(mb.p, mb.n - 1, &m, NULL, 0) == -ULP_E_CORRUPT && !m, "cut .metadata");
+	static const uint8_t other[] = {0x80, 0x02, '}', 'q', 0, '.'}; /* {} */
+	CHECK(ulp_dcp_meta_parse(other, sizeof(other), &m, why, sizeof(why)) == -ULP_E_CORRUPT, "{}: %s", why);
+	free(mb.p);
+	free(b.p);
+}
+
+static void test_hostile(void)
+{
+	/* a local header, then 4 MiB of end-record signatures whose comment
+	 * lengths are 0: every one a candidate; the scan gives up after
+	 * ULP_DCP_MAX_TRIES */
+	size_t n = (size_t)4 << 20;
+	uint8_t *p = calloc(1, n + 64);
+	memcpy(p, "PK\3\4", 4);
+	for (size_t i = 64; i + 22 <= n; i += 22)
+		memcpy(p + i, "PK\5\6", 4);
+	ulp_dcp *d;
+	uint64_t parsed;
+	char why[256] = "";
+	CHECK(ulp_dcp_scan_mem(p, n, &d, &parsed, why, sizeof(why)) == -ULP_E_CORRUPT && strstr(why, "tried"),
+	      "a million end records: refused (%s)", why);
+	/* a real record, then the same hostile bytes: the record, and no more */
+	buf b = load("run/step-1/__0_0.distcp");
+	ulp_dcp *d1;
+	REQUIRE(ulp_dcp_scan_mem(b.p, b.n, &d1, &parsed, NULL, 0) == 0, "scan");
+	const ulp_dcp_tensor *t0 = ulp_dcp_at(d1, 0);
+	uint8_t *q = malloc(b.n + n);
+	memcpy(q, b.p, b.n);
+	memcpy(q + b.n, p, n);
+	CHECK(ulp_dcp_scan_mem(q, b.n + n, &d, &parsed, NULL, 0) == 0 && parsed == b.n &&
+	          ulp_dcp_count(d) == N_TENSORS && strcmp(ulp_dcp_at(d, 0)->name, t0->name) == 0,
+	      "good records, then hostile bytes: the records");
+	ulp_dcp_free(d);
+	ulp_dcp_free(d1);
+	free(q);
+	free(p);
+	free(b.p);
+}
+
+static ulp_archive *open_archive(const char *name)
+{
+	char dir[700], err[512];
+	snprintf(dir, sizeof(dir), "%s/%s", root, name);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init: %s", err);
+	ulp_archive *a;
+	ulp_archive_opts o = {.cache_size = 64 << 20, .threads = 2};
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "open: %s", err);
+	return a;
+}
+
+static void put(ulp_archive *a, const char *path, const char *rel, ulp_put_result *r)
+{
+	buf b = load(rel);
+	char tmp[600];
+	snprintf(tmp, sizeof(tmp), "%s/in", root);
+	int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC, 0644);
+	REQUIRE(fd >= 0 && write(fd, b.p, b.n) == (ssize_t)b.n, "write %s", tmp);
+	REQUIRE(ulp_archive_put(a, path, fd, NULL, r) == 0, "put %s: %s", path, ulp_archive_errmsg(a));
+	close(fd);
+	free(b.p);
+}
+
+static int same(ulp_archive *a, const char *path, const char *rel)
+{
+	buf b = load(rel);
+	ulp_file *f;
+	int ok = ulp_file_open(a, path, &f) == 0;
+	uint8_t *got = malloc(b.n + 1);
+	ok = ok && ulp_file_pread(f, got, b.n + 1, 0) == (int64_t)b.n && memcmp(got, b.p, b.n) == 0;
+	/* a range across a tensor's end */
+	ok = ok && ulp_file_pread(f, got, 5000, b.n / 3) == 5000 && memcmp(got, b.p + b.n / 3, 5000) == 0;
+	if (f)
+		ulp_file_close(f);
+	free(got);
+	free(b.p);
+	return ok;
+}
+
+static void test_archive(void)
+{
+	ulp_archive *a = open_archive("arch");
+	ulp_put_result r;
+	char path[64], rel[64];
+	for (int s = 1; s <= 3; s++) {
+		snprintf(path, sizeof(path), "run/step-%d/__0_0.distcp", s);
+		snprintf(rel, sizeof(rel), "run/step-%d/__0_0.distcp", s);
+		put(a, path, rel, &r);
+		CHECK(r.tensors == N_TENSORS, "step %d: %u tensors coded", s, r.tensors);
+		snprintf(path, sizeof(path), "run/step-%d/.metadata", s);
+		snprintf(rel, sizeof(rel), "run/step-%d/.metadata", s);
+		put(a, path, rel, &r);
+	}
+	ulp_rebase_result rb;
+	REQUIRE(ulp_archive_rebase_pending(a, NULL, NULL, &rb) == 0, "rebase: %s", ulp_archive_errmsg(a));
+	uint64_t stored[4] = {0};
+	for (int s = 1; s <= 3; s++) {
+		ulp_stat st;
+		snprintf(path, sizeof(path), "run/step-%d/__0_0.distcp", s);
+		REQUIRE(ulp_archive_stat(a, path, &st) == 0, "stat %s", path);
+		CHECK(st.kind == 2, "%s: coded per tensor (kind %d)", path, st.kind);
+		if (s < 3) /* older steps are deltas, the newest an anchor (layout.c) */
+			CHECK(!st.anchor && st.chain_depth > 0, "%s: deltas (depth %u)", path, st.chain_depth);
+		else
+			CHECK(st.anchor, "%s: the newest step, an anchor", path);
+		stored[s] = st.stored_bytes;
+		CHECK(same(a, path, path), "%s: byte-identical", path);
+	}
+	CHECK(stored[1] < stored[3] && stored[2] < stored[3], "deltas smaller than the anchor: %llu %llu %llu",
+	      (unsigned long long)stored[1], (unsigned long long)stored[2], (unsigned long long)stored[3]);
+	/* another plan in the same series, between steps (coded against a
+	 * neighbour whose items sit elsewhere): anchors where they differ */
+	put(a, "run/step-0/__0_0.distcp", "resharded/step-4/__0_0.distcp", &r);
+	CHECK(r.tensors == N_TENSORS + 1 && r.anchors > 0, "resharded: %u tensors, %u anchors, %u deltas", r.tensors,
+	      r.anchors, r.deltas);
+	CHECK(same(a, "run/step-0/__0_0.distcp", "resharded/step-4/__0_0.distcp"), "resharded: byte-identical");
+	CHECK(ulp_archive_verify(a, "", NULL, NULL) == 0, "verify: %s", ulp_archive_errmsg(a));
+	ulp_archive_close(a);
+}
+
+int main(void)
+{
+	const char *src = getenv("top_srcdir");
+	snprintf(datadir, sizeof(datadir), "%s/tests/data/dcp", src ? src : ".");
+	snprintf(root, sizeof(root), "%s/ulp-dcp-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+	REQUIRE(mkdtemp(root), "mkdtemp");
+	test_scan_real();
+	test_metadata();
+	test_hostile();
+	test_archive();
+	char cmd[700];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+	if (system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", root);
+	return tap_done();
+}
