@@ -11,7 +11,9 @@
 # required (tools/install-deps.sh --test).
 . "$(dirname "$0")/lib.sh"
 py=""
-for c in ${PYTHON3:-} /usr/bin/python3 python3; do
+# the venv of tools/install-pydeps.sh first: with real torch there, the
+# tests that load checkpoints with torch.load run instead of being skipped
+for c in ${ULP_TORCH_PYTHON:-/opt/ulpack-venv/bin/python} ${PYTHON3:-} /usr/bin/python3 python3; do
 	command -v "$c" > /dev/null 2>&1 && "$c" -c 'import pytest, numpy' 2> /dev/null && { py=$c; break; }
 done
 [ -n "$py" ] || skip "no python3 with pytest and numpy (tools/install-deps.sh --test: python3-pytest python3-numpy)"
