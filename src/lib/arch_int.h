@@ -434,7 +434,7 @@ void ulp_index_checkpoint(ulp_archive *a);
  * ulp_db_nospc_retry, for a removal or a reclaim that failed with NOSPC,
  * checkpoints and releases it: 1 if that freed space (try once more);
  * ulp_db_reserve_release releases it alone. */
-#define ULP_DB_RESERVE ((uint64_t)4 << 20)
+#define ULP_DB_RESERVE ((uint64_t)1 << 20)
 void ulp_db_reserve_make(ulp_archive *a);
 int ulp_db_reserve_release(ulp_archive *a);
 int ulp_db_nospc_retry(ulp_archive *a);
