@@ -1125,9 +1125,28 @@ static int is_mount_point(const char *mnt)
 	return stat(mnt, &a) == 0 && stat(parent, &b) == 0 && (a.st_dev != b.st_dev || a.st_ino == b.st_ino);
 }
 
+/* A fatal signal says so in the log before the daemon dies (a mapped pack
+ * that became unreadable, on a network file system cut off, is SIGBUS: the
+ * mount then answers ENOTCONN and its log must say why). Async-signal-safe:
+ * write(2) of fixed text, then the default action. */
+static void fatal_signal(int sig)
+{
+	static const char bus[] = "ulpackfs: fatal SIGBUS (a mapped file of the archive became unreadable: "
+	                          "its file system was cut off or the file shrank); the mount ends\n";
+	static const char other[] = "ulpackfs: fatal signal; the mount ends\n";
+	if (sig == SIGBUS)
+		(void)!write(2, bus, sizeof(bus) - 1);
+	else
+		(void)!write(2, other, sizeof(other) - 1);
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
 int main(int argc, char **argv)
 {
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
+	signal(SIGBUS, fatal_signal);
+	signal(SIGSEGV, fatal_signal);
 	/* a long-lived process that allocates and frees tables and buffers of a
 	 * few hundred KiB per tensor: keep them in the heap rather than mapping
 	 * fresh pages (about 2.5 us each to touch) every time */
