@@ -665,16 +665,39 @@ class Writer(Archive):
     def __init__(self, path, create=True, **opts):
         path = os.fspath(path)
         bpath = enc(path)
-        if create and not os.path.exists(os.path.join(path, "ulpack.db")):
+        # an archive in an object store (s3://BUCKET/PREFIX): its lock lies
+        # in its local home (cache_dir), known once it is open, as ulpackfs
+        # takes it; a directory's is taken before opening (recovery needs it)
+        remote = "://" in path
+        if create and (remote or not os.path.exists(os.path.join(path, "ulpack.db"))):
             err = ctypes.create_string_buffer(1024)
             rc = lib.ulp_archive_init(bpath, err, len(err))
             if rc < 0 and rc != -_lib.ULP_E_EXIST:
                 raise _lib.error(rc, err.value.decode("utf-8", "replace"), path)
+        self._lock_fd = -1
+        self._wmu = threading.Lock()
+        if not remote:
+            self._lock(path, path)
+        try:
+            super().__init__(path, read_only=False, **opts)
+            if remote:
+                with self._use() as a:
+                    home = lib.ulp_archive_dir(a).decode("utf-8", "surrogateescape")
+                self._lock(home, path)
+        except BaseException:
+            if getattr(self, "_g", None) is not None:
+                Archive._close(self, True)
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+                self._lock_fd = -1
+            raise
+
+    def _lock(self, lockdir, path):
+        """Takes the single-writer lock (mount.lock) in lockdir."""
         fd = ctypes.c_int(-1)
         owner = _lib.MountOwner()
         err = ctypes.create_string_buffer(1024)
-        self._lock_fd = -1
-        rc = lib.ulp_mount_lock(bpath, ctypes.byref(fd), ctypes.byref(owner), err, len(err))
+        rc = lib.ulp_mount_lock(enc(lockdir), ctypes.byref(fd), ctypes.byref(owner), err, len(err))
         if rc == -_lib.ULP_E_BUSY:
             where = owner.mountpoint.decode("utf-8", "replace")
             if owner.mounted:
@@ -689,13 +712,6 @@ class Writer(Archive):
         if rc < 0:
             raise _lib.error(rc, err.value.decode("utf-8", "replace"), path)
         self._lock_fd = fd.value
-        self._wmu = threading.Lock()
-        try:
-            super().__init__(path, read_only=False, **opts)
-        except BaseException:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
-            raise
 
     def save(self, path, data, mode=0o644):
         """Archives data (bytes-like, a file system path (str or os.PathLike)
