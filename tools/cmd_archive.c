@@ -1509,7 +1509,9 @@ int cmd_rm(int argc, char **argv)
 		"usage: ulpack rm ARCHIVE PATH [-r]\n"
 		"       ulpack rm ARCHIVE --all\n"
 		"Removes a file (a directory tree with -r), or everything in the archive with --all.\n"
-		"An empty PATH, \"/\" or \".\" (the root) is refused. Space comes back with 'ulpack gc'.\n";
+		"An empty PATH, \"/\" or \".\" (the root) is refused. The space comes back by\n"
+		"itself: what was coded against the removed files is re-coded and the packs they\n"
+		"leave dead are reclaimed before rm exits (no 'ulpack gc' needed).\n";
 	int rc = parse_common(argc, argv, &ao, usage, 1, 2, OPT_RECURSIVE | OPT_ALL);
 	if (rc)
 		return rc == -1 ? 0 : 2;

@@ -26,7 +26,7 @@ trap 'fusermount3 -u -z "$M" 2>/dev/null || true; rm -rf "$T"' EXIT
 now() { date +%s%N; }
 mbps() { echo "$1 $2" | awk '{ printf "%.1f", $1 / ($2 / 1e9) / 1e6 }'; }
 
-echo "== a synthetic bf16 training run: 8 checkpoints of 8.4M parameters, plus config and optimizer files"
+echo "== a synthetic bf16 training run: 8 checkpoints of 8.5M parameters (model.safetensors), each with config.json and trainer_state.json"
 "$B/ulpack" synth "$T/run" --steps 8
 for d in "$T"/run/checkpoint-*; do
 	printf '{"architectures": ["DemoLM"], "hidden_size": 512}\n' > "$d/config.json"

@@ -1,20 +1,25 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
 # install-deps.sh - the Debian 12 packages that build and test ulpackfs.
-# Usage: install-deps.sh [--test] [--bench] [--cross-arm64]
+# Usage: install-deps.sh [--test] [--bench] [--cross-arm64] [--package]
 #   --test         adds what the test suite needs (make check-cluster's
 #                  GlusterFS and Ceph packages too)
 #   --bench        adds the peers `make bench` compares cold reads with
 #                  (squashfs-tools, squashfuse, borgbackup)
+#   --package      adds what builds the Debian packages (dpkg-buildpackage,
+#                  debhelper: tests/integration/package.sh) and what checks
+#                  the units and completion (systemd's systemd-analyze,
+#                  bash-completion, zsh)
 #   --cross-arm64  adds the aarch64 cross toolchain, qemu-user and the arm64
 #                  libraries (multiarch: dpkg --add-architecture arm64)
 set -eu
-test=0 cross=0 bench=0
+test=0 cross=0 bench=0 package=0
 for a in "$@"; do
 	case "$a" in
 	--test) test=1 ;;
 	--bench) bench=1 ;;
 	--cross-arm64) cross=1 ;;
+	--package) package=1 ;;
 	*) echo "install-deps: unknown option '$a'" >&2; exit 2 ;;
 	esac
 done
@@ -28,6 +33,10 @@ pkgs="build-essential autoconf automake pkg-config libzstd-dev libsqlite3-dev li
 # sqlite3 (the CLI): gluster_partition.sh reads copies of the live index
 cluster=""
 [ "$test" = 1 ] && cluster="iproute2 glusterfs-server glusterfs-client ceph-mon ceph-mgr ceph-osd ceph-mds ceph-fuse ceph-common radosgw sqlite3"
+# systemd (systemd-analyze verify of the units) and bash (the completion
+# test) come with --test too: tests/integration/systemd_units.sh, completion.sh
+[ "$test" = 1 ] && pkgs="$pkgs systemd bash"
+[ "$package" = 1 ] && pkgs="$pkgs dpkg-dev debhelper fakeroot systemd bash-completion zsh fuse3 python3-numpy attr rsync"
 [ "$bench" = 1 ] && pkgs="$pkgs squashfs-tools squashfuse borgbackup"
 [ "$cross" = 1 ] && pkgs="$pkgs gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
       libzstd-dev:arm64 libsqlite3-dev:arm64 libssl-dev:arm64 libxxhash-dev:arm64 libfuse3-dev:arm64

@@ -657,22 +657,47 @@ class Writer(Archive):
     ulpack.writer(path)): holds the archive's single-writer lock (the mount
     lock a read-write ulpackfs takes; a mount holding it refuses the writer
     with BlockingIOError, EBUSY... see open_archive). Each save commits one file
-    atomically; close() re-bases and reclaims (ulp_archive_gc) so that no
-    garbage is left, then lets go of the lock."""
+    atomically, then re-bases what it queued and gives back the space that
+    frees (as a mount does when idle), so that a writer kept open for a whole
+    training run stays near the archive's final size; close() re-bases and
+    reclaims everything (ulp_archive_gc), then lets go of the lock."""
 
     def __init__(self, path, create=True, **opts):
         path = os.fspath(path)
         bpath = enc(path)
-        if create and not os.path.exists(os.path.join(path, "ulpack.db")):
+        # an archive in an object store (s3://BUCKET/PREFIX): its lock lies
+        # in its local home (cache_dir), known once it is open, as ulpackfs
+        # takes it; a directory's is taken before opening (recovery needs it)
+        remote = "://" in path
+        if create and (remote or not os.path.exists(os.path.join(path, "ulpack.db"))):
             err = ctypes.create_string_buffer(1024)
             rc = lib.ulp_archive_init(bpath, err, len(err))
             if rc < 0 and rc != -_lib.ULP_E_EXIST:
                 raise _lib.error(rc, err.value.decode("utf-8", "replace"), path)
+        self._lock_fd = -1
+        self._wmu = threading.Lock()
+        if not remote:
+            self._lock(path, path)
+        try:
+            super().__init__(path, read_only=False, **opts)
+            if remote:
+                with self._use() as a:
+                    home = lib.ulp_archive_dir(a).decode("utf-8", "surrogateescape")
+                self._lock(home, path)
+        except BaseException:
+            if getattr(self, "_g", None) is not None:
+                Archive._close(self, True)
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+                self._lock_fd = -1
+            raise
+
+    def _lock(self, lockdir, path):
+        """Takes the single-writer lock (mount.lock) in lockdir."""
         fd = ctypes.c_int(-1)
         owner = _lib.MountOwner()
         err = ctypes.create_string_buffer(1024)
-        self._lock_fd = -1
-        rc = lib.ulp_mount_lock(bpath, ctypes.byref(fd), ctypes.byref(owner), err, len(err))
+        rc = lib.ulp_mount_lock(enc(lockdir), ctypes.byref(fd), ctypes.byref(owner), err, len(err))
         if rc == -_lib.ULP_E_BUSY:
             where = owner.mountpoint.decode("utf-8", "replace")
             if owner.mounted:
@@ -687,13 +712,6 @@ class Writer(Archive):
         if rc < 0:
             raise _lib.error(rc, err.value.decode("utf-8", "replace"), path)
         self._lock_fd = fd.value
-        self._wmu = threading.Lock()
-        try:
-            super().__init__(path, read_only=False, **opts)
-        except BaseException:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
-            raise
 
     def save(self, path, data, mode=0o644):
         """Archives data (bytes-like, a file system path (str or os.PathLike)
@@ -711,6 +729,7 @@ class Writer(Archive):
             # process, once published (its next writer starts from the newest
             # generation); a no-op for an archive that is not shared
             self._check(lib.ulp_archive_publish(a), path)
+            self._tidy(a, False)
         return {"raw_bytes": res.raw_bytes, "stored_bytes": res.stored_bytes, "tensors": res.tensors,
                 "deltas": res.deltas, "anchors": res.anchors, "reused": res.reused,
                 "ref_path": res.ref_path.decode("utf-8", "replace")}
@@ -731,11 +750,47 @@ class Writer(Archive):
         with self._wmu, self._use() as a:
             self._mkparents(a, path + "/x")
 
-    def remove(self, path):
-        """Removes a file, symlink or empty directory (space returns at close)."""
+    def _tidy(self, a, removed):
+        """After a save or a removal (a: the archive, in use; _wmu held):
+        re-codes what the index queued for re-basing (the step before a new
+        one; with removed, steps coded against removed ones) and gives back
+        the space nothing needs any more (ulp_archive_reclaim: dead packs
+        removed, packs under half live rewritten), as a mount's idle pass
+        does, rather than only at close."""
+        self._check(lib.ulp_archive_rebase_pending(a, None, None, None))
+        if removed:
+            self._check(lib.ulp_archive_rebase_orphans(a, None, None, None))
+        self._check(lib.ulp_archive_reclaim(a, None, None))
+
+    def remove(self, path, recursive=False):
+        """Removes a file, symlink or empty directory; with recursive=True a
+        directory and everything under it too (as `ulpack rm -r`). The space
+        it frees comes back at once (re-basing what was coded against it)."""
         bpath = enc(path)
         with self._wmu, self._use() as a:
-            self._check(lib.ulp_archive_remove(a, bpath), path)
+            try:
+                st = _lib.Stat()
+                if recursive and lib.ulp_archive_stat(a, bpath, ctypes.byref(st)) == 0 and st.is_dir:
+                    self._remove_tree(a, path.strip("/"))
+                else:
+                    self._check(lib.ulp_archive_remove(a, bpath), path)
+            finally:
+                self._tidy(a, True)
+
+    def _remove_tree(self, a, path):
+        names = []
+        cb = _lib.READDIR_CB(lambda arg, name, st: names.append(name) or 0)
+        self._check(lib.ulp_archive_readdir(a, enc(path), cb, None), path)
+        for n in names:
+            child = (path + "/" if path else "") + n.decode("utf-8", "surrogateescape")
+            st = _lib.Stat()
+            self._check(lib.ulp_archive_stat(a, enc(child), ctypes.byref(st)), child)
+            if st.is_dir:
+                self._remove_tree(a, child)
+            else:
+                self._check(lib.ulp_archive_remove(a, enc(child)), child)
+        if path:
+            self._check(lib.ulp_archive_remove(a, enc(path)), path)
 
     def save_dir(self, src_dir, prefix=""):
         """Archives every file under src_dir at prefix/... as `ulpack import`
@@ -859,27 +914,47 @@ class _Source:
                 off += os.write(self.fd, mv[off:off + (64 << 20)])
             return self.fd, None
         if hasattr(d, "read"):
+            # a file object is archived from its start, wherever its
+            # position is (torch.save(obj, buf) leaves buf at its end), and
+            # left at that position; one that cannot seek (a pipe) gives
+            # what is left of it
+            pos = None
+            try:
+                if d.seekable():
+                    pos = d.tell()
+            except (OSError, AttributeError, io.UnsupportedOperation, ValueError):
+                pos = None
             fd = -1
             try:
                 fd = d.fileno()
                 sb = os.fstat(fd)
-                if not _stat.S_ISREG(sb.st_mode) or d.tell() != 0:
+                if not _stat.S_ISREG(sb.st_mode) or pos is None:
                     fd = -1
             except (OSError, AttributeError, io.UnsupportedOperation, ValueError):
                 fd = -1
-            if fd >= 0:
+            if fd >= 0:  # the library reads a regular file from offset 0
+                if hasattr(d, "flush"):
+                    d.flush()
                 self.fd = fd
                 return fd, None
             self.fd = _memfd()
             self.own = True
-            while True:
-                chunk = d.read(8 << 20)
-                if not chunk:
-                    break
-                mv = memoryview(chunk)
-                off = 0
-                while off < len(mv):
-                    off += os.write(self.fd, mv[off:])
+            try:
+                if pos is not None:
+                    d.seek(0)
+                while True:
+                    chunk = d.read(8 << 20)
+                    if chunk is None:
+                        raise BlockingIOError(errno.EAGAIN, "save: a non-blocking file object had no data")
+                    if not chunk:
+                        break
+                    mv = memoryview(chunk)
+                    off = 0
+                    while off < len(mv):
+                        off += os.write(self.fd, mv[off:])
+            finally:
+                if pos is not None:
+                    d.seek(pos)
             return self.fd, None
         raise TypeError("save: data must be bytes, a path or a binary file object, not %s" % type(d).__name__)
 

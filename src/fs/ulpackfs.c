@@ -1204,6 +1204,21 @@ int main(int argc, char **argv)
 		fprintf(stderr, "ulpackfs: %s: already a mount point (busy)\n", co.mountpoint);
 		return 1;
 	}
+	/* no FUSE here (a container without /dev/fuse, a kernel without the
+	 * module): say so before touching the archive, and name what works
+	 * without it (EACCES is left to fusermount3, which mounts for users) */
+	int dfd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+	if (dfd >= 0)
+		close(dfd);
+	else if (errno == ENOENT || errno == ENODEV || errno == ENXIO) {
+		fprintf(stderr,
+		        "ulpackfs: /dev/fuse: %s: FUSE is not available here (in a container: --device /dev/fuse;\n"
+		        "  or modprobe fuse). Without FUSE: `ulpack export %s PATH DEST` writes files, steps or trees\n"
+		        "  out, `ulpack import` archives a directory, `ulpack cat` reads one file, and the Python\n"
+		        "  package reads and writes (ulpack.open_archive(\"%s\")); see ulpack(1)\n",
+		        strerror(errno), fs.archive, fs.archive);
+		return 1;
+	}
 	char err[1024];
 	ulp_archive_opts ao = {.cache_size = fs.cache_size, .max_chain = fs.max_chain, .threads = fs.threads,
 	                       .read_only = fs.read_only, .cache_dir = o.cache_dir};
