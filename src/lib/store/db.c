@@ -46,7 +46,7 @@
  * (ulp_db_nospc_retry: a truncating checkpoint, then the reserve released)
  * and is tried once more if either freed space; so does a read-write open that cannot make its
  * wal-index on a full disk (without an open nothing can be removed);
- * ulp_archive_reclaim allocates the reserve again once there is room.
+ * the archive's reclaiming (archive/maint.c) allocates the reserve again once there is room.
  * Nothing else ever releases it (an archiving that fills the disk fails as
  * before). Its only state is the file: making and
  * releasing it race harmlessly (two releases free it once, a make after a
@@ -341,7 +341,7 @@ sqlite3 *ulp_db(ulp_archive *a)
 			return NULL;
 		}
 	}
-	if (!t->hooked && a->sh && !a->read_only) { /* a shared archive's writer (ulp_archive_share) */
+	if (!t->hooked && a->sh && !a->read_only) { /* a shared archive's writer (archive.c shares it) */
 		sqlite3_commit_hook(t->db, commit_hook, t);
 		sqlite3_wal_autocheckpoint(t->db, 0); /* publication checkpoints (gen.c invariant 5) */
 		t->hooked = 1;

@@ -1195,7 +1195,7 @@ int ulp_index_forget_steps(ulp_archive *a, const char *run, const int64_t *steps
 	return 0;
 }
 
-/* ---- space (ulp_archive_space, maint.c) ------------------------------------ */
+/* ---- space (the archive's, maint.c) ---------------------------------------- */
 
 
 int ulp_index_space(ulp_archive *a, unsigned pct, ulp_space *sp)

@@ -21,7 +21,7 @@
  *     stops archiving and publishing and says why; its staged files stay
  *     for the next writer's recovery.
  *  3. A new writer takes its epoch before it recovers staging (archive.c
- *     opens the archive, and so takes the lease, before ulp_stage_recover).
+ *     opens the archive, and so takes the lease, before staging.c recovers).
  *  4. Renewals have a thread of their own (the renewer), apart from the
  *     upkeep's work: a publication or a sweep that takes seconds on a
  *     network file system never holds a renewal back (one did, and the

@@ -24,7 +24,7 @@
  *     (sync_file_range), so the fsync of the commit waits for little more
  *     than the last blob instead of for the whole pack after the coding.
  *  4. Slots of the mapping table are never reused or moved (a slot number
- *     stays valid while pinned); ulp_archive_trim unmaps a slot only once
+ *     stays valid while pinned); the archive's trim (archive/) unmaps a slot only once
  *     its pack file is gone (removed by gc, maybe in another process) and
  *     no user pins it, so that the disk space goes back.
  *  5. A pack's magic is checked when it is mapped, so no blob byte of a

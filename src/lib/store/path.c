@@ -8,8 +8,8 @@
  *
  * The library's one step parser is here: ulp_step_key finds a step key and
  * its digits in a name. ulp_parse_step (the step and series of a path, for
- * the index) and steps.c's ulp_name_step (the step of a step directory's
- * name; ulp_name_step_file wraps it) are rules over it: their own keys, and
+ * the index) and archive/steps.c's rule for the step of a step directory's
+ * name (and of a file beside it)) are rules over it: their own keys, and
  * what else counts (a path's last number; a name of digits only).
  */
 #include "arch_int.h"
