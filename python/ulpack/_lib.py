@@ -112,6 +112,7 @@ _PROTOS = {
     "ulp_archive_mkdir": (c_int, [c_void_p, c_char_p, _P(Meta)]),
     "ulp_archive_symlink": (c_int, [c_void_p, c_char_p, c_char_p, _P(Meta)]),
     "ulp_archive_remove": (c_int, [c_void_p, c_char_p]),
+    "ulp_archive_rename": (c_int, [c_void_p, c_char_p, c_char_p]),
     "ulp_archive_gc": (c_int, [c_void_p, _P(GcResult)]),
     "ulp_mount_lock": (c_int, [c_char_p, _P(c_int), _P(MountOwner), ctypes.c_char_p, c_size_t]),
     "ulp_name_step": (c_i64, [c_char_p]),
