@@ -276,6 +276,7 @@ def _equal(torch, a, b):
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.filterwarnings("ignore:Detected an existing checkpoint")
 def test_dcp_save_load(arch):
     """dcp.save through FsspecWriter into an archive (no mount, no process
     group), two steps, one of them with two writer threads; dcp.load through
@@ -289,6 +290,9 @@ def test_dcp_save_load(arch):
     # the archive in the URL, as a checkpoint_id that DCP resolves itself
     sd = states[300] = _state(torch, 3)
     dcp.save(sd, checkpoint_id="ulpack://%s//run/step-300" % arch)
+    # saved again over itself: DCP removes the old .metadata (fs.rm), then
+    # renames .metadata.tmp over it
+    dcp.save(states[100], storage_writer=FsspecWriter("ulpack://run/step-100", archive=arch))
     fs = fsspec.filesystem("ulpack", archive=arch)
     assert fs.exists("run/step-300/.metadata") and not fs.exists("run/step-300/.metadata.tmp")
     names = fs.ls("run/step-200", detail=False)
@@ -315,3 +319,33 @@ def test_dcp_save_load(arch):
     dcp.load(out, storage_reader=FsspecReader("ulpack://run/step-100", archive=arch, read_only=True))
     _equal(torch, out, states[100])
     assert ro.cat_file("run/step-100/.metadata", 0, 2) == fs.cat_file("run/step-100/.metadata")[:2]
+
+
+def test_fork(arch, fs):
+    """A forked child neither uses nor frees its parent's writer: it reads
+    through its own handle, its writes are refused while the parent holds
+    the lock, and the parent's writer goes on."""
+    import os
+    fs.pipe_file("f/parent", b"p")
+    r, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            ok = fs.cat_file("f/parent") == b"p"
+            try:
+                fs.pipe_file("f/child", b"c")
+                ok = False
+            except BlockingIOError:
+                pass
+            os.write(wfd, b"ok" if ok else b"no")
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    got = os.read(r, 2)
+    os.close(r)
+    assert os.waitpid(pid, 0)[1] == 0 and got == b"ok"
+    fs.pipe_file("f/parent2", b"q")
+    assert fs.ls("f", detail=False) == ["f/parent", "f/parent2"]

@@ -26,8 +26,8 @@ Invariants:
  - writes go through one Writer per archive (and per process) shared by every
    instance and thread (fsspec makes an instance per thread): taken at the
    first write, it holds the archive's single-writer lock until
-   release_writer() (or ulpack.fsspec.release(archive)), the process's exit,
-   or a fork (the child never uses its parent's); a read-write mount or
+   release_writer() (or ulpack.fsspec.release(archive)) or the process's
+   exit (a forked child never uses nor frees its parent's); a read-write mount or
    another process's writer makes the first write raise BlockingIOError;
  - a file opened for writing is spooled to a temporary file and archived
    whole by Writer.save at its close (coded per tensor like any save); until
@@ -59,7 +59,6 @@ class _Shared:
     comment)."""
 
     def __init__(self):
-        self.pid = os.getpid()
         self.readers = {}  # key -> Archive (read-only)
         self.writers = {}  # key -> Writer
 
@@ -75,12 +74,26 @@ def _key(archive):
 
 
 def _state():
-    """_shared, reset in a forked child (the parent's handles and lock stay
-    the parent's). Called under _shared_mu."""
-    global _shared
-    if _shared.pid != os.getpid():
-        _shared = _Shared()
+    """_shared (called under _shared_mu)."""
     return _shared
+
+
+def _after_fork_in_child():
+    """A forked child starts with no reader and no writer: the parent's
+    handles (its sqlite connection, its lock) are never used nor freed here,
+    and no gc runs on the parent's behalf (their _g is dropped, so that
+    their finalizers do nothing)."""
+    global _shared, _shared_mu
+    _shared_mu = threading.Lock()
+    old, _shared = _shared, _Shared()
+    for ar in list(old.readers.values()) + list(old.writers.values()):
+        ar._g = None
+        if isinstance(ar, Writer):
+            ar._lock_fd = -1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def release(archive):
