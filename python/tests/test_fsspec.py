@@ -349,3 +349,45 @@ def test_fork(arch, fs):
     assert os.waitpid(pid, 0)[1] == 0 and got == b"ok"
     fs.pipe_file("f/parent2", b"q")
     assert fs.ls("f", detail=False) == ["f/parent", "f/parent2"]
+
+
+_CHILD = r"""
+import sys, fsspec, ulpack.fsspec
+arch, rank = sys.argv[1], int(sys.argv[2])
+fs = fsspec.filesystem("ulpack", archive=arch, lock_wait=120)
+for i in range(6):
+    with fs.open("r%d/f%d.bin" % (rank, i), "wb") as f:
+        f.write(bytes([rank, i]) * 20000)
+fs.makedirs("r%d/done" % rank, exist_ok=True)
+"""
+
+
+def test_lock_wait_processes_in_turn(arch, tmp_path):
+    """lock_wait: several processes (as the ranks of a DCP save) write one
+    archive in turn, each write taking the lock and letting it go; one that
+    holds it for a while (a writer of this process) is waited for."""
+    import subprocess
+    import sys
+    import time
+    with ulpack.writer(arch) as w:
+        w.save("held", b"x")
+        procs = [subprocess.Popen([sys.executable, "-c", _CHILD, arch, str(r)]) for r in range(3)]
+        time.sleep(0.5)  # the children wait for this writer
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    fs = fsspec.filesystem("ulpack", archive=arch, lock_wait=10)
+    for r in range(3):
+        assert fs.isdir("r%d/done" % r)
+        for i in range(6):
+            assert fs.cat_file("r%d/f%d.bin" % (r, i)) == bytes([r, i]) * 20000
+    fs.release_writer()  # the gc, in its turn
+    ulpack.writer(arch).close()  # and no lock left behind
+    assert "DAMAGED" not in cli("verify", arch).decode()
+    # without lock_wait the fs holds the lock from its first write on; a
+    # lock_wait instance of the same process then uses that writer
+    fs2 = fsspec.filesystem("ulpack", archive=arch)
+    fs2.pipe_file("held2", b"y")
+    with pytest.raises(BlockingIOError):
+        ulpack.writer(arch)
+    fs.pipe_file("x", b"z")
+    assert fs2.cat_file("x") == b"z"

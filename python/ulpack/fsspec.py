@@ -29,6 +29,11 @@ Invariants:
    release_writer() (or ulpack.fsspec.release(archive)) or the process's
    exit (a forked child never uses nor frees its parent's); a read-write mount or
    another process's writer makes the first write raise BlockingIOError;
+ - with the storage option lock_wait=SECONDS, several processes (the ranks
+   of a DCP save) write one archive in turn: each write takes the lock
+   (waiting up to lock_wait for it), archives, and lets it go without gc
+   (release_writer() runs the gc, waiting its turn likewise); a writer this
+   process holds already is used as it is;
  - a file opened for writing is spooled to a temporary file and archived
    whole by Writer.save at its close (coded per tensor like any save); until
    then nothing of it is in the archive. A with block left by an exception,
@@ -37,12 +42,14 @@ Invariants:
 _shared and its dicts are guarded by _shared_mu.
 """
 import atexit
+import contextlib
 import errno
 import io
 import os
 import shutil
 import tempfile
 import threading
+import time
 
 import fsspec
 from fsspec.spec import AbstractFileSystem
@@ -61,6 +68,7 @@ class _Shared:
     def __init__(self):
         self.readers = {}  # key -> Archive (read-only)
         self.writers = {}  # key -> Writer
+        self.turns = {}    # key -> threading.Lock: lock_wait's writes of this process, one at a time
 
 
 _shared_mu = threading.Lock()
@@ -143,13 +151,16 @@ class UlpackFileSystem(AbstractFileSystem):
     s3://BUCKET/PREFIX read-only: required unless the URL names it),
     read_only (refuse writes with EROFS), cache_size, threads, cache_dir,
     pack_cache (as ulpack.open_archive), tmpdir (where written files are
-    spooled until their close; default: tempfile's)."""
+    spooled until their close; default: tempfile's), lock_wait (seconds:
+    take the single-writer lock for each write and let it go after, waiting
+    up to that long for it, so that several processes write in turn; None,
+    the default: hold it from the first write on)."""
 
     protocol = PROTOCOL
     root_marker = ""
 
     def __init__(self, archive=None, read_only=False, cache_size=0, threads=0, cache_dir=None, pack_cache=0,
-                 tmpdir=None, **kwargs):
+                 tmpdir=None, lock_wait=None, **kwargs):
         super().__init__(**kwargs)
         if archive is None:
             raise ValueError("ulpack: which archive? give the storage option archive=DIR or a URL "
@@ -157,6 +168,7 @@ class UlpackFileSystem(AbstractFileSystem):
         self.archive = os.fspath(archive)
         self.read_only = bool(read_only)
         self.tmpdir = tmpdir
+        self.lock_wait = None if lock_wait is None else float(lock_wait)
         self._ropts = dict(cache_size=cache_size, threads=threads, cache_dir=cache_dir, pack_cache=pack_cache)
         self._wopts = dict(cache_size=cache_size, threads=threads)
         self._k = _key(self.archive)
@@ -203,8 +215,47 @@ class UlpackFileSystem(AbstractFileSystem):
 
     def release_writer(self):
         """Closes this process's writer of the archive (gc, then the lock goes):
-        ulpack.fsspec.release(archive)."""
-        release(self.archive)
+        ulpack.fsspec.release(archive). With lock_wait, runs the gc in its
+        turn."""
+        with _shared_mu:
+            held = self._k in _state().writers
+        if held or self.lock_wait is None:
+            release(self.archive)
+        else:
+            with self._writing() as w:
+                w.commit()
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """The writer for one write operation (see lock_wait)."""
+        if self.lock_wait is None:
+            yield self.writer()
+            return
+        if self.read_only:
+            self.writer()  # raises EROFS
+        with _shared_mu:
+            st = _state()
+            held = st.writers.get(self._k)
+            turn = st.turns.setdefault(self._k, threading.Lock())
+        if held is not None and not held.closed:
+            yield held
+            return
+        with turn:
+            deadline = time.monotonic() + self.lock_wait
+            delay = 0.005
+            while True:
+                try:
+                    w = Writer(self.archive, **self._wopts)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.25)
+            try:
+                yield w
+            finally:
+                w._close(True, commit=False)
 
     # ---- metadata
     def _entry(self, path, st):
@@ -285,7 +336,8 @@ class UlpackFileSystem(AbstractFileSystem):
         self._writable_check(path)
         if mode == "create" and self.exists(path):
             raise FileExistsError(errno.EEXIST, "archive %s: %s: file exists" % (self.archive, path), path)
-        return self.writer().save(path, value)
+        with self._writing() as w:
+            return w.save(path, value)
 
     def put_file(self, lpath, rpath, callback=None, mode="overwrite", **kwargs):
         """Archives local file lpath at rpath (its mode and mtime kept); a
@@ -297,7 +349,8 @@ class UlpackFileSystem(AbstractFileSystem):
         self._writable_check(rpath)
         if mode == "create" and self.exists(rpath):
             raise FileExistsError(errno.EEXIST, "archive %s: %s: file exists" % (self.archive, rpath), rpath)
-        res = self.writer().save(rpath, os.fspath(lpath))
+        with self._writing() as w:
+            res = w.save(rpath, os.fspath(lpath))
         if callback is not None:
             callback.set_size(res["raw_bytes"])
             callback.absolute_update(res["raw_bytes"])
@@ -310,7 +363,8 @@ class UlpackFileSystem(AbstractFileSystem):
             self.makedirs(path2, exist_ok=True)
             return
         with self.reader().open(path1, buffering=0) as f:
-            self.writer().save(path2, f)
+            with self._writing() as w:
+                w.save(path2, f)
 
     def mkdir(self, path, create_parents=True, **kwargs):
         path = self._strip_protocol(path)
@@ -318,11 +372,13 @@ class UlpackFileSystem(AbstractFileSystem):
             raise FileNotFoundError(errno.ENOENT, "archive %s: %s: no parent directory" % (self.archive, path),
                                     path)
         if not path:
-            self.writer()  # the archive itself, created when missing
+            with self._writing():  # the archive itself, created when missing
+                pass
             return
         if self.exists(path):
             raise FileExistsError(errno.EEXIST, "archive %s: %s: exists" % (self.archive, path), path)
-        self.writer().mkdir(path)
+        with self._writing() as w:
+            w.mkdir(path)
 
     def makedirs(self, path, exist_ok=False):
         path = self._strip_protocol(path)
@@ -330,14 +386,15 @@ class UlpackFileSystem(AbstractFileSystem):
             if not exist_ok or not self.isdir(path):
                 raise FileExistsError(errno.EEXIST, "archive %s: %s: exists" % (self.archive, path), path)
             return
-        w = self.writer()
-        if path:
-            w.mkdir(path)
+        with self._writing() as w:
+            if path:
+                w.mkdir(path)
 
     def rm_file(self, path):
         path = self._strip_protocol(path)
         self._writable_check(path)
-        self.writer().remove(path)
+        with self._writing() as w:
+            w.remove(path)
 
     _rm = rm_file
 
@@ -354,7 +411,8 @@ class UlpackFileSystem(AbstractFileSystem):
         if path1 == path2:
             return
         self._writable_check(path2)
-        self.writer().rename(path1, path2)
+        with self._writing() as w:
+            w.rename(path1, path2)
 
     def rename(self, path1, path2, **kwargs):
         self.mv(path1, path2, **kwargs)
@@ -427,7 +485,8 @@ class UlpackWriteFile(io.RawIOBase):
         try:
             self._tmp.flush()
             self._tmp.seek(0)
-            self.result = self.fs.writer().save(self.path, self._tmp)
+            with self.fs._writing() as w:
+                self.result = w.save(self.path, self._tmp)
         finally:
             self._done = True
             self._tmp.close()
