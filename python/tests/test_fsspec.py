@@ -391,3 +391,39 @@ def test_lock_wait_processes_in_turn(arch, tmp_path):
         ulpack.writer(arch)
     fs.pipe_file("x", b"z")
     assert fs2.cat_file("x") == b"z"
+
+
+_RANK = r"""
+import sys, warnings
+warnings.filterwarnings("ignore")
+import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+import ulpack.fsspec
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+arch, rank, store = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+g = torch.Generator().manual_seed(rank)
+sd = {"shared": torch.arange(4096, dtype=torch.float32), "own%d" % rank: torch.randn(256, 64, generator=g)}
+dcp.save(sd, storage_writer=FsspecWriter("ulpack://run/step-1", archive=arch, lock_wait=120))
+out = {k: torch.zeros_like(v) for k, v in sd.items()}
+dcp.load(out, storage_reader=FsspecReader("ulpack://run/step-1", archive=arch))
+assert all(torch.equal(out[k], sd[k]) for k in sd)
+dist.destroy_process_group()
+"""
+
+
+def test_dcp_two_ranks(arch, tmp_path):
+    """Two ranks (processes, gloo) of one dcp.save through FsspecWriter with
+    lock_wait: each writes its rank file in turn; each loads its tensors
+    back through FsspecReader."""
+    import subprocess
+    import sys
+    _dcp()
+    ulpack.writer(arch).close()  # made first: the ranks then only open it
+    store = str(tmp_path / "store")
+    procs = [subprocess.Popen([sys.executable, "-c", _RANK, arch, str(r), store]) for r in range(2)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    fs = fsspec.filesystem("ulpack", archive=arch)
+    assert fs.ls("run/step-1", detail=False) == ["run/step-1/.metadata", "run/step-1/__0_0.distcp",
+                                                 "run/step-1/__1_0.distcp"]
+    assert fs.info("run/step-1/__1_0.distcp")["kind"] == "torch"
+    assert json.loads(cli("stat", arch, "--json"))["by_dtype"]["F32"]["tensors"] >= 3
