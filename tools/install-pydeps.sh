@@ -2,9 +2,11 @@
 # SPDX-License-Identifier: MIT
 # install-pydeps.sh - the Python virtual environment the tests that run real
 # PyTorch use (tests/integration/dcp.sh): torch 2.13.0 (the CPU build),
-# numpy and safetensors, in $ULP_VENV (default /opt/ulpack-venv), made with
+# numpy, safetensors and fsspec (python/ulpack/fsspec.py and DCP's
+# FsspecWriter/FsspecReader: tests/integration/python.sh; torch requires
+# fsspec anyway), in $ULP_VENV (default /opt/ulpack-venv), made with
 # --system-site-packages so that what the system Python has stays visible.
-# Idempotent: when the venv already imports torch 2.13 and safetensors it
+# Idempotent: when the venv already has torch 2.13, safetensors and fsspec it
 # returns at once. Works on Debian 12 and 13: it takes a Python 3.11 where one
 # is on PATH (the CPU wheel of torch 2.13.0 that lies on the CI machines is
 # for 3.11), else python3.
@@ -15,7 +17,7 @@ py="$venv/bin/python"
 ok() {
 	# the installed versions, without importing torch (seconds): fast when done
 	"$py" -c 'import importlib.metadata as m, sys
-m.version("safetensors"), m.version("numpy")
+m.version("safetensors"), m.version("numpy"), m.version("fsspec")
 sys.exit(0 if m.version("torch").startswith("2.13.") else 1)' >/dev/null 2>&1
 }
 if [ ! -x "$py" ] || ! ok; then
@@ -31,8 +33,8 @@ if [ ! -x "$py" ] || ! ok; then
 		exit 1
 	fi
 	[ -x "$py" ] || "$base" -m venv --system-site-packages "$venv"
-	"$py" -m pip install -q --disable-pip-version-check torch==2.13.0 numpy safetensors
-	"$py" -c 'import torch, safetensors, numpy' || { echo "install-pydeps: $py cannot import torch after installing it" >&2; exit 1; }
+	"$py" -m pip install -q --disable-pip-version-check torch==2.13.0 numpy safetensors fsspec
+	"$py" -c 'import torch, safetensors, numpy, fsspec' || { echo "install-pydeps: $py cannot import torch after installing it" >&2; exit 1; }
 fi
 [ "${1:-}" = --print ] && echo "$py"
 exit 0

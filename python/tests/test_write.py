@@ -126,6 +126,28 @@ def test_save_errors(tmp_path):
             w.save("../escape", b"x")
 
 
+def test_rename(tmp_path, src):
+    """Writer.rename moves in the index (a file over another, a directory
+    with what is under it), nothing re-coded; the step follows the name."""
+    a = tmp_path / "a"
+    f1 = src / "run" / "checkpoint-100" / "model.safetensors"
+    with ulpack.writer(a) as w:
+        w.save("r/checkpoint-100/model.safetensors.tmp", str(f1))
+        stored = w.stat("r/checkpoint-100/model.safetensors.tmp").stored_bytes
+        w.save("r/checkpoint-100/model.safetensors", b"old")
+        w.rename("r/checkpoint-100/model.safetensors.tmp", "r/checkpoint-100/model.safetensors")
+        assert not w.exists("r/checkpoint-100/model.safetensors.tmp")
+        w.rename("r/checkpoint-100", "r/checkpoint-300")
+        st = w.stat("r/checkpoint-300/model.safetensors")
+        assert st.stored_bytes == stored and st.step == 300 and st.kind == "safetensors"
+        with pytest.raises(FileNotFoundError):
+            w.rename("r/nope", "r/x")
+    with ulpack.open_archive(a) as ar:
+        assert ar.listdir("r") == ["checkpoint-300"]
+        assert ar.read_bytes("r/checkpoint-300/model.safetensors") == f1.read_bytes()
+    assert "DAMAGED" not in cli("verify", a).decode()
+
+
 @pytest.mark.skipif(not have_torch(), reason="torch does not import")
 def test_torch_save_roundtrip(tmp_path):
     import torch

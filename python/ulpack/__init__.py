@@ -14,6 +14,9 @@ mount (no FUSE needed), over libulpack.so.
         w.save("run1/checkpoint-200/model.safetensors", data)  # bytes, path, file
         w.save_dir("out/checkpoint-300", prefix="run1/checkpoint-300")
 
+    import ulpack.fsspec                   # fsspec's protocol "ulpack" (needs fsspec)
+    fsspec.open("ulpack:///data/ckpt.ulp//run1/checkpoint-100/optimizer.pt")
+
 Errors are OSError subclasses: FileNotFoundError, PermissionError,
 IsADirectoryError, and OSError with errno EIO for damaged data; messages
 name the archive and the file. tensor_names(), tensor() and load() of a

@@ -792,6 +792,16 @@ class Writer(Archive):
         if path:
             self._check(lib.ulp_archive_remove(a, enc(path)), path)
 
+    def rename(self, src, dst):
+        """Renames a file, symlink or directory as rename(2) does (over an
+        existing file, or a directory over an empty one; the parents of dst
+        are made), without re-coding anything: the index changes, not the
+        packs."""
+        bsrc, bdst = enc(src), enc(dst)
+        with self._wmu, self._use() as a:
+            self._check(lib.ulp_archive_rename(a, bsrc, bdst), src)
+            self._check(lib.ulp_archive_publish(a), dst)
+
     def save_dir(self, src_dir, prefix=""):
         """Archives every file under src_dir at prefix/... as `ulpack import`
         does: in the order that codes each step where the final layout of its

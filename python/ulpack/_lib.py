@@ -112,6 +112,7 @@ _PROTOS = {
     "ulp_archive_mkdir": (c_int, [c_void_p, c_char_p, _P(Meta)]),
     "ulp_archive_symlink": (c_int, [c_void_p, c_char_p, c_char_p, _P(Meta)]),
     "ulp_archive_remove": (c_int, [c_void_p, c_char_p]),
+    "ulp_archive_rename": (c_int, [c_void_p, c_char_p, c_char_p]),
     "ulp_archive_gc": (c_int, [c_void_p, _P(GcResult)]),
     # progress callbacks and results passed as NULL (c_void_p)
     "ulp_archive_rebase_pending": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p]),

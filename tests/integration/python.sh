@@ -6,7 +6,9 @@
 # missing files, 10,000 opens without a leak, the writer and its lock;
 # test_trust.py, issue 34: files outliving their archive, in child
 # interpreters so that a crash fails a test, NUL bytes in paths, pread's
-# offsets, FormatError).
+# offsets, FormatError; test_fsspec.py, issue 36 item 6: the fsspec file
+# system, and DCP's FsspecWriter/FsspecReader saving into and loading from
+# an archive, where fsspec and torch import: the venv has both).
 # The torch tests run where `import torch` works; numpy and pytest are
 # required (tools/install-deps.sh --test).
 . "$(dirname "$0")/lib.sh"
