@@ -40,8 +40,9 @@
  *
  * The index's reserve: removing is how space comes back, and removing is a
  * transaction whose write-ahead log needs space. So a read-write open
- * allocates ARCHIVE/ulpack.reserve (ULP_DB_RESERVE bytes) where the file
- * system has room for a quarter more than that, and a removal (or the reclaiming that
+ * allocates ARCHIVE/ulpack.reserve (ULP_DB_RESERVE bytes) on a file system
+ * of 16 times that or more with room for a quarter more than it, and a
+ * removal (or the reclaiming that
  * follows it) that fails for a full disk gives the log its space back
  * (ulp_db_nospc_retry: a truncating checkpoint, then the reserve released)
  * and is tried once more if either freed space; so does a read-write open that cannot make its
@@ -831,9 +832,12 @@ void ulp_db_reserve_make(ulp_archive *a)
 	reserve_path(a, p, sizeof(p));
 	if (stat(p, &sb) == 0 && (uint64_t)sb.st_blocks * 512 >= ULP_DB_RESERVE)
 		return;
-	/* only where a quarter of it stays free beside it: a removal on a full
-	 * disk gives back what it removed, and the reserve again */
-	if (statvfs(a->dir, &v) < 0 || (uint64_t)v.f_bavail * v.f_frsize < ULP_DB_RESERVE + ULP_DB_RESERVE / 4)
+	/* only on a file system of 16 of it or more (one of a few MiB keeps its
+	 * room for the files), and where a quarter of it stays free beside it:
+	 * a removal on a full disk gives back what it removed, and the reserve
+	 * again */
+	if (statvfs(a->dir, &v) < 0 || (uint64_t)v.f_blocks * v.f_frsize < 16 * ULP_DB_RESERVE ||
+	    (uint64_t)v.f_bavail * v.f_frsize < ULP_DB_RESERVE + ULP_DB_RESERVE / 4)
 		return;
 	int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
 	if (fd < 0)
