@@ -1,6 +1,6 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
-# install-deps.sh - the Debian 12 packages that build and test ulpackfs.
+# install-deps.sh - the Debian 12 or 13 packages that build and test ulpackfs.
 # Usage: install-deps.sh [--test] [--bench] [--cross-arm64] [--package]
 #   --test         adds what the test suite needs (make check-cluster's
 #                  GlusterFS and Ceph packages too)
@@ -27,7 +27,13 @@ done
 pkgs="build-essential autoconf automake pkg-config libzstd-dev libsqlite3-dev libssl-dev
       libxxhash-dev libfuse3-dev libcurl4-openssl-dev fuse3 rsync python3 attr"
 # librsvg2-bin: rsvg-convert renders `ulpack dynamics --svg` in tests/integration/cli_dynamics.sh
-[ "$test" = 1 ] && pkgs="$pkgs clang libclang-rt-14-dev python3-numpy python3-pytest python3-venv zstd librsvg2-bin"
+# clang's sanitizer and libFuzzer runtimes: the package of the clang this
+# Debian has (14 on Debian 12, 19 on Debian 13: /etc/debian_version)
+clang_rt=libclang-rt-14-dev
+case $(cut -d. -f1 /etc/debian_version 2>/dev/null) in
+13 | trixie*) clang_rt=libclang-rt-19-dev ;;
+esac
+[ "$test" = 1 ] && pkgs="$pkgs clang $clang_rt python3-numpy python3-pytest python3-venv zstd librsvg2-bin"
 # the many-host tests (make check-cluster, tests/cluster): GlusterFS and Ceph
 # servers and FUSE clients, without their recommends (installed apart below);
 # sqlite3 (the CLI): gluster_partition.sh reads copies of the live index
