@@ -188,12 +188,17 @@ int ulp_lease_ok(ulp_archive *a)
 	if (!__atomic_load_n(&sh->fenced, __ATOMIC_ACQUIRE)) {
 		int64_t ok = __atomic_load_n(&sh->ok_mono_ms, __ATOMIC_RELAXED), now = ulp_mono_ms();
 		int64_t busy = __atomic_load_n(&sh->renewing_since, __ATOMIC_RELAXED);
-		char why[96];
+		char why[400];
+		pthread_mutex_lock(&sh->mu);
+		int failed = sh->renew_err[0] != 0;
 		if (busy)
 			snprintf(why, sizeof(why), " (a renewal has waited on the file system for %.1f s)",
 			         (double)(now - busy) / 1000);
+		else if (failed)
+			snprintf(why, sizeof(why), " (its renewals failed: %.300s)", sh->renew_err);
 		else
 			snprintf(why, sizeof(why), " (no renewal is under way: the renewer did not run)");
+		pthread_mutex_unlock(&sh->mu);
 		if (now - ok > (int64_t)sh->lease_ms * 3 / 4)
 			ulp_lease_fence(a, "%s: this writer (epoch %" PRIu64 ") could not renew its lease for %.1f s (of %.1f s)%s: "
 			      "it stopped archiving and publishing; another host may take the archive over",
@@ -222,6 +227,9 @@ static void renew_locked(ulp_archive *a)
 		if (ulp_lease_ok(a) < 0 || __atomic_load_n(&ulp_lease_test_stall, __ATOMIC_RELAXED))
 			return;
 		int rc = remote_renew(a, ulp_wall_ms());
+		pthread_mutex_lock(&sh->mu); /* why, for the message of a lapse */
+		snprintf(sh->renew_err, sizeof(sh->renew_err), "%s", rc < 0 && rc != -ULP_E_EXIST ? ulp_msgs_get(a->msgs) : "");
+		pthread_mutex_unlock(&sh->mu);
 		if (rc == -ULP_E_EXIST)
 			ulp_lease_fence(a, "%s: another writer took the archive over (its lease object changed): this writer "
 			                "(epoch %" PRIu64 ") stopped archiving and publishing", a->rm->url, sh->epoch);
@@ -240,9 +248,14 @@ static void renew_locked(ulp_archive *a)
 		ulp_lease_fence(a, "%s: this writer's lease file %s is gone: it stopped archiving and publishing", a->dir, p);
 		return;
 	}
-	if (ulp_lease_ok(a) == 0 && !__atomic_load_n(&ulp_lease_test_stall, __ATOMIC_RELAXED) &&
-	    write_lease(a, ulp_wall_ms(), 0) == 0)
-		__atomic_store_n(&sh->ok_mono_ms, start, __ATOMIC_RELAXED);
+	if (ulp_lease_ok(a) == 0 && !__atomic_load_n(&ulp_lease_test_stall, __ATOMIC_RELAXED)) {
+		int rc = write_lease(a, ulp_wall_ms(), 0);
+		if (rc == 0)
+			__atomic_store_n(&sh->ok_mono_ms, start, __ATOMIC_RELAXED);
+		pthread_mutex_lock(&sh->mu); /* why, for the message of a lapse */
+		snprintf(sh->renew_err, sizeof(sh->renew_err), "%s", rc < 0 ? ulp_msgs_get(a->msgs) : "");
+		pthread_mutex_unlock(&sh->mu);
+	}
 }
 
 /* One renewal at a time: the renewer's, or an open's (ulp_lease_refresh). */

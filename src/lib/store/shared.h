@@ -88,6 +88,8 @@ struct ulp_shared {
 	int64_t renewing_since;      /* atomic: monotonic start of the renewal under way
 	                                (0: none), for the message of a lapse */
 	char why[512];               /* guarded by mu: why it was lost */
+	char renew_err[320];         /* guarded by mu: why the last renewal failed ("": it
+	                                did not), for the message of a lapse */
 	pthread_t renewer;           /* guarded by mu: renews the lease (lease.c invariant 4) */
 	pthread_mutex_t renew_mu;    /* one renewal at a time (the renewer's, an open's);
 	                                taken before mu */
