@@ -37,7 +37,7 @@ static int tick(ulp_archive *a, ulp_upkeep *u)
 {
 	ulp_shared *sh = a->sh;
 	struct timespec ts;
-	ulp_deadline_ms(&ts, sh->lease_ms < 4000 ? (int64_t)sh->lease_ms / 4 : 1000);
+	ulp_deadline_ms(&ts, ulp_lease_tick_ms(sh));
 	pthread_cond_timedwait(&u->cv, &u->mu, &ts);
 	return u->stop || __atomic_load_n(&sh->fenced, __ATOMIC_ACQUIRE);
 }

@@ -60,6 +60,30 @@ static int parse_holder(const char *buf, holder *h)
 	              &h->renewed_ms, &h->lease_ms, &h->pid, h->host) == 6 && v == 1;
 }
 
+/* What the lease file of epoch ep says, into h (h->parsed: it held a lease
+ * line of that epoch; h->mtime_ms: the file's mtime): 0, or -1 with errno
+ * (ENOENT: no such file). */
+static int read_holder(ulp_archive *a, uint64_t ep, holder *h)
+{
+	char p[4200], buf[512];
+	memset(h, 0, sizeof(*h));
+	lease_path(a, ep, p, sizeof(p));
+	int fd = open(p, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	struct stat sb;
+	if (fstat(fd, &sb) == 0)
+		h->mtime_ms = (int64_t)sb.st_mtim.tv_sec * 1000 + sb.st_mtim.tv_nsec / 1000000;
+	close(fd);
+	if (n > 0) {
+		buf[n] = 0;
+		h->parsed = parse_holder(buf, h) && h->epoch == ep;
+	}
+	h->epoch = ep;
+	return 0;
+}
+
 /* The highest epoch in lease/ (0: none) and what its file says. */
 static int highest(ulp_archive *a, holder *h, ulp_err *err)
 {
@@ -78,20 +102,10 @@ static int highest(ulp_archive *a, holder *h, ulp_err *err)
 	closedir(d);
 	if (!h->epoch)
 		return 0;
-	lease_path(a, h->epoch, p, sizeof(p));
-	char buf[512];
-	int fd = open(p, O_RDONLY | O_CLOEXEC);
-	ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
-	struct stat sb;
-	if (fd >= 0 && fstat(fd, &sb) == 0)
-		h->mtime_ms = (int64_t)sb.st_mtim.tv_sec * 1000 + sb.st_mtim.tv_nsec / 1000000;
-	if (fd >= 0)
-		close(fd);
-	if (n > 0) {
-		buf[n] = 0;
-		uint64_t ep = h->epoch;
-		h->parsed = parse_holder(buf, h) && h->epoch == ep;
-		h->epoch = ep;
+	uint64_t top = h->epoch;
+	if (read_holder(a, top, h) < 0) {
+		memset(h, 0, sizeof(*h));
+		h->epoch = top; /* (created, gone or unreadable: its number counts) */
 	}
 	return 0;
 }
@@ -279,7 +293,7 @@ int ulp_lease_refresh(ulp_archive *a)
 static int tick(ulp_shared *sh)
 {
 	struct timespec ts;
-	ulp_deadline_ms(&ts, sh->lease_ms < 4000 ? (int64_t)sh->lease_ms / 4 : 1000);
+	ulp_deadline_ms(&ts, ulp_lease_tick_ms(sh));
 	pthread_cond_timedwait(&sh->cv, &sh->mu, &ts);
 	return sh->stop || sh->fenced;
 }
@@ -382,20 +396,12 @@ static int take(ulp_archive *a, ulp_err *err)
 	 * their live index stays while their lease file does (gen.c invariant 7) */
 	int64_t keep_ms = ULP_MAX((int64_t)sh->grace_s * 1000, 10 * (int64_t)sh->lease_ms);
 	for (uint64_t ep = h.epoch > 1 ? h.epoch - 1 : 0; ep > 0; ep--) {
-		lease_path(a, ep, p, sizeof(p));
-		char buf[512];
-		int lf = open(p, O_RDONLY | O_CLOEXEC);
-		if (lf < 0 && errno == ENOENT)
-			break;
-		ssize_t n = lf >= 0 ? read(lf, buf, sizeof(buf) - 1) : -1;
-		if (lf >= 0)
-			close(lf);
 		holder o;
-		if (n > 0) {
-			buf[n] = 0;
-			if (parse_holder(buf, &o) && o.renewed_ms > 0 && now - o.renewed_ms < keep_ms)
-				continue; /* a writer fenced lately, maybe still running */
-		}
+		if (read_holder(a, ep, &o) < 0 && errno == ENOENT)
+			break;
+		if (o.parsed && o.renewed_ms > 0 && now - o.renewed_ms < keep_ms)
+			continue; /* a writer fenced lately, maybe still running */
+		lease_path(a, ep, p, sizeof(p));
 		unlink(p);
 	}
 	return 0; /* the renewer starts with the first write (ensure_renewer) */

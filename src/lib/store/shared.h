@@ -155,6 +155,13 @@ int ulp_genpatch_parse(const uint8_t *m, size_t len, ulp_genpatch *out);
 /* The "ulpgen" SQLite VFS, registered once: 0 or UNSUPPORTED. */
 int ulp_genvfs_register(void);
 
+/* The pace of the writer's threads (the renewer, the publisher): a second,
+ * at most a quarter lease. */
+static inline int64_t ulp_lease_tick_ms(const ulp_shared *sh)
+{
+	return sh->lease_ms < 4000 ? (int64_t)sh->lease_ms / 4 : 1000;
+}
+
 /* lease.c */
 int ulp_lease_take(ulp_archive *a, ulp_err *err);
 void ulp_lease_give_back(ulp_archive *a);
