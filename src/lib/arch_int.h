@@ -94,6 +94,7 @@ typedef struct ulp_tstate ulp_tstate; /* per-thread: index connection, error tex
 typedef struct ulp_packstore ulp_packstore; /* pack.c: mapped packs, their lock */
 typedef struct ulp_shared ulp_shared; /* store/shared.h: generations, lease */
 typedef struct ulp_remote ulp_remote; /* store/remote.h: a home in an S3 bucket */
+typedef struct ulp_home ulp_home; /* store/home.h: where a shared archive is published */
 typedef struct ulp_dbh ulp_dbh;  /* db.c: the thread states' key and list, their lock */
 typedef struct ulp_upkeep ulp_upkeep; /* archive/upkeep.c: a shared archive writer's publisher */
 /* upkeep.c: made for a shared archive's writer at open (after its lease);
@@ -174,6 +175,9 @@ struct ulp_archive {
 	ulp_remote *rm;              /* set at open, read-only after: the home in a
 	                                bucket (store/remote.h), or NULL; dir is then
 	                                the local home */
+	ulp_home *home;              /* set at open, read-only after: the home's table
+	                                (store/home.h: the directory, or the bucket
+	                                of rm), which gen.c and lease.c reach it by */
 	int follow;                  /* set at open, read-only after: read-only on a
 	                                shared archive: connections open the published
 	                                generation that dbh names (gen.c) */

@@ -12,6 +12,7 @@
  */
 #include "store/shared.h"
 #include "store/remote.h"
+#include "store/home.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -288,7 +289,9 @@ static int open_dir(const char *dir, const ulp_archive_opts *o, ulp_remote *rm, 
 		free(a);
 		return rc;
 	}
-	rc = ulp_packstore_open(a);
+	rc = a->rm ? ulp_home_s3_open(a, &a->home) : ulp_home_dir_open(a, &a->home);
+	if (rc == 0)
+		rc = ulp_packstore_open(a);
 	if (rc == 0)
 		rc = ulp_cache_new(o->cache_size ? o->cache_size : ulp_default_cache_size(), &a->cache);
 	if (rc == 0)
@@ -336,7 +339,8 @@ void ulp_archive_close(ulp_archive *a)
 	ulp_ingest_free_spare(a);
 	ulp_layout_forget_expected(a);
 	ulp_packstore_close(a);
-	ulp_remote_close(a->rm); /* after the pack store, its user */
+	ulp_home_close(a->home); /* after the lease and the generations, its users */
+	ulp_remote_close(a->rm); /* after the pack store and the home, its users */
 	ulp_dbh_close(a); /* every thread's connection */
 	ulp_db_free_copy(a); /* after the connections that read it */
 	pthread_mutex_destroy(&a->mu);

@@ -4,7 +4,9 @@
  * copies its live index into a new generation (whole, or the pages that
  * changed since the last whole one) after each archived batch and at sync; readers on any host open the newest one immutable and follow the
  * next ones; a generation superseded more than the grace ago goes, and with
- * it the packs the index dropped before it (pack_grace, maint.c).
+ * it the packs the index dropped before it (pack_grace, maint.c). The
+ * archive's home (home.h: the shared directory, or a bucket) is reached
+ * only through its table, a->home: gen.c names no kind of home.
  *
  * Invariants:
  *  1. A generation file is whole, fsynced and renamed to its final name,
@@ -50,7 +52,7 @@
  *     is poller_stop).
  */
 #include "shared.h"
-#include "remote.h"
+#include "home.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -121,15 +123,6 @@ int ulp_netfs(const char *dir, char *name, size_t cap)
 	}
 	return 0;
 }
-
-/* shared.h: data into path whole (util/io.c), its error the archive's */
-int ulp_shared_replace_file(ulp_archive *a, const char *path, const char *data, size_t n, int durable)
-{
-	int e = ulp_replace_file(path, data, n, durable);
-	return e ? ulp_arch_err(a, e == ENOSPC || e == EDQUOT ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", path, strerror(e))
-	         : 0;
-}
-
 
 /* What index/CURRENT says: generation gen of the writer of epoch epoch, a
  * file of bytes bytes: whole (base == gen: gen-G.db) or a patch of
@@ -335,7 +328,7 @@ void ulp_shared_free(ulp_archive *a)
 	if (!sh)
 		return;
 	poller_stop(a);
-	ulp_lease_give_back(a); /* joins the renewer */
+	ulp_lease_give_back(a, ulp_gen_publish); /* joins the renewer, publishes last */
 	ulp_shared_forget_retained(a); /* (what was not published stays for the next writer) */
 	if (a->live && !__atomic_load_n(&sh->opened, __ATOMIC_ACQUIRE)) {
 		/* an open that failed: its live index is no one's (and would hide
@@ -357,7 +350,7 @@ void ulp_shared_free(ulp_archive *a)
 	a->sh = NULL;
 }
 
-/* ---- a home in a bucket (remote.h) ---------------------------------------- */
+/* ---- the home (home.h): what it keeps apart from the directory ------------ */
 
 
 static void gen_rel(uint64_t gen, int patch, char *rel, size_t cap)
@@ -365,20 +358,23 @@ static void gen_rel(uint64_t gen, int patch, char *rel, size_t cap)
 	snprintf(rel, cap, "index/gen-%020" PRIu64 ".%s", gen, patch ? "patch" : "db");
 }
 
-/* The bucket's CURRENT (etag may be NULL): 0, NOENT, CORRUPT, IO. */
-static int remote_current(ulp_archive *a, current *c, char etag[ULP_S3_ETAG_MAX], ulp_err *err)
+/* The home's CURRENT (etag may be NULL): 0, NOENT (none kept apart from the
+ * directory), CORRUPT, IO. */
+static int remote_current(ulp_archive *a, current *c, char etag[ULP_HOME_TAG_MAX], ulp_err *err)
 {
+	ulp_home *h = a->home;
 	char buf[256], where[1300];
 	size_t n = 0;
-	int rc = ulp_remote_get_small(a, "index/CURRENT", buf, sizeof(buf) - 1, &n, etag);
+	int rc = h->ops->get(h, "index/CURRENT", buf, sizeof(buf) - 1, &n, etag);
 	if (rc < 0)
 		return ULP_ERR(err, rc, "%s", ulp_msgs_get(a->msgs));
 	buf[n] = 0;
-	snprintf(where, sizeof(where), "%s/index/CURRENT", a->rm->url);
+	snprintf(where, sizeof(where), "%s/index/CURRENT", h->where);
 	return parse_current(where, buf, n, c, err);
 }
 
-/* remote.h invariant 3: generation c's files (and its base's) in index/. */
+/* remote.h invariant 3: generation c's files (and its base's) in index/
+ * (where the directory is the home, they are there). */
 static int fetch_gen(ulp_archive *a, const current *c, ulp_err *err)
 {
 	int patch = c->base != c->gen;
@@ -391,7 +387,7 @@ static int fetch_gen(ulp_archive *a, const current *c, ulp_err *err)
 		if (stat(p, &sb) == 0 && sb.st_size > 0)
 			continue;
 		gen_rel(g, pt, rel, sizeof(rel));
-		int rc = ulp_remote_fetch(a, rel, p, k == 0 ? c->bytes : 0, 0);
+		int rc = a->home->ops->get_range(a->home, rel, p, k == 0 ? c->bytes : 0, 0);
 		if (rc < 0)
 			return ULP_ERR(err, rc, "%s", ulp_msgs_get(a->msgs));
 	}
@@ -399,8 +395,9 @@ static int fetch_gen(ulp_archive *a, const current *c, ulp_err *err)
 }
 
 /* A reader's home keeps the generation it follows, and its base, only: the
- * older ones' files go (a connection still on one keeps its open file; a
- * new one opens the newest, db.c). */
+ * older ones' copies go (a connection still on one keeps its open file; a
+ * new one opens the newest, db.c); where the directory is the home, the
+ * files are its generations and stay. */
 static void drop_fetched(ulp_archive *a, const current *c)
 {
 	genfile *g;
@@ -411,7 +408,7 @@ static void drop_fetched(ulp_archive *a, const current *c)
 		if (g[i].gen < c->gen && g[i].gen != c->base) {
 			char p[4200];
 			gen_path(a, g[i].gen, g[i].patch, p, sizeof(p));
-			unlink(p);
+			a->home->ops->drop(a->home, p);
 		}
 	free(g);
 }
@@ -500,19 +497,18 @@ static int placeholder(void *arg, const char *rel, uint64_t size)
 
 int ulp_gen_remote_writer(ulp_archive *a, ulp_err *err)
 {
-	ulp_remote *rm = a->rm;
+	ulp_home *h = a->home;
 	current c, l;
-	char etag[ULP_S3_ETAG_MAX], msg[256], live[4300];
+	char etag[ULP_HOME_TAG_MAX], msg[256], live[4300];
 	ulp_err e = {msg, sizeof(msg)};
 	int rc = remote_current(a, &c, etag, err);
-	if (rc == -ULP_E_NOENT && rm->creating)
+	if (rc == -ULP_E_NOENT && h->creating)
 		return 0;
 	if (rc == -ULP_E_NOENT)
-		return ULP_ERR(err, rc, "%s: no archive there (no index/CURRENT in the bucket): create one with 'ulpack init "
-		               "%s'", rm->url, rm->url);
+		return ULP_ERR(err, rc, "%s: %s: create one with 'ulpack init %s'", h->where, h->ops->no_pointer, h->where);
 	ULP_TRY(rc);
-	if (rm->creating)
-		return ULP_ERR(err, -ULP_E_EXIST, "%s: already an archive", rm->url);
+	if (h->creating)
+		return ULP_ERR(err, -ULP_E_EXIST, "%s: already an archive", h->where);
 	snprintf(live, sizeof(live), "%s/ulpack.db", a->dir);
 	struct stat sb;
 	/* this home published that generation itself: its live index is as new,
@@ -529,29 +525,29 @@ int ulp_gen_remote_writer(ulp_archive *a, ulp_err *err)
 		if ((k = ulp_shared_replace_file(a, cur, line, (size_t)n, 1)) < 0)
 			return ULP_ERR(err, k, "%s", ulp_msgs_get(a->msgs));
 	}
-	if ((rc = ulp_remote_list(a, "index/gen-", placeholder, a)) < 0)
+	if ((rc = h->ops->list(h, "index/gen-", placeholder, a)) < 0)
 		return ULP_ERR(err, rc, "%s", ulp_msgs_get(a->msgs));
-	rm->floor_epoch = c.epoch;
-	pthread_mutex_lock(&rm->mu);
-	snprintf(rm->etag, sizeof(rm->etag), "%s", etag);
-	pthread_mutex_unlock(&rm->mu);
+	h->floor_epoch = c.epoch;
+	pthread_mutex_lock(&h->mu);
+	snprintf(h->tag, sizeof(h->tag), "%s", etag);
+	pthread_mutex_unlock(&h->mu);
 	return 0;
 }
 
 int ulp_gen_remote_claim(ulp_archive *a, ulp_err *err)
 {
-	ulp_remote *rm = a->rm;
+	ulp_home *h = a->home;
 	current c;
 	char line[160], cur[4300];
-	if (rm->creating)
+	if (h->creating)
 		return 0; /* the first publication creates the pointer */
 	ULP_TRY(read_current(a->dir, &c, err));
 	c.epoch = a->sh->epoch;
 	int n = format_current(&c, line, sizeof(line));
-	int rc = ulp_remote_swap_current(a, line, (size_t)n);
+	int rc = h->ops->put_if_match(h, "index/CURRENT", line, (size_t)n, h->tag);
 	if (rc == -ULP_E_EXIST)
 		return ULP_ERR(err, -ULP_E_BUSY, "%s: another writer took the archive while this one opened it (its "
-		               "index/CURRENT changed): one writer at a time; mount read-only (-o ro) to follow it", rm->url);
+		               "index/CURRENT changed): one writer at a time; mount read-only (-o ro) to follow it", h->where);
 	if (rc < 0)
 		return ULP_ERR(err, rc, "%s", ulp_msgs_get(a->msgs));
 	pthread_mutex_lock(&a->sh->mu);
@@ -563,43 +559,44 @@ int ulp_gen_remote_claim(ulp_archive *a, ulp_err *err)
 	return rc < 0 ? ULP_ERR(err, rc, "%s", ulp_msgs_get(a->msgs)) : 0;
 }
 
-/* Invariant 1 for a bucket: the generation file fin in the bucket, created
- * (never replaced: a generation of that number there is another writer's). */
+/* Invariant 1 for a home apart from the directory: the generation file fin
+ * there, created (never replaced: a generation of that number there is
+ * another writer's). */
 static int remote_put_gen(ulp_archive *a, uint64_t gen, int patch, const char *fin)
 {
 	char rel[64];
 	gen_rel(gen, patch, rel, sizeof(rel));
-	int fd = open(fin, O_RDONLY | O_CLOEXEC);
-	struct stat sb;
-	if (fd < 0 || fstat(fd, &sb) < 0) {
-		int rc = ulp_arch_io_err(a, fin, "open");
-		if (fd >= 0)
-			close(fd);
-		return rc;
-	}
-	int rc = ulp_remote_put_fd(a, rel, fd, (uint64_t)sb.st_size, 1);
-	close(fd);
+	int rc = a->home->ops->put(a->home, rel, fin);
 	if (rc == -ULP_E_EXIST) {
 		ulp_lease_fence(a, "%s: generation %" PRIu64 " is in the bucket already: another writer published it; this "
-		                "writer (epoch %" PRIu64 ") stopped archiving and publishing", a->rm->url, gen, a->sh->epoch);
+		                "writer (epoch %" PRIu64 ") stopped archiving and publishing", a->home->where, gen, a->sh->epoch);
 		return ulp_lease_ok(a);
 	}
 	return rc;
 }
 
-/* Invariant 2 for a bucket (remote.h invariant 2): the pointer swapped. */
+/* Invariant 2 for a home that swaps (remote.h invariant 2): the pointer swapped. */
 static int remote_swap(ulp_archive *a, const char *line, size_t n)
 {
-	int rc = ulp_remote_swap_current(a, line, n);
+	ulp_home *h = a->home;
+	int rc = h->ops->put_if_match(h, "index/CURRENT", line, n, h->tag);
 	if (rc == -ULP_E_EXIST) {
 		ulp_lease_fence(a, "%s: another writer took the archive over (index/CURRENT is not as this writer left it): "
-		                "this writer (epoch %" PRIu64 ") stopped archiving and publishing", a->rm->url, a->sh->epoch);
+		                "this writer (epoch %" PRIu64 ") stopped archiving and publishing", h->where, a->sh->epoch);
 		return ulp_lease_ok(a);
 	}
 	return rc;
 }
 
 /* ---- readers ------------------------------------------------------------ */
+
+/* The newest pointer: the home's where it keeps one apart (a bucket), else
+ * the directory's (invariant 7): 0, NOENT, CORRUPT, IO. */
+static int home_pointer(ulp_archive *a, current *c, ulp_err *err)
+{
+	int rc = remote_current(a, c, NULL, err);
+	return rc == -ULP_E_NOENT ? best_current(a->dir, c, err) : rc;
+}
 
 /* Follows generation c (a reader): new connections open it, whole or as a
  * patch over its base (genvfs.c). */
@@ -644,14 +641,11 @@ static int follow(ulp_archive *a, const current *c, ulp_err *err)
 int ulp_gen_reader_open(ulp_archive *a, ulp_err *err)
 {
 	current c;
-	int rc = a->rm ? remote_current(a, &c, NULL, err) : best_current(a->dir, &c, err);
-	if (rc == 0 && a->rm)
+	int rc = home_pointer(a, &c, err);
+	if (rc == 0)
 		rc = fetch_gen(a, &c, err);
-	if (rc == -ULP_E_NOENT && a->rm)
-		return ULP_ERR(err, rc, "%s: no archive there (no index/CURRENT in the bucket)", a->rm->url);
 	if (rc == -ULP_E_NOENT)
-		return ULP_ERR(err, rc, "%s: a shared archive with no published generation yet (no index/CURRENT): "
-		               "the writer publishes one when it opens the archive", a->dir);
+		return ULP_ERR(err, rc, "%s: %s", a->home->where, a->home->ops->no_pointer);
 	ULP_TRY(rc);
 	ULP_TRY(follow(a, &c, err));
 	__atomic_store_n(&a->sh->next_poll_ms, ulp_mono_ms() + a->sh->poll_ms, __ATOMIC_RELAXED);
@@ -665,12 +659,12 @@ static void poll_now(ulp_archive *a)
 	current c;
 	char msg[512];
 	ulp_err e = {msg, sizeof(msg)};
-	if ((a->rm ? remote_current(a, &c, NULL, &e) : best_current(a->dir, &c, &e)) < 0)
+	if (home_pointer(a, &c, &e) < 0)
 		return; /* the generation followed stays */
 	pthread_mutex_lock(&sh->mu);
 	int newer = c.epoch >= sh->gen_epoch && c.gen > sh->gen;
 	pthread_mutex_unlock(&sh->mu);
-	if (newer && (!a->rm || fetch_gen(a, &c, &e) == 0) && follow(a, &c, &e) == 0 && a->rm)
+	if (newer && fetch_gen(a, &c, &e) == 0 && follow(a, &c, &e) == 0)
 		drop_fetched(a, &c); /* (a generation not whole yet: the next poll) */
 }
 
@@ -701,10 +695,8 @@ static void *poller(void *arg)
 		pthread_mutex_unlock(&sh->mu);
 		if (poll)
 			poll_now(a);
-		if (usage) {
-			ulp_remote_usage u;
-			ulp_remote_usage_list(a, &u, NULL, NULL); /* (a failure: the last figures stay) */
-		}
+		if (usage)
+			a->home->ops->usage(a->home); /* (a failure: the last figures stay) */
 		pthread_mutex_lock(&sh->mu);
 		if (usage) {
 			sh->usage_rounds++;
@@ -745,7 +737,7 @@ static void poller_stop(ulp_archive *a)
 void ulp_gen_usage_refresh(ulp_archive *a, unsigned wait_ms)
 {
 	ulp_shared *sh = a->sh;
-	if (!sh || !a->rm)
+	if (!sh || !a->home->ops->background)
 		return;
 	pthread_mutex_lock(&sh->mu);
 	uint64_t before = sh->usage_rounds;
@@ -781,7 +773,7 @@ void ulp_gen_poll(ulp_archive *a, int force)
 	if (!__atomic_compare_exchange_n(&sh->next_poll_ms, &due, now + sh->poll_ms, 0, __ATOMIC_RELAXED,
 	                                 __ATOMIC_RELAXED))
 		return; /* another thread looks */
-	if (a->rm)
+	if (a->home->ops->background)
 		poller_kick(a, 1, 0);
 	else
 		poll_now(a);
@@ -825,10 +817,10 @@ static int has_epoch_pointers(const ulp_archive *a)
 int ulp_gen_writer_open(ulp_archive *a, ulp_err *err)
 {
 	ulp_shared *sh = a->sh;
-	if (a->rm || !sh || !sh->writer)
+	if (!sh || !sh->writer)
 		return 0;
 	current c;
-	if (!has_epoch_pointers(a))
+	if (!has_epoch_pointers(a)) /* (none in a home that swaps its pointer) */
 		return 0; /* an archive of an older writer: its ulpack.db this once */
 	int rc = best_current(a->dir, &c, err);
 	if (rc == -ULP_E_NOENT)
@@ -1296,10 +1288,11 @@ int ulp_gen_publish(ulp_archive *a, int force)
 		rc = list_gens(a, &gens, &ng);
 	uint64_t next = ng ? gens[ng - 1].gen + 1 : 1;
 	free(gens);
-	if (rc == 0 && (a->rm ? read_current(a->dir, &c, &e) : best_current(a->dir, &c, &e)) == 0 && c.gen >= next)
+	if (rc == 0 && best_current(a->dir, &c, &e) == 0 && c.gen >= next)
 		next = c.gen + 1;
-	if (a->rm && next < sh->epoch << 32)
-		next = sh->epoch << 32; /* remote.h invariant 4: this epoch's own numbers */
+	uint64_t first = a->home->ops->first_gen(sh->epoch); /* remote.h invariant 4: this epoch's own numbers */
+	if (next < first)
+		next = first;
 	snprintf(tmp, sizeof(tmp), "%s/index/tmp-%s-%" PRIu64, a->dir, me, next);
 	snprintf(cur, sizeof(cur), "%s/index/CURRENT", a->dir);
 	int in = rc == 0 ? open(live, O_RDONLY | O_CLOEXEC) : -1;
@@ -1350,7 +1343,7 @@ int ulp_gen_publish(ulp_archive *a, int force)
 			unlink(tmp);
 			break;
 		}
-		if (errno != EEXIST || tries >= 64 || a->rm) {
+		if (errno != EEXIST || tries >= a->home->ops->relink) {
 			rc = ulp_arch_io_err(a, fin, "link");
 			break;
 		}
@@ -1362,7 +1355,7 @@ int ulp_gen_publish(ulp_archive *a, int force)
 		if ((errno = ulp_fsync_dir(idx)) != 0)
 			rc = ulp_arch_io_err(a, idx, "fsync");
 	}
-	if (rc == 0 && a->rm)
+	if (rc == 0)
 		rc = remote_put_gen(a, next, !whole, fin);
 	if (rc == 0)
 		rc = ulp_lease_ok(a); /* invariant 2: the last look before the pointer moves */
@@ -1370,7 +1363,7 @@ int ulp_gen_publish(ulp_archive *a, int force)
 		char line[160];
 		current nc = {next, sh->epoch, (uint64_t)ob.st_size, whole ? next : sh->base_gen};
 		int l = format_current(&nc, line, sizeof(line));
-		if (a->rm) {
+		if (a->home->ops->swaps) {
 			rc = remote_swap(a, line, (size_t)l);
 		} else { /* invariant 7: this epoch's own pointer first */
 			char ep[4200];
@@ -1406,7 +1399,7 @@ int ulp_gen_publish(ulp_archive *a, int force)
 		sh->gen_epoch = sh->epoch;
 		pthread_mutex_unlock(&sh->mu);
 		release_retained(a, seq);
-		if (!a->rm && !sh->old_pointers_gone)
+		if (!sh->old_pointers_gone) /* (none where the home swaps its pointer) */
 			sh->old_pointers_gone = drop_old_epochs(a) == 0;
 	}
 	free(sc.chg);
@@ -1486,11 +1479,9 @@ void ulp_gen_retire(ulp_archive *a)
 			char p[4200];
 			gen_path(a, g[i].gen, g[i].patch, p, sizeof(p));
 			unlink(p);
-			if (a->rm) { /* the bucket's too (its readers fetched theirs whole) */
-				char rel[64];
-				gen_rel(g[i].gen, g[i].patch, rel, sizeof(rel));
-				ulp_remote_delete(a, rel);
-			}
+			char rel[64]; /* the home's too (a bucket's readers fetched theirs whole) */
+			gen_rel(g[i].gen, g[i].patch, rel, sizeof(rel));
+			a->home->ops->del(a->home, rel);
 			hash_path(a, g[i].gen, p, sizeof(p));
 			unlink(p); /* (a whole one's) */
 		}

@@ -8,7 +8,11 @@
  * host wins) once the holder of E gave it back or let it expire, renews it
  * while it runs, and writes its epoch into every CURRENT it publishes. The
  * writer's upkeep (publication, retirement, the grace sweep) is the
- * archive's (archive/upkeep.c): the renewer starts it through a hook.
+ * archive's (archive/upkeep.c): the renewer starts it through a hook. Where
+ * the home keeps the lease apart (a bucket: home.h's swaps), the object
+ * "lease" there, replaced by compare-and-swap, is the one that counts; the
+ * home is reached only through its table, a->home. Also here: a file of the
+ * directory written whole (ulp_shared_replace_file, gen.c's too).
  *
  * Invariants:
  *  1. A writer writes (index transactions: ulp_db_begin/commit; publication:
@@ -28,7 +32,7 @@
  *     writer fenced itself under load).
  */
 #include "shared.h"
-#include "remote.h"
+#include "home.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -117,6 +121,15 @@ static int lease_line(ulp_archive *a, int64_t renewed_ms, char *line, size_t cap
 	                sh->lease_ms, (long)getpid(), sh->host);
 }
 
+/* shared.h: data into path whole (util/io.c), its error the archive's */
+int ulp_shared_replace_file(ulp_archive *a, const char *path, const char *data, size_t n, int durable)
+{
+	int e = ulp_replace_file(path, data, n, durable);
+	return e ? ulp_arch_err(a, e == ENOSPC || e == EDQUOT ? -ULP_E_NOSPC : -ULP_E_IO, "%s: %s", path, strerror(e))
+	         : 0;
+}
+
+
 static int write_lease(ulp_archive *a, int64_t renewed_ms, int durable)
 {
 	char p[4200], line[512];
@@ -125,16 +138,17 @@ static int write_lease(ulp_archive *a, int64_t renewed_ms, int durable)
 	return ulp_shared_replace_file(a, p, line, (size_t)l, durable);
 }
 
-/* ---- the lease in a bucket (remote.h invariant 2): the object "lease" ---- */
+/* ---- the lease in the home (home.h; remote.h invariant 2): the object
+ * "lease", where the home keeps one apart from the directory ---- */
 
-/* Its holder (epoch 0: none, or not a lease line) and ETag ("": none). */
-static int remote_holder(ulp_archive *a, holder *h, char etag[ULP_S3_ETAG_MAX], ulp_err *err)
+/* Its holder (epoch 0: none, or not a lease line) and tag ("": none). */
+static int remote_holder(ulp_archive *a, holder *h, char etag[ULP_HOME_TAG_MAX], ulp_err *err)
 {
 	char buf[512];
 	size_t n = 0;
 	memset(h, 0, sizeof(*h));
 	etag[0] = 0;
-	int rc = ulp_remote_get_small(a, "lease", buf, sizeof(buf) - 1, &n, etag);
+	int rc = a->home->ops->get(a->home, "lease", buf, sizeof(buf) - 1, &n, etag);
 	if (rc == -ULP_E_NOENT)
 		return 0;
 	if (rc < 0)
@@ -147,12 +161,12 @@ static int remote_holder(ulp_archive *a, holder *h, char etag[ULP_S3_ETAG_MAX], 
 }
 
 /* The object rewritten for this writer by compare-and-swap: EXIST where
- * another writer wrote it since. */
+ * another writer wrote it since (0 where the directory is the home). */
 static int remote_renew(ulp_archive *a, int64_t renewed_ms)
 {
 	char line[512];
 	int l = lease_line(a, renewed_ms, line, sizeof(line));
-	return ulp_remote_swap(a, "lease", line, (size_t)l, a->rm->lease_etag);
+	return a->home->ops->put_if_match(a->home, "lease", line, (size_t)l, a->home->lease_tag);
 }
 
 void ulp_lease_fence(ulp_archive *a, const char *fmt, ...)
@@ -237,7 +251,7 @@ static void renew_locked(ulp_archive *a)
 	ulp_err e = {msg, sizeof(msg)};
 	int64_t start = ulp_mono_ms();
 	holder h;
-	if (a->rm) { /* the bucket's lease is the one that counts */
+	if (a->home->ops->swaps) { /* the home's lease is the one that counts */
 		if (ulp_lease_ok(a) < 0 || __atomic_load_n(&ulp_lease_test_stall, __ATOMIC_RELAXED))
 			return;
 		int rc = remote_renew(a, ulp_wall_ms());
@@ -246,7 +260,7 @@ static void renew_locked(ulp_archive *a)
 		pthread_mutex_unlock(&sh->mu);
 		if (rc == -ULP_E_EXIST)
 			ulp_lease_fence(a, "%s: another writer took the archive over (its lease object changed): this writer "
-			                "(epoch %" PRIu64 ") stopped archiving and publishing", a->rm->url, sh->epoch);
+			                "(epoch %" PRIu64 ") stopped archiving and publishing", a->home->where, sh->epoch);
 		else if (rc == 0 && write_lease(a, ulp_wall_ms(), 0) == 0)
 			__atomic_store_n(&sh->ok_mono_ms, start, __ATOMIC_RELAXED);
 		return;
@@ -355,23 +369,23 @@ static int take(ulp_archive *a, ulp_err *err)
 			               a->dir, h.parsed ? h.host : "?", h.parsed ? h.pid : 0L, h.epoch,
 			               (double)(now - renewed) / 1000, (double)(renewed + lease - now) / 1000);
 	}
-	uint64_t floor = 0;
-	if (a->rm) { /* the bucket's lease (remote.h invariant 2) */
-		holder r;
-		char et[ULP_S3_ETAG_MAX];
-		ULP_TRY(remote_holder(a, &r, et, err));
-		if (r.epoch && r.renewed_ms > 0 && now < r.renewed_ms + r.lease_ms)
-			return ULP_ERR(err, -ULP_E_BUSY,
-			               "%s: another writer holds the archive's lease (host %s, pid %ld, epoch %" PRIu64
-			               ", renewed %.1f s ago; free in %.1f s unless renewed): one writer at a time; mount "
-			               "read-only (-o ro) to follow what it publishes",
-			               a->rm->url, r.host, r.pid, r.epoch, (double)(now - r.renewed_ms) / 1000,
-			               (double)(r.renewed_ms + r.lease_ms - now) / 1000);
-		pthread_mutex_lock(&a->rm->mu);
-		snprintf(a->rm->lease_etag, sizeof(a->rm->lease_etag), "%s", et);
-		pthread_mutex_unlock(&a->rm->mu);
-		floor = ULP_MAX(r.epoch, a->rm->floor_epoch);
-	}
+	/* the home's lease, where it keeps one apart (remote.h invariant 2; the
+	 * directory: none, epoch 0) */
+	ulp_home *hm = a->home;
+	holder r;
+	char et[ULP_HOME_TAG_MAX];
+	ULP_TRY(remote_holder(a, &r, et, err));
+	if (r.epoch && r.renewed_ms > 0 && now < r.renewed_ms + r.lease_ms)
+		return ULP_ERR(err, -ULP_E_BUSY,
+		               "%s: another writer holds the archive's lease (host %s, pid %ld, epoch %" PRIu64
+		               ", renewed %.1f s ago; free in %.1f s unless renewed): one writer at a time; mount "
+		               "read-only (-o ro) to follow what it publishes",
+		               hm->where, r.host, r.pid, r.epoch, (double)(now - r.renewed_ms) / 1000,
+		               (double)(r.renewed_ms + r.lease_ms - now) / 1000);
+	pthread_mutex_lock(&hm->mu);
+	snprintf(hm->lease_tag, sizeof(hm->lease_tag), "%s", et);
+	pthread_mutex_unlock(&hm->mu);
+	uint64_t floor = ULP_MAX(r.epoch, hm->floor_epoch);
 	sh->epoch = ULP_MAX(h.epoch, floor) + 1; /* in a bucket: above its epochs */
 	lease_path(a, sh->epoch, p, sizeof(p));
 	int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -380,12 +394,12 @@ static int take(ulp_archive *a, ulp_err *err)
 		               errno == EEXIST ? "another writer took this epoch first" : strerror(errno));
 	close(fd);
 	__atomic_store_n(&sh->ok_mono_ms, ulp_mono_ms(), __ATOMIC_RELAXED);
-	int rc = a->rm ? remote_renew(a, ulp_wall_ms()) : 0;
+	int rc = remote_renew(a, ulp_wall_ms());
 	if (rc < 0)
 		unlink(p); /* not taken: this home's next writer need not wait for it */
 	if (rc == -ULP_E_EXIST)
 		return ULP_ERR(err, -ULP_E_BUSY, "%s: another writer took the archive's lease first: one writer at a time",
-		               a->rm->url);
+		               hm->where);
 	if (rc < 0)
 		return ULP_ERR(err, rc, "%s", ulp_msgs_get(a->msgs));
 	rc = write_lease(a, ulp_wall_ms(), 1);
@@ -407,7 +421,7 @@ static int take(ulp_archive *a, ulp_err *err)
 	return 0; /* the renewer starts with the first write (ensure_renewer) */
 }
 
-void ulp_lease_give_back(ulp_archive *a)
+void ulp_lease_give_back(ulp_archive *a, int (*publish)(ulp_archive *a, int force))
 {
 	ulp_shared *sh = a->sh;
 	if (!sh || !sh->writer)
@@ -420,11 +434,10 @@ void ulp_lease_give_back(ulp_archive *a)
 	if (mine)
 		pthread_join(sh->renewer, NULL);
 	if (sh->epoch && ulp_lease_ok(a) == 0) {
-		ulp_gen_publish(a, 0); /* what was archived last (archive/upkeep.c published before) */
-		if (a->rm)
-			remote_renew(a, 0);
+		publish(a, 0); /* what was archived last (archive/upkeep.c published before) */
+		remote_renew(a, 0); /* (the directory: nothing apart) */
 		write_lease(a, 0, 1); /* given back: the next writer need not wait */
-	} else if (sh->epoch && a->rm) {
+	} else if (sh->epoch && a->home->ops->swaps) {
 		/* fenced in a bucket: the bucket's lease is another home's now, and
 		 * this home's lease file only kept its other processes out while this
 		 * handle wrote; given back, or this host's next writer would wait a

@@ -6,6 +6,7 @@
  */
 #include "shared.h"
 #include "remote.h"
+#include "home.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -698,29 +699,6 @@ int ulp_remote_put_fd(ulp_archive *a, const char *rel, int fd, uint64_t len, int
 	return rc < 0 ? fail(a, rc, msg) : 0;
 }
 
-int ulp_remote_swap(ulp_archive *a, const char *rel, const char *p, size_t len, char etag[ULP_S3_ETAG_MAX])
-{
-	ulp_remote *rm = a->rm;
-	char key[1200], msg[1024], prev[ULP_S3_ETAG_MAX], now[ULP_S3_ETAG_MAX];
-	ulp_err e = {msg, sizeof(msg)};
-	key_of(rm, rel, key, sizeof(key));
-	pthread_mutex_lock(&rm->mu);
-	snprintf(prev, sizeof(prev), "%s", etag);
-	pthread_mutex_unlock(&rm->mu);
-	int rc = ulp_s3_put_cond(rm->s3, key, p, len, prev[0] ? prev : NULL, now, &e);
-	if (rc < 0)
-		return fail(a, rc, msg);
-	pthread_mutex_lock(&rm->mu);
-	snprintf(etag, ULP_S3_ETAG_MAX, "%s", now);
-	pthread_mutex_unlock(&rm->mu);
-	return 0;
-}
-
-int ulp_remote_swap_current(ulp_archive *a, const char *line, size_t len)
-{
-	return ulp_remote_swap(a, "index/CURRENT", line, len, a->rm->etag);
-}
-
 int ulp_remote_delete(ulp_archive *a, const char *rel)
 {
 	char key[1200], msg[1024];
@@ -799,4 +777,117 @@ int ulp_remote_usage_cached(ulp_remote *rm, int64_t max_age_ms, ulp_remote_usage
 	int fresh = rm->usage_ms && now - rm->usage_ms <= max_age_ms;
 	pthread_mutex_unlock(&rm->mu);
 	return fresh;
+}
+
+/* ---- the home's row for a bucket (home.h) ---------------------------------- */
+
+static uint64_t s3_first_gen(uint64_t epoch)
+{
+	return epoch << 32; /* invariant 4: this epoch's own numbers */
+}
+
+static int s3_get(ulp_home *h, const char *rel, char *buf, size_t cap, size_t *len, char tag[ULP_HOME_TAG_MAX])
+{
+	return ulp_remote_get_small(h->a, rel, buf, cap, len, tag);
+}
+
+static int s3_get_range(ulp_home *h, const char *rel, const char *path, uint64_t size, uint64_t want)
+{
+	return ulp_remote_fetch(h->a, rel, path, size, want);
+}
+
+/* Created, never replaced (a generation of that number there is another
+ * writer's): one conditional request. */
+static int s3_put(ulp_home *h, const char *rel, const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat sb;
+	if (fd < 0 || fstat(fd, &sb) < 0) {
+		int rc = ulp_arch_io_err(h->a, path, "open");
+		if (fd >= 0)
+			close(fd);
+		return rc;
+	}
+	int rc = ulp_remote_put_fd(h->a, rel, fd, (uint64_t)sb.st_size, 1);
+	close(fd);
+	return rc;
+}
+
+static int s3_put_if_match(ulp_home *h, const char *rel, const char *p, size_t len, char tag[ULP_HOME_TAG_MAX])
+{
+	ulp_remote *rm = h->a->rm;
+	char key[1200], msg[1024], prev[ULP_S3_ETAG_MAX], now[ULP_S3_ETAG_MAX];
+	ulp_err e = {msg, sizeof(msg)};
+	key_of(rm, rel, key, sizeof(key));
+	pthread_mutex_lock(&h->mu);
+	snprintf(prev, sizeof(prev), "%s", tag);
+	pthread_mutex_unlock(&h->mu);
+	int rc = ulp_s3_put_cond(rm->s3, key, p, len, prev[0] ? prev : NULL, now, &e);
+	if (rc < 0)
+		return fail(h->a, rc, msg);
+	pthread_mutex_lock(&h->mu);
+	snprintf(tag, ULP_HOME_TAG_MAX, "%s", now);
+	pthread_mutex_unlock(&h->mu);
+	return 0;
+}
+
+static int s3_del(ulp_home *h, const char *rel)
+{
+	return ulp_remote_delete(h->a, rel);
+}
+
+static int s3_list(ulp_home *h, const char *prefix, int (*cb)(void *arg, const char *rel, uint64_t size), void *arg)
+{
+	return ulp_remote_list(h->a, prefix, cb, arg);
+}
+
+static void s3_drop(ulp_home *h, const char *path)
+{
+	(void)h;
+	unlink(path); /* a copy: the object stays in the bucket */
+}
+
+static int s3_usage(ulp_home *h)
+{
+	ulp_remote_usage u;
+	return ulp_remote_usage_list(h->a, &u, NULL, NULL);
+}
+
+static void s3_close(ulp_home *h)
+{
+	free(h);
+}
+
+static const ulp_home_ops s3_ops = {
+	.name = "s3",
+	.swaps = 1,
+	.background = 1,
+	.relink = 0,
+	.no_pointer = "no archive there (no index/CURRENT in the bucket)",
+	.first_gen = s3_first_gen,
+	.get = s3_get,
+	.get_range = s3_get_range,
+	.put = s3_put,
+	.put_if_match = s3_put_if_match,
+	.del = s3_del,
+	.list = s3_list,
+	.drop = s3_drop,
+	.usage = s3_usage,
+	.close = s3_close,
+};
+
+_Static_assert(ULP_HOME_TAG_MAX == ULP_S3_ETAG_MAX, "a home's tag holds an ETag");
+
+int ulp_home_s3_open(ulp_archive *a, ulp_home **out)
+{
+	ulp_home *h = calloc(1, sizeof(*h));
+	if (!h)
+		return -ULP_E_NOMEM;
+	h->ops = &s3_ops;
+	h->a = a;
+	h->where = a->rm->url;
+	h->creating = a->rm->creating;
+	pthread_mutex_init(&h->mu, NULL);
+	*out = h;
+	return 0;
 }

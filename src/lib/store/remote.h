@@ -20,14 +20,15 @@
  * shared archive (shared.h): the writer's live ulpack.db, staging/, lease/,
  * index/ (the generations it published or fetched), and packs/, the pack
  * cache (backend_s3.c). The rest of the library sees that directory as
- * a->dir; remote.c moves objects between it and the bucket.
+ * a->dir; remote.c moves objects between it and the bucket, and is the
+ * bucket's row of the home's table (home.h: what gen.c and lease.c use).
  *
  * Invariants:
  *  1. A pack is in the bucket before any index row names it (backend_s3.c
  *     uploads in put_file, before pack.c's commit returns); a generation
  *     file is in the bucket before the CURRENT that names it (gen.c).
  *  2. The writer replaces CURRENT only by compare-and-swap on the ETag it
- *     last wrote (rm->etag); a failed swap (412) fences it for good (lease.c
+ *     last wrote (the home's tag, home.h); a failed swap (412) fences it for good (lease.c
  *     invariant 2): another writer took the archive.
  *     The lease object is taken and renewed the same way (lease.c): a
  *     writer that finds it renewed less than a lease ago stops (BUSY), and
@@ -85,13 +86,7 @@ struct ulp_remote {
 	uint64_t cache_limit;  /* set at open, read-only after: packs/ bytes kept */
 	int writer;            /* set at open, read-only after */
 	int creating;          /* set at open, read-only after: init (no CURRENT yet) */
-	uint64_t floor_epoch;  /* set at open, read-only after: the epoch of the
-	                          CURRENT the writer found (its own is higher) */
 	pthread_mutex_t mu;
-	char etag[ULP_S3_ETAG_MAX]; /* guarded by mu: the ETag of CURRENT as this
-	                          writer last read or wrote it ("": none yet) */
-	char lease_etag[ULP_S3_ETAG_MAX]; /* guarded by mu: the ETag of the lease
-	                          object as this writer last wrote it */
 	uint64_t cached;       /* guarded by mu: bytes in packs/ (counted at open,
 	                          plus what was fetched or written since) */
 	ulp_remote_usage usage; /* guarded by mu: the bucket's figures as last listed */
@@ -123,14 +118,6 @@ int ulp_remote_fetch(ulp_archive *a, const char *rel, const char *path, uint64_t
 /* The len bytes of fd as object rel; cond: only where rel does not exist
  * (EXIST otherwise). */
 int ulp_remote_put_fd(ulp_archive *a, const char *rel, int fd, uint64_t len, int cond);
-/* CURRENT replaced by compare-and-swap (invariant 2): EXIST when another
- * writer moved it; rm->etag follows. */
-int ulp_remote_swap_current(ulp_archive *a, const char *line, size_t len);
-/* The small object rel replaced by compare-and-swap on etag ("": only
- * where it does not exist), etag then its new ETag: EXIST when it moved.
- * etag is a field of the handle (etag, lease_etag), read and written under
- * rm->mu. */
-int ulp_remote_swap(ulp_archive *a, const char *rel, const char *p, size_t len, char etag[ULP_S3_ETAG_MAX]);
 int ulp_remote_delete(ulp_archive *a, const char *rel);
 int ulp_remote_list(ulp_archive *a, const char *rel_prefix, int (*cb)(void *arg, const char *rel, uint64_t size),
                     void *arg);

@@ -5,6 +5,7 @@
  * handle is ever made, so the object calls below are never reached.
  */
 #include "remote.h"
+#include "home.h"
 #include "backend.h"
 
 int ulp_remote_is_url(const char *s)
@@ -61,18 +62,6 @@ int ulp_remote_put_fd(ulp_archive *a, const char *rel, int fd, uint64_t len, int
 	return -ULP_E_UNSUPPORTED;
 }
 
-int ulp_remote_swap_current(ulp_archive *a, const char *line, size_t len)
-{
-	(void)a, (void)line, (void)len;
-	return -ULP_E_UNSUPPORTED;
-}
-
-int ulp_remote_swap(ulp_archive *a, const char *rel, const char *p, size_t len, char etag[ULP_S3_ETAG_MAX])
-{
-	(void)a, (void)rel, (void)p, (void)len, (void)etag;
-	return -ULP_E_UNSUPPORTED;
-}
-
 int ulp_remote_delete(ulp_archive *a, const char *rel)
 {
 	(void)a, (void)rel;
@@ -104,4 +93,10 @@ int ulp_remote_usage_cached(ulp_remote *rm, int64_t max_age_ms, ulp_remote_usage
 	(void)rm, (void)max_age_ms;
 	memset(u, 0, sizeof(*u));
 	return 0;
+}
+
+int ulp_home_s3_open(ulp_archive *a, ulp_home **out)
+{
+	(void)a, (void)out;
+	return -ULP_E_UNSUPPORTED;
 }

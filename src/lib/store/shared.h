@@ -136,7 +136,7 @@ int ulp_shared_retain(ulp_archive *a, const char *data, const char *meta);
 /* The list of retained files let go, their files left for the next writer. */
 void ulp_shared_forget_retained(ulp_archive *a);
 int ulp_netfs(const char *dir, char *name, size_t cap);
-/* Writes data into path whole (a temporary and a rename); durable: fsynced
+/* lease.c: writes data into path whole (a temporary and a rename); durable: fsynced
  * with its directory. */
 int ulp_shared_replace_file(ulp_archive *a, const char *path, const char *data, size_t n, int durable);
 int ulp_shared_new(ulp_archive *a, const ulp_archive_opts *o, int writer);
@@ -164,7 +164,9 @@ static inline int64_t ulp_lease_tick_ms(const ulp_shared *sh)
 
 /* lease.c */
 int ulp_lease_take(ulp_archive *a, ulp_err *err);
-void ulp_lease_give_back(ulp_archive *a);
+/* Stops the renewer and gives the lease back (renewed 0), calling publish
+ * (gen.c's ulp_gen_publish: what was archived last) first while it holds. */
+void ulp_lease_give_back(ulp_archive *a, int (*publish)(ulp_archive *a, int force));
 int ulp_lease_ok(ulp_archive *a);
 /* Renews the lease now, as the renewer does (while it holds): for the
  * steps of a writer's open that take long on a network file system (the
