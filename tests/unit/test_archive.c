@@ -14,6 +14,13 @@
 #include "tap.h"
 #include "arch_int.h"
 #include "store/backend.h"
+#include "store/db.h"
+#include "store/path.h"
+#include "archive/cache.h"
+#include "store/index.h"
+#include "store/pack.h"
+#include "archive/read.h"
+#include "archive/writer.h"
 #include <sys/mman.h>
 #include <errno.h>
 #include <fcntl.h>

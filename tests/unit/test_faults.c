@@ -33,6 +33,7 @@
  */
 #include "tap.h"
 #include "arch_int.h"
+#include "store/index.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>

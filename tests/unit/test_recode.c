@@ -20,6 +20,9 @@
  */
 #include "tap.h"
 #include "arch_int.h"
+#include "archive/cache.h"
+#include "store/index.h"
+#include "archive/writer.h"
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>

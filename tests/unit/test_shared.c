@@ -12,6 +12,8 @@
 #include "tap.h"
 #include "arch_int.h"
 #include "store/shared.h"
+#include "store/db.h"
+#include "archive/writer.h"
 #include <dirent.h>
 #include <fcntl.h>
 #include <sqlite3.h>

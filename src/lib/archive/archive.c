@@ -13,6 +13,11 @@
 #include "store/shared.h"
 #include "store/remote.h"
 #include "store/home.h"
+#include "store/db.h"
+#include "archive/cache.h"
+#include "store/pack.h"
+#include "archive/read.h"
+#include "archive/writer.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -267,11 +272,20 @@ static int open_dir(const char *dir, const ulp_archive_opts *o, ulp_remote *rm, 
 		return ULP_ERR(&err, errno == EISDIR ? -ULP_E_ISDIR : -ULP_E_IO, "%s: %s", path, strerror(errno));
 	if (fd >= 0)
 		close(fd);
-	ulp_archive *a = calloc(1, sizeof(*a));
-	if (!a) {
+	/* the handle and its writer's and reader's state, in one block (the
+	 * handle first: freeing it frees them) */
+	struct handles {
+		ulp_archive a;
+		ulp_writer w;
+		ulp_reader r;
+	} *hs = calloc(1, sizeof(*hs));
+	if (!hs) {
 		ulp_remote_close(rm);
 		return -ULP_E_NOMEM;
 	}
+	ulp_archive *a = &hs->a;
+	a->w = &hs->w;
+	a->r = &hs->r;
 	a->rm = rm;
 	a->dir = strdup(dir);
 	a->read_only = o->read_only;
@@ -279,8 +293,9 @@ static int open_dir(const char *dir, const ulp_archive_opts *o, ulp_remote *rm, 
 	a->max_chain = o->max_chain;
 	const char *bv = getenv("ULP_TEST_BLOB_VERSION");
 	a->blob_version = bv && !strcmp(bv, "1") ? 1 : ULP_BLOB_VERSION;
-	pthread_mutex_init(&a->mu, NULL);
-	pthread_mutex_init(&a->write_mu, NULL);
+	pthread_mutex_init(&a->w->mu, NULL);
+	pthread_mutex_init(&a->w->write_mu, NULL);
+	pthread_mutex_init(&a->r->mu, NULL);
 	int rc = -ULP_E_NOMEM;
 	if (!a->dir || ulp_msgs_new(&a->msgs) != 0 || ulp_dbh_open(a) != 0) {
 		ulp_msgs_free(a->msgs);
@@ -343,8 +358,9 @@ void ulp_archive_close(ulp_archive *a)
 	ulp_remote_close(a->rm); /* after the pack store and the home, its users */
 	ulp_dbh_close(a); /* every thread's connection */
 	ulp_db_free_copy(a); /* after the connections that read it */
-	pthread_mutex_destroy(&a->mu);
-	pthread_mutex_destroy(&a->write_mu);
+	pthread_mutex_destroy(&a->w->mu);
+	pthread_mutex_destroy(&a->w->write_mu);
+	pthread_mutex_destroy(&a->r->mu);
 	ulp_msgs_free(a->msgs); /* last: everything above may have said why it failed */
 	free(a->dir);
 	free(a);
@@ -367,11 +383,11 @@ const char *ulp_archive_dir(const ulp_archive *a)
 
 void ulp_archive_counters(ulp_archive *a, ulp_counters *c)
 {
-	c->chunks_decoded = __atomic_load_n(&a->chunks_decoded, __ATOMIC_RELAXED);
-	c->deltas_decoded = __atomic_load_n(&a->deltas_decoded, __ATOMIC_RELAXED);
-	c->cache_hits = __atomic_load_n(&a->hits, __ATOMIC_RELAXED);
-	c->cache_misses = __atomic_load_n(&a->misses, __ATOMIC_RELAXED);
+	c->chunks_decoded = __atomic_load_n(&a->r->chunks_decoded, __ATOMIC_RELAXED);
+	c->deltas_decoded = __atomic_load_n(&a->r->deltas_decoded, __ATOMIC_RELAXED);
+	c->cache_hits = __atomic_load_n(&a->r->hits, __ATOMIC_RELAXED);
+	c->cache_misses = __atomic_load_n(&a->r->misses, __ATOMIC_RELAXED);
 	c->cache_bytes = ulp_cache_bytes(a->cache);
 	c->cache_recycled = ulp_cache_recycled(a->cache);
-	c->max_walk = __atomic_load_n(&a->max_walk, __ATOMIC_RELAXED);
+	c->max_walk = __atomic_load_n(&a->r->max_walk, __ATOMIC_RELAXED);
 }

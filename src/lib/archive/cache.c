@@ -22,6 +22,7 @@
  * the buffers, not the slab space their neighbours' eviction leaves unused.
  */
 #include "arch_int.h"
+#include "archive/cache.h"
 #include <stdlib.h>
 
 enum { ST_LOADING, ST_LOADED, ST_FAILED };

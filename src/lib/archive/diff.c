@@ -32,6 +32,9 @@
  *     depend on the threads.
  */
 #include "arch_int.h"
+#include "store/path.h"
+#include "store/index.h"
+#include "store/shared.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

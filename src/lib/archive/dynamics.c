@@ -42,6 +42,9 @@
  *     matrices: time and memory linear in steps x tensors.
  */
 #include "arch_int.h"
+#include "store/path.h"
+#include "store/index.h"
+#include "store/shared.h"
 #include <fnmatch.h>
 #include <math.h>
 #include <stdio.h>

@@ -31,6 +31,13 @@
 #include "senc.h"
 #include "torchzip.h"
 #include "dcp.h"
+#include "store/db.h"
+#include "store/path.h"
+#include "archive/cache.h"
+#include "store/index.h"
+#include "store/pack.h"
+#include "archive/read.h"
+#include "archive/writer.h"
 #include <zstd.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -606,7 +613,7 @@ static int append_job(put *p, job *j)
 	unsigned depth;
 	if (j->rc < 0)
 		return ulp_arch_err(p->a, j->rc, "%s", j->err);
-	__atomic_add_fetch(&p->a->put_done, (uint64_t)j->s->length, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&p->a->w->put_done, (uint64_t)j->s->length, __ATOMIC_RELAXED);
 	if (j->s->kind == SEG_VERBATIM) {
 		while (p->cap_vb - p->n_vb < j->len)
 			ULP_TRY(ulp_grow(&p->vb, &p->cap_vb, p->cap_vb, 1));
@@ -1088,10 +1095,10 @@ static void free_jobs(job *j, size_t n)
  */
 static job *take_jobs(ulp_archive *a)
 {
-	pthread_mutex_lock(&a->mu);
-	job *j = a->spare_jobs;
-	a->spare_jobs = NULL;
-	pthread_mutex_unlock(&a->mu);
+	pthread_mutex_lock(&a->w->mu);
+	job *j = a->w->spare_jobs;
+	a->w->spare_jobs = NULL;
+	pthread_mutex_unlock(&a->w->mu);
 	return j ? j : calloc(MAX_JOBS, sizeof(job));
 }
 
@@ -1109,12 +1116,12 @@ static void give_back_jobs(ulp_archive *a, job *j)
 			j[i].blob_cap = 0;
 		}
 	}
-	pthread_mutex_lock(&a->mu);
-	if (!a->spare_jobs) {
-		a->spare_jobs = j;
+	pthread_mutex_lock(&a->w->mu);
+	if (!a->w->spare_jobs) {
+		a->w->spare_jobs = j;
 		j = NULL;
 	}
-	pthread_mutex_unlock(&a->mu);
+	pthread_mutex_unlock(&a->w->mu);
 	if (j) {
 		free_jobs(j, MAX_JOBS);
 		free(j);
@@ -1123,10 +1130,10 @@ static void give_back_jobs(ulp_archive *a, job *j)
 
 void ulp_ingest_free_spare(ulp_archive *a)
 {
-	if (a->spare_jobs) {
-		free_jobs(a->spare_jobs, MAX_JOBS);
-		free(a->spare_jobs);
-		a->spare_jobs = NULL;
+	if (a->w->spare_jobs) {
+		free_jobs(a->w->spare_jobs, MAX_JOBS);
+		free(a->w->spare_jobs);
+		a->w->spare_jobs = NULL;
 	}
 }
 
@@ -1365,7 +1372,7 @@ typedef struct coded {
 
 static const ulp_newblob *inflight_blob(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN])
 {
-	const struct coded *c = a->inflight;
+	const struct coded *c = a->w->inflight;
 	if (!c)
 		return NULL;
 	for (size_t i = 0; i < c->P.n_nb; i++)
@@ -1419,7 +1426,7 @@ static int inflight_ref(ulp_archive *a, ulp_pool *pool, const uint8_t sha[ULP_SH
 	const ulp_newblob *nb = inflight_blob(a, sha);
 	if (!nb)
 		return 1;
-	const struct coded *c = a->inflight;
+	const struct coded *c = a->w->inflight;
 	iref r = {a, c, sha, dst, len, nb->chunk, 0, 0, 0};
 	size_t i = 0;
 	while (i < c->P.n_nx && memcmp(c->P.nx[i].content, sha, ULP_SHA256_LEN) != 0)
@@ -1464,7 +1471,7 @@ static void coded_free(coded *c, int discard)
 
 /* Everything before the commit: layout, reference, coding (do_segments),
  * the stored header and the file's row. On failure c holds nothing. The
- * caller holds a->write_mu. */
+ * caller holds a->w->write_mu. */
 static int put_code(ulp_archive *a, const char *path, int fd, const ulp_meta *meta, ulp_put_result *res,
                     coded *c)
 {
@@ -1493,7 +1500,7 @@ static int put_code(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 	}
 	pthread_mutex_init(&P->mu, NULL);
 	pthread_mutex_init(&P->hmu, NULL);
-	__atomic_store_n(&a->put_done, 0, __ATOMIC_RELAXED); /* this file's progress */
+	__atomic_store_n(&a->w->put_done, 0, __ATOMIC_RELAXED); /* this file's progress */
 
 	/* safetensors, torch zip or opaque: anything that does not parse is opaque */
 	if ((rc = layout_file(P, size, &c->L)) < 0)
@@ -1534,7 +1541,7 @@ static int put_code(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 		res->stored_bytes = P->stored;
 	}
 out:
-	__atomic_store_n(&a->put_done, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&a->w->put_done, 0, __ATOMIC_RELAXED);
 	EVP_MD_CTX_free(fsha);
 	pthread_mutex_destroy(&P->mu);
 	pthread_mutex_destroy(&P->hmu);
@@ -1563,7 +1570,7 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 	coded *c = malloc(sizeof(*c));
 	if (!c)
 		return -ULP_E_NOMEM;
-	pthread_mutex_lock(&a->write_mu);
+	pthread_mutex_lock(&a->w->write_mu);
 	int rc = put_code(a, path, fd, meta, res, c), in_tx = 0;
 	if (rc < 0)
 		goto out0;
@@ -1585,7 +1592,7 @@ out:
 		res->raw_bytes = res->stored_bytes = 0;
 	coded_free(c, rc < 0);
 out0:
-	pthread_mutex_unlock(&a->write_mu);
+	pthread_mutex_unlock(&a->w->write_mu);
 	free(c);
 	return rc;
 }
@@ -1624,7 +1631,7 @@ out0:
  */
 struct ulp_putq {
 	ulp_archive *a;
-	coded *cur;             /* in flight (a->inflight), or NULL */
+	coded *cur;             /* in flight (a->w->inflight), or NULL */
 	unsigned committed;     /* files committed so far */
 };
 
@@ -1661,7 +1668,7 @@ static int settle(ulp_putq *q)
 		ulp_db_rollback(a);
 	else
 		q->committed++;
-	a->inflight = NULL;
+	a->w->inflight = NULL;
 	coded_free(c, rc < 0);
 	free(c);
 	q->cur = NULL;
@@ -1692,7 +1699,7 @@ int ulp_putq_put(ulp_putq *q, const char *path, int fd, const ulp_meta *meta, ul
 	coded *c = malloc(sizeof(*c));
 	if (!c)
 		return -ULP_E_NOMEM;
-	pthread_mutex_lock(&a->write_mu);
+	pthread_mutex_lock(&a->w->write_mu);
 	/* A file that may hold a streamed tensor (larger than ULP_STREAM_MIN)
 	 * codes with nothing in flight: the streaming encoder opens its
 	 * reference through the pool threads' index connections, which do not
@@ -1706,11 +1713,11 @@ int ulp_putq_put(ulp_putq *q, const char *path, int fd, const ulp_meta *meta, ul
 			snprintf(m, sizeof(m), "%s", ulp_archive_errmsg(a));
 			ulp_arch_err(a, prc, "%s (%s, put after it, not archived either)", m, path);
 			free(c);
-			pthread_mutex_unlock(&a->write_mu);
+			pthread_mutex_unlock(&a->w->write_mu);
 			return prc;
 		}
 	}
-	a->inflight = q->cur;
+	a->w->inflight = q->cur;
 	int rc = put_code(a, path, fd, meta, res, c);
 	/* the previous file settles now that nothing reads it any more */
 	char why[600] = "";
@@ -1727,13 +1734,13 @@ int ulp_putq_put(ulp_putq *q, const char *path, int fd, const ulp_meta *meta, ul
 				res->raw_bytes = res->stored_bytes = 0;
 		}
 		free(c);
-		pthread_mutex_unlock(&a->write_mu);
+		pthread_mutex_unlock(&a->w->write_mu);
 		return prc;
 	}
 	if (rc < 0) {
 		ulp_arch_err(a, rc, "%s", why);
 		free(c);
-		pthread_mutex_unlock(&a->write_mu);
+		pthread_mutex_unlock(&a->w->write_mu);
 		return rc;
 	}
 	int in_tx = 0;
@@ -1759,15 +1766,15 @@ int ulp_putq_put(ulp_putq *q, const char *path, int fd, const ulp_meta *meta, ul
 	} else {
 		q->cur = c;
 	}
-	pthread_mutex_unlock(&a->write_mu);
+	pthread_mutex_unlock(&a->w->write_mu);
 	return rc;
 }
 
 int ulp_putq_flush(ulp_putq *q)
 {
-	pthread_mutex_lock(&q->a->write_mu);
+	pthread_mutex_lock(&q->a->w->write_mu);
 	int rc = settle(q);
-	pthread_mutex_unlock(&q->a->write_mu);
+	pthread_mutex_unlock(&q->a->w->write_mu);
 	return rc;
 }
 
@@ -1806,14 +1813,14 @@ int ulp_putq_free(ulp_putq *q)
 	if (!q)
 		return 0;
 	int rc = ulp_putq_flush(q);
-	pthread_mutex_lock(&q->a->write_mu);
+	pthread_mutex_lock(&q->a->w->write_mu);
 	int src = sync_wal(q->a);
-	pthread_mutex_unlock(&q->a->write_mu);
+	pthread_mutex_unlock(&q->a->w->write_mu);
 	free(q);
 	return rc < 0 ? rc : src;
 }
 
 uint64_t ulp_archive_put_progress(const ulp_archive *a)
 {
-	return __atomic_load_n(&a->put_done, __ATOMIC_RELAXED);
+	return __atomic_load_n(&a->w->put_done, __ATOMIC_RELAXED);
 }

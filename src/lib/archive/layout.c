@@ -50,6 +50,9 @@
  *     no re-coding.
  */
 #include "arch_int.h"
+#include "store/path.h"
+#include "store/index.h"
+#include "archive/writer.h"
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -177,11 +180,11 @@ int ulp_layout_target(ulp_archive *a, const char *series, int64_t step, const ch
 	if (cap)
 		ref_path[0] = 0;
 	int rc = ulp_index_series_steps(a, series, add_step, &v);
-	pthread_mutex_lock(&a->mu);
-	for (size_t i = 0; rc == 0 && i < a->n_expect; i++)
-		if (strcmp(a->expect[i].series, series) == 0)
-			rc = add_step(&v, -1, a->expect[i].step, a->expect[i].path);
-	pthread_mutex_unlock(&a->mu);
+	pthread_mutex_lock(&a->w->mu);
+	for (size_t i = 0; rc == 0 && i < a->w->n_expect; i++)
+		if (strcmp(a->w->expect[i].series, series) == 0)
+			rc = add_step(&v, -1, a->w->expect[i].step, a->w->expect[i].path);
+	pthread_mutex_unlock(&a->w->mu);
 	v.skip = NULL;
 	if (rc == 0)
 		rc = add_step(&v, -2, step, path); /* -2: the file itself */
@@ -209,15 +212,15 @@ int ulp_layout_target(ulp_archive *a, const char *series, int64_t step, const ch
 
 void ulp_layout_forget_expected(ulp_archive *a)
 {
-	pthread_mutex_lock(&a->mu);
-	for (size_t i = 0; i < a->n_expect; i++) {
-		free(a->expect[i].series);
-		free(a->expect[i].path);
+	pthread_mutex_lock(&a->w->mu);
+	for (size_t i = 0; i < a->w->n_expect; i++) {
+		free(a->w->expect[i].series);
+		free(a->w->expect[i].path);
 	}
-	free(a->expect);
-	a->expect = NULL;
-	a->n_expect = 0;
-	pthread_mutex_unlock(&a->mu);
+	free(a->w->expect);
+	a->w->expect = NULL;
+	a->w->n_expect = 0;
+	pthread_mutex_unlock(&a->w->mu);
 }
 
 typedef struct xref {
@@ -296,10 +299,10 @@ int ulp_archive_expect(ulp_archive *a, const char *const *paths, size_t n, uint3
 		i0 = i1;
 	}
 	if (rc == 0) {
-		pthread_mutex_lock(&a->mu);
-		a->expect = e;
-		a->n_expect = m;
-		pthread_mutex_unlock(&a->mu);
+		pthread_mutex_lock(&a->w->mu);
+		a->w->expect = e;
+		a->w->n_expect = m;
+		pthread_mutex_unlock(&a->w->mu);
 		e = NULL;
 	}
 	for (size_t i = 0; e && i < m; i++) {

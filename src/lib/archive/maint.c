@@ -49,6 +49,12 @@
  */
 #include "store/shared.h"
 #include "store/remote.h"
+#include "store/db.h"
+#include "archive/cache.h"
+#include "store/index.h"
+#include "store/pack.h"
+#include "archive/read.h"
+#include "archive/writer.h"
 #include <dirent.h>
 #include <errno.h>
 #include <openssl/evp.h>
@@ -605,11 +611,11 @@ int ulp_archive_reclaim(ulp_archive *a, const ulp_reclaim_opts *o, ulp_gc_result
 	unsigned pct = o && o->live_percent ? ULP_MIN(o->live_percent, 100u) : ULP_RECLAIM_LIVE_PERCENT;
 	if (a->read_only)
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is open read-only", a->dir);
-	pthread_mutex_lock(&a->write_mu);
+	pthread_mutex_lock(&a->w->write_mu);
 	int rc = drop_dead(a, 1, &g, &r);
 	if (rc == -ULP_E_NOSPC && ulp_db_nospc_retry(a)) /* a full disk: the index's reserve (db.c) */
 		rc = drop_dead(a, 1, &g, &r);
-	pthread_mutex_unlock(&a->write_mu);
+	pthread_mutex_unlock(&a->w->write_mu);
 	uint64_t rewritten = r.packs_rewritten, total = 0, done = 0;
 	for (size_t i = 0; rc == 0 && i < g.n; i++)
 		total += !g.p[i].new_name[0] && want_rewrite(&g.p[i], pct) ? g.p[i].size : 0;
@@ -623,7 +629,7 @@ int ulp_archive_reclaim(ulp_archive *a, const ulp_reclaim_opts *o, ulp_gc_result
 		if (o && o->progress && done)
 			o->progress(o->progress_arg, done, total);
 		done += g.p[i].size;
-		pthread_mutex_lock(&a->write_mu);
+		pthread_mutex_lock(&a->w->write_mu);
 		/* its live share again, inside the lock: a put or a re-coding may
 		 * have moved rows meanwhile */
 		packinfo *pi = &g.p[i];
@@ -634,24 +640,24 @@ int ulp_archive_reclaim(ulp_archive *a, const ulp_reclaim_opts *o, ulp_gc_result
 			if (rc == 0)
 				r.bytes_reclaimed += pi->size - pi->live;
 		}
-		pthread_mutex_unlock(&a->write_mu);
+		pthread_mutex_unlock(&a->w->write_mu);
 	}
 	if (o && o->progress && total)
 		o->progress(o->progress_arg, total, total);
 	if (rc == 0 && r.packs_rewritten > rewritten) { /* the packs they left empty */
-		pthread_mutex_lock(&a->write_mu);
+		pthread_mutex_lock(&a->w->write_mu);
 		ulp_gc_result r2 = {0};
 		rc = drop_dead(a, 0, &g, &r2);
 		r.packs_removed += r2.packs_removed; /* (their bytes counted as rewritten) */
-		pthread_mutex_unlock(&a->write_mu);
+		pthread_mutex_unlock(&a->w->write_mu);
 	}
 	if (rc == 0 && o && o->full && !ask_stop(o)) {
-		pthread_mutex_lock(&a->write_mu);
+		pthread_mutex_lock(&a->w->write_mu);
 		if (ulp_db_begin(a) == 0) { /* invariant 3 */
 			r.bytes_reclaimed += sweep_files(a);
 			ulp_db_commit(a);
 		}
-		pthread_mutex_unlock(&a->write_mu);
+		pthread_mutex_unlock(&a->w->write_mu);
 	}
 	if (rc == 0)
 		ulp_index_checkpoint(a); /* the -wal file back to nothing when no reader holds it */
@@ -697,8 +703,8 @@ int ulp_archive_grace_sweep(ulp_archive *a, int wait)
 	uint64_t oldest;
 	ULP_TRY(ulp_gen_oldest(a, &oldest));
 	if (wait)
-		pthread_mutex_lock(&a->write_mu);
-	else if (pthread_mutex_trylock(&a->write_mu) != 0)
+		pthread_mutex_lock(&a->w->write_mu);
+	else if (pthread_mutex_trylock(&a->w->write_mu) != 0)
 		return 0;
 	gone *list = NULL;
 	int rc = ulp_db_begin(a);
@@ -716,7 +722,7 @@ int ulp_archive_grace_sweep(ulp_archive *a, int wait)
 		free(list);
 		list = next;
 	}
-	pthread_mutex_unlock(&a->write_mu);
+	pthread_mutex_unlock(&a->w->write_mu);
 	if (removed)
 		ulp_archive_trim(a);
 	return rc < 0 ? rc : removed;

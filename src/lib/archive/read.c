@@ -55,6 +55,13 @@
  *     maps the pack afresh. REFETCHED never leaves this file.
  */
 #include "arch_int.h"
+#include "store/db.h"
+#include "store/path.h"
+#include "archive/cache.h"
+#include "store/index.h"
+#include "store/pack.h"
+#include "archive/read.h"
+#include "store/shared.h"
 #include <zstd.h>
 #include <errno.h>
 #include <stdio.h>
@@ -349,9 +356,9 @@ static int decode_link(ulp_archive *a, const ulp_blob *b, size_t slot, const uin
 	size_t plen;
 	ulp_blob_chunk_payload(b, k, &payload, &plen);
 	ulp_pack_release(a, payload, plen);
-	__atomic_fetch_add(&a->chunks_decoded, 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&a->r->chunks_decoded, 1, __ATOMIC_RELAXED);
 	if (in->has_ref)
-		__atomic_fetch_add(&a->deltas_decoded, 1, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&a->r->deltas_decoded, 1, __ATOMIC_RELAXED);
 	(*walk)++;
 	return 0;
 }
@@ -421,7 +428,7 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 	if (grc < 0)
 		return waited_err(a, grc, sha, &k);
 	if (!must_load) {
-		__atomic_fetch_add(&a->hits, 1, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&a->r->hits, 1, __ATOMIC_RELAXED);
 		const ulp_blob *b;
 		ulp_centry *be;
 		/* the length is the chunk's: ask the (cached) blob */
@@ -438,7 +445,7 @@ static int read_chunk(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP_S
 		*len = (size_t)l;
 		return 0;
 	}
-	__atomic_fetch_add(&a->misses, 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&a->r->misses, 1, __ATOMIC_RELAXED);
 	if (depth == 0 && !(f && __atomic_load_n(&f->warmed, __ATOMIC_RELAXED))) /* else asked for whole */
 		willneed_chain(a, f, sha, k);
 	const ulp_blob *b;
@@ -516,23 +523,23 @@ static int any_blob(void *arg, const ulp_ckey *key, void *data)
 	return key->kind == ULP_CK_BLOB;
 }
 
-/* The key of a listed directory in a->recent: never a series' (odd). */
+/* The key of a listed directory in a->r->recent: never a series' (odd). */
 static uint64_t listing_hash(const char *dir, size_t len)
 {
 	return ulp_xxh64(dir, len) & ~(uint64_t)1;
 }
 
-/* Records e (series, file) in a->recent, over its own entry or the oldest
- * (a->mu held); returns 1 if a live entry of the same series and another
+/* Records e (series, file) in a->r->recent, over its own entry or the oldest
+ * (a->r->mu held); returns 1 if a live entry of the same series and another
  * file, or a live listing of one of dirs, was there. */
 static int note_recent(ulp_archive *a, uint64_t series, uint64_t file, const uint64_t *dirs, size_t nd,
                        int64_t now)
 {
-	const size_t nr = sizeof(a->recent) / sizeof(a->recent[0]);
+	const size_t nr = sizeof(a->r->recent) / sizeof(a->r->recent[0]);
 	size_t own = nr, oldest = 0;
 	int seen = 0;
 	for (size_t i = 0; i < nr; i++) {
-		const struct ulp_recent *r = &a->recent[i];
+		const struct ulp_recent *r = &a->r->recent[i];
 		int live = r->ms && now - r->ms < RECENT_MS;
 		if (live && r->file && r->series == series && r->file != file)
 			seen = 1;
@@ -540,10 +547,10 @@ static int note_recent(ulp_archive *a, uint64_t series, uint64_t file, const uin
 			seen |= dirs[d] && r->series == dirs[d];
 		if (r->series == series && r->file == file)
 			own = i;
-		if (r->ms < a->recent[oldest].ms)
+		if (r->ms < a->r->recent[oldest].ms)
 			oldest = i;
 	}
-	a->recent[own < nr ? own : oldest] = (struct ulp_recent){series, file, now};
+	a->r->recent[own < nr ? own : oldest] = (struct ulp_recent){series, file, now};
 	return seen;
 }
 
@@ -552,9 +559,9 @@ static int note_recent(ulp_archive *a, uint64_t series, uint64_t file, const uin
 static void note_listing(ulp_archive *a, const char *dir)
 {
 	int64_t now = ulp_mono_ms();
-	pthread_mutex_lock(&a->mu);
+	pthread_mutex_lock(&a->r->mu);
 	note_recent(a, listing_hash(dir, strlen(dir)), 0, NULL, 0, now);
-	pthread_mutex_unlock(&a->mu);
+	pthread_mutex_unlock(&a->r->mu);
 }
 
 int ulp_archive_readdir(ulp_archive *a, const char *path,
@@ -579,9 +586,9 @@ static void lone_read(ulp_file *f)
 	int m = MODE_SWEEP; /* in no series: as before (nothing to tell a sweep by) */
 	if (f->series) {
 		int64_t now = ulp_mono_ms();
-		pthread_mutex_lock(&a->mu);
+		pthread_mutex_lock(&a->r->mu);
 		m = note_recent(a, f->series, f->file, f->dirs, 3, now) ? MODE_SWEEP : MODE_LONE;
-		pthread_mutex_unlock(&a->mu);
+		pthread_mutex_unlock(&a->r->mu);
 	}
 	if (a->opts.cache_size && a->opts.cache_size < LONE_CACHE_MIN)
 		m = MODE_SWEEP; /* a cache smaller than a few walks' buffers */
@@ -603,8 +610,8 @@ static int file_chunk_as(ulp_archive *a, const ulp_file *f, const uint8_t sha[UL
 	rc = refetched_err(a, rc);
 	if (rc == 0)
 		ulp_cache_mark_served(*e);
-	uint64_t m = __atomic_load_n(&a->max_walk, __ATOMIC_RELAXED);
-	while (w > m && !__atomic_compare_exchange_n(&a->max_walk, &m, w, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+	uint64_t m = __atomic_load_n(&a->r->max_walk, __ATOMIC_RELAXED);
+	while (w > m && !__atomic_compare_exchange_n(&a->r->max_walk, &m, w, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 		;
 	if (walk)
 		*walk = w;
@@ -830,8 +837,8 @@ static unsigned ra_window(ulp_archive *a)
 
 static void ra_post(ulp_archive *a, const uint8_t *sha, uint32_t k, int lone)
 {
-	pthread_mutex_lock(&a->mu);
-	struct readahead *r = a->ra;
+	pthread_mutex_lock(&a->r->mu);
+	struct readahead *r = a->r->ra;
 	if (!r && (r = calloc(1, sizeof(*r))) != NULL) { /* started on first use */
 		r->a = a;
 		pthread_mutex_init(&r->mu, NULL);
@@ -845,9 +852,9 @@ static void ra_post(ulp_archive *a, const uint8_t *sha, uint32_t k, int lone)
 			free(r);
 			r = NULL;
 		}
-		a->ra = r;
+		a->r->ra = r;
 	}
-	pthread_mutex_unlock(&a->mu);
+	pthread_mutex_unlock(&a->r->mu);
 	if (!r)
 		return;
 	pthread_mutex_lock(&r->mu);
@@ -864,7 +871,7 @@ static void ra_post(ulp_archive *a, const uint8_t *sha, uint32_t k, int lone)
 
 void ulp_readahead_stop(ulp_archive *a)
 {
-	struct readahead *r = a->ra;
+	struct readahead *r = a->r->ra;
 	if (!r)
 		return;
 	pthread_mutex_lock(&r->mu);
@@ -876,7 +883,7 @@ void ulp_readahead_stop(ulp_archive *a)
 	pthread_mutex_destroy(&r->mu);
 	pthread_cond_destroy(&r->cv);
 	free(r);
-	a->ra = NULL;
+	a->r->ra = NULL;
 }
 
 /* ---- files ----------------------------------------------------------------- */

@@ -38,6 +38,13 @@
  */
 #include "arch_int.h"
 #include "senc.h"
+#include "store/db.h"
+#include "store/path.h"
+#include "archive/cache.h"
+#include "store/index.h"
+#include "store/pack.h"
+#include "archive/read.h"
+#include "archive/writer.h"
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -584,7 +591,7 @@ static int run_items(ulp_archive *a, item *it, size_t n, ulp_progress_fn progres
 			rb[m++] = it[i].rb;
 	char name[80];
 	size_t applied = 0;
-	pthread_mutex_lock(&a->write_mu);
+	pthread_mutex_lock(&a->w->write_mu);
 	int same = 0;
 	rc = ulp_db_begin(a);
 	if (rc == 0)
@@ -616,7 +623,7 @@ static int run_items(ulp_archive *a, item *it, size_t n, ulp_progress_fn progres
 	} else {
 		ulp_pack_free(w);
 	}
-	pthread_mutex_unlock(&a->write_mu);
+	pthread_mutex_unlock(&a->w->write_mu);
 	crash_point(3);
 	if (rc == 0 && applied) {
 		purge_set s = {malloc(applied * ULP_SHA256_LEN), 0};
@@ -926,7 +933,7 @@ int ulp_archive_rebase_pending(ulp_archive *a, ulp_progress_fn progress, void *a
 			rc = finish(a, &P, progress, arg, &r);
 		free(P.it);
 		if (rc == 0) {
-			pthread_mutex_lock(&a->write_mu);
+			pthread_mutex_lock(&a->w->write_mu);
 			rc = ulp_db_begin(a);
 			if (rc == 0)
 				rc = ulp_index_pending_done(a, ids, gens, n);
@@ -934,7 +941,7 @@ int ulp_archive_rebase_pending(ulp_archive *a, ulp_progress_fn progress, void *a
 				rc = ulp_db_commit(a);
 			if (rc < 0)
 				ulp_db_rollback(a);
-			pthread_mutex_unlock(&a->write_mu);
+			pthread_mutex_unlock(&a->w->write_mu);
 		}
 		if (rc < 0)
 			break;
@@ -998,7 +1005,7 @@ int64_t ulp_archive_forget(ulp_archive *a, const char *run, const ulp_forget_opt
 			rc = cb(arg, s, v.files[i], kept);
 	}
 	if (rc == 0 && ng && !o->dry_run) {
-		pthread_mutex_lock(&a->write_mu);
+		pthread_mutex_lock(&a->w->write_mu);
 		rc = ulp_db_begin(a);
 		if (rc == 0)
 			rc = ulp_index_forget_steps(a, p, gone, ng);
@@ -1006,7 +1013,7 @@ int64_t ulp_archive_forget(ulp_archive *a, const char *run, const ulp_forget_opt
 			rc = ulp_db_commit(a);
 		if (rc < 0)
 			ulp_db_rollback(a);
-		pthread_mutex_unlock(&a->write_mu);
+		pthread_mutex_unlock(&a->w->write_mu);
 	}
 	free(v.step);
 	free(v.files);

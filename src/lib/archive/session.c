@@ -141,6 +141,8 @@
  *     a barrier waits for every entry queued before it, whatever the order.
  */
 #include "arch_int.h"
+#include "archive/writer.h"
+#include "store/shared.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>

@@ -42,6 +42,7 @@
  */
 #include "arch_int.h"
 #include "store/shared.h"
+#include "archive/writer.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>

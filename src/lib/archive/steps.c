@@ -36,6 +36,8 @@
  *     still queued for archiving count (they read back from staging).
  */
 #include "arch_int.h"
+#include "store/path.h"
+#include "store/shared.h"
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

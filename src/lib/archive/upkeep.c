@@ -19,6 +19,7 @@
  */
 #include "arch_int.h"
 #include "store/shared.h"
+#include "archive/writer.h"
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -45,7 +46,7 @@ static int tick(ulp_archive *a, ulp_upkeep *u)
 static void *publisher(void *arg)
 {
 	ulp_archive *a = arg;
-	ulp_upkeep *u = a->upkeep;
+	ulp_upkeep *u = a->w->upkeep;
 	int64_t last_pub = 0, pub_cost = 0;
 	pthread_mutex_lock(&u->mu);
 	while (!tick(a, u)) {
@@ -71,7 +72,7 @@ static void *publisher(void *arg)
 /* The renewer's hook (shared.h on_renewer): the publisher, once per process. */
 static void start(ulp_archive *a)
 {
-	ulp_upkeep *u = a->upkeep;
+	ulp_upkeep *u = a->w->upkeep;
 	long me = (long)getpid();
 	pthread_mutex_lock(&u->mu);
 	if (u->pid != me && !u->stop && pthread_create(&u->th, NULL, publisher, a) == 0)
@@ -86,14 +87,14 @@ int ulp_upkeep_new(ulp_archive *a)
 		return -ULP_E_NOMEM;
 	pthread_mutex_init(&u->mu, NULL);
 	pthread_cond_init(&u->cv, NULL);
-	a->upkeep = u;
+	a->w->upkeep = u;
 	a->sh->on_renewer = start;
 	return 0;
 }
 
 void ulp_upkeep_stop(ulp_archive *a)
 {
-	ulp_upkeep *u = a->upkeep;
+	ulp_upkeep *u = a->w->upkeep;
 	if (!u)
 		return;
 	pthread_mutex_lock(&u->mu);
@@ -108,5 +109,5 @@ void ulp_upkeep_stop(ulp_archive *a)
 	pthread_mutex_destroy(&u->mu);
 	pthread_cond_destroy(&u->cv);
 	free(u);
-	a->upkeep = NULL;
+	a->w->upkeep = NULL;
 }

@@ -54,6 +54,7 @@
  * release allocates it again only where there is room).
  */
 #include "shared.h"
+#include "db.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <sqlite3.h>
@@ -256,8 +257,8 @@ void ulp_db_open_ahead(ulp_archive *a)
  * seq in *seq). */
 void ulp_db_live_path(const ulp_archive *a, char *p, size_t cap)
 {
-	if (a->live)
-		snprintf(p, cap, "%s", a->live);
+	if (a->w->live)
+		snprintf(p, cap, "%s", a->w->live);
 	else
 		snprintf(p, cap, "%s/ulpack.db", a->dir);
 }
@@ -304,7 +305,7 @@ static int open_conn(const ulp_archive *a, sqlite3 **out, uint64_t *seq, ulp_err
 /* Every commit of a shared archive's writer, a statement's own included:
  * none while the lease does not hold (lease.c invariant 1: the commit turns
  * into a rollback), and one that wrote rows counts (gen.c publishes when
- * a->commits moved). */
+ * a->w->commits moved). */
 static int commit_hook(void *arg)
 {
 	ulp_tstate *t = arg;
@@ -313,7 +314,7 @@ static int commit_hook(void *arg)
 	int64_t c = sqlite3_total_changes64(t->db);
 	if (c != t->hook_changes) {
 		t->hook_changes = c;
-		__atomic_fetch_add(&t->a->commits, 1, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&t->a->w->commits, 1, __ATOMIC_RELAXED);
 	}
 	return 0;
 }
@@ -686,8 +687,8 @@ void ulp_db_free_copy(ulp_archive *a)
 	}
 	free(a->db_copy);
 	free(a->db_uri);
-	free(a->live);
-	a->db_copy = a->db_uri = a->live = NULL;
+	free(a->w->live);
+	a->db_copy = a->db_uri = a->w->live = NULL;
 }
 
 /*

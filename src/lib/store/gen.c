@@ -53,6 +53,7 @@
  */
 #include "shared.h"
 #include "home.h"
+#include "db.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -330,13 +331,13 @@ void ulp_shared_free(ulp_archive *a)
 	poller_stop(a);
 	ulp_lease_give_back(a, ulp_gen_publish); /* joins the renewer, publishes last */
 	ulp_shared_forget_retained(a); /* (what was not published stays for the next writer) */
-	if (a->live && !__atomic_load_n(&sh->opened, __ATOMIC_ACQUIRE)) {
+	if (a->w->live && !__atomic_load_n(&sh->opened, __ATOMIC_ACQUIRE)) {
 		/* an open that failed: its live index is no one's (and would hide
 		 * the one of the epoch before from drop_old_epochs) */
 		static const char *const tail[] = {"", "-wal", "-shm"};
 		for (int i = 0; i < 3; i++) {
 			char p[4300];
-			snprintf(p, sizeof(p), "%s%s", a->live, tail[i]);
+			snprintf(p, sizeof(p), "%s%s", a->w->live, tail[i]);
 			unlink(p);
 		}
 	}
@@ -829,7 +830,7 @@ int ulp_gen_writer_open(ulp_archive *a, ulp_err *err)
 	char p[4200];
 	live_path(a, sh->epoch, p, sizeof(p));
 	ULP_TRY(materialize(a, &c, p, err));
-	if (!(a->live = strdup(p)))
+	if (!(a->w->live = strdup(p)))
 		return -ULP_E_NOMEM;
 	pthread_mutex_lock(&sh->mu);
 	sh->gen = c.gen;
@@ -1243,7 +1244,7 @@ int ulp_gen_publish(ulp_archive *a, int force)
 	pthread_mutex_lock(&sh->mu);
 	uint64_t seq = ++sh->pub_started; /* invariant 8 */
 	pthread_mutex_unlock(&sh->mu);
-	uint64_t changes = __atomic_load_n(&a->commits, __ATOMIC_RELAXED);
+	uint64_t changes = __atomic_load_n(&a->w->commits, __ATOMIC_RELAXED);
 	int rc = ulp_lease_ok(a);
 	if (rc == 0 && !__atomic_load_n(&sh->opened, __ATOMIC_ACQUIRE))
 		rc = ulp_arch_err(a, -ULP_E_INVAL, "%s: the archive did not open: nothing of it is published", a->dir);

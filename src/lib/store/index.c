@@ -32,6 +32,10 @@
  *     readers of different generations (gen.c) agree on what an id names.
  */
 #include "arch_int.h"
+#include "db.h"
+#include "path.h"
+#include "index.h"
+#include "shared.h"
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -9,6 +9,10 @@
  * A removal works on a full disk: it takes the index's reserve (db.c).
  */
 #include "arch_int.h"
+#include "db.h"
+#include "path.h"
+#include "index.h"
+#include "shared.h"
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>

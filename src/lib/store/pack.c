@@ -43,6 +43,8 @@
  */
 #include "backend.h"
 #include "remote.h"
+#include "index.h"
+#include "pack.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -54,7 +56,7 @@
 #include <unistd.h>
 
 #define PACK_MAGIC "ULPpack1"
-_Static_assert(sizeof(PACK_MAGIC) - 1 == ULP_PACK_HEADER, "the header arch_int.h counts");
+_Static_assert(sizeof(PACK_MAGIC) - 1 == ULP_PACK_HEADER, "the header store/index.h counts");
 
 struct ulp_pack_writer {
 	ulp_archive *a;

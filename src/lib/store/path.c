@@ -13,6 +13,7 @@
  * what else counts (a path's last number; a name of digits only).
  */
 #include "arch_int.h"
+#include "path.h"
 #include <stdio.h>
 #include <stdlib.h>
 

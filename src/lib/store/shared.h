@@ -65,7 +65,7 @@ struct ulp_shared {
 	int64_t next_poll_ms;        /* atomic: monotonic time of a reader's next look at
 	                                CURRENT */
 	pthread_mutex_t pub_mu;      /* one publication at a time (taken before mu) */
-	uint64_t published_changes;  /* guarded by pub_mu: a->commits at the last
+	uint64_t published_changes;  /* guarded by pub_mu: a->w->commits at the last
 	                                publication */
 	int64_t published_ms;        /* guarded by pub_mu: monotonic time of it */
 	uint64_t base_gen;           /* guarded by pub_mu: the last generation published
@@ -113,6 +113,12 @@ struct ulp_shared {
 
 
 /* gen.c */
+/* gen.c, at the library's read entry points: a reader of a shared archive
+ * looks for a newer generation when due, and the calling thread moves its
+ * connection to the one followed (ulp_db_refollow). */
+void ulp_gen_follow(ulp_archive *a);
+void ulp_gen_refresh(ulp_archive *a); /* ulp_gen_poll now: the refresh hook */
+void ulp_gen_poll(ulp_archive *a, int force);
 int ulp_gen_is_shared(const char *dir);
 int ulp_gen_reader_open(ulp_archive *a, ulp_err *err);
 int ulp_gen_publish(ulp_archive *a, int force);
