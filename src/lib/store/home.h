@@ -10,9 +10,9 @@
  * The rows (chosen at open, archive.c; one file each):
  *  - home_dir.c, the plain directory (a shared file system): the directory
  *    is the home itself, so it keeps nothing apart: get finds nothing
- *    (NOENT), put, put_if_match, del and drop have nothing to do (0), list
- *    lists nothing; a writer is fenced there by the files of lease/ and each
- *    epoch's own pointer (lease.c, gen.c invariant 7);
+ *    (NOENT), get_range, put, put_if_match, del, drop and usage have nothing
+ *    to do (0), list lists nothing; a writer is fenced there by the files of
+ *    lease/ and each epoch's own pointer (lease.c, gen.c invariant 7);
  *  - remote.c, an S3 bucket prefix (remote.h): the objects are in the
  *    bucket, the local directory holds copies; the pointer and the lease
  *    are replaced by compare-and-swap (remote.h invariant 2).

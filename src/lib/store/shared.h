@@ -3,6 +3,8 @@
  * shared.h - an archive that many hosts share (DESIGN.md section 7): its
  * published index generations (gen.c) and its writer's lease (lease.c).
  * An archive is shared once ARCHIVE/index/ exists (ulp_archive_share).
+ * Both reach the archive's home (the shared directory, or a bucket) only
+ * through its table, a->home (home.h).
  *
  * On disk, beside ulpack.db, packs/ and staging/:
  *   index/gen-<20 digits>.db   a generation: a consistent copy of ulpack.db
