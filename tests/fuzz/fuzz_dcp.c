@@ -21,7 +21,7 @@ FUZZ_TARGET(dcp)
 	ulp_dcp *d;
 	uint64_t parsed;
 	char why[256];
-	if (ulp_dcp_scan_mem(data, size, &d, &parsed, why, sizeof(why)) == 0) {
+	if (ulp_dcp_scan_mem(data, size, NULL, NULL, &d, &parsed, why, sizeof(why)) == 0) {
 		FUZZ_ASSERT(ulp_dcp_records(d) > 0 && parsed > 0 && parsed <= size);
 		uint64_t prev_end = 0;
 		for (size_t i = 0; i < ulp_dcp_count(d); i++) {

@@ -54,7 +54,7 @@ static void test_scan_real(void)
 	ulp_dcp *d;
 	uint64_t parsed;
 	char why[256] = "";
-	REQUIRE(ulp_dcp_scan_mem(b.p, b.n, &d, &parsed, why, sizeof(why)) == 0, "scan: %s", why);
+	REQUIRE(ulp_dcp_scan_mem(b.p, b.n, NULL, NULL, &d, &parsed, why, sizeof(why)) == 0, "scan: %s", why);
 	CHECK(parsed == b.n, "parsed %llu of %zu", (unsigned long long)parsed, b.n);
 	CHECK(ulp_dcp_count(d) == N_TENSORS, "%zu tensors", ulp_dcp_count(d));
 	CHECK(ulp_dcp_records(d) > N_TENSORS, "%zu records (tensors and BYTE_IO items)", ulp_dcp_records(d));
@@ -72,21 +72,21 @@ static void test_scan_real(void)
 
 	/* bytes after the last record: parsed up to it */
 	memset(b.p + b.n, 0, 7);
-	CHECK(ulp_dcp_scan_mem(b.p, b.n + 7, &d, &parsed, NULL, 0) == 0 && parsed == b.n, "a tail of 7 bytes");
+	CHECK(ulp_dcp_scan_mem(b.p, b.n + 7, NULL, NULL, &d, &parsed, NULL, 0) == 0 && parsed == b.n, "a tail of 7 bytes");
 	ulp_dcp_free(d);
 	/* cut inside a record; the last byte missing */
-	CHECK(ulp_dcp_scan_mem(b.p, b.n / 2, &d, &parsed, NULL, 0) == 0 && parsed > 0 && parsed < b.n / 2 &&
+	CHECK(ulp_dcp_scan_mem(b.p, b.n / 2, NULL, NULL, &d, &parsed, NULL, 0) == 0 && parsed > 0 && parsed < b.n / 2 &&
 	          ulp_dcp_count(d) < N_TENSORS,
 	      "cut in half: whole records only");
 	ulp_dcp_free(d);
-	CHECK(ulp_dcp_scan_mem(b.p, b.n - 1, &d, &parsed, NULL, 0) == 0 && parsed < b.n - 1, "the last byte missing");
+	CHECK(ulp_dcp_scan_mem(b.p, b.n - 1, NULL, NULL, &d, &parsed, NULL, 0) == 0 && parsed < b.n - 1, "the last byte missing");
 	ulp_dcp_free(d);
 	/* no record at all */
-	CHECK(ulp_dcp_scan_mem(b.p + 1, b.n - 1, &d, &parsed, why, sizeof(why)) == -ULP_E_CORRUPT && d == NULL,
+	CHECK(ulp_dcp_scan_mem(b.p + 1, b.n - 1, NULL, NULL, &d, &parsed, why, sizeof(why)) == -ULP_E_CORRUPT && d == NULL,
 	      "not a record at 0: %s", why);
-	CHECK(ulp_dcp_scan_mem(b.p, 10, &d, &parsed, NULL, 0) == -ULP_E_CORRUPT, "10 bytes");
+	CHECK(ulp_dcp_scan_mem(b.p, 10, NULL, NULL, &d, &parsed, NULL, 0) == -ULP_E_CORRUPT, "10 bytes");
 	/* an empty file is no rank file (found by fuzz_dcp) */
-	CHECK(ulp_dcp_scan_mem(b.p, 0, &d, &parsed, NULL, 0) == -ULP_E_CORRUPT && d == NULL, "0 bytes");
+	CHECK(ulp_dcp_scan_mem(b.p, 0, NULL, NULL, &d, &parsed, NULL, 0) == -ULP_E_CORRUPT && d == NULL, "0 bytes");
 	CHECK(ulp_dcp_name("a/__0_0.distcp") && !ulp_dcp_name("a/x.pt") && !ulp_dcp_name(".distcp"), "names");
 	free(b.p);
 }
@@ -101,7 +101,7 @@ static void test_metadata(void)
 	uint64_t parsed;
 	char why[256] = "";
 	REQUIRE(ulp_dcp_meta_parse(mb.p, mb.n, &m, why, sizeof(why)) == 0, ".metadata: %s", why);
-	REQUIRE(ulp_dcp_scan_mem(b.p, b.n, &d, &parsed, NULL, 0) == 0, "scan");
+	REQUIRE(ulp_dcp_scan_mem(b.p, b.n, NULL, NULL, &d, &parsed, NULL, 0) == 0, "scan");
 	size_t n = ulp_dcp_meta_count(m);
 	CHECK(n == ulp_dcp_records(d), "%zu items, %zu records", n, ulp_dcp_records(d));
 	uint64_t total = 0;
@@ -149,17 +149,17 @@ static void test_hostile(void)
 	ulp_dcp *d;
 	uint64_t parsed;
 	char why[256] = "";
-	CHECK(ulp_dcp_scan_mem(p, n, &d, &parsed, why, sizeof(why)) == -ULP_E_CORRUPT && strstr(why, "tried"),
+	CHECK(ulp_dcp_scan_mem(p, n, NULL, NULL, &d, &parsed, why, sizeof(why)) == -ULP_E_CORRUPT && strstr(why, "tried"),
 	      "a million end records: refused (%s)", why);
 	/* a real record, then the same hostile bytes: the record, and no more */
 	buf b = load("run/step-1/__0_0.distcp");
 	ulp_dcp *d1;
-	REQUIRE(ulp_dcp_scan_mem(b.p, b.n, &d1, &parsed, NULL, 0) == 0, "scan");
+	REQUIRE(ulp_dcp_scan_mem(b.p, b.n, NULL, NULL, &d1, &parsed, NULL, 0) == 0, "scan");
 	const ulp_dcp_tensor *t0 = ulp_dcp_at(d1, 0);
 	uint8_t *q = malloc(b.n + n);
 	memcpy(q, b.p, b.n);
 	memcpy(q + b.n, p, n);
-	CHECK(ulp_dcp_scan_mem(q, b.n + n, &d, &parsed, NULL, 0) == 0 && parsed == b.n &&
+	CHECK(ulp_dcp_scan_mem(q, b.n + n, NULL, NULL, &d, &parsed, NULL, 0) == 0 && parsed == b.n &&
 	          ulp_dcp_count(d) == N_TENSORS && strcmp(ulp_dcp_at(d, 0)->name, t0->name) == 0,
 	      "good records, then hostile bytes: the records");
 	ulp_dcp_free(d);

@@ -11,8 +11,9 @@
  * torch.save zip (torchzip.c) is its storages as tensors, the small records
  * and ZIP structures around them verbatim (larger gaps opaque); a DCP rank
  * file ("*.distcp", dcp.c) is laid out the same way record after record
- * (kind 2 too; its tensors named "dcp.<record>"), what follows its last
- * record that parses opaque; any other file is opaque. Identical contents are stored once.
+ * (kind 2 too; its tensors named by the step's .metadata when that is
+ * archived, by their dtype and length otherwise: dcp.h), what follows its
+ * last record that parses opaque; any other file is opaque. Identical contents are stored once.
  *
  * Invariants:
  *  1. Every new blob is decoded and compared byte for byte with its input
@@ -57,6 +58,7 @@ typedef struct seg {
 	int kind;               /* SEG_* */
 	const char *name;       /* SEG_TENSOR: its name (owned by the parsed layout) */
 	ulp_dtype dtype;        /* SEG_TENSOR */
+	const char *alt;        /* SEG_TENSOR: the name its reference may have instead, or NULL */
 } seg;
 
 typedef struct put {
@@ -1059,7 +1061,8 @@ static int prepare_job(put *p, const seg *s, int64_t ref_file, job *j)
 		p->res->tensors++;
 	ulp_blobrow row;
 	if (s->kind == SEG_TENSOR && ref_file >= 0 && j->len > 0 &&
-	    ulp_index_tensor(a, ref_file, s->name, (int)s->dtype, s->length, j->ref_sha, &row) == 0 &&
+	    (ulp_index_tensor(a, ref_file, s->name, (int)s->dtype, s->length, j->ref_sha, &row) == 0 ||
+	     (s->alt && ulp_index_tensor(a, ref_file, s->alt, (int)s->dtype, s->length, j->ref_sha, &row) == 0)) &&
 	    row.depth < a->max_chain) { /* invariant 3 */
 		j->try_ref = 1;
 		j->depth = row.depth;
@@ -1184,7 +1187,7 @@ static int add_opaque(seg **v, size_t *n, size_t *cap, uint64_t off, uint64_t le
 	while (len > 0) {
 		uint64_t l = ULP_MIN(len, (uint64_t)ULP_SEGMENT);
 		ULP_TRY(ulp_grow(v, cap, *n, sizeof(seg)));
-		(*v)[(*n)++] = (seg){off, l, SEG_OPAQUE, NULL, ULP_DT_UNKNOWN};
+		(*v)[(*n)++] = (seg){off, l, SEG_OPAQUE, NULL, ULP_DT_UNKNOWN, NULL};
 		off += l;
 		len -= l;
 	}
@@ -1209,7 +1212,7 @@ static int add_seg(layout *L, uint64_t off, uint64_t len, int kind, const char *
 	if (kind == SEG_OPAQUE)
 		return add_opaque(&L->segs, &L->n, &L->cap, off, len);
 	ULP_TRY(ulp_grow(&L->segs, &L->cap, L->n, sizeof(seg)));
-	L->segs[L->n++] = (seg){off, len, kind, name, dt};
+	L->segs[L->n++] = (seg){off, len, kind, name, dt, NULL};
 	if (kind == SEG_VERBATIM)
 		L->verbatim += len;
 	return 0;
@@ -1225,6 +1228,31 @@ static int add_gap(layout *L, uint64_t off, uint64_t len)
 static int tz_read(void *arg, void *buf, size_t len, uint64_t off)
 {
 	return read_at(arg, buf, len, off);
+}
+
+/* The archived .metadata of the step directory of path (dcp.h names the
+ * rank file's tensors by it), or NULL: none, too large, unreadable or not
+ * parsed (then the tensors take their signature names). */
+static ulp_dcp_meta *step_meta(ulp_archive *a, const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	size_t dl = slash ? (size_t)(slash - path) + 1 : 0;
+	char mp[ULP_PATH_MAX + 16];
+	ulp_file *f = NULL;
+	ulp_dcp_meta *m = NULL;
+	if (dl + sizeof(".metadata") > sizeof(mp))
+		return NULL;
+	memcpy(mp, path, dl);
+	memcpy(mp + dl, ".metadata", sizeof(".metadata"));
+	if (ulp_file_open(a, mp, &f) < 0)
+		return NULL;
+	uint64_t n = ulp_file_get_stat(f)->size;
+	uint8_t *b = n && n <= ULP_TZ_MAX_PICKLE ? malloc((size_t)n) : NULL;
+	if (b && ulp_file_pread(f, b, (size_t)n, 0) == (int64_t)n && ulp_dcp_meta_parse(b, (size_t)n, &m, NULL, 0) < 0)
+		m = NULL;
+	free(b);
+	ulp_file_close(f);
+	return m;
 }
 
 static void layout_free(layout *L)
@@ -1287,7 +1315,10 @@ static int layout_file(put *P, uint64_t size, layout *L)
 		/* a DCP rank file: torch.save records back to back (dcp.h) */
 		uint64_t parsed;
 		if (rc == -ULP_E_CORRUPT && ulp_dcp_name(P->path)) {
-			rc = ulp_dcp_scan(tz_read, P, size, &L->dcp, &parsed, NULL, 0);
+			ulp_dcp_meta *m = step_meta(P->a, P->path);
+			const char *base = strrchr(P->path, '/');
+			rc = ulp_dcp_scan(tz_read, P, size, m, base ? base + 1 : P->path, &L->dcp, &parsed, NULL, 0);
+			ulp_dcp_meta_free(m);
 			if (rc == -ULP_E_IO || rc == -ULP_E_NOMEM)
 				return rc;
 		}
@@ -1297,8 +1328,8 @@ static int layout_file(put *P, uint64_t size, layout *L)
 			for (size_t i = 0; rc == 0 && i < ulp_dcp_count(L->dcp); i++) {
 				const ulp_dcp_tensor *t = ulp_dcp_at(L->dcp, i);
 				rc = add_gap(L, at, t->offset - at);
-				if (rc == 0)
-					rc = add_seg(L, t->offset, t->length, SEG_TENSOR, t->name, t->dtype);
+				if (rc == 0 && (rc = add_seg(L, t->offset, t->length, SEG_TENSOR, t->name, t->dtype)) == 0)
+					L->segs[L->n - 1].alt = t->alt;
 				at = t->offset + t->length;
 			}
 			if (rc == 0)
