@@ -2,7 +2,8 @@
 /*
  * test_dcp.c - DCP rank files (dcp.c): the scanner on real rank files written
  * by torch 2.13 (tests/data/dcp, see make.py there): every record found, its
- * tensors named by position; the same file with bytes after it, cut inside a
+ * tensors named by dtype, length and occurrence, or by .metadata's fully
+ * qualified names and chunks when it is given; the same file with bytes after it, cut inside a
  * record and missing its last byte (parsed as far as whole records go);
  * hostile input (no record, an end-record signature repeated a million
  * times: refused after a bounded number of tries). .metadata: its items are
@@ -10,7 +11,12 @@
  * steps coded per tensor with deltas between steps and read back
  * byte-identical; a rank file of another plan (its items moved, as after a
  * re-sharding) put into the same series falls back to anchors where tensors
- * no longer match and reads back byte-identical; verify.
+ * no longer match and reads back byte-identical; verify. Items that move
+ * between steps (shift/: a new entry first): with the step's .metadata
+ * archived first every tensor is a delta against the one of its name and
+ * chunk; without, the tensors of other dtypes and lengths still are (by
+ * position they were anchors). A rank file of the SAFETENSORS
+ * serialization (st/): its tensors by name, deltas between steps.
  */
 #include "tap.h"
 #include "dcp.h"
@@ -47,6 +53,9 @@ static buf load(const char *rel)
  * and step (a 0-dim F32) */
 #define N_TENSORS 16
 #define TENSOR_BYTES (3 * (2 * 64 * 64 * 4 + 2 * 64 * 4) + 4 * 4)
+/* shift/ and st/: the same for a 32-32-32 MLP (shift/step-2: 2 more) */
+#define N_SHIFT 16
+#define SHIFT_DELTAS 2 /* the two weights at least (the moments change too fast early in training) */
 
 static void test_scan_real(void)
 {
@@ -66,7 +75,9 @@ static void test_scan_real(void)
 		names &= strncmp(t->name, "dcp.", 4) == 0 && t->dtype == ULP_DT_F32 && t->offset >= prev;
 		prev = t->offset + t->length;
 	}
-	CHECK(names, "tensors named dcp.<record>, F32, in order");
+	CHECK(names, "tensors named dcp.<dtype>.<bytes>.<k>, F32, in order");
+	CHECK(strcmp(ulp_dcp_at(d, 0)->name, "dcp.F32.16384.0") == 0 && !ulp_dcp_at(d, 0)->alt, "first: %s",
+	      ulp_dcp_at(d, 0)->name);
 	CHECK(sum == TENSOR_BYTES, "%llu tensor bytes", (unsigned long long)sum);
 	ulp_dcp_free(d);
 
@@ -133,6 +144,58 @@ static void test_metadata(void)
 	static const uint8_t other[] = {0x80, 0x02, '}', 'q', 0, '.'}; /* {} */
 	CHECK(ulp_dcp_meta_parse(other, sizeof(other), &m, why, sizeof(why)) == -ULP_E_CORRUPT, "{}: %s", why);
 	free(mb.p);
+	free(b.p);
+}
+
+
+/* shift/step-3 with its .metadata: every tensor named <fqn>@<chunk>, its
+ * signature name the alt; a .metadata of another file names nothing */
+static void test_names(void)
+{
+	buf mb = load("shift/step-3/.metadata"), b = load("shift/step-3/__0_0.distcp");
+	ulp_dcp_meta *m;
+	ulp_dcp *d;
+	uint64_t parsed;
+	char why[256] = "";
+	REQUIRE(ulp_dcp_meta_parse(mb.p, mb.n, &m, why, sizeof(why)) == 0, ".metadata: %s", why);
+	REQUIRE(ulp_dcp_scan_mem(b.p, b.n, m, "__0_0.distcp", &d, &parsed, why, sizeof(why)) == 0, "scan: %s", why);
+	int named = ulp_dcp_count(d) == N_SHIFT + 2;
+	for (size_t i = 0; i < ulp_dcp_count(d); i++)
+		named &= strchr(ulp_dcp_at(d, i)->name, '@') && ulp_dcp_at(d, i)->alt &&
+		         !strncmp(ulp_dcp_at(d, i)->alt, "dcp.F32.", 8);
+	CHECK(named, "%zu tensors, named by .metadata", ulp_dcp_count(d));
+	CHECK(!strcmp(ulp_dcp_at(d, 0)->name, "adapter.w@0,0") && !strcmp(ulp_dcp_at(d, 2)->name, "model.0.weight@0,0") &&
+	          !strcmp(ulp_dcp_at(d, 2)->alt, "dcp.F32.4096.1"),
+	      "%s, %s (%s)", ulp_dcp_at(d, 0)->name, ulp_dcp_at(d, 2)->name, ulp_dcp_at(d, 2)->alt);
+	ulp_dcp_free(d);
+	REQUIRE(ulp_dcp_scan_mem(b.p, b.n, m, "__1_0.distcp", &d, &parsed, NULL, 0) == 0, "scan");
+	CHECK(!strcmp(ulp_dcp_at(d, 0)->name, "dcp.F32.4096.0") && !ulp_dcp_at(d, 0)->alt, "another file's .metadata");
+	ulp_dcp_free(d);
+	ulp_dcp_meta_free(m);
+	free(mb.p);
+	free(b.p);
+}
+
+/* The SAFETENSORS serialization: BYTE_IO records, then a safetensors part */
+static void test_st_scan(void)
+{
+	buf b = load("st/step-1/__0_0.distcp");
+	ulp_dcp *d;
+	uint64_t parsed;
+	char why[256] = "";
+	REQUIRE(ulp_dcp_scan_mem(b.p, b.n, NULL, NULL, &d, &parsed, why, sizeof(why)) == 0, "scan: %s", why);
+	CHECK(parsed == b.n && ulp_dcp_count(d) == N_SHIFT, "%zu tensors, parsed %llu of %zu", ulp_dcp_count(d),
+	      (unsigned long long)parsed, b.n);
+	int found = 0;
+	for (size_t i = 0; i < ulp_dcp_count(d); i++)
+		found += !strcmp(ulp_dcp_at(d, i)->name, "model.0.weight") && ulp_dcp_at(d, i)->length == 32 * 32 * 4;
+	CHECK(found == 1, "model.0.weight by its name");
+	ulp_dcp_free(d);
+	/* the safetensors part cut: the records only, the rest left opaque */
+	REQUIRE(ulp_dcp_scan_mem(b.p, b.n - 3, NULL, NULL, &d, &parsed, NULL, 0) == 0, "scan cut");
+	CHECK(ulp_dcp_count(d) == 0 && ulp_dcp_records(d) > 0 && parsed < b.n - 3, "cut: %zu tensors",
+	      ulp_dcp_count(d));
+	ulp_dcp_free(d);
 	free(b.p);
 }
 
@@ -249,6 +312,70 @@ static void test_archive(void)
 	ulp_archive_close(a);
 }
 
+
+/* Two steps whose items move (shift/), the older put after the newer so
+ * that it is coded against it at once; with .metadata archived before each
+ * rank file (as an import does) or not (as a mount sees them). */
+static uint64_t put_shift(const char *name, int older, int with_meta, ulp_put_result *r)
+{
+	ulp_archive *a = open_archive(name);
+	ulp_put_result r2;
+	char p[64];
+	for (int s = older + 1; s >= older; s--) {
+		if (with_meta) {
+			snprintf(p, sizeof(p), "shift/step-%d/.metadata", s);
+			put(a, p, p, &r2);
+		}
+		snprintf(p, sizeof(p), "shift/step-%d/__0_0.distcp", s);
+		put(a, p, p, s == older ? r : &r2);
+	}
+	ulp_stat st;
+	REQUIRE(ulp_archive_stat(a, p, &st) == 0, "stat");
+	CHECK(same(a, p, p), "%s: byte-identical", name);
+	CHECK(ulp_archive_verify(a, "", NULL, NULL) == 0, "verify: %s", ulp_archive_errmsg(a));
+	ulp_archive_close(a);
+	return st.stored_bytes;
+}
+
+/* Step 2's new entry has a shape of its own: by dtype, length and
+ * occurrence the weights are still deltas (by position, before: none).
+ * Step 3's has the weights' shape: by .metadata's names every weight is a
+ * delta, by dtype and length they are coded against their neighbours. */
+static void test_shift(void)
+{
+	ulp_put_result r;
+	uint64_t sig12 = put_shift("shift-12", 1, 0, &r);
+	CHECK(r.tensors == N_SHIFT && r.deltas >= SHIFT_DELTAS, "new shape, no .metadata: %u tensors, %u deltas",
+	      r.tensors, r.deltas);
+	unsigned d12 = r.deltas;
+	uint64_t named = put_shift("shift-23m", 2, 1, &r);
+	CHECK(r.tensors == N_SHIFT + 1 && r.deltas >= SHIFT_DELTAS + 1, "same shape, by name: %u tensors, %u deltas",
+	      r.tensors, r.deltas);
+	unsigned d_named = r.deltas;
+	uint64_t sig = put_shift("shift-23", 2, 0, &r);
+	printf("# shift 1-2 by signature: %u deltas, stored %llu; 2-3 by name: %u deltas, %llu; by signature: %u, %llu\n",
+	       d12, (unsigned long long)sig12, d_named, (unsigned long long)named, r.deltas, (unsigned long long)sig);
+	CHECK(r.tensors == N_SHIFT + 1 && r.deltas < d_named && named < sig,
+	      "same shape, by signature: %u deltas (%u by name), stored %llu (%llu by name; 1-2: %llu)", r.deltas,
+	      d_named, (unsigned long long)sig, (unsigned long long)named, (unsigned long long)sig12);
+}
+
+static void test_st_archive(void)
+{
+	ulp_archive *a = open_archive("st");
+	ulp_put_result r;
+	put(a, "st/step-2/__0_0.distcp", "st/step-2/__0_0.distcp", &r);
+	put(a, "st/step-1/__0_0.distcp", "st/step-1/__0_0.distcp", &r);
+	CHECK(r.tensors == N_SHIFT && r.deltas >= SHIFT_DELTAS, "safetensors part: %u tensors, %u deltas", r.tensors,
+	      r.deltas);
+	ulp_stat st;
+	REQUIRE(ulp_archive_stat(a, "st/step-1/__0_0.distcp", &st) == 0, "stat");
+	CHECK(st.kind == 2, "kind %d", st.kind);
+	CHECK(same(a, "st/step-1/__0_0.distcp", "st/step-1/__0_0.distcp"), "st: byte-identical");
+	CHECK(ulp_archive_verify(a, "", NULL, NULL) == 0, "verify: %s", ulp_archive_errmsg(a));
+	ulp_archive_close(a);
+}
+
 int main(void)
 {
 	const char *src = getenv("top_srcdir");
@@ -257,8 +384,12 @@ int main(void)
 	REQUIRE(mkdtemp(root), "mkdtemp");
 	test_scan_real();
 	test_metadata();
+	test_names();
+	test_st_scan();
 	test_hostile();
 	test_archive();
+	test_shift();
+	test_st_archive();
 	char cmd[700];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	if (system(cmd) != 0)

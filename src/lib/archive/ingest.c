@@ -1730,7 +1730,10 @@ int ulp_putq_put(ulp_putq *q, const char *path, int fd, const ulp_meta *meta, ul
 	 * see the in-flight file's rows, and would code it standalone. Such a
 	 * file codes for far longer than the fsync this gives up. */
 	struct stat sb;
-	if (q->cur && fstat(fd, &sb) == 0 && (uint64_t)sb.st_size > ulp_stream_min()) {
+	/* A DCP rank file put just after its step's .metadata (an import)
+	 * also: it is named by that .metadata, read from the index (dcp.h). */
+	if (q->cur && ((fstat(fd, &sb) == 0 && (uint64_t)sb.st_size > ulp_stream_min()) ||
+	               (ulp_dcp_name(path) && ulp_dcp_meta_name(q->cur->path)))) {
 		int prc = settle(q);
 		if (prc < 0) {
 			char m[600];

@@ -468,3 +468,9 @@ int ulp_dcp_name(const char *path)
 	size_t n = strlen(path);
 	return n > 7 && strcmp(path + n - 7, ".distcp") == 0;
 }
+
+int ulp_dcp_meta_name(const char *path)
+{
+	const char *b = strrchr(path, '/');
+	return strcmp(b ? b + 1 : path, ".metadata") == 0;
+}

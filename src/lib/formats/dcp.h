@@ -122,5 +122,7 @@ void ulp_dcp_meta_free(ulp_dcp_meta *m);
 
 /** A rank file's name, by DCP's convention ("<anything>.distcp")? */
 int ulp_dcp_name(const char *path);
+/** A step's .metadata, by its name? */
+int ulp_dcp_meta_name(const char *path);
 
 #endif
