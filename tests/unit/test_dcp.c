@@ -172,6 +172,18 @@ static void test_names(void)
 	CHECK(!strcmp(ulp_dcp_at(d, 0)->name, "dcp.F32.4096.0") && !ulp_dcp_at(d, 0)->alt, "another file's .metadata");
 	ulp_dcp_free(d);
 	ulp_dcp_meta_free(m);
+	/* a hostile .metadata naming two items alike (model.2.weight renamed
+	 * model.0.weight, same chunk): both take their signature names */
+	uint8_t *hit = memmem(mb.p, mb.n, "model.2.weight", 14);
+	REQUIRE(hit, "model.2.weight in .metadata");
+	hit[6] = '0';
+	REQUIRE(ulp_dcp_meta_parse(mb.p, mb.n, &m, why, sizeof(why)) == 0, "renamed .metadata: %s", why);
+	REQUIRE(ulp_dcp_scan_mem(b.p, b.n, m, "__0_0.distcp", &d, &parsed, NULL, 0) == 0, "scan");
+	CHECK(!strcmp(ulp_dcp_at(d, 2)->name, "dcp.F32.4096.1") && !strcmp(ulp_dcp_at(d, 4)->name, "dcp.F32.4096.2") &&
+	          !strcmp(ulp_dcp_at(d, 3)->name, "model.0.bias@0"),
+	      "two items named alike: %s, %s", ulp_dcp_at(d, 2)->name, ulp_dcp_at(d, 4)->name);
+	ulp_dcp_free(d);
+	ulp_dcp_meta_free(m);
 	free(mb.p);
 	free(b.p);
 }
