@@ -16,12 +16,15 @@
  * archived first every tensor is a delta against the one of its name and
  * chunk; without, the tensors of other dtypes and lengths still are (by
  * position they were anchors). A rank file of the SAFETENSORS
- * serialization (st/): its tensors by name, deltas between steps.
+ * serialization (st/): its tensors by name, deltas between steps. The
+ * close of a rank file after its fsync writes no staging sidecar again.
  */
 #include "tap.h"
 #include "dcp.h"
 #include "ulpack.h"
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -388,6 +391,57 @@ static void test_st_archive(void)
 	ulp_archive_close(a);
 }
 
+/* The inode of the one sidecar in dir/staging (0: none or several). */
+static ino_t sidecar(const char *dir)
+{
+	char p[1200];
+	snprintf(p, sizeof(p), "%s/staging", dir);
+	DIR *d = opendir(p);
+	ino_t ino = 0;
+	int n = 0;
+	for (struct dirent *de; d && (de = readdir(d));) {
+		size_t l = strlen(de->d_name);
+		if (l > 5 && !strcmp(de->d_name + l - 5, ".meta")) {
+			struct stat sb;
+			snprintf(p, sizeof(p), "%s/staging/%s", dir, de->d_name);
+			n++;
+			ino = stat(p, &sb) == 0 ? sb.st_ino : 0;
+		}
+	}
+	if (d)
+		closedir(d);
+	return n == 1 ? ino : 0;
+}
+
+/* A rank file's save (DCP's sync_files): fsync, then close. The close
+ * records what the fsync made durable: the sidecar is not written again
+ * (staging.c invariant 7: two fsyncs a file); a record that differs is. */
+static void test_close_after_fsync(void)
+{
+	ulp_archive *a = open_archive("stage");
+	char dir[700];
+	snprintf(dir, sizeof(dir), "%s/stage", root);
+	ulp_stage *s;
+	REQUIRE(ulp_stage_new(a, NULL, &s) == 0, "stage");
+	ulp_meta m = {0644, 0, 0, {1700000000, 5}};
+	REQUIRE(ulp_stage_write(s, "bytes", 5, 0) == 5, "write");
+	REQUIRE(ulp_stage_sync(s, "run/step-1/__0_0.distcp", &m) == 0, "sync");
+	ino_t i0 = sidecar(dir);
+	REQUIRE(ulp_stage_record(s, "run/step-1/__0_0.distcp", &m) == 0, "record");
+	ino_t i1 = sidecar(dir);
+	CHECK(i0 && i1 == i0, "the close after the fsync: the sidecar as it was (%llu, %llu)", (unsigned long long)i0,
+	      (unsigned long long)i1);
+	m.mtime.nsec = 6;
+	REQUIRE(ulp_stage_record(s, "run/step-1/__0_0.distcp", &m) == 0, "record");
+	ino_t i2 = sidecar(dir);
+	CHECK(i2 && i2 != i1, "another mtime: written again");
+	REQUIRE(ulp_stage_record(s, "run/step-1/__1_0.distcp", &m) == 0, "record");
+	CHECK(sidecar(dir) != i2, "another path: written again");
+	ulp_stage_discard(s);
+	CHECK(sidecar(dir) == 0, "discarded");
+	ulp_archive_close(a);
+}
+
 int main(void)
 {
 	const char *src = getenv("top_srcdir");
@@ -402,6 +456,7 @@ int main(void)
 	test_archive();
 	test_shift();
 	test_st_archive();
+	test_close_after_fsync();
 	char cmd[700];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	if (system(cmd) != 0)
