@@ -329,21 +329,36 @@ static void test_archive(void)
 
 
 /* Two steps whose items move (shift/), the older put after the newer so
- * that it is coded against it at once; with .metadata archived before each
- * rank file (as an import does) or not (as a mount sees them). */
-static uint64_t put_shift(const char *name, int older, int with_meta, ulp_put_result *r)
+ * that it is coded against it at once. how: 0 the rank files alone (as a
+ * mount archives them: .metadata comes last), 1 through an import's queue
+ * with each step's .metadata before its rank file, 2 the newer step's
+ * .metadata before its rank file through ulp_archive_put, the older's not
+ * (a mount whose archiver took one step's .metadata first). */
+static uint64_t put_shift(const char *name, int older, int how, ulp_put_result *r)
 {
 	ulp_archive *a = open_archive(name);
+	ulp_putq *q = NULL;
+	if (how == 1)
+		REQUIRE(ulp_putq_new(a, &q) == 0, "putq");
 	ulp_put_result r2;
 	char p[64];
 	for (int s = older + 1; s >= older; s--) {
-		if (with_meta) {
-			snprintf(p, sizeof(p), "shift/step-%d/.metadata", s);
-			put(a, p, p, &r2);
+		for (int k = how == 1 || (how == 2 && s > older) ? 0 : 1; k < 2; k++) {
+			snprintf(p, sizeof(p), k ? "shift/step-%d/__0_0.distcp" : "shift/step-%d/.metadata", s);
+			buf b = load(p);
+			char tmp[600];
+			snprintf(tmp, sizeof(tmp), "%s/in-%d-%d", root, s, k);
+			int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC, 0644);
+			REQUIRE(fd >= 0 && write(fd, b.p, b.n) == (ssize_t)b.n, "write %s", tmp);
+			ulp_put_result *rr = k && s == older ? r : &r2;
+			REQUIRE((q ? ulp_putq_put(q, p, fd, NULL, rr) : ulp_archive_put(a, p, fd, NULL, rr)) == 0, "put %s: %s",
+			        p, ulp_archive_errmsg(a));
+			close(fd);
+			free(b.p);
 		}
-		snprintf(p, sizeof(p), "shift/step-%d/__0_0.distcp", s);
-		put(a, p, p, s == older ? r : &r2);
 	}
+	if (q)
+		REQUIRE(ulp_putq_free(q) == 0, "putq: %s", ulp_archive_errmsg(a));
 	ulp_stat st;
 	REQUIRE(ulp_archive_stat(a, p, &st) == 0, "stat");
 	CHECK(same(a, p, p), "%s: byte-identical", name);
@@ -354,8 +369,10 @@ static uint64_t put_shift(const char *name, int older, int with_meta, ulp_put_re
 
 /* Step 2's new entry has a shape of its own: by dtype, length and
  * occurrence the weights are still deltas (by position, before: none).
- * Step 3's has the weights' shape: by .metadata's names every weight is a
- * delta, by dtype and length they are coded against their neighbours. */
+ * Step 3's has the weights' shape: by .metadata's names (an import) every
+ * weight is a delta, by dtype and length they are coded against their
+ * neighbours. Outside an import the names never depend on whether a
+ * .metadata was archived first (else steps named both ways would meet). */
 static void test_shift(void)
 {
 	ulp_put_result r;
@@ -363,6 +380,8 @@ static void test_shift(void)
 	CHECK(r.tensors == N_SHIFT && r.deltas >= SHIFT_DELTAS, "new shape, no .metadata: %u tensors, %u deltas",
 	      r.tensors, r.deltas);
 	unsigned d12 = r.deltas;
+	CHECK(put_shift("shift-12m", 1, 2, &r) == sig12 && r.deltas == d12, "one step's .metadata first, outside an "
+	      "import: the same (%u deltas)", r.deltas);
 	uint64_t named = put_shift("shift-23m", 2, 1, &r);
 	CHECK(r.tensors == N_SHIFT + 1 && r.deltas >= SHIFT_DELTAS + 1, "same shape, by name: %u tensors, %u deltas",
 	      r.tensors, r.deltas);

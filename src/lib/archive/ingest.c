@@ -11,8 +11,8 @@
  * torch.save zip (torchzip.c) is its storages as tensors, the small records
  * and ZIP structures around them verbatim (larger gaps opaque); a DCP rank
  * file ("*.distcp", dcp.c) is laid out the same way record after record
- * (kind 2 too; its tensors named by the step's .metadata when that is
- * archived, by their dtype and length otherwise: dcp.h), what follows its
+ * (kind 2 too; its tensors named by the step's .metadata when an import
+ * puts it after that, by their dtype and length otherwise: dcp.h), what follows its
  * last record that parses opaque; any other file is opaque. Identical contents are stored once.
  *
  * Invariants:
@@ -73,6 +73,7 @@ typedef struct put {
 	uint64_t stored;
 	unsigned depth;
 	int anchor;
+	int meta_names;         /* a DCP rank file named by its step's archived .metadata (ulp_putq_put) */
 	ulp_put_result *res;
 	uint8_t *vb;            /* the verbatim segments' bytes, in order (invariant 4) */
 	size_t n_vb, cap_vb;
@@ -1315,7 +1316,7 @@ static int layout_file(put *P, uint64_t size, layout *L)
 		/* a DCP rank file: torch.save records back to back (dcp.h) */
 		uint64_t parsed;
 		if (rc == -ULP_E_CORRUPT && ulp_dcp_name(P->path)) {
-			ulp_dcp_meta *m = step_meta(P->a, P->path);
+			ulp_dcp_meta *m = P->meta_names ? step_meta(P->a, P->path) : NULL;
 			const char *base = strrchr(P->path, '/');
 			rc = ulp_dcp_scan(tz_read, P, size, m, base ? base + 1 : P->path, &L->dcp, &parsed, NULL, 0);
 			ulp_dcp_meta_free(m);
@@ -1497,7 +1498,7 @@ static void coded_free(coded *c, int discard)
  * the stored header and the file's row. On failure c holds nothing. The
  * caller holds a->write_mu. */
 static int put_code(ulp_archive *a, const char *path, int fd, const ulp_meta *meta, ulp_put_result *res,
-                    coded *c)
+                    coded *c, int meta_names)
 {
 	struct stat sb;
 	memset(c, 0, sizeof(*c));
@@ -1514,7 +1515,7 @@ static int put_code(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 	if (res)
 		memset(res, 0, sizeof(*res));
 	uint64_t size = (uint64_t)sb.st_size;
-	c->P = (put){.a = a, .path = p, .fd = fd, .anchor = 1, .res = res};
+	c->P = (put){.a = a, .path = p, .fd = fd, .anchor = 1, .res = res, .meta_names = meta_names};
 	put *P = &c->P;
 	EVP_MD_CTX *fsha = EVP_MD_CTX_new();
 	int rc = 0;
@@ -1595,7 +1596,7 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 	if (!c)
 		return -ULP_E_NOMEM;
 	pthread_mutex_lock(&a->write_mu);
-	int rc = put_code(a, path, fd, meta, res, c), in_tx = 0;
+	int rc = put_code(a, path, fd, meta, res, c, 0), in_tx = 0;
 	if (rc < 0)
 		goto out0;
 	/* commit: pack durable first, then the index */
@@ -1745,7 +1746,7 @@ int ulp_putq_put(ulp_putq *q, const char *path, int fd, const ulp_meta *meta, ul
 		}
 	}
 	a->inflight = q->cur;
-	int rc = put_code(a, path, fd, meta, res, c);
+	int rc = put_code(a, path, fd, meta, res, c, 1);
 	/* the previous file settles now that nothing reads it any more */
 	char why[600] = "";
 	if (rc < 0)

@@ -32,10 +32,13 @@
  *
  * Names (what a tensor is coded against: the tensor of the same name,
  * dtype and length in the reference file of the series, layout.c):
- *  - the step's .metadata at hand (an import: ".metadata" sorts first):
- *    "<fqn>@<chunk offsets>", the item of .metadata whose (file, offset,
- *    length) is exactly the record's window; the signature name below is
- *    its alt, tried when the reference has no tensor of the name;
+ *  - the step's .metadata given (the caller, ingest.c, gives it in an
+ *    import only: there each step's .metadata is put before its rank
+ *    files; a mount's archiver may or may not have taken it first, and
+ *    steps named both ways would not match): "<fqn>@<chunk offsets>", the
+ *    item of .metadata whose (file, offset, length) is exactly the record's
+ *    window; the signature name below is its alt, tried when the reference
+ *    has no tensor of the name;
  *  - otherwise (a mount: .metadata is written last) a signature name
  *    "dcp.<dtype>.<bytes>.<k>", the k-th tensor of that dtype and length
  *    in the file (k from 0). An item added, removed or moved leaves the
