@@ -9,8 +9,8 @@
  *     ulp_tz_parse over exactly its window, so every tensor lies inside its
  *     record's data, and tensors are disjoint and sorted. A safetensors part
  *     after them (the SAFETENSORS serialization) was accepted whole by
- *     ulp_st_parse over [r, size); *parsed is the end of the last tensor
- *     data taken from it, or r.
+ *     ulp_st_parse over [r, size); *parsed is then the end of its last
+ *     tensor's data (of its header when it has none), else r.
  *  2. Every offset is checked against the file size before use, overflow
  *     free (torchzip.c's invariant 1 inside a window; here: pos + n <= size
  *     written n <= size - pos).
