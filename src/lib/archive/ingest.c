@@ -11,8 +11,9 @@
  * torch.save zip (torchzip.c) is its storages as tensors, the small records
  * and ZIP structures around them verbatim (larger gaps opaque); a DCP rank
  * file ("*.distcp", dcp.c) is laid out the same way record after record
- * (kind 2 too; its tensors named "dcp.<record>"), what follows its last
- * record that parses opaque; any other file is opaque. Identical contents are stored once.
+ * (kind 2 too; its tensors named by the step's .metadata when an import
+ * puts it after that, by their dtype and length otherwise: dcp.h), what follows its
+ * last record that parses opaque; any other file is opaque. Identical contents are stored once.
  *
  * Invariants:
  *  1. Every new blob is decoded and compared byte for byte with its input
@@ -64,6 +65,7 @@ typedef struct seg {
 	int kind;               /* SEG_* */
 	const char *name;       /* SEG_TENSOR: its name (owned by the parsed layout) */
 	ulp_dtype dtype;        /* SEG_TENSOR */
+	const char *alt;        /* SEG_TENSOR: the name its reference may have instead, or NULL */
 } seg;
 
 typedef struct put {
@@ -78,6 +80,7 @@ typedef struct put {
 	uint64_t stored;
 	unsigned depth;
 	int anchor;
+	int meta_names;         /* a DCP rank file named by its step's archived .metadata (ulp_putq_put) */
 	ulp_put_result *res;
 	uint8_t *vb;            /* the verbatim segments' bytes, in order (invariant 4) */
 	size_t n_vb, cap_vb;
@@ -1066,7 +1069,8 @@ static int prepare_job(put *p, const seg *s, int64_t ref_file, job *j)
 		p->res->tensors++;
 	ulp_blobrow row;
 	if (s->kind == SEG_TENSOR && ref_file >= 0 && j->len > 0 &&
-	    ulp_index_tensor(a, ref_file, s->name, (int)s->dtype, s->length, j->ref_sha, &row) == 0 &&
+	    (ulp_index_tensor(a, ref_file, s->name, (int)s->dtype, s->length, j->ref_sha, &row) == 0 ||
+	     (s->alt && ulp_index_tensor(a, ref_file, s->alt, (int)s->dtype, s->length, j->ref_sha, &row) == 0)) &&
 	    row.depth < a->max_chain) { /* invariant 3 */
 		j->try_ref = 1;
 		j->depth = row.depth;
@@ -1191,7 +1195,7 @@ static int add_opaque(seg **v, size_t *n, size_t *cap, uint64_t off, uint64_t le
 	while (len > 0) {
 		uint64_t l = ULP_MIN(len, (uint64_t)ULP_SEGMENT);
 		ULP_TRY(ulp_grow(v, cap, *n, sizeof(seg)));
-		(*v)[(*n)++] = (seg){off, l, SEG_OPAQUE, NULL, ULP_DT_UNKNOWN};
+		(*v)[(*n)++] = (seg){off, l, SEG_OPAQUE, NULL, ULP_DT_UNKNOWN, NULL};
 		off += l;
 		len -= l;
 	}
@@ -1216,7 +1220,7 @@ static int add_seg(layout *L, uint64_t off, uint64_t len, int kind, const char *
 	if (kind == SEG_OPAQUE)
 		return add_opaque(&L->segs, &L->n, &L->cap, off, len);
 	ULP_TRY(ulp_grow(&L->segs, &L->cap, L->n, sizeof(seg)));
-	L->segs[L->n++] = (seg){off, len, kind, name, dt};
+	L->segs[L->n++] = (seg){off, len, kind, name, dt, NULL};
 	if (kind == SEG_VERBATIM)
 		L->verbatim += len;
 	return 0;
@@ -1232,6 +1236,31 @@ static int add_gap(layout *L, uint64_t off, uint64_t len)
 static int tz_read(void *arg, void *buf, size_t len, uint64_t off)
 {
 	return read_at(arg, buf, len, off);
+}
+
+/* The archived .metadata of the step directory of path (dcp.h names the
+ * rank file's tensors by it), or NULL: none, too large, unreadable or not
+ * parsed (then the tensors take their signature names). */
+static ulp_dcp_meta *step_meta(ulp_archive *a, const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	size_t dl = slash ? (size_t)(slash - path) + 1 : 0;
+	char mp[ULP_PATH_MAX + 16];
+	ulp_file *f = NULL;
+	ulp_dcp_meta *m = NULL;
+	if (dl + sizeof(".metadata") > sizeof(mp))
+		return NULL;
+	memcpy(mp, path, dl);
+	memcpy(mp + dl, ".metadata", sizeof(".metadata"));
+	if (ulp_file_open(a, mp, &f) < 0)
+		return NULL;
+	uint64_t n = ulp_file_get_stat(f)->size;
+	uint8_t *b = n && n <= ULP_TZ_MAX_PICKLE ? malloc((size_t)n) : NULL;
+	if (b && ulp_file_pread(f, b, (size_t)n, 0) == (int64_t)n && ulp_dcp_meta_parse(b, (size_t)n, &m, NULL, 0) < 0)
+		m = NULL;
+	free(b);
+	ulp_file_close(f);
+	return m;
 }
 
 static void layout_free(layout *L)
@@ -1294,7 +1323,10 @@ static int layout_file(put *P, uint64_t size, layout *L)
 		/* a DCP rank file: torch.save records back to back (dcp.h) */
 		uint64_t parsed;
 		if (rc == -ULP_E_CORRUPT && ulp_dcp_name(P->path)) {
-			rc = ulp_dcp_scan(tz_read, P, size, &L->dcp, &parsed, NULL, 0);
+			ulp_dcp_meta *m = P->meta_names ? step_meta(P->a, P->path) : NULL;
+			const char *base = strrchr(P->path, '/');
+			rc = ulp_dcp_scan(tz_read, P, size, m, base ? base + 1 : P->path, &L->dcp, &parsed, NULL, 0);
+			ulp_dcp_meta_free(m);
 			if (rc == -ULP_E_IO || rc == -ULP_E_NOMEM)
 				return rc;
 		}
@@ -1304,8 +1336,8 @@ static int layout_file(put *P, uint64_t size, layout *L)
 			for (size_t i = 0; rc == 0 && i < ulp_dcp_count(L->dcp); i++) {
 				const ulp_dcp_tensor *t = ulp_dcp_at(L->dcp, i);
 				rc = add_gap(L, at, t->offset - at);
-				if (rc == 0)
-					rc = add_seg(L, t->offset, t->length, SEG_TENSOR, t->name, t->dtype);
+				if (rc == 0 && (rc = add_seg(L, t->offset, t->length, SEG_TENSOR, t->name, t->dtype)) == 0)
+					L->segs[L->n - 1].alt = t->alt;
 				at = t->offset + t->length;
 			}
 			if (rc == 0)
@@ -1473,7 +1505,7 @@ static void coded_free(coded *c, int discard)
  * the stored header and the file's row. On failure c holds nothing. The
  * caller holds a->w->write_mu. */
 static int put_code(ulp_archive *a, const char *path, int fd, const ulp_meta *meta, ulp_put_result *res,
-                    coded *c)
+                    coded *c, int meta_names)
 {
 	struct stat sb;
 	memset(c, 0, sizeof(*c));
@@ -1490,7 +1522,7 @@ static int put_code(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 	if (res)
 		memset(res, 0, sizeof(*res));
 	uint64_t size = (uint64_t)sb.st_size;
-	c->P = (put){.a = a, .path = p, .fd = fd, .anchor = 1, .res = res};
+	c->P = (put){.a = a, .path = p, .fd = fd, .anchor = 1, .res = res, .meta_names = meta_names};
 	put *P = &c->P;
 	EVP_MD_CTX *fsha = EVP_MD_CTX_new();
 	int rc = 0;
@@ -1571,7 +1603,7 @@ int ulp_archive_put(ulp_archive *a, const char *path, int fd, const ulp_meta *me
 	if (!c)
 		return -ULP_E_NOMEM;
 	pthread_mutex_lock(&a->w->write_mu);
-	int rc = put_code(a, path, fd, meta, res, c), in_tx = 0;
+	int rc = put_code(a, path, fd, meta, res, c, 0), in_tx = 0;
 	if (rc < 0)
 		goto out0;
 	/* commit: pack durable first, then the index */
@@ -1706,7 +1738,10 @@ int ulp_putq_put(ulp_putq *q, const char *path, int fd, const ulp_meta *meta, ul
 	 * see the in-flight file's rows, and would code it standalone. Such a
 	 * file codes for far longer than the fsync this gives up. */
 	struct stat sb;
-	if (q->cur && fstat(fd, &sb) == 0 && (uint64_t)sb.st_size > ulp_stream_min()) {
+	/* A DCP rank file put just after its step's .metadata (an import)
+	 * also: it is named by that .metadata, read from the index (dcp.h). */
+	if (q->cur && ((fstat(fd, &sb) == 0 && (uint64_t)sb.st_size > ulp_stream_min()) ||
+	               (ulp_dcp_name(path) && ulp_dcp_meta_name(q->cur->path)))) {
 		int prc = settle(q);
 		if (prc < 0) {
 			char m[600];
@@ -1718,7 +1753,7 @@ int ulp_putq_put(ulp_putq *q, const char *path, int fd, const ulp_meta *meta, ul
 		}
 	}
 	a->w->inflight = q->cur;
-	int rc = put_code(a, path, fd, meta, res, c);
+	int rc = put_code(a, path, fd, meta, res, c, 1);
 	/* the previous file settles now that nothing reads it any more */
 	char why[600] = "";
 	if (rc < 0)

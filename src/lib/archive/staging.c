@@ -39,6 +39,10 @@
  *     invariant 8: ulp_stage_archived, and recovery): a writer killed or
  *     partitioned before it published loses nothing that its successor,
  *     which starts from the newest generation, does not find in staging/.
+ *  7. A record of what the sidecar already holds, as durable as asked, is
+ *     not written again (the close after an fsync: DCP's sync_files, a
+ *     trainer's save; two fsyncs saved a file): rec_path and rec_meta are
+ *     the sidecar's content whenever meta_state is not META_NONE.
  */
 #include "arch_int.h"
 #include "store/shared.h"
@@ -59,6 +63,8 @@ struct ulp_stage {
 	char data[4200];
 	char meta[4200];
 	int meta_state; /* 0 no sidecar, 1 recorded (kill -9 safe), 2 durable (fsynced) */
+	char *rec_path; /* what the sidecar on disk holds (invariant 7), or NULL */
+	ulp_meta rec_meta;
 };
 
 enum { META_NONE, META_RECORDED, META_DURABLE };
@@ -168,7 +174,20 @@ static int write_meta(ulp_stage *s, const char *path, const ulp_meta *m, int dur
 	if (durable)
 		ULP_TRY(fsync_staging(a));
 	s->meta_state = durable ? META_DURABLE : s->meta_state > META_RECORDED ? s->meta_state : META_RECORDED;
+	char *keep = strdup(path);
+	free(s->rec_path);
+	s->rec_path = keep; /* NULL (no memory): the next record writes again */
+	s->rec_meta = *m;
 	return 0;
+}
+
+/* Invariant 7: the sidecar already holds path and m. */
+static int recorded(const ulp_stage *s, const char *path, const ulp_meta *m)
+{
+	const ulp_meta *r = &s->rec_meta;
+	return s->meta_state != META_NONE && s->rec_path && strcmp(s->rec_path, path) == 0 &&
+	       (r->mode & 07777) == (m->mode & 07777) && r->uid == m->uid && r->gid == m->gid &&
+	       r->mtime.sec == m->mtime.sec && r->mtime.nsec == m->mtime.nsec;
 }
 
 int ulp_stage_sync(ulp_stage *s, const char *path, const ulp_meta *m)
@@ -180,6 +199,8 @@ int ulp_stage_sync(ulp_stage *s, const char *path, const ulp_meta *m)
 
 int ulp_stage_record(ulp_stage *s, const char *path, const ulp_meta *m)
 {
+	if (recorded(s, path, m)) /* as durable as before: meta_state stays */
+		return 0;
 	return write_meta(s, path, m, s->meta_state == META_DURABLE);
 }
 
@@ -198,6 +219,8 @@ int ulp_stage_forget(ulp_stage *s)
 		return ulp_arch_io_err(s->a, s->meta, "unlink");
 	int durable = s->meta_state == META_DURABLE;
 	s->meta_state = META_NONE;
+	free(s->rec_path);
+	s->rec_path = NULL;
 	return durable ? fsync_staging(s->a) : 0;
 }
 
@@ -232,6 +255,7 @@ void ulp_stage_archived(ulp_stage *s)
 	if (s->fd >= 0)
 		close(s->fd);
 	archived_files(s->a, s->data, s->meta);
+	free(s->rec_path);
 	free(s);
 }
 
@@ -243,6 +267,7 @@ void ulp_stage_discard(ulp_stage *s)
 		close(s->fd);
 	unlink(s->data);
 	unlink(s->meta);
+	free(s->rec_path);
 	free(s);
 }
 
@@ -252,6 +277,7 @@ void ulp_stage_close(ulp_stage *s)
 		return;
 	if (s->fd >= 0)
 		close(s->fd);
+	free(s->rec_path);
 	free(s);
 }
 
