@@ -2,12 +2,20 @@
 """torch2_run.py - the real-torch side of tests/integration/torch2.sh: what
 torch 2.x and transformers write, saved with their own calls.
 
-  save DIR PLAIN [HF]
+  save DIR PLAIN [HF [LIGHTNING]]
       a small MLP trained with AdamW; after each of 3 steps, into every
       DIR/run/checkpoint-<s>: torch.save of its state_dict (model.pt), of the
       optimizer's state_dict (optimizer.pt), of the state_dict as bf16
       (bf16.pt) and as float8_e4m3fn and float8_e5m2 (fp8.pt); then, with
-      HF, "hf HF 6" (one process: transformers takes seconds to import).
+      HF, "hf HF 6" and, with LIGHTNING, "lightning LIGHTNING" (one process:
+      transformers and lightning take seconds to import).
+  lightning OUT
+      a small LightningModule fitted for 8 steps (3 batches an epoch) by a
+      Lightning Trainer whose ModelCheckpoint writes OUT/epoch=E-step=N.ckpt
+      every 2 steps (E from 0 to 2).
+  ckpts DIR
+      torch.load(weights_only=True) of DIR's Lightning checkpoints: each
+      holds the global step of its name and the model's state_dict.
   load DIR REF
       torch.load(weights_only=True) of every .pt under DIR and REF: equal.
   hf OUT STEPS [RESUME]
@@ -102,6 +110,42 @@ def hf(out, steps, resume):
     print("trained to step %d%s" % (tr.state.global_step, " (resumed from %s)" % resume if resume else ""))
 
 
+def lightning(out):
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    torch.set_num_threads(1)
+
+    class Net(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.GELU(), torch.nn.Linear(128, 32))
+
+        def training_step(self, batch, i):
+            return (self.net(batch) - batch).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.DataLoader(torch.randn(24, 32), batch_size=8)
+    ck = ModelCheckpoint(dirpath=out, every_n_train_steps=2, save_top_k=-1)
+    tr = L.Trainer(max_steps=8, accelerator="cpu", devices=1, callbacks=[ck], logger=False,
+                   enable_progress_bar=False, enable_model_summary=False)
+    tr.fit(Net(), data)
+    print("lightning:", sorted(os.listdir(out)))
+
+
+def ckpts(d):
+    names = sorted(os.listdir(d))
+    assert names == ["epoch=0-step=2.ckpt", "epoch=1-step=4.ckpt", "epoch=1-step=6.ckpt", "epoch=2-step=8.ckpt"], names
+    for n in names:
+        c = torch.load(os.path.join(d, n), weights_only=True)
+        assert c["global_step"] == int(n.split("step=")[1].split(".")[0]), (n, c["global_step"])
+        assert c["state_dict"]["net.0.weight"].shape == (128, 32), n
+    print("%d Lightning checkpoints loaded" % len(names))
+
+
 def same(a, b):  # the tensors of two safetensors files
     from safetensors.torch import load_file
     ta, tb = load_file(a), load_file(b)
@@ -117,10 +161,16 @@ def main():
         save(sys.argv[2:4])
         if len(sys.argv) > 4:
             hf(sys.argv[4], 6, "")
+        if len(sys.argv) > 5:
+            lightning(sys.argv[5])
     elif cmd == "load":
         load(sys.argv[2], sys.argv[3])
     elif cmd == "hf":
         hf(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else "")
+    elif cmd == "lightning":
+        lightning(sys.argv[2])
+    elif cmd == "ckpts":
+        ckpts(sys.argv[2])
     elif cmd == "resume":
         hf(sys.argv[2], 6, sys.argv[3])
         same(sys.argv[2] + "/checkpoint-6/model.safetensors", sys.argv[4])
