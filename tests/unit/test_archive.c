@@ -573,6 +573,17 @@ static void test_seed_bound(void)
 		      (unsigned long long)seed_cap);
 		CHECK(ulp_cache_state_ok(a->cache), "cache invariants (seeds counted)");
 	}
+	/* re-basing step 1 against step 2 (the new newest) reads both through
+	 * the cache and lets them go (recode.c read_whole): before, it left
+	 * them cached (16 MiB here; 3.8 GB re-basing a 4.3 GB rank file) */
+	ulp_rebase_result rr = {0};
+	REQUIRE(ulp_archive_rebase_pending(a, NULL, NULL, &rr) == 0, "rebase: %s", ulp_archive_errmsg(a));
+	ulp_stat st;
+	CHECK(rr.recoded > 0 && ulp_archive_stat(a, "run/checkpoint-1/model.safetensors", &st) == 0 && !st.anchor,
+	      "step 1 re-coded against step 2 (%llu blobs)", (unsigned long long)rr.recoded);
+	CHECK(ulp_cache_bytes(a->cache) <= seed_cap + slack, "re-basing: %llu bytes left cached (at most %llu)",
+	      (unsigned long long)ulp_cache_bytes(a->cache), (unsigned long long)(seed_cap + slack));
+	CHECK(ulp_cache_state_ok(a->cache), "cache invariants after re-basing");
 	for (int s = 1; s <= 2; s++) {
 		char ap[64];
 		snprintf(file, sizeof(file), "%s/seed%d.safetensors", root, s);
