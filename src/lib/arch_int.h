@@ -57,9 +57,12 @@ void ulp_cache_fail(ulp_cache *c, ulp_centry *e, int rc);
  * most ulp_cache_seed_cap(cap) bytes (cache.c invariant 7): a quarter of the
  * cache, and never more than ULP_CACHE_SEED_MAX, so that archiving a file
  * larger than that leaves the daemon's memory (and the readers' cache) as
- * it was. ulp_cache_seed_room: whether a seed of size bytes fits now (a
- * hint); ulp_cache_fill_seed: ulp_cache_fill of a seed. */
-#define ULP_CACHE_SEED_MAX ((uint64_t)384 << 20)
+ * it was (a 4.3 GB rank file archived and re-based against the next step
+ * peaked at 0.91 GB with 384 MiB of seeds, re-basing's batch holding up to
+ * 512 MiB: recode.c BATCH_BYTES). ulp_cache_seed_room: whether a seed of
+ * size bytes fits now (a hint); ulp_cache_fill_seed: ulp_cache_fill of a
+ * seed. */
+#define ULP_CACHE_SEED_MAX ((uint64_t)256 << 20)
 uint64_t ulp_cache_seed_cap(uint64_t cap);
 int ulp_cache_seed_room(ulp_cache *c, size_t size);
 void ulp_cache_fill_seed(ulp_cache *c, ulp_centry *e, void *data, size_t size, void (*destroy)(void *));

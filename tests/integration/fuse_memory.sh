@@ -9,7 +9,7 @@
 # MiB tensor). The files read back.
 # Issue 36 item 5: what the archiver seeds into the decode cache (the chunks
 # it just coded, for the next step) is bounded apart from the cache (a
-# quarter of it, at most 384 MiB: cache.c invariant 7): a 225 MB checkpoint
+# quarter of it, at most 256 MiB: cache.c invariant 7): a 225 MB checkpoint
 # of tensors under the streaming size archived by a mount with a 256 MiB
 # cache peaks (VmHWM) at most 64 MiB (+ 16 MiB of slack) above the same
 # archived with a 16 MiB cache; before, the archiver filled the cache with
