@@ -328,14 +328,6 @@ int ulp_cache_seed_room(ulp_cache *c, size_t size)
 	return room;
 }
 
-uint64_t ulp_cache_seed_bytes(ulp_cache *c)
-{
-	pthread_mutex_lock(&c->mu);
-	uint64_t b = c->seed_bytes;
-	pthread_mutex_unlock(&c->mu);
-	return b;
-}
-
 void ulp_cache_fail(ulp_cache *c, ulp_centry *e, int rc)
 {
 	pthread_mutex_lock(&c->mu);
@@ -501,20 +493,28 @@ void ulp_cache_mark_served(ulp_centry *e)
 	__atomic_store_n(&e->served, 1, __ATOMIC_RELAXED);
 }
 
-uint64_t ulp_cache_recycled(ulp_cache *c)
+/* One of the cache's counters, read under its lock. */
+static uint64_t counter(ulp_cache *c, const uint64_t *field)
 {
 	pthread_mutex_lock(&c->mu);
-	uint64_t r = c->recycled;
+	uint64_t v = *field;
 	pthread_mutex_unlock(&c->mu);
-	return r;
+	return v;
+}
+
+uint64_t ulp_cache_recycled(ulp_cache *c)
+{
+	return counter(c, &c->recycled);
 }
 
 uint64_t ulp_cache_bytes(ulp_cache *c)
 {
-	pthread_mutex_lock(&c->mu);
-	uint64_t b = c->bytes;
-	pthread_mutex_unlock(&c->mu);
-	return b;
+	return counter(c, &c->bytes);
+}
+
+uint64_t ulp_cache_seed_bytes(ulp_cache *c)
+{
+	return counter(c, &c->seed_bytes);
 }
 
 int ulp_cache_state_ok(ulp_cache *c)
