@@ -7,6 +7,14 @@
 # anonymous memory (RssAnon of ulpackfs, sampled) below the tensor's size;
 # the whole-tensor path peaked at 348 MB on such a run (2.36 GB with a 512
 # MiB tensor). The files read back.
+# Issue 36 item 5: what the archiver seeds into the decode cache (the chunks
+# it just coded, for the next step) is bounded apart from the cache (a
+# quarter of it, at most 256 MiB: cache.c invariant 7): a 225 MB checkpoint
+# of tensors under the streaming size archived by a mount with a 256 MiB
+# cache peaks (VmHWM) at most 64 MiB (+ 16 MiB of slack) above the same
+# archived with a 16 MiB cache; before, the archiver filled the cache with
+# the whole file (205 MB above; a 4.3 GB DCP rank file: 3.2 GB of daemon
+# memory with the default cache).
 . "$(dirname "$0")/lib.sh"
 need_fuse
 A="$T/arch" M="$T/mnt"
@@ -32,4 +40,21 @@ for s in 100 200; do
 		&& ok "checkpoint-$s reads back" || fail "checkpoint-$s differs"
 done
 umount_fs "$M"
+
+# VMHWM CACHE: the daemon's peak (KiB) archiving $T/seed with -o cache_size=CACHE
+"$ULPACK" synth "$T/seed" --steps 1 --dim 1024 --layers 4 --dtype f32 || fail "synth of 225 MB"
+vmhwm() {
+	rm -rf "$T/as" && "$ULPACK" init "$T/as" > /dev/null || return 1
+	mount_fg "$T/as" "$M" -o threads=2,cache_size="$1" || return 1
+	cp -r "$T/seed/checkpoint-100" "$M/" && "$ULPACK" sync "$M" > /dev/null || return 1
+	sed -n 's/^VmHWM:[^0-9]*\([0-9]*\).*/\1/p' "/proc/$FS_PID/status" # before reading fills the cache
+	cmp -s "$M/checkpoint-100/model.safetensors" "$T/seed/checkpoint-100/model.safetensors" || return 1
+	umount_fs "$M"
+	wait "$FS_PID" 2> /dev/null
+}
+small=$(vmhwm 16M) && big=$(vmhwm 256M) || fail "archiving the 225 MB checkpoint"
+echo "ulpackfs archiving 225 MB of tensors: VmHWM $small KiB with cache_size=16M, $big KiB with 256M"
+[ -n "$small" ] && [ -n "$big" ] && [ $((big - small)) -lt $((80 * 1024)) ] \
+	&& ok "seeds bounded: VmHWM $((big - small)) KiB above the 16M cache's (< 80 MiB)" \
+	|| fail "seeds fill the cache: VmHWM ${big:-?} KiB with 256M, ${small:-?} KiB with 16M"
 finish

@@ -549,6 +549,58 @@ static void test_slab(void)
 	ulp_cache_free(cache);
 }
 
+/* Issue 36 item 5: what the archiver seeds into the cache (the chunks it
+ * just coded) holds at most a quarter of it (cache.c invariant 7), so that a
+ * file larger than that leaves the cache to the readers; before, a 16 MiB
+ * tensor archived with a 16 MiB cache left 16 MiB of it cached. */
+static void test_seed_bound(void)
+{
+	char dir[512], file[512], err[512];
+	snprintf(dir, sizeof(dir), "%s/seeds", root);
+	REQUIRE(ulp_archive_init(dir, err, sizeof(err)) == 0, "init: %s", err);
+	ulp_archive *a;
+	const uint64_t cap = (uint64_t)16 << 20, seed_cap = ulp_cache_seed_cap(cap);
+	ulp_archive_opts o = {.cache_size = cap, .threads = 2};
+	REQUIRE(ulp_archive_open(dir, &o, &a, err, sizeof(err)) == 0, "open: %s", err);
+	CHECK(seed_cap == cap / 4 && ulp_cache_seed_cap((uint64_t)64 << 30) == ULP_CACHE_SEED_MAX,
+	      "seeds: a quarter of the cache, at most %llu bytes", (unsigned long long)ULP_CACHE_SEED_MAX);
+	const size_t n = (size_t)8 << 20; /* 16 MiB of bf16: not streamed, seeded chunk by chunk */
+	const uint64_t slack = (uint64_t)2 * (4 << 20); /* a chunk a filling thread (at most 4 MiB) */
+	for (int s = 1; s <= 2; s++) {
+		char ap[64];
+		snprintf(file, sizeof(file), "%s/seed%d.safetensors", root, s);
+		write_step(file, s, n);
+		snprintf(ap, sizeof(ap), "run/checkpoint-%d/model.safetensors", s);
+		ulp_put_result res;
+		REQUIRE(put_path(a, ap, file, &res) == 0, "put %s: %s", ap, ulp_archive_errmsg(a));
+		uint64_t seeds = ulp_cache_seed_bytes(a->cache), bytes = ulp_cache_bytes(a->cache);
+		CHECK(seeds > 0 && seeds <= seed_cap + slack && bytes <= seed_cap + slack,
+		      "step %d: %llu bytes seeded, %llu cached (cache %llu, seeds at most %llu)", s,
+		      (unsigned long long)seeds, (unsigned long long)bytes, (unsigned long long)cap,
+		      (unsigned long long)seed_cap);
+		CHECK(ulp_cache_state_ok(a->cache), "cache invariants (seeds counted)");
+	}
+	/* re-basing step 1 against step 2 (the new newest) reads both through
+	 * the cache and lets them go (recode.c read_whole): before, it left
+	 * them cached (16 MiB here; 3.8 GB re-basing a 4.3 GB rank file) */
+	ulp_rebase_result rr = {0};
+	REQUIRE(ulp_archive_rebase_pending(a, NULL, NULL, &rr) == 0, "rebase: %s", ulp_archive_errmsg(a));
+	ulp_stat st;
+	CHECK(rr.recoded > 0 && ulp_archive_stat(a, "run/checkpoint-1/model.safetensors", &st) == 0 && !st.anchor,
+	      "step 1 re-coded against step 2 (%llu blobs)", (unsigned long long)rr.recoded);
+	CHECK(ulp_cache_bytes(a->cache) <= seed_cap + slack, "re-basing: %llu bytes left cached (at most %llu)",
+	      (unsigned long long)ulp_cache_bytes(a->cache), (unsigned long long)(seed_cap + slack));
+	CHECK(ulp_cache_state_ok(a->cache), "cache invariants after re-basing");
+	for (int s = 1; s <= 2; s++) {
+		char ap[64];
+		snprintf(file, sizeof(file), "%s/seed%d.safetensors", root, s);
+		snprintf(ap, sizeof(ap), "run/checkpoint-%d/model.safetensors", s);
+		CHECK(same_bytes(a, ap, file), "%s reads back", ap);
+	}
+	CHECK(ulp_cache_state_ok(a->cache), "cache invariants after reads");
+	ulp_archive_close(a);
+}
+
 static void test_default_cache(void)
 {
 	uint64_t mem = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
@@ -2152,6 +2204,7 @@ int main(void)
 	if (all)
 		test_steps();
 	test_cache();
+	test_seed_bound();
 	test_slab();
 	if (all) {
 		test_open_errors();

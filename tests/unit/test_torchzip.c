@@ -231,6 +231,39 @@ static void test_parse_real(void)
 	free(b.p);
 }
 
+/* torch 2.13's torch.save (tests/data/torch/torch2.pt): its records, and the
+ * dtypes it writes as an UntypedStorage of bytes with _rebuild_tensor_v3
+ * naming the dtype (float8_*, uint16/32), which were bytes of no dtype
+ * (module torch.storage) before issue 36 item 7. */
+static void test_parse_torch2(void)
+{
+	buf b = load("torch2.pt");
+	ulp_tz *z;
+	char why[256] = "";
+	REQUIRE(ulp_tz_parse_mem(b.p, b.n, &z, why, sizeof(why)) == 0, "torch2.pt: %s", why);
+	CHECK(ulp_tz_count(z) == 6, "%zu storages (the view shares e4m3's)", ulp_tz_count(z));
+	static const struct { const char *name; ulp_dtype dt; uint64_t len; } want[] = {
+		{"w", ULP_DT_F32, 24 * 16 * 4}, {"bf16", ULP_DT_BF16, 24 * 16 * 2},
+		{"e4m3", ULP_DT_F8_E4M3, 24 * 16}, {"e5m2", ULP_DT_F8_E5M2, 40},
+		{"u16", ULP_DT_U16, 18}, {"u32", ULP_DT_U32, 20},
+	};
+	for (size_t i = 0; i < ULP_ARRAY_LEN(want); i++) {
+		const ulp_tz_storage *s = find(z, want[i].name);
+		CHECK(s && s->dtype == want[i].dt && s->length == want[i].len, "torch2.pt: %s is %s, %llu bytes",
+		      want[i].name, ulp_dtype_name(want[i].dt), (unsigned long long)want[i].len);
+	}
+	ulp_tz_free(z);
+	/* a v3 dtype whose elements do not tile the storage's bytes: left bytes */
+	uint8_t *u = memmem(b.p, b.n, "torch\nuint16\n", 13);
+	REQUIRE(u, "torch2.pt names torch.uint16");
+	memcpy(u, "torch\nuint32\n", 13);
+	REQUIRE(ulp_tz_parse_mem(b.p, b.n, &z, why, sizeof(why)) == 0, "torch2.pt, uint16 as uint32: %s", why);
+	const ulp_tz_storage *s = find(z, "u16");
+	CHECK(s && s->dtype == ULP_DT_U8 && s->length == 18, "18 bytes as uint32: bytes (U8)");
+	ulp_tz_free(z);
+	free(b.p);
+}
+
 /* Refused by the reader; archived opaque (kind 0) and read back identical. */
 static void hostile(ulp_archive *a, const char *what, buf b)
 {
@@ -538,6 +571,7 @@ int main(void)
 	snprintf(root, sizeof(root), "%s/ulp-torch-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
 	REQUIRE(mkdtemp(root), "mkdtemp");
 	test_parse_real();
+	test_parse_torch2();
 	test_hostile();
 	test_pickle_memory();
 	test_archive_run();

@@ -15,6 +15,14 @@
  *     cv until it is loaded or failed.
  *  6. Cold entries (released by ulp_cache_put_cold) sit at the oldest end of
  *     the LRU: eviction and ulp_cache_alloc's recycling take them first.
+ *  7. seed_bytes == sum of the sizes of loaded seeded entries (those the
+ *     archiver filled with what it just coded, ulp_cache_fill_seed); a seed
+ *     is only made while seed_bytes < seed_cap, so seeds hold at most
+ *     seed_cap plus one chunk a filling thread (ulp_cache_seed_room is a
+ *     hint taken before the fill). The readers' cache stays theirs: without
+ *     this bound, archiving a file larger than the cache filled it with the
+ *     file's own chunks (a 4.3 GB rank file: 3.2 GB of daemon memory with
+ *     the default cache of 1/8 of memory).
  *
  * Chunk buffers of 128 KiB to 2 MiB are carved from shared huge-page slabs
  * (slab.c), larger ones get huge pages of their own (ulp_alloc_big): a cold
@@ -38,6 +46,7 @@ struct ulp_centry {
 	int refs;                  /* pins */
 	int cold;                  /* last released by ulp_cache_put_cold */
 	int served;                /* returned to a reader of its own file (atomic) */
+	int seeded;                /* filled by ulp_cache_fill_seed (invariant 7) */
 	int state;
 	int rc;                    /* ST_FAILED: the loader's error */
 };
@@ -52,6 +61,7 @@ struct ulp_cache {
 	size_t count;
 	ulp_centry lru;            /* sentinel: lru.lru_next is the oldest */
 	uint64_t bytes, cap;
+	uint64_t seed_bytes, seed_cap; /* invariant 7 */
 	uint64_t recycled;         /* buffers taken from cold entries */
 	void *free_buf[FREE_BUFS]; /* buffers of free_size bytes, for reuse */
 	size_t free_size;
@@ -96,6 +106,7 @@ int ulp_cache_new(uint64_t cap, ulp_cache **out)
 	pthread_cond_init(&c->cv, NULL);
 	c->lru.lru_next = c->lru.lru_prev = &c->lru;
 	c->cap = cap;
+	c->seed_cap = ulp_cache_seed_cap(cap);
 	ulp_carver_init(&c->carver);
 	*out = c;
 	return 0;
@@ -168,6 +179,14 @@ static int keep_free(ulp_cache *c, bufhdr *h)
 	return 0;
 }
 
+/* An entry's bytes leave the counts (mu held). */
+static void uncount(ulp_cache *c, const ulp_centry *e)
+{
+	c->bytes -= e->size;
+	if (e->seeded)
+		c->seed_bytes -= e->size;
+}
+
 /* Frees the value of an entry that left the cache (mu held). */
 static void release_value(ulp_cache *c, ulp_centry *e)
 {
@@ -196,7 +215,7 @@ static void evict(ulp_cache *c)
 		ulp_centry *e = c->lru.lru_next;
 		lru_unlink(e);
 		tab_remove(c, e);
-		c->bytes -= e->size;
+		uncount(c, e);
 		release_value(c, e);
 		free(e);
 	}
@@ -271,17 +290,43 @@ int ulp_cache_get(ulp_cache *c, const ulp_ckey *key, ulp_centry **out, void **da
 	return 0;
 }
 
-void ulp_cache_fill(ulp_cache *c, ulp_centry *e, void *data, size_t size, void (*destroy)(void *))
+uint64_t ulp_cache_seed_cap(uint64_t cap)
+{
+	return ULP_MIN(cap / 4, ULP_CACHE_SEED_MAX);
+}
+
+static void fill(ulp_cache *c, ulp_centry *e, void *data, size_t size, void (*destroy)(void *), int seeded)
 {
 	pthread_mutex_lock(&c->mu);
 	e->data = data;
 	e->size = size;
 	e->destroy = destroy;
 	e->state = ST_LOADED;
+	e->seeded = seeded;
 	c->bytes += size;
+	if (seeded)
+		c->seed_bytes += size;
 	pthread_cond_broadcast(&c->cv);
 	evict(c);
 	pthread_mutex_unlock(&c->mu);
+}
+
+void ulp_cache_fill(ulp_cache *c, ulp_centry *e, void *data, size_t size, void (*destroy)(void *))
+{
+	fill(c, e, data, size, destroy, 0);
+}
+
+void ulp_cache_fill_seed(ulp_cache *c, ulp_centry *e, void *data, size_t size, void (*destroy)(void *))
+{
+	fill(c, e, data, size, destroy, 1);
+}
+
+int ulp_cache_seed_room(ulp_cache *c, size_t size)
+{
+	pthread_mutex_lock(&c->mu);
+	int room = size <= c->seed_cap && c->seed_bytes <= c->seed_cap - size;
+	pthread_mutex_unlock(&c->mu);
+	return room;
 }
 
 void ulp_cache_fail(ulp_cache *c, ulp_centry *e, int rc)
@@ -343,7 +388,7 @@ void ulp_cache_purge(ulp_cache *c, int (*drop)(void *arg, const ulp_ckey *key, v
 			continue;
 		lru_unlink(e);
 		tab_remove(c, e);
-		c->bytes -= e->size;
+		uncount(c, e);
 		release_value(c, e);
 		free(e);
 	}
@@ -360,7 +405,7 @@ void ulp_cache_retire(ulp_cache *c, const ulp_ckey *key)
 	if (e && e->refs == 0 && e->state == ST_LOADED) { /* on the LRU (invariant 2) */
 		lru_unlink(e);
 		tab_remove(c, e);
-		c->bytes -= e->size;
+		uncount(c, e);
 		release_value(c, e);
 		free(e);
 	}
@@ -419,7 +464,7 @@ void *ulp_cache_alloc(ulp_cache *c, size_t size)
 		    __atomic_load_n(&e->served, __ATOMIC_RELAXED)) {
 			lru_unlink(e);
 			tab_remove(c, e);
-			c->bytes -= e->size;
+			uncount(c, e);
 			c->recycled++;
 			h = (bufhdr *)e->data - 1;
 			free(e);
@@ -449,26 +494,34 @@ void ulp_cache_mark_served(ulp_centry *e)
 	__atomic_store_n(&e->served, 1, __ATOMIC_RELAXED);
 }
 
-uint64_t ulp_cache_recycled(ulp_cache *c)
+/* One of the cache's counters, read under its lock. */
+static uint64_t counter(ulp_cache *c, const uint64_t *field)
 {
 	pthread_mutex_lock(&c->mu);
-	uint64_t r = c->recycled;
+	uint64_t v = *field;
 	pthread_mutex_unlock(&c->mu);
-	return r;
+	return v;
+}
+
+uint64_t ulp_cache_recycled(ulp_cache *c)
+{
+	return counter(c, &c->recycled);
 }
 
 uint64_t ulp_cache_bytes(ulp_cache *c)
 {
-	pthread_mutex_lock(&c->mu);
-	uint64_t b = c->bytes;
-	pthread_mutex_unlock(&c->mu);
-	return b;
+	return counter(c, &c->bytes);
+}
+
+uint64_t ulp_cache_seed_bytes(ulp_cache *c)
+{
+	return counter(c, &c->seed_bytes);
 }
 
 int ulp_cache_state_ok(ulp_cache *c)
 {
 	int ok = 1;
-	uint64_t bytes = 0;
+	uint64_t bytes = 0, seeds = 0;
 	size_t count = 0;
 	pthread_mutex_lock(&c->mu);
 	for (size_t i = 0; i < c->tab_size; i++)
@@ -476,13 +529,15 @@ int ulp_cache_state_ok(ulp_cache *c)
 			count++;
 			if ((e->hash & (c->tab_size - 1)) != i)
 				ok = 0;
-			if (e->state == ST_LOADED)
+			if (e->state == ST_LOADED) {
 				bytes += e->size;
+				seeds += e->seeded ? e->size : 0;
+			}
 			int on_lru = e->lru_next != NULL;
 			if (on_lru != (e->state == ST_LOADED && e->refs == 0))
 				ok = 0;
 		}
-	if (count != c->count || bytes != c->bytes)
+	if (count != c->count || bytes != c->bytes || seeds != c->seed_bytes) /* invariant 7 */
 		ok = 0;
 	int warm = 0; /* invariant 6: cold entries first */
 	for (ulp_centry *e = c->lru.lru_next; e != &c->lru; e = e->lru_next) {

@@ -32,6 +32,21 @@ void ulp_cache_free(ulp_cache *c);
 int ulp_cache_get(ulp_cache *c, const ulp_ckey *key, ulp_centry **e, void **data, int *must_load);
 void ulp_cache_fill(ulp_cache *c, ulp_centry *e, void *data, size_t size, void (*destroy)(void *));
 void ulp_cache_fail(ulp_cache *c, ulp_centry *e, int rc);
+/* Seeds: chunks the archiver just coded and verified, put in the cache so
+ * that the next step coded against them finds them decoded. They hold at
+ * most ulp_cache_seed_cap(cap) bytes (cache.c invariant 7): a quarter of the
+ * cache, and never more than ULP_CACHE_SEED_MAX, so that archiving a file
+ * larger than that leaves the daemon's memory (and the readers' cache) as
+ * it was (a 4.3 GB rank file archived and re-based against the next step
+ * peaked at 0.91 GB with 384 MiB of seeds, re-basing's batch holding up to
+ * 512 MiB: recode.c BATCH_BYTES). ulp_cache_seed_room: whether a seed of
+ * size bytes fits now (a hint); ulp_cache_fill_seed: ulp_cache_fill of a
+ * seed. */
+#define ULP_CACHE_SEED_MAX ((uint64_t)256 << 20)
+uint64_t ulp_cache_seed_cap(uint64_t cap);
+int ulp_cache_seed_room(ulp_cache *c, size_t size);
+void ulp_cache_fill_seed(ulp_cache *c, ulp_centry *e, void *data, size_t size, void (*destroy)(void *));
+uint64_t ulp_cache_seed_bytes(ulp_cache *c);
 /* Unpins; the entry may then be evicted (LRU by bytes). */
 void ulp_cache_put(ulp_cache *c, ulp_centry *e);
 /* ulp_cache_put, but an entry it leaves unpinned goes first when space is

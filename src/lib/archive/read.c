@@ -639,7 +639,8 @@ int ulp_read_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_t k
 
 /* Puts the chunks of a content the caller holds decoded (an ingest that just
  * verified it) into the cache, so the next step coded against it finds its
- * reference without decoding. */
+ * reference without decoding: as seeds, while they have room (cache.c
+ * invariant 7; a chunk past it is decoded again when wanted). */
 int ulp_read_seed_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint32_t k,
                         const uint8_t *chunk, size_t l)
 {
@@ -648,6 +649,8 @@ int ulp_read_seed_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint3
 	ulp_centry *e;
 	void *d;
 	int must;
+	if (!ulp_cache_seed_room(a->cache, l))
+		return 0;
 	ULP_TRY(ulp_cache_get(a->cache, &key, &e, &d, &must));
 	if (must) {
 		uint8_t *buf = ulp_cache_alloc(a->cache, l);
@@ -656,7 +659,7 @@ int ulp_read_seed_chunk(ulp_archive *a, const uint8_t sha[ULP_SHA256_LEN], uint3
 			return -ULP_E_NOMEM;
 		}
 		memcpy(buf, chunk, l);
-		ulp_cache_fill(a->cache, e, buf, l, ulp_cache_free_buf);
+		ulp_cache_fill_seed(a->cache, e, buf, l, ulp_cache_free_buf);
 	}
 	ulp_cache_put(a->cache, e);
 	return 0;

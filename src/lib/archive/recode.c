@@ -204,26 +204,41 @@ static int plan_tensor(plan *P, const ulp_rbtensor *t, int mode)
 }
 
 /* The whole content of sha into dst (len bytes): through the pool (one item
- * at a time) or chunk by chunk on this thread (items in parallel). */
-static int read_whole(ulp_archive *a, const uint8_t *sha, uint8_t *dst, size_t len, int use_pool)
+ * at a time) or chunk by chunk on this thread (items in parallel). Then its
+ * chunks (chunk bytes each) and those of the links they decoded through go
+ * from the cache: a pass reads each content once, and kept they filled the
+ * readers' cache (re-basing a 4.3 GB DCP rank file against the next step at
+ * close: 3.8 GB of daemon memory with the default cache, 0.55 GB without). */
+static int read_whole(ulp_archive *a, const uint8_t *sha, uint8_t *dst, size_t len, size_t chunk, int use_pool)
 {
-	if (use_pool)
-		return ulp_read_content(a, sha, dst, len);
-	size_t o = 0;
-	for (uint32_t k = 0; o < len; k++) {
-		ulp_centry *e;
-		const uint8_t *d;
-		size_t l;
-		ULP_TRY(ulp_read_chunk(a, sha, k, &e, &d, &l, NULL));
-		if (l == 0 || o + l > len) {
+	int rc = 0;
+	if (use_pool) {
+		rc = ulp_read_content(a, sha, dst, len);
+	} else {
+		size_t o = 0;
+		for (uint32_t k = 0; o < len && rc == 0; k++) {
+			ulp_centry *e;
+			const uint8_t *d;
+			size_t l;
+			rc = ulp_read_chunk(a, sha, k, &e, &d, &l, NULL);
+			if (rc < 0)
+				break;
+			if (l == 0 || o + l > len)
+				rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: chunks overrun their content", a->dir);
+			else
+				memcpy(dst + o, d, l);
+			o += l;
 			ulp_cache_put(a->cache, e);
-			return ulp_arch_err(a, -ULP_E_CORRUPT, "%s: chunks overrun their content", a->dir);
 		}
-		memcpy(dst + o, d, l);
-		o += l;
-		ulp_cache_put(a->cache, e);
 	}
-	return 0;
+	uint8_t (*chain)[ULP_SHA256_LEN] = chunk ? malloc(ULP_CHAIN_MAX * ULP_SHA256_LEN) : NULL;
+	if (chain) { /* (no memory: they stay cached, as before) */
+		size_t n = ulp_chain_of(a, sha, chain);
+		for (uint64_t k = 0; k * chunk < len; k++)
+			ulp_chain_retire(a, (const uint8_t (*)[ULP_SHA256_LEN])chain, n, (uint32_t)k);
+		free(chain);
+	}
+	return rc;
 }
 
 static int chunk_elems_of(ulp_archive *a, const uint8_t *sha, uint32_t *ce, unsigned *version)
@@ -254,7 +269,7 @@ static int code_item(ulp_archive *a, item *x, int use_pool)
 	if (rc == 0)
 		rc = chunk_elems_of(a, x->rb.content, &ce, &version);
 	if (rc == 0)
-		rc = read_whole(a, x->rb.content, src, len, use_pool);
+		rc = read_whole(a, x->rb.content, src, len, (size_t)ce * ulp_dtype_size(dt), use_pool);
 	if (rc == 0) { /* the key is the digest of the stored blob's format (invariant 2) */
 		if (version == 1)
 			ulp_sha256(src, len, sha);
@@ -271,7 +286,7 @@ static int code_item(ulp_archive *a, item *x, int use_pool)
 			x->rb.has_ref = 0;
 			x->depth = 0;
 		} else if (rc == 0) {
-			rc = read_whole(a, x->rb.ref, ref, len, use_pool);
+			rc = read_whole(a, x->rb.ref, ref, len, (size_t)rce * ulp_dtype_size(dt), use_pool);
 		}
 	}
 	unsigned cl = 0;

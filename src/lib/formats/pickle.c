@@ -304,12 +304,70 @@ static ulp_dtype storage_dtype(const pv_glob *g)
 		{"ByteStorage", ULP_DT_U8},    {"BoolStorage", ULP_DT_BOOL},
 		{"UntypedStorage", ULP_DT_U8},
 	};
+	/* torch 2.x names torch.storage.UntypedStorage by its module */
+	if (g->h.n == 13 && memcmp(g->s, "torch.storage", 13) == 0 && g->n2 == 14 &&
+	    memcmp(g->s2, "UntypedStorage", 14) == 0)
+		return ULP_DT_U8;
 	if (g->h.n != 5 || memcmp(g->s, "torch", 5) != 0)
 		return ULP_DT_UNKNOWN;
 	for (size_t i = 0; i < ULP_ARRAY_LEN(map); i++)
 		if (g->n2 == strlen(map[i].name) && memcmp(g->s2, map[i].name, g->n2) == 0)
 			return map[i].dt;
 	return ULP_DT_UNKNOWN;
+}
+
+/* A torch.<dtype> global (the last argument of _rebuild_tensor_v3), or
+ * ULP_DT_UNKNOWN. */
+static ulp_dtype global_dtype(const pv *v)
+{
+	static const struct { const char *name; ulp_dtype dt; } map[] = {
+		{"float8_e4m3fn", ULP_DT_F8_E4M3}, {"float8_e5m2", ULP_DT_F8_E5M2},
+		{"bfloat16", ULP_DT_BF16}, {"float16", ULP_DT_F16}, {"half", ULP_DT_F16},
+		{"float32", ULP_DT_F32}, {"float", ULP_DT_F32}, {"float64", ULP_DT_F64},
+		{"double", ULP_DT_F64}, {"uint16", ULP_DT_U16}, {"uint32", ULP_DT_U32},
+		{"uint64", ULP_DT_U64}, {"int64", ULP_DT_I64}, {"long", ULP_DT_I64},
+		{"int32", ULP_DT_I32}, {"int", ULP_DT_I32}, {"int16", ULP_DT_I16},
+		{"short", ULP_DT_I16}, {"int8", ULP_DT_I8}, {"uint8", ULP_DT_U8},
+		{"bool", ULP_DT_BOOL},
+	};
+	const pv_glob *g = GLOB(v);
+	if (v->type != V_GLOBAL || g->h.n != 5 || memcmp(g->s, "torch", 5) != 0)
+		return ULP_DT_UNKNOWN;
+	for (size_t i = 0; i < ULP_ARRAY_LEN(map); i++)
+		if (g->n2 == strlen(map[i].name) && memcmp(g->s2, map[i].name, g->n2) == 0)
+			return map[i].dt;
+	return ULP_DT_UNKNOWN;
+}
+
+static int is_global(const pv *v, const char *module, const char *name)
+{
+	const pv_glob *g = GLOB(v);
+	return v->type == V_GLOBAL && g->h.n == strlen(module) && memcmp(g->s, module, g->h.n) == 0 &&
+	       g->n2 == strlen(name) && memcmp(g->s2, name, g->n2) == 0;
+}
+
+/* REDUCE of torch._utils._rebuild_tensor_v3(storage, offset, size, stride,
+ * requires_grad, hooks, dtype): an UntypedStorage gets the tensor's dtype
+ * (torch 2.x writes float8_* and uint16/32/64 tensors so). Its bytes must
+ * be whole elements; a storage two v3 tensors give two dtypes is refused
+ * (torch refuses to save one). Any other reduction names no dtype. */
+static int rebuild_v3(px *x, const pv *fn, const pv *args)
+{
+	if (!is_global(fn, "torch._utils", "_rebuild_tensor_v3") || args->n < 2)
+		return 0;
+	const pv *pid = SEQ(args)->it[0];
+	ulp_dtype dt = global_dtype(SEQ(args)->it[args->n - 1]);
+	if (pid->type != V_PID || dt == ULP_DT_UNKNOWN)
+		return 0;
+	ulp_pk_storage *s = &x->st[INT(pid)->i];
+	if (s->pid_dtype != ULP_DT_U8 || !s->key || s->pid_numel % ulp_dtype_size(dt) != 0)
+		return 0;
+	if (s->retyped && s->dtype != dt)
+		return ULP_CORRUPT(x->e, "pickle: storage '%s' used with two dtypes", s->key);
+	s->dtype = dt;
+	s->numel = s->pid_numel / ulp_dtype_size(dt);
+	s->retyped = 1;
+	return 0;
 }
 
 static uint64_t hash_bytes(const void *p, size_t n)
@@ -372,7 +430,7 @@ static int persid(px *x)
 	size_t slot;
 	long idx = find_key(x, key->s, key->h.n, &slot);
 	if (idx >= 0) {
-		if (x->st[idx].dtype != dt || x->st[idx].numel != numel)
+		if (x->st[idx].pid_dtype != dt || x->st[idx].pid_numel != numel)
 			return ULP_CORRUPT(x->e, "pickle: storage '%.*s' used with two types or sizes",
 			                   (int)key->h.n, key->s);
 	} else {
@@ -380,8 +438,10 @@ static int persid(px *x)
 		ulp_pk_storage *s = &x->st[x->nst];
 		if (!(s->key = pk_strndup(x, key->s, key->h.n)))
 			return x->fail;
-		s->dtype = dt;
-		s->numel = numel;
+		s->dtype = s->pid_dtype = dt;
+		s->numel = s->pid_numel = numel;
+		s->retyped = 0;
+		s->name = NULL;
 		idx = (long)x->nst++;
 		x->hash[slot] = x->nst;
 	}
@@ -651,7 +711,7 @@ static int run(px *x, pv **result)
 				return x->fail;
 			ULP_TRY(made(x, &o->kv.h));
 			o->args = b;
-			(void)a; /* what is called does not matter to naming */
+			ULP_TRY(rebuild_v3(x, a, b)); /* else what is called does not matter */
 			break;
 		}
 		case 'b': /* BUILD: only an object's state names anything */

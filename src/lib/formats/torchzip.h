@@ -30,8 +30,15 @@
 typedef struct ulp_pk_storage {
 	char *key;               /* NUL-terminated, owned by the ulp_pk */
 	ulp_dtype dtype;         /* ULP_DT_UNKNOWN: a storage type this build does not code */
-	uint64_t numel;
+	uint64_t numel;          /* elements of dtype */
 	char *name;              /* path of the first tensor using it, or NULL */
+	/* what its persistent id said: an UntypedStorage (torch 2.x, for dtypes
+	 * without a legacy <T>Storage: float8_*, uint16/32/64) is U8 with numel
+	 * its bytes until a _rebuild_tensor_v3 over it names the dtype, which
+	 * dtype and numel then give */
+	ulp_dtype pid_dtype;
+	uint64_t pid_numel;
+	int retyped;             /* dtype set by a _rebuild_tensor_v3 */
 } ulp_pk_storage;
 
 typedef struct ulp_pk ulp_pk;

@@ -3,6 +3,7 @@
 """Writes torch.save files for ulpackfs's tests and benchmarks (needs torch).
 
   make.py small OUTDIR        the small files committed in tests/data/torch
+  make.py torch2 OUTDIR       OUTDIR/torch2.pt, by torch 2.x (tests/data/torch)
   make.py shared DATA OUTDIR  torch.save versions of ../shared/data/tiny-lm:
                               OUTDIR/optim/checkpoint-<s>/optimizer.pt (AdamW
                               state_dict shape) and
@@ -102,9 +103,32 @@ def small(out):
             torch.save(model.state_dict(), os.path.join(d, "pytorch_model.bin"))
 
 
+def torch2(out):
+    """What torch 2.x writes beyond 1.13's records: .format_version,
+    .storage_alignment, byteorder, .data/serialization_id, and tensors of the
+    dtypes without a legacy <T>Storage (float8_*, uint16/32) as an
+    UntypedStorage with _rebuild_tensor_v3 naming the dtype."""
+    torch.manual_seed(20261206)
+    w = torch.randn(24, 16)
+    e4 = w.to(torch.float8_e4m3fn)
+    obj = {
+        "w": w,
+        "bf16": w.to(torch.bfloat16),
+        "e4m3": e4,
+        "e4m3_view": e4[4:8],      # a second v3 tensor over e4m3's storage
+        "e5m2": torch.randn(40).to(torch.float8_e5m2),
+        "u16": torch.arange(9).to(torch.uint16),
+        "u32": torch.arange(5).to(torch.uint32),
+    }
+    os.makedirs(out, exist_ok=True)
+    torch.save(obj, os.path.join(out, "torch2.pt"))
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "small":
         small(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "torch2":
+        torch2(sys.argv[2])
     elif len(sys.argv) == 4 and sys.argv[1] == "shared":
         shared(sys.argv[2], sys.argv[3])
     else:
