@@ -515,7 +515,7 @@ static int ulpfs_mkdir(const char *path, mode_t mode)
 	RW_OR_EROFS();
 	struct fuse_context *cx = fuse_get_context();
 	ulp_meta m = {mode & 07777, cx->uid, cx->gid, ulp_time_now()};
-	int rc = ulp_archive_mkdir(fs.a, rel(path), &m);
+	int rc = ulp_session_mkdir(fs.s, rel(path), &m);
 	return rc < 0 ? err_of(rc) : 0;
 }
 
@@ -1221,7 +1221,8 @@ int main(int argc, char **argv)
 	}
 	char err[1024];
 	ulp_archive_opts ao = {.cache_size = fs.cache_size, .max_chain = fs.max_chain, .threads = fs.threads,
-	                       .read_only = fs.read_only, .cache_dir = o.cache_dir};
+	                       .read_only = fs.read_only, .cache_dir = o.cache_dir,
+	                       .contribute = !fs.read_only}; /* ulpackfs(1) MANY HOSTS */
 	if (o.pack_cache && (ulp_parse_size(o.pack_cache, &ao.pack_cache) < 0 || ao.pack_cache == 0)) {
 		fprintf(stderr, "ulpackfs: bad pack_cache '%s' (examples: 2G, 500M)\n", o.pack_cache);
 		return 2;
@@ -1247,13 +1248,20 @@ int main(int argc, char **argv)
 	if (!fs.read_only) { /* an archive, now: take its lock, then recover */
 		ulp_generation g;
 		ulp_archive_generation(fs.a, &g);
-		fs.lock_fd = lock_archive(fs.home, &g);
+		/* a contributor host locks its own staging (ulpackfs(1) MANY HOSTS) */
+		fs.lock_fd = lock_archive(ulp_archive_lock_dir(fs.a), &g);
+		if (g.contributor)
+			fprintf(stderr, "ulpackfs: %s: another host holds the lease and archives: this mount contributes"
+			        " (its files staged in %s until that host archives them)\n", fs.home,
+			        ulp_archive_lock_dir(fs.a));
 		if (fs.lock_fd == -1) {
 			ulp_archive_close(fs.a);
 			return 1;
 		}
 	}
-	if (!fs.read_only) {
+	ulp_generation gr;
+	ulp_archive_generation(fs.a, &gr);
+	if (!fs.read_only && !gr.contributor) {
 		unsigned rec, rem;
 		if (ulp_stage_recover(fs.a, &rec, &rem) < 0)
 			fprintf(stderr, "ulpackfs: recovering staged files: %s\n", ulp_archive_errmsg(fs.a));
