@@ -41,7 +41,7 @@ mount_host() {
 	cl_wait 10 mountpoint -q "$_m"
 }
 "$ULPACK" init --shared "$(cl_path 1)/$A" > "$T/out" 2>&1 || fail "init --shared: $(cat "$T/out")"
-mount_host 1 "$T/m1" -o "lease=$LEASE" || fail "host 1: read-write mount: $(cat "$T/m1.log")"
+mount_host 1 "$T/m1" -o "lease=$LEASE,grace=1" || fail "host 1: read-write mount: $(cat "$T/m1.log")"
 W_PID=$FS_PID
 for h in 2 3; do
 	mount_host "$h" "$T/m$h" -o contribute,poll=1 || fail "host $h: contributor mount: $(cat "$T/m$h.log")"
@@ -53,20 +53,18 @@ mount_host 4 "$T/m4" -o ro,poll=1 || fail "host 4: read-only mount: $(cat "$T/m4
 PLAIN=$(cl_path 2)/plain # the reference, straight onto the shared volume
 mkdir -p "$PLAIN" "$T/m1/run" "$T/m2/run" "$T/m3/run"
 
-# all_same STEP...: every file of the plain copy reads byte-identical on host 4
-all_same() {
-	for _s in "$@"; do
-		for _f in "$PLAIN/step-$_s"/* "$PLAIN/step-$_s"/.metadata; do
-			cmp -s "$_f" "$T/m4/run/step-$_s/$(basename "$_f")" || return 1
-		done
-	done
-}
-count_lost() { # STEP...: files of the plain copy missing or different on host 4
+# all_same STEP...: every rank file of the plain copy reads byte-identical on
+# host 4, and each step has its .metadata (which names the directory it was
+# saved to, so it differs from the plain copy's: dcp.load checks it)
+all_same() { [ "$(count_lost "$@")" = 0 ]; }
+count_lost() { # STEP...: files of the plain copy missing or different on host 4 (named in $T/lost)
 	_n=0
+	: > "$T/lost"
 	for _s in "$@"; do
-		for _f in "$PLAIN/step-$_s"/* "$PLAIN/step-$_s"/.metadata; do
-			cmp -s "$_f" "$T/m4/run/step-$_s/$(basename "$_f")" || _n=$((_n + 1))
+		for _f in "$PLAIN/step-$_s"/*; do
+			cmp -s "$_f" "$T/m4/run/step-$_s/$(basename "$_f")" || { _n=$((_n + 1)); echo "$_f" >> "$T/lost"; }
 		done
+		[ -s "$T/m4/run/step-$_s/.metadata" ] || { _n=$((_n + 1)); echo "step-$_s/.metadata" >> "$T/lost"; }
 	done
 	echo $_n
 }
@@ -92,7 +90,7 @@ if cl_wait 30 all_same 1 2 3; then
 	ok "host 4 reads every file of steps 1-3 byte-identical ($(ls "$PLAIN/step-3" | wc -l) files a step)," \
 		"$(cl_secs "$T_CLOSE") s after the last close (the contributors' sync returned after $(cl_secs "$T_CLOSE" "$T_SYNCED") s; target 10 s)"
 else
-	fail "host 4: $(count_lost 1 2 3) files of steps 1-3 missing or different"
+	fail "host 4: $(count_lost 1 2 3) files of steps 1-3 missing or different: $(cat "$T/lost")"
 fi
 for h in 2 3; do
 	[ -z "$(find "$(cl_path 1)/$A/staging/h-"* -name '*.data' 2> /dev/null)" ] ||
@@ -111,6 +109,8 @@ l=$(readlink "$T/m4/run/latest")
 mkdir -p "$T/imp/run" && cp -r "$PLAIN"/step-* "$T/imp/run/"
 "$ULPACK" init "$T/ia" > /dev/null && "$ULPACK" import "$T/ia" "$T/imp" > /dev/null 2>&1 ||
 	fail "ulpack import of the plain copy"
+sleep 2 # the grace of the packs re-coding dropped
+timeout 60 "$ULPACK" sync "$T/m1" > /dev/null 2>&1
 du_a=$(du -sk --exclude=staging --exclude=index --exclude=lease "$(cl_path 1)/$A/packs" | cut -f1)
 du_i=$(du -sk "$T/ia/packs" | cut -f1)
 ok "packs: $du_a KiB through 3 hosts, $du_i KiB by one ulpack import ($(awk "BEGIN{printf \"%.3f\", $du_a / $du_i}")x; target within 2 %)"
@@ -148,10 +148,10 @@ fi
 kill -9 "$W_PID"
 cl_wait 10 cl_gone "$W_PID"
 fusermount3 -u -z "$T/m1" 2> /dev/null
-t0=$(cl_ms)
 dcp_save 3 1 2 2 3 || fail "dcp save of step 4 with no archiver: $(tail -5 "$T/save.out")"
 staged=$(find "$(cl_path 1)/$A/staging" -name '*.data' | wc -l)
-until mount_host 1 "$T/n1" -o "lease=$LEASE"; do
+t0=$(cl_ms)
+until mount_host 1 "$T/n1" -o "lease=$LEASE,grace=1"; do
 	[ "$(cl_ms)" -gt $((t0 + 40000)) ] && break
 	sleep 0.5
 done
@@ -163,7 +163,7 @@ for h in 2 3; do
 done
 timeout 60 "$ULPACK" sync "$T/n1" > /dev/null 2>&1
 cl_wait 30 all_same 1 2 3 4
-ok "files lost to the kill of the archiver: $(count_lost 1 2 3 4) (target 0)"
+ok "files lost to the kill of the archiver: $(count_lost 1 2 3 4) (target 0) $(cat "$T/lost")"
 [ "$(count_lost 1 2 3 4)" = 0 ] || fail "files lost after the archiver's kill"
 
 # ---- a contributor killed mid-save ---------------------------------------------------

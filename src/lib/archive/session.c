@@ -655,6 +655,8 @@ static void tidy(ulp_session *s, int final)
 	s->removed = 0;
 	s->sweep = 0;
 	forget_expected(s);
+	if (s->a->contrib)
+		return; /* the archiver's work (invariant 15) */
 	archiving_nice(s);
 	/* background priority, readers and writers first; a barrier brings it
 	 * forward (ulp_session_sync), the pass at close is the unmount's */
@@ -863,7 +865,7 @@ static void *archiver(void *arg)
 	 * sparse packs, unnamed pack files) is the first idle pass's work, not
 	 * the next write's or the close's */
 	unsigned due = 0;
-	if (ulp_archive_tidy_due(s->a, &due) < 0)
+	if (!s->a->contrib && ulp_archive_tidy_due(s->a, &due) < 0)
 		slog(s, "looking for work left by a crash: %s", ulp_archive_errmsg(s->a));
 	pthread_mutex_lock(&s->mu);
 	s->bg_on = bg_on;
