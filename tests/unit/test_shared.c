@@ -14,6 +14,7 @@
 #include "store/shared.h"
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -941,6 +942,59 @@ static void test_many_hosts(void)
 	ulp_archive_close(w);
 }
 
+typedef struct bp_arg {
+	ulp_session *s;
+	int done, rc;
+} bp_arg;
+
+static void *bp_writer(void *arg)
+{
+	bp_arg *b = arg;
+	b->rc = swrite(b->s, "run/bp/2.bin", 150000, 32);
+	if (b->rc == 0)
+		b->rc = swrite(b->s, "run/bp/3.bin", 150000, 33);
+	__atomic_store_n(&b->done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+/* A contributor's staging is bounded (staging_max): while the archiver
+ * takes nothing, its writers wait; once it drains, they go on. */
+static void test_contrib_backpressure(void)
+{
+	char dir[512], err[512];
+	int rc;
+	mkarchive("bp", dir, sizeof(dir));
+	ulp_archive *w = open_as(dir, 0, 0, 0, err, &rc);
+	REQUIRE(w && ulp_archive_share(w) == 0, "share");
+	ulp_archive_opts o = {.cache_size = 16 << 20, .threads = 2, .poll_ms = 50, .contribute = 1};
+	ulp_archive *c = NULL;
+	REQUIRE(ulp_archive_open(dir, &o, &c, err, sizeof(err)) == 0, "contributor: %s", err);
+	ulp_session_opts so = {100000, NULL, NULL};
+	ulp_session *sc, *sw;
+	REQUIRE(ulp_session_open(c, &so, &sc) == 0, "its session");
+	ulp_meta dm = {0755, 0, 0, {1700000000, 0}};
+	ulp_session_mkdir(sc, "run", &dm);
+	ulp_session_mkdir(sc, "run/bp", &dm);
+	CHECK(swrite(sc, "run/bp/1.bin", 150000, 31) == 0, "a file staged, over staging_max");
+	bp_arg b = {sc, 0, 0};
+	pthread_t t;
+	REQUIRE(pthread_create(&t, NULL, bp_writer, &b) == 0, "thread");
+	usleep(400000);
+	CHECK(!__atomic_load_n(&b.done, __ATOMIC_ACQUIRE), "the next writes wait while nothing is archived");
+	REQUIRE(ulp_session_open(w, NULL, &sw) == 0, "the archiver's session");
+	for (int i = 0; i < 100 && !__atomic_load_n(&b.done, __ATOMIC_ACQUIRE); i++)
+		usleep(100000);
+	CHECK(__atomic_load_n(&b.done, __ATOMIC_ACQUIRE) && b.rc == 0, "it goes on once the archiver drains");
+	pthread_join(t, NULL);
+	int bad = 0;
+	CHECK(ulp_session_sync(sc, fail_cb, &bad) == 0 && bad == 0 && same(c, "run/bp/3.bin", 150000, 33) &&
+	      same(w, "run/bp/1.bin", 150000, 31), "all archived");
+	ulp_session_close(sc);
+	ulp_session_close(sw);
+	ulp_archive_close(c);
+	ulp_archive_close(w);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "%s/ulp-shared-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -960,6 +1014,7 @@ int main(void)
 	test_pack_ids();
 	test_netfs();
 	test_many_hosts();
+	test_contrib_backpressure();
 	char cmd[400];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	if (system(cmd) != 0)
