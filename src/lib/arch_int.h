@@ -179,6 +179,8 @@ struct ulp_archive {
 	                                staging area and directories (archive/contrib.c),
 	                                or NULL; the handle is then read-only (a reader
 	                                of the generations) but stages files */
+	const char *contrib_dir;     /* set at open, read-only after: that contributor's
+	                                staging/h-HOST (owned by a->contrib), or NULL */
 	int follow;                  /* set at open, read-only after: read-only on a
 	                                shared archive: connections open the published
 	                                generation that dbh names (gen.c) */
@@ -277,8 +279,8 @@ int ulp_contrib_put(ulp_archive *a, ulp_stage *st, const char *path, const ulp_m
 /* The archiver: takes every other host's closed files (staging/h-*) into
  * its own staging, oldest first, and gives each to adopt (which owns the
  * stage: it archives it, or closes it and leaves its files for the next
- * writer); free(arg, path): 0 where the path is busy here (left for the
- * next drain). Returns the number taken, or an error. */
+ * writer); is_free(arg, path): 0 where the path is not to be taken now
+ * (a temporary or hidden name, or busy there: left for the next drain). Returns the number taken, or an error. */
 int ulp_contrib_drain(ulp_archive *a, int (*is_free)(void *arg, const char *path),
                       int (*adopt)(void *arg, ulp_stage *st, const char *path, const ulp_meta *m), void *arg);
 /* The archiver could not archive a file a contributor staged: a note beside

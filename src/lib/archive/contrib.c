@@ -86,8 +86,9 @@ int ulp_contrib_open(ulp_archive *a, ulp_err *err)
 	}
 	pthread_mutex_init(&c->mu, NULL);
 	a->contrib = c;
+	a->contrib_dir = c->dir;
 	if (ulp_stage_sweep_own(a) < 0)
-		return ULP_ERR(err, -ULP_E_IO, "%s", ulp_archive_errmsg(a));
+		return ULP_ERR(err, -ULP_E_IO, "%s", ulp_msgs_get(a->msgs));
 	return 0;
 }
 
@@ -105,6 +106,7 @@ void ulp_contrib_free(ulp_archive *a)
 	pthread_mutex_destroy(&c->mu);
 	free(c);
 	a->contrib = NULL;
+	a->contrib_dir = NULL;
 }
 
 static void sleep_ms(unsigned ms)
@@ -207,8 +209,7 @@ static int scan_host(const char *dir, cand **v, size_t *n, size_t *cap)
 		snprintf(meta, sizeof(meta), "%.4300s/%.*s.meta", dir, (int)(l - 5 > 250 ? 250 : l - 5), de->d_name);
 		if (stat(data, &sb) < 0 || (sb.st_mode & 0777) != 0640)
 			continue; /* still open on its host */
-		if (ulp_stage_read_meta(meta, path, sizeof(path), &m) != 0 || ulp_session_temp_name(path) ||
-		    ulp_session_hidden_name(path))
+		if (ulp_stage_read_meta(meta, path, sizeof(path), &m) != 0)
 			continue;
 		if ((rc = ulp_grow(v, cap, *n, sizeof(**v))) < 0)
 			break;
@@ -259,8 +260,8 @@ int ulp_contrib_drain(ulp_archive *a, int (*is_free)(void *arg, const char *path
 		snprintf(meta, sizeof(meta), "%s/%s.meta", v[i].dir, v[i].base);
 		if (ulp_stage_read_meta(meta, path, sizeof(path), &m) != 0)
 			continue; /* unlinked or renamed to a temporary meanwhile */
-		if (ulp_session_temp_name(path) || ulp_session_hidden_name(path) || !is_free(arg, path))
-			continue; /* the next pass */
+		if (!is_free(arg, path))
+			continue; /* a temporary name, or busy there: the next pass */
 		if ((rc = ulp_lease_ok(a)) < 0)
 			break;
 		ulp_stage *st;

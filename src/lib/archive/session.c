@@ -487,6 +487,8 @@ static int stopping(void *arg)
 static int path_free(void *arg, const char *path)
 {
 	ulp_session *s = arg;
+	if (!final_name(path))
+		return 0; /* an rsync temporary waits for its rename on its host */
 	pthread_mutex_lock(&s->mu);
 	int fr = !find_node(s, path) && !find_ghost(s, path);
 	pthread_mutex_unlock(&s->mu);

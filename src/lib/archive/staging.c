@@ -75,8 +75,8 @@ enum { META_NONE, META_RECORDED, META_DURABLE };
 /* The directory a's own staged files live in (invariant 7). */
 static void stage_dir(const ulp_archive *a, char *dir, size_t cap)
 {
-	if (a->contrib)
-		snprintf(dir, cap, "%s", ulp_contrib_dir(a));
+	if (a->contrib_dir)
+		snprintf(dir, cap, "%s", a->contrib_dir);
 	else
 		snprintf(dir, cap, "%s/staging", a->dir);
 }
@@ -642,7 +642,7 @@ int ulp_stage_recover_unmounted(ulp_archive *a, unsigned *recovered)
 
 int ulp_stage_sweep_own(ulp_archive *a)
 {
-	const char *dir = ulp_contrib_dir(a);
+	const char *dir = a->contrib_dir;
 	if (!dir)
 		return 0;
 	char me[ULP_PROC_TAG_MAX];
