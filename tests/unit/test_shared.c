@@ -995,6 +995,36 @@ static void test_contrib_backpressure(void)
 	ulp_archive_close(w);
 }
 
+/* A file of a contributor's that the archiver cannot archive (its path is a
+ * directory there): the archiver's note names why, and the contributor's
+ * hand-over returns it (its sync names the file). */
+static void test_contrib_failure_note(void)
+{
+	char dir[512], err[512];
+	int rc;
+	mkarchive("note", dir, sizeof(dir));
+	ulp_archive *w = open_as(dir, 0, 0, 0, err, &rc);
+	REQUIRE(w && ulp_archive_share(w) == 0, "share");
+	ulp_meta dm = {0755, 0, 0, {1700000000, 0}};
+	REQUIRE(ulp_archive_mkdir(w, "dd", &dm) == 0 && ulp_archive_publish(w) == 0, "a directory dd");
+	ulp_archive_opts o = {.cache_size = 16 << 20, .threads = 2, .poll_ms = 50, .contribute = 1};
+	ulp_archive *c = NULL;
+	REQUIRE(ulp_archive_open(dir, &o, &c, err, sizeof(err)) == 0, "contributor: %s", err);
+	ulp_stage *st;
+	ulp_meta m = {0644, 0, 0, {1700000200, 0}};
+	REQUIRE(ulp_stage_new(c, NULL, &st) == 0, "stage");
+	CHECK(ulp_stage_write(st, "file", 4, 0) == 4 && ulp_stage_record(st, "dd", &m) == 0, "a file named dd, closed");
+	ulp_session *sw;
+	REQUIRE(ulp_session_open(w, NULL, &sw) == 0, "the archiver's session");
+	rc = ulp_contrib_put(c, st, "dd", &m, NULL, NULL);
+	CHECK(rc < 0 && strstr(ulp_archive_errmsg(c), "the archiver could not archive it"),
+	      "the hand-over names the archiver's failure: %s", ulp_archive_errmsg(c));
+	ulp_stage_close(st);
+	ulp_session_close(sw);
+	ulp_archive_close(c);
+	ulp_archive_close(w);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "%s/ulp-shared-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -1015,6 +1045,7 @@ int main(void)
 	test_netfs();
 	test_many_hosts();
 	test_contrib_backpressure();
+	test_contrib_failure_note();
 	char cmd[400];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	if (system(cmd) != 0)
