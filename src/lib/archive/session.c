@@ -973,9 +973,6 @@ int ulp_session_open(ulp_archive *a, const ulp_session_opts *o, ulp_session **ou
 	ulp_archive_generation(a, &g);
 	s->drain = g.shared && g.writer && !a->rm;
 	s->drain_ms = g.lease_ms && g.lease_ms < 4000 ? g.lease_ms / 4 : 1000;
-	const char *dm = getenv("ULP_TEST_DRAIN_MS"); /* (tests: a slower archiver) */
-	if (dm && atoi(dm) > 0)
-		s->drain_ms = atoi(dm);
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
