@@ -515,7 +515,7 @@ static int ulpfs_mkdir(const char *path, mode_t mode)
 	RW_OR_EROFS();
 	struct fuse_context *cx = fuse_get_context();
 	ulp_meta m = {mode & 07777, cx->uid, cx->gid, ulp_time_now()};
-	int rc = ulp_archive_mkdir(fs.a, rel(path), &m);
+	int rc = ulp_session_mkdir(fs.s, rel(path), &m);
 	return rc < 0 ? err_of(rc) : 0;
 }
 
@@ -884,7 +884,7 @@ enum { KEY_HELP, KEY_VERSION, KEY_RO, KEY_ALLOW_OTHER, KEY_DEFAULT_PERMISSIONS, 
 static struct opts {
 	char *cache_size, *max_chain, *threads, *readahead, *staging_max, *poll, *lease, *grace;
 	char *cache_dir, *pack_cache; /* an archive in a bucket */
-	int allow_other, default_permissions, no_permission_checks, nolatest;
+	int allow_other, default_permissions, no_permission_checks, nolatest, contribute;
 	int fsname;            /* the user gave -o fsname= */
 } o;
 
@@ -904,6 +904,7 @@ static const struct fuse_opt ulpfs_opts[] = {
 	FUSE_OPT_KEY("default_permissions", KEY_DEFAULT_PERMISSIONS),
 	{"no_permission_checks", offsetof(struct opts, no_permission_checks), 1},
 	{"nolatest", offsetof(struct opts, nolatest), 1},
+	{"contribute", offsetof(struct opts, contribute), 1},
 	FUSE_OPT_KEY("fsname=", KEY_FSNAME),
 	FUSE_OPT_KEY("-h", KEY_HELP),
 	FUSE_OPT_KEY("--help", KEY_HELP),
@@ -930,6 +931,8 @@ static void usage(FILE *f)
 	        "  -o lease=SECONDS     shared, writer: its lease, renewed while it runs (default 15)\n"
 	        "  -o grace=SECONDS     shared, writer: superseded generations and dropped packs stay this\n"
 	        "                       long for other hosts' readers (default 600)\n"
+	        "  -o contribute        shared: where another host holds the lease, write files for it to\n"
+	        "                       archive (staged in ARCHIVE/staging/h-HOST) instead of refusing\n"
 	        "  -o cache_dir=DIR     s3://BUCKET/PREFIX archives: the local home (the writer's live index\n"
 	        "                       and staging, the pack cache), DIR/s3/BUCKET/PREFIX/{writer,reader}\n"
 	        "                       (default: $ULPACK_CACHE_DIR, $XDG_CACHE_HOME/ulpack, ~/.cache/ulpack)\n"
@@ -1221,7 +1224,8 @@ int main(int argc, char **argv)
 	}
 	char err[1024];
 	ulp_archive_opts ao = {.cache_size = fs.cache_size, .max_chain = fs.max_chain, .threads = fs.threads,
-	                       .read_only = fs.read_only, .cache_dir = o.cache_dir};
+	                       .read_only = fs.read_only, .cache_dir = o.cache_dir,
+	                       .contribute = o.contribute && !fs.read_only}; /* ulpackfs(1) MANY HOSTS */
 	if (o.pack_cache && (ulp_parse_size(o.pack_cache, &ao.pack_cache) < 0 || ao.pack_cache == 0)) {
 		fprintf(stderr, "ulpackfs: bad pack_cache '%s' (examples: 2G, 500M)\n", o.pack_cache);
 		return 2;
@@ -1247,13 +1251,20 @@ int main(int argc, char **argv)
 	if (!fs.read_only) { /* an archive, now: take its lock, then recover */
 		ulp_generation g;
 		ulp_archive_generation(fs.a, &g);
-		fs.lock_fd = lock_archive(fs.home, &g);
+		/* a contributor host locks its own staging (ulpackfs(1) MANY HOSTS) */
+		fs.lock_fd = lock_archive(ulp_archive_lock_dir(fs.a), &g);
+		if (g.contributor)
+			fprintf(stderr, "ulpackfs: %s: another host holds the lease and archives: this mount contributes"
+			        " (its files staged in %s until that host archives them)\n", fs.home,
+			        ulp_archive_lock_dir(fs.a));
 		if (fs.lock_fd == -1) {
 			ulp_archive_close(fs.a);
 			return 1;
 		}
 	}
-	if (!fs.read_only) {
+	ulp_generation gr;
+	ulp_archive_generation(fs.a, &gr);
+	if (!fs.read_only && !gr.contributor) {
 		unsigned rec, rem;
 		if (ulp_stage_recover(fs.a, &rec, &rem) < 0)
 			fprintf(stderr, "ulpackfs: recovering staged files: %s\n", ulp_archive_errmsg(fs.a));

@@ -52,6 +52,7 @@ typedef struct ulp_dbh ulp_dbh;  /* db.c: the thread states' key and list, their
 typedef struct ulp_upkeep ulp_upkeep; /* archive/upkeep.c: a shared archive writer's publisher */
 typedef struct ulp_writer ulp_writer; /* below: the writer's state */
 typedef struct ulp_reader ulp_reader; /* below: the reader's state */
+typedef struct ulp_contrib ulp_contrib; /* archive/contrib.c: a contributor host's staging */
 
 /* A file an import is about to put (ulp_archive_expect, layout.c). */
 typedef struct ulp_expected {
@@ -148,6 +149,12 @@ struct ulp_archive {
 	ulp_home *home;              /* set at open, read-only after: the home's table
 	                                (store/home.h: the directory, or the bucket
 	                                of rm), which gen.c and lease.c reach it by */
+	ulp_contrib *contrib;        /* set at open, read-only after: a contributor's
+	                                staging area and directories (archive/contrib.c),
+	                                or NULL; the handle is then read-only (a reader
+	                                of the generations) but stages files */
+	const char *contrib_dir;     /* set at open, read-only after: that contributor's
+	                                staging/h-HOST (owned by a->contrib), or NULL */
 	int follow;                  /* set at open, read-only after: read-only on a
 	                                shared archive: connections open the published
 	                                generation that dbh names (gen.c) */

@@ -292,6 +292,11 @@ typedef struct ulp_archive_opts {
 	unsigned grace_s;     /* writer: a superseded generation, and a pack the index
 	                       * dropped, stay this long for the readers of other
 	                       * hosts; 0: 600 */
+	int contribute;       /* read-write open of a shared archive on a directory whose
+	                       * lease another host holds: open as a contributor (its
+	                       * new files staged in staging/h-HOST for the lease
+	                       * holder to archive; ulpackfs(1) "MANY HOSTS") instead
+	                       * of failing with BUSY */
 	/* an archive in an object store (dir "s3://BUCKET/PREFIX"; ulpackfs(1)
 	 * "OBJECT STORES"): */
 	const char *cache_dir; /* the local home: the writer's live index and
@@ -322,6 +327,8 @@ typedef struct ulp_generation {
 	int shared;           /* 0: an archive of one host (the rest is 0) */
 	int writer;           /* 1: this handle holds the lease */
 	int fenced;           /* 1: it lost the lease to another writer, or could not renew it */
+	int contributor;      /* 1: opened with contribute while another host holds the
+	                         lease: stages new files for it (ulp_archive_staging_dir) */
 	uint64_t gen;         /* the generation followed (reader) or last published (writer) */
 	uint64_t epoch;       /* the writer's epoch (of that generation, for a reader) */
 	unsigned poll_ms, lease_ms, grace_s;
@@ -339,6 +346,10 @@ int ulp_archive_generation(ulp_archive *a, ulp_generation *g);
 const char *ulp_archive_errmsg(const ulp_archive *a);
 /** The archive's directory. */
 const char *ulp_archive_dir(const ulp_archive *a);
+/** The directory whose lock (ulp_mount_lock) a read-write mount of this
+ *  handle takes: the archive's, or a contributor's own staging directory
+ *  ARCHIVE/staging/h-HOST (ulp_archive_opts.contribute). */
+const char *ulp_archive_lock_dir(const ulp_archive *a);
 
 /* Times: seconds since 1970-01-01 UTC (any int64, as the kernel's time64_t)
  * and a nanosecond part, like a struct timespec; every time a Linux file
@@ -774,6 +785,9 @@ int ulp_session_readdir(ulp_session *s, const char *path, int (*cb)(void *arg, c
 int ulp_session_rename(ulp_session *s, const char *from, const char *to, unsigned flags);
 int ulp_session_unlink(ulp_session *s, const char *path);
 int ulp_session_rmdir(ulp_session *s, const char *path);
+/** mkdir(2): in the archive, or on a contributor host (ulp_archive_opts.contribute)
+ *  in this host's view until its files are published. */
+int ulp_session_mkdir(ulp_session *s, const char *path, const ulp_meta *meta);
 /** chmod/chown/utimens by path or by handle (h may be NULL). */
 int ulp_session_setattr(ulp_session *s, const char *path, ulp_sfile *h, unsigned which, const ulp_meta *meta);
 /** Barrier: returns when every file queued before the call is archived

@@ -16,11 +16,13 @@
 #include "archive/writer.h"
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char root[256];
@@ -775,6 +777,256 @@ static void test_publish_beside_reader(void)
 	ulp_archive_close(w);
 }
 
+
+/* ---- many hosts write (archive/contrib.c) -------------------------------- */
+
+static const ulp_meta M644 = {0644, 0, 0, {0, 0}};
+
+static int swrite(ulp_session *s, const char *path, size_t n, unsigned seed)
+{
+	ulp_sfile *h;
+	int rc = ulp_session_open_file(s, path, O_WRONLY | O_TRUNC, &M644, &h);
+	if (rc < 0)
+		return rc;
+	static uint8_t b[200000];
+	for (size_t i = 0; i < n && i < sizeof(b); i++)
+		b[i] = (uint8_t)((i * 2654435761u + seed * 40503u) >> 11);
+	if (ulp_session_write(h, b, n, 0) != (int64_t)n)
+		rc = -ULP_E_IO;
+	int r2 = ulp_session_flush(h);
+	ulp_session_release(h);
+	return rc < 0 ? rc : r2;
+}
+
+/* 1 if path reads in a as swrite(n, seed) wrote it. */
+static int same(ulp_archive *a, const char *path, size_t n, unsigned seed)
+{
+	ulp_file *f;
+	if (ulp_file_open(a, path, &f) < 0)
+		return 0;
+	static uint8_t b[200001];
+	int64_t got = ulp_file_pread(f, b, sizeof(b), 0);
+	ulp_file_close(f);
+	if (got != (int64_t)n)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (b[i] != (uint8_t)((i * 2654435761u + seed * 40503u) >> 11))
+			return 0;
+	return 1;
+}
+
+static void fail_cb(void *arg, const char *path, const char *why)
+{
+	(void)path, (void)why;
+	(*(int *)arg)++;
+}
+
+static unsigned files_in(const char *dir, const char *suffix)
+{
+	DIR *d = opendir(dir);
+	unsigned n = 0;
+	for (struct dirent *de; d && (de = readdir(d));) {
+		size_t l = strlen(de->d_name), sl = strlen(suffix);
+		n += l > sl && !strcmp(de->d_name + l - sl, suffix);
+	}
+	if (d)
+		closedir(d);
+	return n;
+}
+
+/* Every host writes, the lease holder archives: a contributor's files are
+ * staged in its own staging/h-HOST, served there, taken and archived by the
+ * archiver with its own files of the step, and published; its sync waits for
+ * that. Conflicts: the same path from two hosts (the version taken last
+ * wins), archived files changed only by the archiver; a closed file of a
+ * contributor killed is archived, an incomplete one removed; the next
+ * archiver takes what the last one left. */
+static void test_many_hosts(void)
+{
+	char dir[512], err[512], cdir[700];
+	int rc;
+	mkarchive("many", dir, sizeof(dir));
+	ulp_archive *w = open_as(dir, 0, 0, 0, err, &rc);
+	REQUIRE(w && ulp_archive_share(w) == 0, "share: %s", w ? ulp_archive_errmsg(w) : err);
+	ulp_archive_opts o = {.cache_size = 16 << 20, .threads = 2, .poll_ms = 50, .contribute = 1};
+	ulp_archive *c = NULL;
+	rc = ulp_archive_open(dir, &o, &c, err, sizeof(err));
+	REQUIRE(rc == 0 && c, "a second read-write open with contribute: %s", err);
+	ulp_generation g;
+	ulp_archive_generation(c, &g);
+	CHECK(g.shared && !g.writer && g.contributor, "it contributes (writer %d contributor %d)", g.writer,
+	      g.contributor);
+	snprintf(cdir, sizeof(cdir), "%s", ulp_archive_lock_dir(c));
+	CHECK(strstr(cdir, "/staging/h-") != NULL, "its staging: %s", cdir);
+	ulp_session *sw, *sc;
+	REQUIRE(ulp_session_open(w, NULL, &sw) == 0, "archiver's session: %s", ulp_archive_errmsg(w));
+	REQUIRE(ulp_session_open(c, NULL, &sc) == 0, "contributor's session: %s", ulp_archive_errmsg(c));
+
+	/* one step, files from both hosts; the directory made on the contributor */
+	ulp_meta dm = {0755, 0, 0, {1700000000, 0}};
+	CHECK(ulp_session_mkdir(sc, "run", &dm) == 0 && ulp_session_mkdir(sc, "run/step_1", &dm) == 0,
+	      "mkdir on the contributor: %s", ulp_archive_errmsg(c));
+	ulp_stat st;
+	CHECK(ulp_session_stat(sc, "run/step_1", &st) == 0 && st.is_dir, "its directory shows there");
+	CHECK(swrite(sc, "run/step_1/__1_0.distcp", 150000, 11) == 0, "contributor writes: %s", ulp_archive_errmsg(c));
+	CHECK(swrite(sc, "run/step_1/__2_0.distcp", 120000, 12) == 0, "contributor writes 2");
+	CHECK(ulp_session_stat(sc, "run/step_1/__1_0.distcp", &st) == 0 && st.size == 150000,
+	      "the contributor serves its staged file");
+	CHECK(ulp_archive_mkdir(w, "run", &dm) == 0 || 1, "(the archiver's own directory)");
+	ulp_archive_mkdir(w, "run/step_1", &dm);
+	CHECK(swrite(sw, "run/step_1/__0_0.distcp", 100000, 10) == 0, "archiver writes");
+	int bad = 0;
+	CHECK(ulp_session_sync(sc, fail_cb, &bad) == 0 && bad == 0, "the contributor's sync: %d failed", bad);
+	CHECK(same(c, "run/step_1/__1_0.distcp", 150000, 11) && same(c, "run/step_1/__2_0.distcp", 120000, 12),
+	      "after its sync the contributor reads its files from the published generation");
+	CHECK(same(w, "run/step_1/__1_0.distcp", 150000, 11), "the archiver archived them");
+	CHECK(ulp_session_sync(sw, fail_cb, &bad) == 0 && same(w, "run/step_1/__0_0.distcp", 100000, 10), "its own");
+	usleep(100000);
+	CHECK(same(c, "run/step_1/__0_0.distcp", 100000, 10), "the contributor reads the archiver's file");
+	CHECK(files_in(cdir, ".data") == 0 && files_in(cdir, ".meta") == 0, "the contributor's staging is empty");
+
+	/* the same path from two hosts: the version taken last wins */
+	CHECK(swrite(sc, "run/x.bin", 90000, 21) == 0 && ulp_session_sync(sc, fail_cb, &bad) == 0, "x from c");
+	CHECK(swrite(sw, "run/x.bin", 91000, 22) == 0 && ulp_session_sync(sw, fail_cb, &bad) == 0, "x from w");
+	CHECK(same(w, "run/x.bin", 91000, 22), "the archiver's later close wins");
+	usleep(100000);
+	CHECK(swrite(sc, "run/x.bin", 92000, 23) == 0 && ulp_session_sync(sc, fail_cb, &bad) == 0 && bad == 0,
+	      "x from c again");
+	CHECK(same(w, "run/x.bin", 92000, 23) && same(c, "run/x.bin", 92000, 23), "the contributor's later close wins");
+
+	/* archived files change only on the archiver */
+	CHECK(ulp_session_unlink(sc, "run/x.bin") == -ULP_E_UNSUPPORTED, "unlink of an archived file refused there");
+	CHECK(ulp_session_rename(sc, "run/x.bin", "run/y.bin", 0) == -ULP_E_UNSUPPORTED, "rename refused there");
+	CHECK(ulp_session_rmdir(sc, "run/step_1") == -ULP_E_UNSUPPORTED, "rmdir refused there");
+	/* a staged file it unlinks before the archiver takes it is never archived */
+	ulp_sfile *h;
+	REQUIRE(ulp_session_open_file(sc, "run/gone.bin", O_WRONLY, &M644, &h) == 0, "create gone");
+	ulp_session_write(h, "abc", 3, 0);
+	CHECK(ulp_session_unlink(sc, "run/gone.bin") == 0, "unlink of its own file while open");
+	ulp_session_release(h);
+
+	/* a contributor killed: its closed file archived, its incomplete one removed */
+	pid_t pid = fork(); /* a process of that host, killed mid-save */
+	REQUIRE(pid >= 0, "fork");
+	if (pid == 0) {
+		ulp_stage *done, *half;
+		ulp_meta m = {0644, 0, 0, {1700000100, 0}};
+		if (ulp_stage_new(c, NULL, &done) < 0 || ulp_stage_new(c, NULL, &half) < 0 ||
+		    ulp_stage_write(done, "closed", 6, 0) != 6 || ulp_stage_record(done, "run/killed.bin", &m) < 0 ||
+		    ulp_stage_write(half, "half", 4, 0) != 4 || ulp_stage_sync(half, "run/half.bin", &m) < 0)
+			_exit(1);
+		_exit(0); /* its files left as kill -9 leaves them */
+	}
+	int ws = 0;
+	waitpid(pid, &ws, 0);
+	CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "a closed file and an open one staged by a process that died");
+	CHECK(ulp_session_sync(sc, fail_cb, &bad) == 0 && bad == 0, "sync");
+	ulp_session_close(sc);
+	ulp_archive_close(c);
+
+	/* the archiver goes before it took them: the next one does */
+	ulp_session_close(sw);
+	ulp_archive_close(w);
+	w = open_as(dir, 0, 0, 0, err, &rc);
+	REQUIRE(w, "the next archiver: %s", err);
+	REQUIRE(ulp_session_open(w, NULL, &sw) == 0, "its session");
+	for (int i = 0; i < 50 && !exists(w, "run/killed.bin"); i++)
+		usleep(100000);
+	CHECK(ulp_session_sync(sw, fail_cb, &bad) == 0 && exists(w, "run/killed.bin"),
+	      "a killed contributor's closed file is archived by the next archiver");
+	CHECK(!exists(w, "run/half.bin") && !exists(w, "run/gone.bin"), "never its open or unlinked ones");
+	ulp_session_close(sw);
+	rc = ulp_archive_open(dir, &o, &c, err, sizeof(err));
+	REQUIRE(rc == 0, "the contributor again: %s", err);
+	ulp_archive_close(c);
+	CHECK(files_in(cdir, ".data") == 0, "its next open removed its dead process's incomplete file (%u left)",
+	      files_in(cdir, ".data"));
+	ulp_archive_close(w);
+}
+
+typedef struct bp_arg {
+	ulp_session *s;
+	int done, rc;
+} bp_arg;
+
+static void *bp_writer(void *arg)
+{
+	bp_arg *b = arg;
+	b->rc = swrite(b->s, "run/bp/2.bin", 150000, 32);
+	if (b->rc == 0)
+		b->rc = swrite(b->s, "run/bp/3.bin", 150000, 33);
+	__atomic_store_n(&b->done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+/* A contributor's staging is bounded (staging_max): while the archiver
+ * takes nothing, its writers wait; once it drains, they go on. */
+static void test_contrib_backpressure(void)
+{
+	char dir[512], err[512];
+	int rc;
+	mkarchive("bp", dir, sizeof(dir));
+	ulp_archive *w = open_as(dir, 0, 0, 0, err, &rc);
+	REQUIRE(w && ulp_archive_share(w) == 0, "share");
+	ulp_archive_opts o = {.cache_size = 16 << 20, .threads = 2, .poll_ms = 50, .contribute = 1};
+	ulp_archive *c = NULL;
+	REQUIRE(ulp_archive_open(dir, &o, &c, err, sizeof(err)) == 0, "contributor: %s", err);
+	ulp_session_opts so = {100000, NULL, NULL};
+	ulp_session *sc, *sw;
+	REQUIRE(ulp_session_open(c, &so, &sc) == 0, "its session");
+	ulp_meta dm = {0755, 0, 0, {1700000000, 0}};
+	ulp_session_mkdir(sc, "run", &dm);
+	ulp_session_mkdir(sc, "run/bp", &dm);
+	CHECK(swrite(sc, "run/bp/1.bin", 150000, 31) == 0, "a file staged, over staging_max");
+	bp_arg b = {sc, 0, 0};
+	pthread_t t;
+	REQUIRE(pthread_create(&t, NULL, bp_writer, &b) == 0, "thread");
+	usleep(400000);
+	CHECK(!__atomic_load_n(&b.done, __ATOMIC_ACQUIRE), "the next writes wait while nothing is archived");
+	REQUIRE(ulp_session_open(w, NULL, &sw) == 0, "the archiver's session");
+	for (int i = 0; i < 100 && !__atomic_load_n(&b.done, __ATOMIC_ACQUIRE); i++)
+		usleep(100000);
+	CHECK(__atomic_load_n(&b.done, __ATOMIC_ACQUIRE) && b.rc == 0, "it goes on once the archiver drains");
+	pthread_join(t, NULL);
+	int bad = 0;
+	CHECK(ulp_session_sync(sc, fail_cb, &bad) == 0 && bad == 0 && same(c, "run/bp/3.bin", 150000, 33) &&
+	      same(w, "run/bp/1.bin", 150000, 31), "all archived");
+	ulp_session_close(sc);
+	ulp_session_close(sw);
+	ulp_archive_close(c);
+	ulp_archive_close(w);
+}
+
+/* A file of a contributor's that the archiver cannot archive (its path is a
+ * directory there): the archiver's note names why, and the contributor's
+ * hand-over returns it (its sync names the file). */
+static void test_contrib_failure_note(void)
+{
+	char dir[512], err[512];
+	int rc;
+	mkarchive("note", dir, sizeof(dir));
+	ulp_archive *w = open_as(dir, 0, 0, 0, err, &rc);
+	REQUIRE(w && ulp_archive_share(w) == 0, "share");
+	ulp_meta dm = {0755, 0, 0, {1700000000, 0}};
+	REQUIRE(ulp_archive_mkdir(w, "dd", &dm) == 0 && ulp_archive_publish(w) == 0, "a directory dd");
+	ulp_archive_opts o = {.cache_size = 16 << 20, .threads = 2, .poll_ms = 50, .contribute = 1};
+	ulp_archive *c = NULL;
+	REQUIRE(ulp_archive_open(dir, &o, &c, err, sizeof(err)) == 0, "contributor: %s", err);
+	ulp_stage *st;
+	ulp_meta m = {0644, 0, 0, {1700000200, 0}};
+	REQUIRE(ulp_stage_new(c, NULL, &st) == 0, "stage");
+	CHECK(ulp_stage_write(st, "file", 4, 0) == 4 && ulp_stage_record(st, "dd", &m) == 0, "a file named dd, closed");
+	ulp_session *sw;
+	REQUIRE(ulp_session_open(w, NULL, &sw) == 0, "the archiver's session");
+	rc = ulp_contrib_put(c, st, "dd", &m, NULL, NULL);
+	CHECK(rc < 0 && strstr(ulp_archive_errmsg(c), "the archiver could not archive it"),
+	      "the hand-over names the archiver's failure: %s", ulp_archive_errmsg(c));
+	ulp_stage_close(st);
+	ulp_session_close(sw);
+	ulp_archive_close(c);
+	ulp_archive_close(w);
+}
+
 int main(void)
 {
 	snprintf(root, sizeof(root), "%s/ulp-shared-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -793,6 +1045,9 @@ int main(void)
 	test_grace();
 	test_pack_ids();
 	test_netfs();
+	test_many_hosts();
+	test_contrib_backpressure();
+	test_contrib_failure_note();
 	char cmd[400];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	if (system(cmd) != 0)

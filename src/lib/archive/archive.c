@@ -122,13 +122,24 @@ static int shared_open(ulp_archive *a, const ulp_archive_opts *o, ulp_err *err)
 			               a->dir, fs);
 		return 0;
 	}
-	(void)o;
 	if (a->rm && !a->read_only)
 		ULP_TRY(ulp_gen_remote_writer(a, err)); /* the live index as new as the bucket's */
 	ULP_TRY(ulp_shared_new(a, &a->opts, !a->read_only));
 	ulp_db_set_hooks(a, a->read_only ? NULL : ulp_lease_ok, a->read_only ? ulp_gen_refresh : NULL);
 	if (!a->read_only) {
-		ULP_TRY(ulp_lease_take(a, err));
+		int took = ulp_lease_take(a, err);
+		if (took == -ULP_E_BUSY && o->contribute && !a->rm) {
+			/* another host archives: this one contributes (contrib.c),
+			 * reading the generations as a reader does */
+			ulp_shared_free(a);
+			a->read_only = 1;
+			ULP_TRY(ulp_shared_new(a, &a->opts, 0));
+			ulp_db_set_hooks(a, NULL, ulp_gen_refresh);
+			ULP_TRY(ulp_contrib_open(a, err));
+			a->follow = 1;
+			return ulp_gen_reader_open(a, err);
+		}
+		ULP_TRY(took);
 		ULP_TRY(ulp_upkeep_new(a));
 		if (a->rm)
 			return ulp_gen_remote_claim(a, err);
@@ -349,6 +360,7 @@ void ulp_archive_close(ulp_archive *a)
 	ulp_readahead_stop(a); /* first: its thread uses the cache and the index */
 	ulp_upkeep_stop(a); /* the publisher, and what was archived last published */
 	ulp_shared_free(a); /* the renewer, and the lease given back */
+	ulp_contrib_free(a);
 	ulp_cache_free(a->cache);
 	ulp_pool_free(a->pool);
 	ulp_ingest_free_spare(a);

@@ -139,6 +139,17 @@
  *     plan would take an expected step for an anchor). Files without a
  *     series keep their queue order. Durability and barriers are as before:
  *     a barrier waits for every entry queued before it, whatever the order.
+ * 15. Many hosts write (contrib.c): on a contributor the archiving of a node
+ *     is its hand-over (ulp_contrib_put: done once the archiver took it and
+ *     a generation followed here holds it), so a barrier there waits for the
+ *     archiver's publication; archived files are not changed there (unlink,
+ *     rename, rmdir, setattr of a file not staged here: OPNOTSUPP). On the
+ *     lease holder of a shared archive on a directory, the archiver thread
+ *     drains the other hosts' closed files (ulp_contrib_drain) at most once
+ *     per drain_ms, idle or not, each becoming a node of this session
+ *     (adopt: queued at once, as if closed here) unless a node holds its
+ *     path (left for a later pass); a failed archiving of one leaves a note
+ *     for its host (ulp_contrib_failed).
  */
 #include "arch_int.h"
 #include "archive/writer.h"
@@ -245,6 +256,10 @@ struct ulp_session {
 	uint64_t archived, archived_bytes, failed;
 	uint64_t tidies, reclaimed_bytes; /* tidy passes, and the bytes they gave back */
 	uint64_t busy_ns;      /* time the archiver spent archiving */
+	int drain;             /* set at start, read-only after: drains other hosts (invariant 15) */
+	int64_t drain_ms;      /* set at start, read-only after: at most one drain per */
+	int64_t next_drain;    /* archiver thread only: CLOCK_MONOTONIC ms of the next */
+	uint64_t adopted;      /* files taken from other hosts */
 };
 
 /* ---- helpers --------------------------------------------------------------- */
@@ -459,6 +474,64 @@ static void set_failed(snode *n, int rc, const char *why)
 	n->why = strdup(why);
 }
 
+/* A contributor's hand-over gives up waiting: the session closes
+ * (invariant 15; called without mu). */
+static int stopping(void *arg)
+{
+	ulp_session *s = arg;
+	pthread_mutex_lock(&s->mu);
+	int stop = s->stop;
+	pthread_mutex_unlock(&s->mu);
+	return stop;
+}
+
+/* The drain's callbacks (invariant 15), without mu. */
+static int path_free(void *arg, const char *path)
+{
+	ulp_session *s = arg;
+	if (!final_name(path))
+		return 0; /* an rsync temporary waits for its rename on its host */
+	pthread_mutex_lock(&s->mu);
+	int fr = !find_node(s, path) && !find_ghost(s, path);
+	pthread_mutex_unlock(&s->mu);
+	return fr;
+}
+
+static int adopt(void *arg, ulp_stage *st, const char *path, const ulp_meta *m)
+{
+	ulp_session *s = arg;
+	pthread_mutex_lock(&s->mu);
+	snode *n = find_node(s, path) ? NULL : new_node(s, path, st, m);
+	if (!n) { /* taken meanwhile here: the claimed file waits for the next writer */
+		pthread_mutex_unlock(&s->mu);
+		slog(s, "%s: staged by another host, left in staging for the next writer (busy here)", path);
+		ulp_stage_close(st);
+		return -ULP_E_BUSY;
+	}
+	n->mtime_set = 1; /* the contributor's mtime, not the claimed file's */
+	n->dirty = 1;
+	s->adopted++;
+	enqueue(s, n);
+	pthread_mutex_unlock(&s->mu);
+	return 0;
+}
+
+/* mu held: drains the other hosts when due (invariant 15) */
+static void drain_due(ulp_session *s)
+{
+	if (!s->drain || s->stop)
+		return;
+	int64_t now = ulp_mono_ms();
+	if (now < s->next_drain)
+		return;
+	s->next_drain = now + s->drain_ms;
+	pthread_mutex_unlock(&s->mu);
+	int rc = ulp_contrib_drain(s->a, path_free, adopt, s);
+	if (rc < 0 && rc != -ULP_E_FENCED)
+		slog(s, "taking other hosts' staged files: %s", ulp_archive_errmsg(s->a));
+	pthread_mutex_lock(&s->mu);
+}
+
 /*
  * Archives n under its path (mu held on entry and exit, released meanwhile;
  * n pinned by the caller). 0 or the put's error.
@@ -486,10 +559,13 @@ static int archive_node(ulp_session *s, snode *n)
 	s->cur_path = dst;
 	pthread_mutex_unlock(&s->mu);
 	int64_t t0 = ulp_mono_ns();
-	int rc = ulp_archive_put(s->a, dst, ulp_stage_fd(n->stage), &m, NULL);
+	int rc = s->a->contrib ? ulp_contrib_put(s->a, n->stage, dst, &m, stopping, s)
+	                       : ulp_archive_put(s->a, dst, ulp_stage_fd(n->stage), &m, NULL);
 	char why[1024] = "";
 	if (rc < 0)
 		snprintf(why, sizeof(why), "%s", ulp_archive_errmsg(s->a));
+	if (rc < 0 && ulp_stage_origin(n->stage)[0])
+		ulp_contrib_failed(s->a, n->stage, rc, why); /* its host's sync names it (invariant 15) */
 	int64_t t1 = ulp_mono_ns();
 	pthread_mutex_lock(&s->mu);
 	s->busy_ns += (uint64_t)(t1 - t0);
@@ -508,8 +584,9 @@ static int archive_node(ulp_session *s, snode *n)
 	s->archived++;
 	s->archived_bytes += n->qbytes ? n->qbytes : node_size(n);
 	want_rebase(s); /* the archiver re-bases when idle (invariant 9) */
-	/* what happened to the node meanwhile: the archive follows it */
-	for (;;) {
+	/* what happened to the node meanwhile: the archive follows it (not on a
+	 * contributor, which changes no archived file: invariant 15) */
+	for (; !s->a->contrib;) {
 		int gone = !n->path || ulp_session_hidden_name(n->path);
 		int moved = !gone && strcmp(n->path, dst) != 0;
 		int reattr = !gone && !moved && n->attrs != attrs;
@@ -582,6 +659,8 @@ static void tidy(ulp_session *s, int final)
 	s->removed = 0;
 	s->sweep = 0;
 	forget_expected(s);
+	if (s->a->contrib)
+		return; /* the archiver's work (invariant 15) */
 	archiving_nice(s);
 	/* background priority, readers and writers first; a barrier brings it
 	 * forward (ulp_session_sync), the pass at close is the unmount's */
@@ -790,7 +869,7 @@ static void *archiver(void *arg)
 	 * sparse packs, unnamed pack files) is the first idle pass's work, not
 	 * the next write's or the close's */
 	unsigned due = 0;
-	if (ulp_archive_tidy_due(s->a, &due) < 0)
+	if (!s->a->contrib && ulp_archive_tidy_due(s->a, &due) < 0)
 		slog(s, "looking for work left by a crash: %s", ulp_archive_errmsg(s->a));
 	pthread_mutex_lock(&s->mu);
 	s->bg_on = bg_on;
@@ -800,8 +879,17 @@ static void *archiver(void *arg)
 		want_rebase(s);
 	}
 	for (;;) {
-		while ((!s->qhead && !s->stop && !s->rebase_wanted) || (s->hold && !s->stop && !s->syncing && !s->urgent))
-			pthread_cond_wait(&s->cv, &s->mu);
+		drain_due(s);
+		while ((!s->qhead && !s->stop && !s->rebase_wanted) || (s->hold && !s->stop && !s->syncing && !s->urgent)) {
+			if (!s->drain) {
+				pthread_cond_wait(&s->cv, &s->mu);
+				continue;
+			}
+			int64_t until = s->next_drain * 1000000; /* (ms to ns) */
+			struct timespec ts = {(time_t)(until / 1000000000), (long)(until % 1000000000)};
+			if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) != 0)
+				drain_due(s);
+		}
 		if (!s->qhead && !s->stop) { /* idle, and archivings or renames queued work */
 			forget_expected(s);
 			int64_t until = rebase_wait(s);
@@ -852,7 +940,7 @@ static void *archiver(void *arg)
 
 int ulp_session_open(ulp_archive *a, const ulp_session_opts *o, ulp_session **out)
 {
-	if (a->read_only)
+	if (a->read_only && !a->contrib)
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is open read-only", a->dir);
 	ULP_TRY(ulp_lease_ok(a)); /* a shared archive's writer: its renewer starts here (lease.c) */
 	ulp_session *s = calloc(1, sizeof(*s));
@@ -883,6 +971,10 @@ int ulp_session_open(ulp_archive *a, const ulp_session_opts *o, ulp_session **ou
 		__atomic_store_n(&ulp_recode_fail_nospc, atoi(nospc), __ATOMIC_RELAXED);
 	const char *hold = getenv("ULP_SESSION_HOLD");
 	s->hold = hold && hold[0] == '1';
+	ulp_generation g; /* invariant 15: the writer's pace (a second, at most a quarter lease) */
+	ulp_archive_generation(a, &g);
+	s->drain = g.shared && g.writer && !a->rm;
+	s->drain_ms = g.lease_ms && g.lease_ms < 4000 ? g.lease_ms / 4 : 1000;
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
@@ -926,8 +1018,17 @@ unsigned ulp_session_close(ulp_session *s)
 			char *p = strdup(n->path);
 			ulp_meta m = node_meta(n);
 			pthread_mutex_unlock(&s->mu);
-			ok = p && ulp_archive_put(s->a, p, ulp_stage_fd(n->stage), &m, NULL) == 0;
-			if (!ok && p && ulp_stage_sync(n->stage, p, &m) == 0) {
+			if (s->a->contrib && ulp_stage_taken(n->stage)) {
+				ok = 1; /* the archiver has it (invariant 15) */
+			} else if (s->a->contrib) {
+				ulp_stage_mark_closed(n->stage); /* for the archiver to take */
+			} else {
+				ok = p && ulp_archive_put(s->a, p, ulp_stage_fd(n->stage), &m, NULL) == 0;
+			}
+			if (ok && s->a->contrib) {
+				ulp_stage_close(n->stage);
+				n->stage = NULL;
+			} else if (!ok && p && ulp_stage_sync(n->stage, p, &m) == 0) {
 				slog(s, "%s: kept in %s/staging, archived at the next mount", p, s->a->dir);
 				kept++;
 				ulp_stage_close(n->stage); /* leaves its files */
@@ -1076,7 +1177,15 @@ int ulp_session_stat(ulp_session *s, const char *path, ulp_stat *st)
 	pthread_mutex_unlock(&s->mu);
 	if (n || g)
 		return 0;
-	return ulp_archive_stat(s->a, path, st);
+	int rc = ulp_archive_stat(s->a, path, st);
+	if (rc == -ULP_E_NOENT && s->a->contrib && ulp_contrib_stat_dir(s->a, path, st) == 0)
+		return 0; /* made here, not yet published (contrib.c) */
+	return rc;
+}
+
+int ulp_session_mkdir(ulp_session *s, const char *path, const ulp_meta *m)
+{
+	return s->a->contrib ? ulp_contrib_mkdir(s->a, path, m) : ulp_archive_mkdir(s->a, path, m);
 }
 
 int ulp_session_busy_under(ulp_session *s, const char *path)
@@ -1118,7 +1227,12 @@ int ulp_session_readdir(ulp_session *s, const char *path, int (*cb)(void *arg, c
                         void *arg)
 {
 	rd r = {s, path, cb, arg};
+	ulp_stat dst;
 	int rc = ulp_archive_readdir(s->a, path, readdir_cb, &r);
+	if (rc == -ULP_E_NOENT && s->a->contrib && ulp_contrib_stat_dir(s->a, path, &dst) == 0)
+		rc = 0; /* made here, not yet published: its entries are below */
+	if (rc == 0 && s->a->contrib)
+		rc = ulp_contrib_list_dirs(s->a, path, cb, arg);
 	if (rc != 0)
 		return rc;
 	size_t pl = strlen(path);
@@ -1186,6 +1300,15 @@ int ulp_session_open_file(ulp_session *s, const char *path, int flags, const ulp
 		                    ulp_strerror(rc));
 	}
 	snode *n = find_node(s, path);
+	if (n && wr && s->a->contrib && n->wh == 0 && !n->queued && s->cur != n && !n->dirty &&
+	    ulp_stage_taken(n->stage)) {
+		/* its bytes are the archiver's now (invariant 15): new writes go to
+		 * a new node, copied up from the archive */
+		free(n->path);
+		n->path = NULL;
+		maybe_drop(s, n);
+		n = NULL;
+	}
 	if (!n && (wr || trunc)) {
 		/* a new node: the copy-up runs without mu (invariant 5) */
 		pthread_mutex_unlock(&s->mu);
@@ -1537,6 +1660,15 @@ static int hide(ulp_session *s, const char *f, const char *t)
 	return rc;
 }
 
+/* Invariant 15: a contributor changes no archived file. */
+static int contrib_refuse(ulp_session *s, const char *path, const char *what)
+{
+	return ulp_arch_err(s->a, -ULP_E_UNSUPPORTED,
+	                    "%s: cannot %s it on this host: it contributes files to an archive another host "
+	                    "archives (the lease holder), and only that host changes archived files (ulpackfs(1) "
+	                    "MANY HOSTS)", path, what);
+}
+
 static int has_child(void *arg, const char *name, const ulp_stat *st)
 {
 	(void)arg, (void)name, (void)st;
@@ -1649,6 +1781,10 @@ static int rename_impl(ulp_session *s, const char *f, const char *t, unsigned fl
 		pthread_mutex_unlock(&s->mu);
 		return ulp_arch_err(s->a, -ULP_E_NOENT, "%s: no such file or directory", f);
 	}
+	if (s->a->contrib && (!n || ulp_stage_taken(n->stage))) {
+		pthread_mutex_unlock(&s->mu);
+		return contrib_refuse(s, f, "rename");
+	}
 	if (n && t_arch && stt.is_dir) {
 		pthread_mutex_unlock(&s->mu);
 		return ulp_arch_err(s->a, -ULP_E_ISDIR, "%s: is a directory", t);
@@ -1736,9 +1872,13 @@ int ulp_session_unlink(ulp_session *s, const char *path)
 			return 0;
 		}
 	snode *n = find_node(s, path);
+	if (s->a->contrib && (!n || ulp_stage_taken(n->stage))) {
+		pthread_mutex_unlock(&s->mu);
+		return n || !ulp_session_hidden_name(path) ? contrib_refuse(s, path, "remove") : 0;
+	}
 	int rc = n ? unname(s, n) : 0;
 	pthread_mutex_unlock(&s->mu);
-	if (rc < 0)
+	if (rc < 0 || s->a->contrib)
 		return rc;
 	/* a hidden name lives only while its file is open (invariant 6); its
 	 * node goes at the last release unless something else (a queue entry
@@ -1754,6 +1894,8 @@ int ulp_session_unlink(ulp_session *s, const char *path)
 
 int ulp_session_rmdir(ulp_session *s, const char *path)
 {
+	if (s->a->contrib)
+		return contrib_refuse(s, path, "remove");
 	ulp_stat st;
 	ULP_TRY(ulp_archive_stat(s->a, path, &st));
 	if (!st.is_dir)
@@ -1773,6 +1915,10 @@ int ulp_session_setattr(ulp_session *s, const char *path, ulp_sfile *h, unsigned
 {
 	pthread_mutex_lock(&s->mu);
 	snode *n = h && h->n ? h->n : path ? find_node(s, path) : NULL;
+	if (s->a->contrib && (!n || !n->dirty || ulp_stage_taken(n->stage))) {
+		pthread_mutex_unlock(&s->mu);
+		return contrib_refuse(s, path ? path : "(open file)", "change");
+	}
 	if (n) {
 		if (which & ULP_SET_MODE)
 			n->meta.mode = m->mode & 07777;

@@ -43,6 +43,15 @@
  *     not written again (the close after an fsync: DCP's sync_files, a
  *     trainer's save; two fsyncs saved a file): rec_path and rec_meta are
  *     the sidecar's content whenever meta_state is not META_NONE.
+ *  8. Many hosts write (archive/contrib.c): a contributor (a host whose
+ *     lease another holds) stages in staging/h-<host>/, same names and
+ *     sidecars, its data file made 0600 and turned 0640 when closed
+ *     (ulp_stage_record): the archiver takes (ulp_stage_take) only files
+ *     that are 0640 with a whole sidecar naming a final path, by renaming
+ *     the sidecar, then the data, into its own staging/ as a claimed file
+ *     (c<epoch>-<seq>, seq from 1000000000 up, after the open's claims), so
+ *     from then on invariants 5-6 hold for it: a killed archiver's
+ *     successor claims and archives it.
  */
 #include "arch_int.h"
 #include "store/shared.h"
@@ -65,26 +74,37 @@ struct ulp_stage {
 	int meta_state; /* 0 no sidecar, 1 recorded (kill -9 safe), 2 durable (fsynced) */
 	char *rec_path; /* what the sidecar on disk holds (invariant 7), or NULL */
 	ulp_meta rec_meta;
+	char origin[4200]; /* taken from a contributor (invariant 8): its dir/base, else "" */
 };
 
 enum { META_NONE, META_RECORDED, META_DURABLE };
 
+/* The directory a's own staged files live in (invariant 8). */
+static void stage_dir(const ulp_archive *a, char *dir, size_t cap)
+{
+	if (a->contrib_dir)
+		snprintf(dir, cap, "%s", a->contrib_dir);
+	else
+		snprintf(dir, cap, "%s/staging", a->dir);
+}
+
 int ulp_stage_new(ulp_archive *a, const char *copy_from, ulp_stage **out)
 {
 	static unsigned counter;
-	if (a->read_only)
+	if (a->read_only && !a->contrib)
 		return ulp_arch_err(a, -ULP_E_INVAL, "%s: archive is mounted read-only", a->dir);
 	ULP_TRY(ulp_lease_ok(a)); /* a writer that lost a shared archive's lease takes no more files */
 	ulp_stage *s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ULP_E_NOMEM;
 	s->a = a;
-	char me[ULP_PROC_TAG_MAX];
+	char me[ULP_PROC_TAG_MAX], dir[4200];
 	ulp_proc_tag(me, sizeof(me));
+	stage_dir(a, dir, sizeof(dir));
 	for (int tries = 0;; tries++) {
 		unsigned n = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
-		snprintf(s->data, sizeof(s->data), "%s/staging/%s-%u.data", a->dir, me, n);
-		snprintf(s->meta, sizeof(s->meta), "%s/staging/%s-%u.meta", a->dir, me, n);
+		snprintf(s->data, sizeof(s->data), "%.4000s/%s-%u.data", dir, me, n);
+		snprintf(s->meta, sizeof(s->meta), "%.4000s/%s-%u.meta", dir, me, n);
 		s->fd = open(s->data, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 		if (s->fd >= 0 || errno != EEXIST || tries > 1000)
 			break;
@@ -139,7 +159,7 @@ int64_t ulp_stage_write(ulp_stage *s, const void *buf, size_t len, uint64_t off)
 static int fsync_staging(ulp_archive *a)
 {
 	char dir[4300];
-	snprintf(dir, sizeof(dir), "%s/staging", a->dir);
+	stage_dir(a, dir, sizeof(dir));
 	return (errno = ulp_fsync_dir(dir)) != 0 ? ulp_arch_io_err(a, dir, "fsync") : 0;
 }
 
@@ -199,9 +219,79 @@ int ulp_stage_sync(ulp_stage *s, const char *path, const ulp_meta *m)
 
 int ulp_stage_record(ulp_stage *s, const char *path, const ulp_meta *m)
 {
+	ulp_stage_mark_closed(s); /* (a contributor's: invariant 8) */
 	if (recorded(s, path, m)) /* as durable as before: meta_state stays */
 		return 0;
 	return write_meta(s, path, m, s->meta_state == META_DURABLE);
+}
+
+void ulp_stage_mark_closed(ulp_stage *s)
+{
+	if (s->a->contrib)
+		fchmod(s->fd, 0640);
+}
+
+const char *ulp_stage_origin(const ulp_stage *s)
+{
+	return s->origin;
+}
+
+const char *ulp_stage_data_name(const ulp_stage *s)
+{
+	return s->data;
+}
+
+int ulp_stage_taken(const ulp_stage *s)
+{
+	return access(s->data, F_OK) != 0 && errno == ENOENT;
+}
+
+int ulp_stage_take(ulp_archive *a, const char *dir, const char *base, ulp_stage **out)
+{
+	static uint64_t counter;
+	*out = NULL;
+	if (!a->sh || !a->sh->writer)
+		return ulp_arch_err(a, -ULP_E_INVAL, "%s: only the lease holder takes other hosts' files", a->dir);
+	ulp_stage *s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ULP_E_NOMEM;
+	s->a = a;
+	s->fd = -1;
+	/* after the claims of the open (seq below nc), in the order taken */
+	uint64_t seq = 1000000000ULL + __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
+	char from[4600];
+	snprintf(s->origin, sizeof(s->origin), "%.4000s/%.180s", dir, base);
+	snprintf(s->data, sizeof(s->data), "%s/staging/c%020llu-%010llu.data", a->dir, (unsigned long long)a->sh->epoch,
+	         (unsigned long long)seq);
+	snprintf(s->meta, sizeof(s->meta), "%s/staging/c%020llu-%010llu.meta", a->dir, (unsigned long long)a->sh->epoch,
+	         (unsigned long long)seq);
+	int rc = 0;
+	snprintf(from, sizeof(from), "%s.meta", s->origin);
+	if (rename(from, s->meta) < 0) { /* the sidecar first: a contributor's forget wins or loses whole */
+		rc = errno == ENOENT ? -ULP_E_NOENT : ulp_arch_io_err(a, from, "rename");
+		free(s);
+		return rc;
+	}
+	snprintf(from, sizeof(from), "%s.data", s->origin);
+	if (rename(from, s->data) < 0) {
+		rc = errno == ENOENT ? -ULP_E_NOENT : ulp_arch_io_err(a, from, "rename");
+		unlink(s->meta);
+		free(s);
+		return rc;
+	}
+	s->fd = open(s->data, O_RDWR | O_CLOEXEC);
+	if (s->fd < 0) {
+		rc = ulp_arch_io_err(a, s->data, "open");
+		free(s); /* its files stay claimed: the next writer's recovery archives them */
+		return rc;
+	}
+	s->meta_state = META_RECORDED;
+	if ((rc = fsync_staging(a)) < 0) {
+		ulp_stage_close(s);
+		return rc;
+	}
+	*out = s;
+	return 0;
 }
 
 int ulp_stage_relabel(ulp_stage *s, const char *path, const ulp_meta *m)
@@ -283,7 +373,7 @@ void ulp_stage_close(ulp_stage *s)
 
 /* Parses a sidecar (either format, see the file's header) into path and m;
  * 0 if it is whole and names a path. */
-static int parse_meta(const char *file, char *path, size_t cap, ulp_meta *m)
+int ulp_stage_read_meta(const char *file, char *path, size_t cap, ulp_meta *m)
 {
 	char buf[4400];
 	FILE *f = fopen(file, "r");
@@ -500,7 +590,7 @@ int ulp_stage_recover(ulp_archive *a, unsigned *recovered, unsigned *removed)
 		snprintf(data, sizeof(data), "%s/%s", dir, name);
 		snprintf(meta, sizeof(meta), "%s/%.*s.meta", dir, (int)(l - 5), name);
 		ulp_meta m = {0};
-		if (parse_meta(meta, path, sizeof(path), &m) == 0) {
+		if (ulp_stage_read_meta(meta, path, sizeof(path), &m) == 0) {
 			int fd = open(data, O_RDONLY | O_CLOEXEC);
 			int r = fd >= 0 ? ulp_archive_put(a, path, fd, &m, NULL) : ulp_arch_io_err(a, data, "open");
 			if (fd >= 0)
@@ -575,4 +665,43 @@ int ulp_stage_recover_unmounted(ulp_archive *a, unsigned *recovered)
 	rc = ulp_stage_recover(a, recovered, &removed);
 	close(fd);
 	return rc;
+}
+
+int ulp_stage_sweep_own(ulp_archive *a)
+{
+	const char *dir = a->contrib_dir;
+	if (!dir)
+		return 0;
+	char me[ULP_PROC_TAG_MAX];
+	ulp_proc_tag(me, sizeof(me));
+	const char *host = strchr(me, '-'); /* "<pid>-<host>" */
+	DIR *d = opendir(dir);
+	if (!d || !host)
+		return d ? (closedir(d), 0) : ulp_arch_io_err(a, dir, "opendir");
+	size_t hl = strlen(host);
+	for (struct dirent *de; (de = readdir(d));) {
+		char *end;
+		long pid = strtol(de->d_name, &end, 10);
+		if (pid <= 0 || strncmp(end, host, hl) != 0 || end[hl] != '-' || !process_gone(pid))
+			continue; /* another host's name, or a live process's */
+		char p[4600], data[4600];
+		struct stat sb;
+		size_t l = strlen(de->d_name);
+		snprintf(p, sizeof(p), "%.4300s/%.255s", dir, de->d_name);
+		if (l > 4 && !strcmp(de->d_name + l - 4, ".tmp")) {
+			unlink(p); /* a sidecar being written when it died */
+		} else if (l > 5 && !strcmp(de->d_name + l - 5, ".data")) {
+			if (stat(p, &sb) == 0 && (sb.st_mode & 0777) != 0640) { /* never closed: never promised */
+				snprintf(data, sizeof(data), "%.4300s/%.*s.meta", dir, (int)(l - 5 > 250 ? 250 : l - 5), de->d_name);
+				unlink(data);
+				unlink(p);
+			}
+		} else if (l > 5 && !strcmp(de->d_name + l - 5, ".meta")) {
+			snprintf(data, sizeof(data), "%.4300s/%.*s.data", dir, (int)(l - 5 > 250 ? 250 : l - 5), de->d_name);
+			if (access(data, F_OK) != 0 && errno == ENOENT)
+				unlink(p); /* its data taken or removed */
+		}
+	}
+	closedir(d);
+	return 0;
 }

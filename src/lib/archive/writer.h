@@ -28,6 +28,51 @@ void ulp_stage_archived(ulp_stage *s);
  * claims the staged files it did not make */
 int ulp_stage_claim(ulp_archive *a);
 
+/* ---- many hosts write (archive/contrib.c; staging.c) --------------------- */
+
+/* A read-write open whose lease another host holds, with opts.contribute:
+ * the handle becomes a contributor (a->contrib) with staging/h-HOST. */
+int ulp_contrib_open(ulp_archive *a, ulp_err *err);
+void ulp_contrib_free(ulp_archive *a);
+/* A contributor's hand-over of a closed, recorded file: waits until the
+ * archiver took it (its staged files left staging/h-HOST) and the followed
+ * generation holds path with its size and mtime; 0, the archiver's failure
+ * (its note), or BUSY where stop(arg) says to give up (left staged). */
+int ulp_contrib_put(ulp_archive *a, ulp_stage *st, const char *path, const ulp_meta *m,
+                    int (*stop)(void *arg), void *arg);
+/* The archiver: takes every other host's closed files (staging/h-*) into
+ * its own staging, oldest first, and gives each to adopt (which owns the
+ * stage: it archives it, or closes it and leaves its files for the next
+ * writer); is_free(arg, path): 0 where the path is not to be taken now
+ * (a temporary or hidden name, or busy there: left for the next drain). Returns the number taken, or an error. */
+int ulp_contrib_drain(ulp_archive *a, int (*is_free)(void *arg, const char *path),
+                      int (*adopt)(void *arg, ulp_stage *st, const char *path, const ulp_meta *m), void *arg);
+/* The archiver could not archive a file a contributor staged: a note beside
+ * the contributor's staging names why (its ulp_contrib_put returns it). */
+void ulp_contrib_failed(ulp_archive *a, const ulp_stage *st, int rc, const char *why);
+/* Directories made on a contributor, until a generation holds them. */
+int ulp_contrib_mkdir(ulp_archive *a, const char *path, const ulp_meta *m);
+int ulp_contrib_stat_dir(ulp_archive *a, const char *path, ulp_stat *st);
+int ulp_contrib_list_dirs(ulp_archive *a, const char *dir, int (*cb)(void *arg, const char *name, const ulp_stat *st),
+                          void *arg);
+/* A contributor's staging directory, ARCHIVE/staging/h-HOST. */
+const char *ulp_contrib_dir(const ulp_archive *a);
+/* staging.c for them: a sidecar
+ * read (0, or -1 where it is not whole); a staged file moved from dir/base
+ * into a's staging under a claimed name and opened (NOENT: gone meanwhile);
+ * its origin (dir/base, "" where it was a's own); whether its data file left
+ * the name it was made under (taken by the archiver); a closed
+ * contributor's file marked for the archiver (its data file 0640). */
+int ulp_stage_read_meta(const char *file, char *path, size_t cap, ulp_meta *m);
+int ulp_stage_take(ulp_archive *a, const char *dir, const char *base, ulp_stage **out);
+const char *ulp_stage_origin(const ulp_stage *s);
+int ulp_stage_taken(const ulp_stage *s);
+void ulp_stage_mark_closed(ulp_stage *s);
+/* A contributor's open: its dead processes' files that were never closed
+ * (and sidecars whose data is gone) leave its staging/h-HOST. */
+int ulp_stage_sweep_own(ulp_archive *a);
+const char *ulp_stage_data_name(const ulp_stage *s);
+
 void ulp_ingest_free_spare(ulp_archive *a); /* ingest.c */
 /* Streamed tensors (ingest.c, also used by recode.c): the size above which a
  * tensor is coded a window at a time (ULP_STREAM_MIN, default 64 MiB); an

@@ -1506,6 +1506,7 @@ int ulp_archive_generation(ulp_archive *a, ulp_generation *g)
 	ulp_gen_poll(a, 0);
 	g->shared = 1;
 	g->writer = sh->writer;
+	g->contributor = a->contrib != NULL;
 	g->fenced = __atomic_load_n(&sh->fenced, __ATOMIC_RELAXED);
 	pthread_mutex_lock(&sh->mu);
 	g->gen = sh->gen;

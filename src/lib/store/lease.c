@@ -365,7 +365,8 @@ static int take(ulp_archive *a, ulp_err *err)
 			return ULP_ERR(err, -ULP_E_BUSY,
 			               "%s: another writer holds the archive's lease (host %s, pid %ld, epoch %" PRIu64
 			               ", renewed %.1f s ago; free in %.1f s unless renewed): one writer at a time on a "
-			               "shared archive; mount read-only (-o ro) to follow what it publishes",
+			               "shared archive; mount read-only (-o ro) to follow what it publishes, or -o contribute to write "
+			               "files for it to archive",
 			               a->dir, h.parsed ? h.host : "?", h.parsed ? h.pid : 0L, h.epoch,
 			               (double)(now - renewed) / 1000, (double)(renewed + lease - now) / 1000);
 	}
