@@ -107,7 +107,7 @@ static uint64_t n_chunks_for(uint64_t n, unsigned chunk_log2)
 
 static unsigned lanes_log2_for(uint64_t chunk_n)
 {
-	return chunk_n >= 65536 ? 5 : chunk_n >= 4096 ? 3 : chunk_n >= 512 ? 2 : 0;
+	return chunk_n >= 16384 ? 5 : chunk_n >= 4096 ? 3 : chunk_n >= 512 ? 2 : 0;
 }
 
 /* ---- encoder --------------------------------------------------------------- */
