@@ -24,7 +24,6 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <xxhash.h>
 #include <zstd.h>
 
 /* Fuzzing builds (FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION, set by the fuzz
@@ -182,7 +181,7 @@ static void cand_free(cand *c)
 #define ULP_PAYLOAD_SEED 0x554c50616b636b21ull
 static uint64_t payload_hash(const uint8_t *p, size_t len)
 {
-	return XXH3_64bits_withSeed(p, len, ULP_PAYLOAD_SEED);
+	return ulp_xxh64_seed(p, len, ULP_PAYLOAD_SEED);
 }
 
 /* Header bytes before the payloads, for candidate c (dst NULL: count only);
