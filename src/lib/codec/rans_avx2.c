@@ -697,3 +697,17 @@ void ulp_rans_enc_avx2(const ulp_fmt *f, unsigned pb, const uint16_t *ctx_row, u
 	}
 	*pp = p;
 }
+
+/* This file's row of the kernel table (codec.h). */
+const ulp_kernels ulp_kernels_avx2 = {
+	.name = "avx2",
+	.syms = ulp_rans_syms_avx2,
+	.syms_lanes = 8,
+	.rb16_beside = 1,
+	.rebuild16 = {ulp_rebuild16_avx2, NULL},
+	.rebuild32 = {ulp_rebuild32_avx2, NULL},
+	.anchor_rebuild = ulp_anchor_rebuild_avx2,
+	.pass1_16 = ulp_pass1_16_avx2,
+	.enc = ulp_rans_enc_avx2,
+	.enc_lanes = 8,
+};
