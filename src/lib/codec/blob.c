@@ -50,7 +50,7 @@ const char *ulp_codec_name(int codec)
 	return codec >= 0 && codec < ULP_CODEC__COUNT ? names[codec] : "unknown";
 }
 
-static int codec_has_ref(int codec)
+int ulp_codec_uses_ref(int codec)
 {
 	return codec == ULP_CODEC_IDENT || codec == ULP_CODEC_ZSTD_XOR || codec == ULP_CODEC_DELTA;
 }
@@ -199,7 +199,7 @@ static size_t write_header(const enc *e, const cand *c, const uint64_t *phash, u
 	PUT(tmp, 4);
 	o += put_varint(dst ? dst + o : NULL, e->n);
 	PUT(e->sha, 32);
-	if (codec_has_ref(c->codec))
+	if (ulp_codec_uses_ref(c->codec))
 		PUT(e->ref_sha, 32);
 	if (codec_is_rans(c->codec)) {
 		tmp[0] = (uint8_t)c->lanes_log2;
@@ -877,7 +877,7 @@ static int blob_open(const void *data, size_t avail, size_t len, ulp_blob **out,
 	int codec = b->info.codec;
 	uint64_t nch = codec == ULP_CODEC_IDENT ? 0 : n_chunks_for(v, cl);
 	b->info.n_chunks = (uint32_t)nch;
-	b->info.has_ref = codec_has_ref(codec);
+	b->info.has_ref = ulp_codec_uses_ref(codec);
 	if (end - p < 32 + (b->info.has_ref ? 32 : 0))
 		FAIL("blob header truncated");
 	memcpy(b->info.content_sha256, p, 32);
@@ -1361,7 +1361,7 @@ static void s_dec_init(senc *S, int codec, unsigned lanes_log2)
 	b->info.n_elems = S->e.n;
 	b->info.chunk_elems = 1u << S->e.chunk_log2;
 	b->info.n_chunks = (uint32_t)S->e.n_chunks;
-	b->info.has_ref = codec_has_ref(codec);
+	b->info.has_ref = ulp_codec_uses_ref(codec);
 	b->esize = S->e.esize;
 	b->lanes = 1u << lanes_log2;
 	b->f = S->e.f;
