@@ -221,10 +221,10 @@ void ulp_pass1(const ulp_fmt *f, int anchor, const void *src, const void *ref, s
 	const ulp_kernels *K = ulp_kernels_get();
 	ulp_bitw_init(&bw, raw, raw + raw_cap);
 	if (anchor)
-		DISPATCH(f, anchor_pass18(f, src, n, syms, counts, &bw),
-		         anchor_pass116(f, src, n, syms, counts, &bw),
-		         anchor_pass132(f, src, n, syms, counts, &bw),
-		         anchor_pass164(f, src, n, syms, counts, &bw))
+		DISPATCH(f, anchor_pass18(K, f, src, n, syms, counts, &bw),
+		         anchor_pass116(K, f, src, n, syms, counts, &bw),
+		         anchor_pass132(K, f, src, n, syms, counts, &bw),
+		         anchor_pass164(K, f, src, n, syms, counts, &bw))
 	else
 		DISPATCH(f, delta_pass18(K, f, src, ref, n, syms, counts, &bw),
 		         delta_pass116(K, f, src, ref, n, syms, counts, &bw),

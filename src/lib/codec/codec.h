@@ -120,6 +120,10 @@ size_t ulp_rebuild32_avx2(const uint8_t *syms, const uint32_t *ref, size_t n, co
 size_t ulp_anchor_rebuild_avx2(unsigned w, unsigned ash, unsigned ab, const uint8_t *syms,
                                size_t n, const uint8_t *raw, size_t raw_len, uint64_t *pos,
                                void *out);
+/* AVX2 pass 1 of 16-bit ANCHOR with one raw byte an element: the
+ * anchor_pass1_8 entry of ulp_kernels (a multiple of 32 elements). */
+size_t ulp_anchor_pass1_8_avx2(const uint16_t *x, size_t n, unsigned ash, uint8_t *syms,
+                               uint8_t *raw);
 /* AVX2 pass 1 of 16-bit DELTA, the contract of ulp_pass1_16_avx512 below. */
 void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, unsigned mshift,
                        unsigned emask, unsigned alphabet, uint8_t *syms, uint16_t *cidx,
@@ -208,6 +212,10 @@ typedef struct ulp_kernels {
 	void (*pass1_16)(const uint16_t *x, const uint16_t *r, size_t n, unsigned mshift,
 	                 unsigned emask, unsigned alphabet, uint8_t *syms, uint16_t *cidx,
 	                 uint64_t *vals, uint8_t *lens);
+	/* encoder pass 1 of 16-bit ANCHOR whose raw part is one byte (a_bits
+	 * 8: BF16), symbols and raw bytes of x[0, n); returns how many it did */
+	size_t (*anchor_pass1_8)(const uint16_t *x, size_t n, unsigned ash, uint8_t *syms,
+	                         uint8_t *raw);
 	/* encoder rANS pass: enc32 for exactly 32 lanes (n a multiple of 32),
 	 * else enc for lanes >= enc_lanes (n a multiple of lanes) */
 	void (*enc32)(const ulp_fmt *f, unsigned pb, const uint8_t *rowb, unsigned row0,

@@ -99,7 +99,7 @@ static void WN(delta_pass1)(const ulp_kernels *K, const ulp_fmt *f, const T *x, 
 	}
 }
 /* pass 1 of ANCHOR */
-static void WN(anchor_pass1)(const ulp_fmt *f, const T *x, size_t n,
+static void WN(anchor_pass1)(const ulp_kernels *K, const ulp_fmt *f, const T *x, size_t n,
                              uint8_t *syms, uint64_t *counts, ulp_bitw *bw)
 {
 	const unsigned sh = f->a_shift, ab = f->a_bits, nb = W - ab;
@@ -122,6 +122,17 @@ static void WN(anchor_pass1)(const ulp_fmt *f, const T *x, size_t n,
 		 * within the 8 bytes of slack it always has) */
 		const unsigned nby = nb / 8;
 		uint8_t *o = bw->p;
+		if (W == 16 && nby == 1 && ab == 8 && K->anchor_pass1_8) {
+			/* symbols and raw bytes by the kernel, counted here */
+			i = K->anchor_pass1_8((const uint16_t *)(const void *)x, n, sh, syms, o);
+			for (size_t j = 0; j + 4 <= i; j += 4) {
+				sub[0][syms[j]]++;
+				sub[1][syms[j + 1]]++;
+				sub[2][syms[j + 2]]++;
+				sub[3][syms[j + 3]]++;
+			}
+			o += i;
+		}
 		for (; i < n; i++) {
 			uint64_t u = x[i];
 			unsigned s = (unsigned)((u >> sh) & am);

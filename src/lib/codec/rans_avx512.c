@@ -336,6 +336,7 @@ const ulp_kernels ulp_kernels_avx512 = {
 	.rebuild32 = {ulp_rebuild32_avx512, ulp_rebuild32_avx2},
 	.anchor_rebuild = ulp_anchor_rebuild_avx2,
 	.pass1_16 = ulp_pass1_16_avx512,
+	.anchor_pass1_8 = ulp_anchor_pass1_8_avx2,
 	.enc32 = ulp_rans_enc_avx512,
 	.enc = ulp_rans_enc_avx2,
 	.enc_lanes = 8,
