@@ -13,8 +13,14 @@
 #if defined(HAVE_XXH3_64BITS_DISPATCH) && defined(HAVE_XXH3_64BITS_WITHSEED_DISPATCH)
 #define XXH_DISPATCH_DISABLE_REPLACE 1
 #include <xxh_x86dispatch.h>
-#define ULP_XXH3(p, n) XXH3_64bits_dispatch(p, n)
-#define ULP_XXH3_SEED(p, n, s) XXH3_64bits_withSeed_dispatch(p, n, s)
+/* weak: in a fully static link Debian's libxxhash.a has no dispatcher (its
+ * shared library has), the addresses are then NULL and the plain entry
+ * points run */
+#pragma weak XXH3_64bits_dispatch
+#pragma weak XXH3_64bits_withSeed_dispatch
+#define ULP_XXH3(p, n) (XXH3_64bits_dispatch ? XXH3_64bits_dispatch(p, n) : XXH3_64bits(p, n))
+#define ULP_XXH3_SEED(p, n, s) \
+	(XXH3_64bits_withSeed_dispatch ? XXH3_64bits_withSeed_dispatch(p, n, s) : XXH3_64bits_withSeed(p, n, s))
 #else
 #define ULP_XXH3(p, n) XXH3_64bits(p, n)
 #define ULP_XXH3_SEED(p, n, s) XXH3_64bits_withSeed(p, n, s)
