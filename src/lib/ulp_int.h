@@ -151,6 +151,8 @@ void *ulp_scratch_or_malloc(unsigned slot, size_t size, int *owned);
 
 /* 64-bit content checksum of a decoded chunk (XXH3-64, seed 0). */
 uint64_t ulp_xxh64(const void *data, size_t len);
+/* XXH3-64 with a seed (the same values as XXH3_64bits_withSeed). */
+uint64_t ulp_xxh64_seed(const void *data, size_t len, uint64_t seed);
 
 /* io.c: all n bytes at off (short transfers continued, EINTR retried):
  * 0, or the errno (EIO where a write wrote nothing or a read met the end). */

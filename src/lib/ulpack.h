@@ -137,6 +137,9 @@ enum {
 	ULP_CODEC__COUNT
 };
 const char *ulp_codec_name(int codec);
+/* 1 if blobs of this codec decode from a reference (IDENT, ZSTD_XOR, DELTA): the one
+ * test the blob parser, ingest and re-coding use for "the reference is used". */
+int ulp_codec_uses_ref(int codec);
 
 #define ULP_SHA256_LEN 32
 #define ULP_DEFAULT_CHUNK_LOG2 20 /* elements per chunk: 2^20 */

@@ -169,9 +169,14 @@ static void test_hostile(void)
 		if (codec == ULP_CODEC_IDENT)
 			continue;
 		ulp_enc_opts o = {.chunk_log2 = 10, .force_codec = codec + 1};
-		const uint16_t *ref = codec == ULP_CODEC_DELTA || codec == ULP_CODEC_ZSTD_XOR ? r : NULL;
+		const uint16_t *ref = ulp_codec_uses_ref(codec) ? r : NULL;
 		blob b = enc(&o, NULL, ULP_DT_BF16, x, n * 2, ref);
 		CHECK(dec(&b, ref, n * 2, x) == 0, "%s round trip", ulp_codec_name(codec));
+		ulp_blob *h = NULL;
+		CHECK(ulp_blob_open(b.p, b.n, &h, NULL, 0) == 0 &&
+		              ulp_blob_get_info(h)->has_ref == ulp_codec_uses_ref(codec),
+		      "%s: the blob's has_ref is ulp_codec_uses_ref", ulp_codec_name(codec));
+		ulp_blob_close(h);
 		if (ref)
 			CHECK(dec(&b, r2, n * 2, x) == -ULP_E_CHECKSUM || dec(&b, r2, n * 2, x) == -ULP_E_CORRUPT,
 			      "%s with a wrong reference fails", ulp_codec_name(codec));
@@ -428,5 +433,10 @@ int main(void)
 	test_choice();
 	test_threads();
 	test_hostile();
+	CHECK(ulp_codec_uses_ref(ULP_CODEC_IDENT) && ulp_codec_uses_ref(ULP_CODEC_ZSTD_XOR) &&
+	              ulp_codec_uses_ref(ULP_CODEC_DELTA) && !ulp_codec_uses_ref(ULP_CODEC_RAW) &&
+	              !ulp_codec_uses_ref(ULP_CODEC_ZSTD) && !ulp_codec_uses_ref(ULP_CODEC_ANCHOR) &&
+	              !ulp_codec_uses_ref(-1) && !ulp_codec_uses_ref(ULP_CODEC__COUNT),
+	      "ulp_codec_uses_ref: IDENT, ZSTD_XOR and DELTA only");
 	return tap_done();
 }

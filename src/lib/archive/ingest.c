@@ -1030,7 +1030,7 @@ static void code_stream(batch *bt, size_t i)
 		j->blob_len = (size_t)s.blob_len;
 		j->stream_chunk = s.chunk_bytes;
 		j->codec = s.codec;
-		j->used_ref = s.codec == ULP_CODEC_DELTA || s.codec == ULP_CODEC_ZSTD_XOR || s.codec == ULP_CODEC_IDENT;
+		j->used_ref = ulp_codec_uses_ref(s.codec);
 		write_stream(p, j, &s, &io, pool);
 		ulp_senc_free(&s);
 	}

@@ -24,7 +24,6 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <xxhash.h>
 #include <zstd.h>
 
 /* Fuzzing builds (FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION, set by the fuzz
@@ -51,7 +50,7 @@ const char *ulp_codec_name(int codec)
 	return codec >= 0 && codec < ULP_CODEC__COUNT ? names[codec] : "unknown";
 }
 
-static int codec_has_ref(int codec)
+int ulp_codec_uses_ref(int codec)
 {
 	return codec == ULP_CODEC_IDENT || codec == ULP_CODEC_ZSTD_XOR || codec == ULP_CODEC_DELTA;
 }
@@ -107,7 +106,7 @@ static uint64_t n_chunks_for(uint64_t n, unsigned chunk_log2)
 
 static unsigned lanes_log2_for(uint64_t chunk_n)
 {
-	return chunk_n >= 65536 ? 5 : chunk_n >= 4096 ? 3 : chunk_n >= 512 ? 2 : 0;
+	return chunk_n >= 16384 ? 5 : chunk_n >= 4096 ? 3 : chunk_n >= 512 ? 2 : 0;
 }
 
 /* ---- encoder --------------------------------------------------------------- */
@@ -182,7 +181,7 @@ static void cand_free(cand *c)
 #define ULP_PAYLOAD_SEED 0x554c50616b636b21ull
 static uint64_t payload_hash(const uint8_t *p, size_t len)
 {
-	return XXH3_64bits_withSeed(p, len, ULP_PAYLOAD_SEED);
+	return ulp_xxh64_seed(p, len, ULP_PAYLOAD_SEED);
 }
 
 /* Header bytes before the payloads, for candidate c (dst NULL: count only);
@@ -200,7 +199,7 @@ static size_t write_header(const enc *e, const cand *c, const uint64_t *phash, u
 	PUT(tmp, 4);
 	o += put_varint(dst ? dst + o : NULL, e->n);
 	PUT(e->sha, 32);
-	if (codec_has_ref(c->codec))
+	if (ulp_codec_uses_ref(c->codec))
 		PUT(e->ref_sha, 32);
 	if (codec_is_rans(c->codec)) {
 		tmp[0] = (uint8_t)c->lanes_log2;
@@ -878,7 +877,7 @@ static int blob_open(const void *data, size_t avail, size_t len, ulp_blob **out,
 	int codec = b->info.codec;
 	uint64_t nch = codec == ULP_CODEC_IDENT ? 0 : n_chunks_for(v, cl);
 	b->info.n_chunks = (uint32_t)nch;
-	b->info.has_ref = codec_has_ref(codec);
+	b->info.has_ref = ulp_codec_uses_ref(codec);
 	if (end - p < 32 + (b->info.has_ref ? 32 : 0))
 		FAIL("blob header truncated");
 	memcpy(b->info.content_sha256, p, 32);
@@ -1362,7 +1361,7 @@ static void s_dec_init(senc *S, int codec, unsigned lanes_log2)
 	b->info.n_elems = S->e.n;
 	b->info.chunk_elems = 1u << S->e.chunk_log2;
 	b->info.n_chunks = (uint32_t)S->e.n_chunks;
-	b->info.has_ref = codec_has_ref(codec);
+	b->info.has_ref = ulp_codec_uses_ref(codec);
 	b->esize = S->e.esize;
 	b->lanes = 1u << lanes_log2;
 	b->f = S->e.f;

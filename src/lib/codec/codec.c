@@ -18,6 +18,11 @@
  * a_shift (the exponent field, or its top 8 bits for F64), context 0; raw =
  * the remaining w - a_bits bits, low part first.
  *
+ * The SIMD kernels are reached only through the kernel table (ulp_kernels,
+ * codec.h): each entry point asks ulp_kernels_get once and hands the row to
+ * the width code of codec_width.h, which runs a kernel where the row has one
+ * and its own scalar loop otherwise.
+ *
  * Invariants:
  *  1. symbol(z) < alphabet = 4w - 4 for every w-bit z, and z is recovered
  *     exactly from (symbol, raw) by sym_base/sym_nraw below.
@@ -29,24 +34,6 @@
 #include <stdlib.h>
 
 #define ULP_DEC_BLOCK 2048 /* elements a decode block; a multiple of 32 lanes */
-
-/* Kernels not built for this target are compiled out here (no dead calls to
- * stubs, no arrays the compiler believes a stub leaves unset). */
-#ifdef ULP_HAVE_AVX2
-#define USE_AVX2() ulp_use_avx2()
-#else
-#define USE_AVX2() 0
-#endif
-#ifdef ULP_HAVE_AVX512
-#define USE_AVX512() ulp_use_avx512()
-#else
-#define USE_AVX512() 0
-#endif
-#ifdef ULP_HAVE_NEON
-#define USE_NEON() ulp_use_neon()
-#else
-#define USE_NEON() 0
-#endif
 
 int ulp_fmt_get(ulp_dtype dt, ulp_fmt *f)
 {
@@ -231,17 +218,18 @@ void ulp_pass1(const ulp_fmt *f, int anchor, const void *src, const void *ref, s
                uint8_t *syms, uint64_t *counts, uint8_t *raw, size_t raw_cap, uint64_t *raw_bits)
 {
 	ulp_bitw bw;
+	const ulp_kernels *K = ulp_kernels_get();
 	ulp_bitw_init(&bw, raw, raw + raw_cap);
 	if (anchor)
-		DISPATCH(f, anchor_pass18(f, src, n, syms, counts, &bw),
-		         anchor_pass116(f, src, n, syms, counts, &bw),
-		         anchor_pass132(f, src, n, syms, counts, &bw),
-		         anchor_pass164(f, src, n, syms, counts, &bw))
+		DISPATCH(f, anchor_pass18(K, f, src, n, syms, counts, &bw),
+		         anchor_pass116(K, f, src, n, syms, counts, &bw),
+		         anchor_pass132(K, f, src, n, syms, counts, &bw),
+		         anchor_pass164(K, f, src, n, syms, counts, &bw))
 	else
-		DISPATCH(f, delta_pass18(f, src, ref, n, syms, counts, &bw),
-		         delta_pass116(f, src, ref, n, syms, counts, &bw),
-		         delta_pass132(f, src, ref, n, syms, counts, &bw),
-		         delta_pass164(f, src, ref, n, syms, counts, &bw))
+		DISPATCH(f, delta_pass18(K, f, src, ref, n, syms, counts, &bw),
+		         delta_pass116(K, f, src, ref, n, syms, counts, &bw),
+		         delta_pass132(K, f, src, ref, n, syms, counts, &bw),
+		         delta_pass164(K, f, src, ref, n, syms, counts, &bw))
 	*raw_bits = (uint64_t)(bw.p - raw) * 8 + bw.fill;
 	ulp_bitw_finish(&bw, raw);
 }
@@ -267,7 +255,8 @@ size_t ulp_chunk_raw_bound(const ulp_fmt *f, size_t n)
 
 uint64_t *ulp_esyms_pack(const ulp_table *t, const ulp_rans_esym *es)
 {
-	if (!(USE_AVX512() || USE_AVX2() || USE_NEON()) || t->n_ctx > 256 || t->n_rows > 255)
+	const ulp_kernels *K = ulp_kernels_get();
+	if (!(K->enc32 || K->enc) || t->n_ctx > 256 || t->n_rows > 255)
 		return NULL;
 	size_t m = (size_t)t->n_rows * t->alphabet;
 	uint64_t *p = malloc(m * sizeof(*p));
@@ -287,12 +276,13 @@ int ulp_chunk_encode(const ulp_fmt *f, const ulp_table *t, const ulp_rans_esym *
 	uint16_t *end = (uint16_t *)(rans_dst + (rans_cap & ~(size_t)1));
 	uint16_t *p = end;
 	uint32_t x[ULP_LANES_MAX];
+	const ulp_kernels *K = ulp_kernels_get();
 	for (unsigned l = 0; l < lanes; l++)
 		x[l] = ULP_RANS_L;
 	/* AVX-512: the scalar loop codes the last n mod 32 elements (they come
 	 * first), the kernel the rest (same states, same words) */
 	size_t n0 = 0;
-	if (es64 && lanes == 32 && (f->w == 16 || f->w == 32) && n >= 32 && USE_AVX512()) {
+	if (es64 && lanes == 32 && (f->w == 16 || f->w == 32) && n >= 32 && K->enc32) {
 		uint8_t rowb[256];
 		memset(rowb, 0xff, sizeof(rowb));
 		for (unsigned c = 0; c < t->n_ctx && c < 256; c++)
@@ -305,12 +295,11 @@ int ulp_chunk_encode(const ulp_fmt *f, const ulp_table *t, const ulp_rans_esym *
 		         put_rans16(f, t, es, lanes, ts, (const uint16_t *)(const void *)tr, n - n0, x, &p),
 		         put_rans32(f, t, es, lanes, ts, (const uint32_t *)(const void *)tr, n - n0, x, &p),
 		         (void)0);
-		ulp_rans_enc_avx512(f, t->prob_bits, rowb, t->ctx_row[0], t->alphabet, es64, syms, ref, n0,
-		                    x, &p);
-	} else if (es64 && lanes >= 8 && (f->w == 16 || f->w == 32) && n >= lanes && USE_AVX2()) {
-		/* AVX2: as above, the scalar loop codes the last n mod lanes
-		 * elements (from a multiple of lanes: its lane of element i is
-		 * i mod lanes counted from there) */
+		K->enc32(f, t->prob_bits, rowb, t->ctx_row[0], t->alphabet, es64, syms, ref, n0, x, &p);
+	} else if (es64 && K->enc && lanes >= K->enc_lanes && (f->w == 16 || f->w == 32) && n >= lanes) {
+		/* AVX2, NEON: as above, the scalar loop codes the last n mod
+		 * lanes elements (from a multiple of lanes: its lane of element
+		 * i is i mod lanes counted from there) */
 		n0 = n & ~(size_t)(lanes - 1);
 		const uint8_t *ts = syms + n0;
 		const uint8_t *tr = ref ? (const uint8_t *)ref + n0 * (f->w / 8) : NULL;
@@ -318,19 +307,7 @@ int ulp_chunk_encode(const ulp_fmt *f, const ulp_table *t, const ulp_rans_esym *
 		         put_rans16(f, t, es, lanes, ts, (const uint16_t *)(const void *)tr, n - n0, x, &p),
 		         put_rans32(f, t, es, lanes, ts, (const uint32_t *)(const void *)tr, n - n0, x, &p),
 		         (void)0);
-		ulp_rans_enc_avx2(f, t->prob_bits, t->ctx_row, t->n_ctx, t->alphabet, es64, syms, ref,
-		                  lanes, n0, x, &p);
-	} else if (es64 && lanes >= 4 && (f->w == 16 || f->w == 32) && n >= lanes && USE_NEON()) {
-		/* NEON: as AVX2 */
-		n0 = n & ~(size_t)(lanes - 1);
-		const uint8_t *ts = syms + n0;
-		const uint8_t *tr = ref ? (const uint8_t *)ref + n0 * (f->w / 8) : NULL;
-		DISPATCH(f, (void)0,
-		         put_rans16(f, t, es, lanes, ts, (const uint16_t *)(const void *)tr, n - n0, x, &p),
-		         put_rans32(f, t, es, lanes, ts, (const uint32_t *)(const void *)tr, n - n0, x, &p),
-		         (void)0);
-		ulp_rans_enc_neon(f, t->prob_bits, t->ctx_row, t->n_ctx, t->alphabet, es64, syms, ref,
-		                  lanes, n0, x, &p);
+		K->enc(f, t->prob_bits, t->ctx_row, t->n_ctx, t->alphabet, es64, syms, ref, lanes, n0, x, &p);
 	} else {
 		DISPATCH(f, put_rans8(f, t, es, lanes, syms, ref, n, x, &p),
 		         put_rans16(f, t, es, lanes, syms, ref, n, x, &p),
@@ -362,11 +339,12 @@ int ulp_chunk_decode(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, const 
 			return ULP_CORRUPT(err, "rANS lane %u starts in invalid state %#x", l, x[l]);
 	}
 	const uint8_t *wp = rans + 4 * lanes, *wend = rans + rans_len;
+	const ulp_kernels *K = ulp_kernels_get();
 	int rc;
-	DISPATCH(f, rc = decode8(f, d, lanes, x, &wp, wend, raw, raw_len, raw_bits, ref, n, dst, err),
-	         rc = decode16(f, d, lanes, x, &wp, wend, raw, raw_len, raw_bits, ref, n, dst, err),
-	         rc = decode32(f, d, lanes, x, &wp, wend, raw, raw_len, raw_bits, ref, n, dst, err),
-	         rc = decode64(f, d, lanes, x, &wp, wend, raw, raw_len, raw_bits, ref, n, dst, err));
+	DISPATCH(f, rc = decode8(K, f, d, lanes, x, &wp, wend, raw, raw_len, raw_bits, ref, n, dst, err),
+	         rc = decode16(K, f, d, lanes, x, &wp, wend, raw, raw_len, raw_bits, ref, n, dst, err),
+	         rc = decode32(K, f, d, lanes, x, &wp, wend, raw, raw_len, raw_bits, ref, n, dst, err),
+	         rc = decode64(K, f, d, lanes, x, &wp, wend, raw, raw_len, raw_bits, ref, n, dst, err));
 	if (rc < 0)
 		return rc;
 	for (unsigned l = 0; l < lanes; l++)
@@ -379,96 +357,9 @@ int ulp_chunk_decode(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, const 
 	return 0;
 }
 
-#ifndef ULP_HAVE_AVX2
-void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, unsigned mshift,
-                       unsigned emask, unsigned alphabet, uint8_t *syms, uint16_t *cidx,
-                       uint64_t *vals, uint8_t *lens)
-{
-	(void)x, (void)r, (void)n, (void)mshift, (void)emask, (void)alphabet, (void)syms;
-	(void)cidx, (void)vals, (void)lens; /* never called: ulp_use_avx2() is 0 */
-}
+static const ulp_kernels kernels_scalar = {.name = "scalar", .scalar = 1};
 
-size_t ulp_rebuild16_avx2(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
-                          size_t raw_len, uint64_t *pos, uint16_t *out)
-{
-	(void)syms, (void)ref, (void)n, (void)raw, (void)raw_len, (void)pos, (void)out;
-	return 0;
-}
-
-size_t ulp_rans_syms_avx2(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, uint32_t *x,
-                          const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms,
-                          ulp_rb16_job *bg)
-{
-	(void)f, (void)d, (void)lanes, (void)x, (void)wpp, (void)ref, (void)n, (void)syms, (void)bg;
-	return SIZE_MAX; /* never called: ulp_use_avx2() is 0 */
-}
-
-size_t ulp_rebuild32_avx2(const uint8_t *syms, const uint32_t *ref, size_t n, const uint8_t *raw,
-                          size_t raw_len, uint64_t *pos, uint32_t *out)
-{
-	(void)syms, (void)ref, (void)n, (void)raw, (void)raw_len, (void)pos, (void)out;
-	return 0;
-}
-
-size_t ulp_anchor_rebuild_avx2(unsigned w, unsigned ash, unsigned ab, const uint8_t *syms,
-                               size_t n, const uint8_t *raw, size_t raw_len, uint64_t *pos,
-                               void *out)
-{
-	(void)w, (void)ash, (void)ab, (void)syms, (void)n, (void)raw, (void)raw_len, (void)pos, (void)out;
-	return 0;
-}
-
-void ulp_rans_enc_avx2(const ulp_fmt *f, unsigned pb, const uint16_t *ctx_row, unsigned n_ctx,
-                       unsigned alphabet, const uint64_t *es64, const uint8_t *syms,
-                       const void *ref, unsigned lanes, size_t n, uint32_t *x, uint16_t **pp)
-{
-	(void)f, (void)pb, (void)ctx_row, (void)n_ctx, (void)alphabet, (void)es64, (void)syms;
-	(void)ref, (void)lanes, (void)n, (void)x, (void)pp; /* never called: ulp_use_avx2() is 0 */
-}
-#endif
-
-#ifndef ULP_HAVE_AVX512
-size_t ulp_rans_syms_avx512(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, uint32_t *x,
-                            const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms)
-{
-	(void)f, (void)d, (void)lanes, (void)x, (void)wpp, (void)ref, (void)n, (void)syms;
-	return SIZE_MAX; /* never called: ulp_use_avx512() is 0 */
-}
-
-size_t ulp_rebuild16_avx512(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
-                            size_t raw_len, uint64_t *pos, uint16_t *out)
-{
-	(void)syms, (void)ref, (void)n, (void)raw, (void)raw_len, (void)pos, (void)out;
-	return 0;
-}
-
-void ulp_rans_enc_avx512(const ulp_fmt *f, unsigned pb, const uint8_t *rowb, unsigned row0,
-                         unsigned alphabet, const uint64_t *es64, const uint8_t *syms,
-                         const void *ref, size_t n, uint32_t *x, uint16_t **pp)
-{
-	(void)f, (void)pb, (void)rowb, (void)row0, (void)alphabet, (void)es64, (void)syms;
-	(void)ref, (void)n, (void)x, (void)pp; /* never called: ulp_use_avx512() is 0 */
-}
-
-void ulp_pass1_16_avx512(const uint16_t *x, const uint16_t *r, size_t n, unsigned mshift,
-                         unsigned emask, unsigned alphabet, uint8_t *syms, uint16_t *cidx,
-                         uint64_t *vals, uint8_t *lens)
-{
-	(void)x, (void)r, (void)n, (void)mshift, (void)emask, (void)alphabet, (void)syms;
-	(void)cidx, (void)vals, (void)lens; /* never called: ulp_use_avx512() is 0 */
-}
-
-size_t ulp_rebuild32_avx512(const uint8_t *syms, const uint32_t *ref, size_t n, const uint8_t *raw,
-                            size_t raw_len, uint64_t *pos, uint32_t *out)
-{
-	(void)syms, (void)ref, (void)n, (void)raw, (void)raw_len, (void)pos, (void)out;
-	return 0;
-}
-#endif
-
-/* 1 if the kernels of feature bit want are built, supported by this CPU and
- * allowed by ulp_set_cpu_mask. */
-static int use_kernels(unsigned want)
+const ulp_kernels *ulp_kernels_get(void)
 {
 	static int have = -1; /* probed once; a race only stores the same value twice */
 	int h = __atomic_load_n(&have, __ATOMIC_RELAXED);
@@ -476,22 +367,21 @@ static int use_kernels(unsigned want)
 		h = (int)ulp_cpu_features();
 		__atomic_store_n(&have, h, __ATOMIC_RELAXED);
 	}
-	return ((unsigned)h & want) && (__atomic_load_n(&ulp_cpu_mask_active, __ATOMIC_RELAXED) & want);
-}
-
-int ulp_use_avx2(void)
-{
-	return use_kernels(ULP_CPU_AVX2);
-}
-
-int ulp_use_avx512(void)
-{
-	return use_kernels(ULP_CPU_AVX512);
-}
-
-int ulp_use_neon(void)
-{
-	return use_kernels(ULP_CPU_NEON);
+	const unsigned m = (unsigned)h & __atomic_load_n(&ulp_cpu_mask_active, __ATOMIC_RELAXED);
+	(void)m;
+#ifdef ULP_HAVE_AVX512
+	if ((m & ULP_CPU_AVX512) && (m & ULP_CPU_AVX2))
+		return &ulp_kernels_avx512;
+#endif
+#ifdef ULP_HAVE_AVX2
+	if (m & ULP_CPU_AVX2)
+		return &ulp_kernels_avx2;
+#endif
+#ifdef ULP_HAVE_NEON
+	if (m & ULP_CPU_NEON)
+		return &ulp_kernels_neon;
+#endif
+	return &kernels_scalar;
 }
 
 /* every table's nraw and base (built once) */

@@ -120,6 +120,10 @@ size_t ulp_rebuild32_avx2(const uint8_t *syms, const uint32_t *ref, size_t n, co
 size_t ulp_anchor_rebuild_avx2(unsigned w, unsigned ash, unsigned ab, const uint8_t *syms,
                                size_t n, const uint8_t *raw, size_t raw_len, uint64_t *pos,
                                void *out);
+/* AVX2 pass 1 of 16-bit ANCHOR with one raw byte an element: the
+ * anchor_pass1_8 entry of ulp_kernels (a multiple of 32 elements). */
+size_t ulp_anchor_pass1_8_avx2(const uint16_t *x, size_t n, unsigned ash, uint8_t *syms,
+                               uint8_t *raw);
 /* AVX2 pass 1 of 16-bit DELTA, the contract of ulp_pass1_16_avx512 below. */
 void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, unsigned mshift,
                        unsigned emask, unsigned alphabet, uint8_t *syms, uint16_t *cidx,
@@ -129,8 +133,6 @@ void ulp_pass1_16_avx2(const uint16_t *x, const uint16_t *r, size_t n, unsigned 
 void ulp_rans_enc_avx2(const ulp_fmt *f, unsigned pb, const uint16_t *ctx_row, unsigned n_ctx,
                        unsigned alphabet, const uint64_t *es64, const uint8_t *syms,
                        const void *ref, unsigned lanes, size_t n, uint32_t *x, uint16_t **pp);
-/* 1 if the AVX2 kernels are built, supported and allowed by ulp_set_cpu_mask. */
-int ulp_use_avx2(void);
 
 /*
  * AVX-512 kernels (rans_avx512.c), same contracts as their AVX2 twins: the
@@ -143,7 +145,6 @@ size_t ulp_rebuild16_avx512(const uint8_t *syms, const uint16_t *ref, size_t n, 
                             size_t raw_len, uint64_t *pos, uint16_t *out);
 size_t ulp_rebuild32_avx512(const uint8_t *syms, const uint32_t *ref, size_t n, const uint8_t *raw,
                             size_t raw_len, uint64_t *pos, uint32_t *out);
-int ulp_use_avx512(void);
 /* AVX-512 pass 1 of 16-bit DELTA (n a multiple of 16): symbols, count
  * indices, raw tails merged four elements at a time (rans_avx512.c). */
 void ulp_pass1_16_avx512(const uint16_t *x, const uint16_t *r, size_t n, unsigned mshift,
@@ -173,7 +174,64 @@ void ulp_rans_enc_neon(const ulp_fmt *f, unsigned pb, const uint16_t *ctx_row, u
 size_t ulp_anchor_rebuild_neon(unsigned w, unsigned ash, unsigned ab, const uint8_t *syms,
                                size_t n, const uint8_t *raw, size_t raw_len, uint64_t *pos,
                                void *out);
-int ulp_use_neon(void);
+
+/*
+ * The codec's kernels as one table, a row a CPU path: the scalar row (every
+ * entry NULL: the scalar reference of codec_width.h does all), and the AVX2,
+ * AVX-512 and NEON rows, each defined in its kernel file (rans_avx2.c,
+ * rans_avx512.c, rans_neon.c) and compiled only where it is built.
+ * ulp_kernels_get picks the row from the CPU's features (probed once) and
+ * ulp_set_cpu_mask; codec.c asks once a call (a chunk, a pass 1) and hands
+ * the row down, so no CPU check sits in the scalar code. A NULL entry: the
+ * scalar loop does that part; every kernel gives the scalar reference's
+ * bytes and symbols.
+ */
+typedef struct ulp_kernels {
+	const char *name;
+	int scalar;        /* the scalar row: codec.c's fused 16-bit loop runs */
+	/* decoder pass A, 16/32-bit: syms_wide for lanes >= 16 and n a
+	 * multiple of 64 (d->rowb_ok when ref is given), else syms for lanes >=
+	 * syms_lanes and n a multiple of 32 */
+	size_t (*syms_wide)(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, uint32_t *x,
+	                    const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms);
+	size_t (*syms)(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, uint32_t *x,
+	               const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms,
+	               ulp_rb16_job *bg);
+	unsigned syms_lanes;
+	int rb16_beside;   /* syms runs an ulp_rb16_job beside its 8-lane chain */
+	/* decoder pass B of DELTA: the two run in order, each from where the
+	 * previous stopped (AVX-512 then AVX2 for the rest) */
+	size_t (*rebuild16[2])(const uint8_t *syms, const uint16_t *ref, size_t n, const uint8_t *raw,
+	                       size_t raw_len, uint64_t *pos, uint16_t *out);
+	size_t (*rebuild32[2])(const uint8_t *syms, const uint32_t *ref, size_t n, const uint8_t *raw,
+	                       size_t raw_len, uint64_t *pos, uint32_t *out);
+	/* decoder pass B of ANCHOR, 16/32-bit */
+	size_t (*anchor_rebuild)(unsigned w, unsigned ash, unsigned ab, const uint8_t *syms, size_t n,
+	                         const uint8_t *raw, size_t raw_len, uint64_t *pos, void *out);
+	/* encoder pass 1 of 16-bit DELTA (n a multiple of 16) */
+	void (*pass1_16)(const uint16_t *x, const uint16_t *r, size_t n, unsigned mshift,
+	                 unsigned emask, unsigned alphabet, uint8_t *syms, uint16_t *cidx,
+	                 uint64_t *vals, uint8_t *lens);
+	/* encoder pass 1 of 16-bit ANCHOR whose raw part is one byte (a_bits
+	 * 8: BF16), symbols and raw bytes of x[0, n); returns how many it did */
+	size_t (*anchor_pass1_8)(const uint16_t *x, size_t n, unsigned ash, uint8_t *syms,
+	                         uint8_t *raw);
+	/* encoder rANS pass: enc32 for exactly 32 lanes (n a multiple of 32),
+	 * else enc for lanes >= enc_lanes (n a multiple of lanes) */
+	void (*enc32)(const ulp_fmt *f, unsigned pb, const uint8_t *rowb, unsigned row0,
+	              unsigned alphabet, const uint64_t *es64, const uint8_t *syms,
+	              const void *ref, size_t n, uint32_t *x, uint16_t **pp);
+	void (*enc)(const ulp_fmt *f, unsigned pb, const uint16_t *ctx_row, unsigned n_ctx,
+	            unsigned alphabet, const uint64_t *es64, const uint8_t *syms,
+	            const void *ref, unsigned lanes, size_t n, uint32_t *x, uint16_t **pp);
+	unsigned enc_lanes;
+} ulp_kernels;
+
+extern const ulp_kernels ulp_kernels_avx2, ulp_kernels_avx512, ulp_kernels_neon;
+
+/* The row of the best path this CPU has and ulp_set_cpu_mask allows
+ * (AVX-512 needs AVX2 allowed too: its tails are AVX2 code). */
+const ulp_kernels *ulp_kernels_get(void);
 
 /* Decodes one chunk into dst (n elements); every stream is bounds-checked. */
 int ulp_chunk_decode(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, const uint8_t *rans,

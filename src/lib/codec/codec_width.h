@@ -29,7 +29,7 @@ static inline T WN(unzz)(T z)
 	return (T)((T)(z >> 1) ^ (T)(0 - (T)(z & 1)));
 }
 /* pass 1 of DELTA: symbols, counts, and the raw tail (forward) */
-static void WN(delta_pass1)(const ulp_fmt *f, const T *x, const T *r, size_t n,
+static void WN(delta_pass1)(const ulp_kernels *K, const ulp_fmt *f, const T *x, const T *r, size_t n,
                             uint8_t *syms, uint64_t *counts, ulp_bitw *bw)
 {
 	const unsigned a = f->alphabet, sh = f->mshift;
@@ -37,8 +37,7 @@ static void WN(delta_pass1)(const ulp_fmt *f, const T *x, const T *r, size_t n,
 	/* G elements (at most 56 raw bits together) per bit-writer call */
 	const unsigned G = W <= 8 ? 8 : W <= 16 ? 4 : 1;
 	size_t i = 0;
-	const int v512 = W == 16 && n >= 16 && USE_AVX512();
-	if (v512 || (W == 16 && n >= 16 && USE_AVX2())) {
+	if (W == 16 && n >= 16 && K->pass1_16) {
 		/* symbols, count indices and merged raw tails in AVX-512 or
 		 * AVX2; counting and bit writing here */
 		uint16_t cix[1024];
@@ -53,14 +52,9 @@ static void WN(delta_pass1)(const ulp_fmt *f, const T *x, const T *r, size_t n,
 			memset(sub, 0, 4 * cells * sizeof(uint32_t));
 		while (n - i >= 16) {
 			size_t m = ULP_MIN((size_t)1024, (n - i) & ~(size_t)15);
-			if (v512)
-				ulp_pass1_16_avx512((const uint16_t *)(const void *)(x + i),
-				                    (const uint16_t *)(const void *)(r + i), m, sh,
-				                    (unsigned)em, a, syms + i, cix, vals, lens);
-			else
-				ulp_pass1_16_avx2((const uint16_t *)(const void *)(x + i),
-				                  (const uint16_t *)(const void *)(r + i), m, sh,
-				                  (unsigned)em, a, syms + i, cix, vals, lens);
+			K->pass1_16((const uint16_t *)(const void *)(x + i),
+			            (const uint16_t *)(const void *)(r + i), m, sh, (unsigned)em, a,
+			            syms + i, cix, vals, lens);
 			if (sub) {
 				for (size_t j = 0; j < m; j += 4) {
 					sub[cix[j]]++;
@@ -105,7 +99,7 @@ static void WN(delta_pass1)(const ulp_fmt *f, const T *x, const T *r, size_t n,
 	}
 }
 /* pass 1 of ANCHOR */
-static void WN(anchor_pass1)(const ulp_fmt *f, const T *x, size_t n,
+static void WN(anchor_pass1)(const ulp_kernels *K, const ulp_fmt *f, const T *x, size_t n,
                              uint8_t *syms, uint64_t *counts, ulp_bitw *bw)
 {
 	const unsigned sh = f->a_shift, ab = f->a_bits, nb = W - ab;
@@ -128,6 +122,17 @@ static void WN(anchor_pass1)(const ulp_fmt *f, const T *x, size_t n,
 		 * within the 8 bytes of slack it always has) */
 		const unsigned nby = nb / 8;
 		uint8_t *o = bw->p;
+		if (W == 16 && nby == 1 && ab == 8 && K->anchor_pass1_8) {
+			/* symbols and raw bytes by the kernel, counted here */
+			i = K->anchor_pass1_8((const uint16_t *)(const void *)x, n, sh, syms, o);
+			for (size_t j = 0; j + 4 <= i; j += 4) {
+				sub[0][syms[j]]++;
+				sub[1][syms[j + 1]]++;
+				sub[2][syms[j + 2]]++;
+				sub[3][syms[j + 3]]++;
+			}
+			o += i;
+		}
 		for (; i < n; i++) {
 			uint64_t u = x[i];
 			unsigned s = (unsigned)((u >> sh) & am);
@@ -225,36 +230,20 @@ static ULP_FORCE_INLINE size_t WN(passa)(
 }
 /* pass B of decode<W>, DELTA: elements start..bn - 1 of a block from
  * their symbols and the raw tail at bit *posp, which advances */
-static void WN(passb)(const ulp_dtab *d, const uint8_t *syms, const T *rb, T *ob,
+static void WN(passb)(const ulp_kernels *K, const ulp_dtab *d, const uint8_t *syms, const T *rb, T *ob,
                       size_t bn, size_t start, const uint8_t *raw, size_t raw_len,
                       uint64_t *posp)
 {
 	uint64_t pos = *posp;
 	size_t j0 = start;
-	if (W == 16 && USE_AVX512())
-		j0 += ulp_rebuild16_avx512(syms + j0, (const uint16_t *)(const void *)rb + j0,
-		                           bn - j0, raw, raw_len, &pos,
-		                           (uint16_t *)(void *)ob + j0);
-	if (W == 32 && USE_AVX512())
-		j0 += ulp_rebuild32_avx512(syms + j0, (const uint32_t *)(const void *)rb + j0,
-		                           bn - j0, raw, raw_len, &pos,
-		                           (uint32_t *)(void *)ob + j0);
-	if (W == 16 && USE_AVX2())
-		j0 += ulp_rebuild16_avx2(syms + j0, (const uint16_t *)(const void *)rb + j0,
-		                         bn - j0, raw, raw_len, &pos,
-		                         (uint16_t *)(void *)ob + j0);
-	if (W == 32 && USE_AVX2())
-		j0 += ulp_rebuild32_avx2(syms + j0, (const uint32_t *)(const void *)rb + j0,
-		                         bn - j0, raw, raw_len, &pos,
-		                         (uint32_t *)(void *)ob + j0);
-	if (W == 16 && USE_NEON())
-		j0 += ulp_rebuild16_neon(syms + j0, (const uint16_t *)(const void *)rb + j0,
-		                         bn - j0, raw, raw_len, &pos,
-		                         (uint16_t *)(void *)ob + j0);
-	if (W == 32 && USE_NEON())
-		j0 += ulp_rebuild32_neon(syms + j0, (const uint32_t *)(const void *)rb + j0,
-		                         bn - j0, raw, raw_len, &pos,
-		                         (uint32_t *)(void *)ob + j0);
+	for (unsigned k = 0; k < 2; k++) {
+		if (W == 16 && K->rebuild16[k])
+			j0 += K->rebuild16[k](syms + j0, (const uint16_t *)(const void *)rb + j0, bn - j0,
+			                      raw, raw_len, &pos, (uint16_t *)(void *)ob + j0);
+		if (W == 32 && K->rebuild32[k])
+			j0 += K->rebuild32[k](syms + j0, (const uint32_t *)(const void *)rb + j0, bn - j0,
+			                      raw, raw_len, &pos, (uint32_t *)(void *)ob + j0);
+	}
 	size_t i = j0;
 	uint64_t q = pos; /* a register copy */
 	/* 64 elements at a time while they cannot reach the tail's last 8
@@ -304,7 +293,7 @@ static void WN(passb)(const ulp_dtab *d, const uint8_t *syms, const T *rb, T *ob
  * loops short and free of serial bit-reader dependencies. The scalar
  * 16-bit path with references runs both a round of lanes at a time
  * (fused16) as far as it can, then the two passes do the rest. */
-static int WN(decode)(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes,
+static int WN(decode)(const ulp_kernels *K, const ulp_fmt *f, const ulp_dtab *d, unsigned lanes,
                       uint32_t *x, const uint8_t **wpp, const uint8_t *wend,
                       const uint8_t *raw, size_t raw_len, uint64_t raw_bits,
                       const T *r, size_t n, T *out, ulp_err *err)
@@ -319,8 +308,8 @@ static int WN(decode)(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes,
 	 * block k + 1's pass A (8-lane AVX2, whose serial chain leaves
 	 * the core idle), pend while it is not finished */
 	uint8_t symbuf[2][ULP_DEC_BLOCK];
-	const int fuse = W == 16 && r && lanes == 8 && USE_AVX2() && !USE_AVX512();
-	const int scalar16 = W == 16 && !USE_AVX2() && !USE_AVX512() && !USE_NEON();
+	const int fuse = W == 16 && r && lanes == 8 && K->rb16_beside;
+	const int scalar16 = W == 16 && K->scalar;
 	ulp_rb16_job bg = {0};
 	int pend = 0;
 	uint8_t wtail[2 * ULP_DEC_BLOCK + 32]; /* see pass A */
@@ -346,14 +335,11 @@ static int WN(decode)(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes,
 		}
 		size_t i0 = 0, m = SIZE_MAX, bstart = 0; /* pass B from bstart */
 		if (W == 16 || W == 32) {
-			if (lanes >= 16 && bn >= 64 && (!rb || d->rowb_ok) &&
-			    USE_AVX512())
-				m = ulp_rans_syms_avx512(f, d, lanes, x, &wp, rb, bn & ~(size_t)63, syms);
-			else if (lanes >= 8 && bn >= 32 && USE_AVX2())
-				m = ulp_rans_syms_avx2(f, d, lanes, x, &wp, rb, bn & ~(size_t)31, syms,
-				                       pend ? &bg : NULL);
-			else if (lanes >= 4 && bn >= 32 && USE_NEON())
-				m = ulp_rans_syms_neon(f, d, lanes, x, &wp, rb, bn & ~(size_t)31, syms);
+			if (lanes >= 16 && bn >= 64 && (!rb || d->rowb_ok) && K->syms_wide)
+				m = K->syms_wide(f, d, lanes, x, &wp, rb, bn & ~(size_t)63, syms);
+			else if (K->syms && lanes >= K->syms_lanes && bn >= 32)
+				m = K->syms(f, d, lanes, x, &wp, rb, bn & ~(size_t)31, syms,
+				            pend ? &bg : NULL);
 			i0 = m == SIZE_MAX ? 0 : m;
 		}
 		{
@@ -423,7 +409,7 @@ static int WN(decode)(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes,
 		}
 		if (pend) { /* the rest of the previous block's pass B */
 			pos = bg.pos;
-			WN(passb)(d, bg.syms, (const T *)(const void *)bg.ref, (T *)(void *)bg.out,
+			WN(passb)(K, d, bg.syms, (const T *)(const void *)bg.ref, (T *)(void *)bg.out,
 			         bg.n, bg.done, raw, raw_len, &pos);
 			pend = 0;
 		}
@@ -438,17 +424,13 @@ static int WN(decode)(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes,
 			                    (uint16_t *)(void *)ob, bn, 0, raw, raw_len, pos};
 			pend = 1;
 		} else if (rb) {
-			WN(passb)(d, syms, rb, ob, bn, bstart, raw, raw_len, &pos);
+			WN(passb)(K, d, syms, rb, ob, bn, bstart, raw, raw_len, &pos);
 		} else {
 			const unsigned nb = W - ab;
 			const uint64_t lo = ((uint64_t)1 << ash) - 1;
 			size_t i = 0;
-			if ((W == 16 || W == 32) && USE_AVX2())
-				i = ulp_anchor_rebuild_avx2(W, ash, ab, syms, bn, raw, raw_len,
-				                            &pos, ob);
-			else if ((W == 16 || W == 32) && USE_NEON())
-				i = ulp_anchor_rebuild_neon(W, ash, ab, syms, bn, raw, raw_len,
-				                            &pos, ob);
+			if ((W == 16 || W == 32) && K->anchor_rebuild)
+				i = K->anchor_rebuild(W, ash, ab, syms, bn, raw, raw_len, &pos, ob);
 			for (; i < bn; i++) {
 				uint64_t v = raw_bits_at(raw, raw_len, pos, nb);
 				pos += nb;

@@ -697,3 +697,42 @@ void ulp_rans_enc_avx2(const ulp_fmt *f, unsigned pb, const uint16_t *ctx_row, u
 	}
 	*pp = p;
 }
+
+/* ANCHOR pass 1 of 16-bit elements with a_bits 8 and one raw byte each
+ * (w - 8 = 8): symbol (u >> ash) & 0xff, raw byte (u & (2^ash - 1)) |
+ * (u >> (ash + 8)) << ash, as codec_width.h's anchor_pass1 computes them;
+ * 32 elements a step, the counting left to the caller. */
+size_t ulp_anchor_pass1_8_avx2(const uint16_t *x, size_t n, unsigned ash, uint8_t *syms,
+                               uint8_t *raw)
+{
+	const __m128i sh = _mm_cvtsi32_si128((int)ash), sh8 = _mm_cvtsi32_si128((int)ash + 8);
+	const __m256i ff = _mm256_set1_epi16(0xff), lo = _mm256_set1_epi16((short)((1u << ash) - 1));
+	size_t i = 0;
+	for (; i + 32 <= n; i += 32) {
+		__m256i a = _mm256_loadu_si256((const __m256i *)(x + i));
+		__m256i b = _mm256_loadu_si256((const __m256i *)(x + i + 16));
+		__m256i sa = _mm256_and_si256(_mm256_srl_epi16(a, sh), ff);
+		__m256i sb = _mm256_and_si256(_mm256_srl_epi16(b, sh), ff);
+		__m256i ra = _mm256_or_si256(_mm256_and_si256(a, lo), _mm256_sll_epi16(_mm256_srl_epi16(a, sh8), sh));
+		__m256i rb = _mm256_or_si256(_mm256_and_si256(b, lo), _mm256_sll_epi16(_mm256_srl_epi16(b, sh8), sh));
+		/* packus works per 128-bit half: a0-7 b0-7 | a8-15 b8-15, then in order */
+		_mm256_storeu_si256((__m256i *)(syms + i), _mm256_permute4x64_epi64(_mm256_packus_epi16(sa, sb), 0xD8));
+		_mm256_storeu_si256((__m256i *)(raw + i), _mm256_permute4x64_epi64(_mm256_packus_epi16(ra, rb), 0xD8));
+	}
+	return i;
+}
+
+/* This file's row of the kernel table (codec.h). */
+const ulp_kernels ulp_kernels_avx2 = {
+	.name = "avx2",
+	.syms = ulp_rans_syms_avx2,
+	.syms_lanes = 8,
+	.rb16_beside = 1,
+	.rebuild16 = {ulp_rebuild16_avx2, NULL},
+	.rebuild32 = {ulp_rebuild32_avx2, NULL},
+	.anchor_rebuild = ulp_anchor_rebuild_avx2,
+	.pass1_16 = ulp_pass1_16_avx2,
+	.anchor_pass1_8 = ulp_anchor_pass1_8_avx2,
+	.enc = ulp_rans_enc_avx2,
+	.enc_lanes = 8,
+};

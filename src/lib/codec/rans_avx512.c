@@ -323,3 +323,21 @@ size_t ulp_rebuild32_avx512(const uint8_t *syms, const uint32_t *ref, size_t n, 
 	*pos = p;
 	return i;
 }
+
+/* This file's row of the kernel table (codec.h): the AVX-512 kernels, and
+ * AVX2's where AVX-512 has none or for what they leave (fewer than 16
+ * lanes, 8-lane encoding, ANCHOR reconstruction, the tails of pass B). */
+const ulp_kernels ulp_kernels_avx512 = {
+	.name = "avx512",
+	.syms_wide = ulp_rans_syms_avx512,
+	.syms = ulp_rans_syms_avx2,
+	.syms_lanes = 8,
+	.rebuild16 = {ulp_rebuild16_avx512, ulp_rebuild16_avx2},
+	.rebuild32 = {ulp_rebuild32_avx512, ulp_rebuild32_avx2},
+	.anchor_rebuild = ulp_anchor_rebuild_avx2,
+	.pass1_16 = ulp_pass1_16_avx512,
+	.anchor_pass1_8 = ulp_anchor_pass1_8_avx2,
+	.enc32 = ulp_rans_enc_avx512,
+	.enc = ulp_rans_enc_avx2,
+	.enc_lanes = 8,
+};

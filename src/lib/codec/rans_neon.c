@@ -302,3 +302,25 @@ void ulp_rans_enc_neon(const ulp_fmt *f, unsigned pb, const uint16_t *ctx_row, u
 		vst1q_u32(x + 4 * j, xv[j]);
 	*pp = p;
 }
+
+/* The symbol pass in the table's signature (NEON runs no reconstruction
+ * beside it: bg is never given). */
+static size_t syms_row(const ulp_fmt *f, const ulp_dtab *d, unsigned lanes, uint32_t *x,
+                       const uint8_t **wpp, const void *ref, size_t n, uint8_t *syms,
+                       ulp_rb16_job *bg)
+{
+	(void)bg;
+	return ulp_rans_syms_neon(f, d, lanes, x, wpp, ref, n, syms);
+}
+
+/* This file's row of the kernel table (codec.h). */
+const ulp_kernels ulp_kernels_neon = {
+	.name = "neon",
+	.syms = syms_row,
+	.syms_lanes = 4,
+	.rebuild16 = {ulp_rebuild16_neon, NULL},
+	.rebuild32 = {ulp_rebuild32_neon, NULL},
+	.anchor_rebuild = ulp_anchor_rebuild_neon,
+	.enc = ulp_rans_enc_neon,
+	.enc_lanes = 4,
+};

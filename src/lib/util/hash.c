@@ -2,12 +2,29 @@
 /*
  * hash.c - content identity (SHA-256, from libcrypto: hardware-accelerated and
  * audited) and chunk checksums (XXH3-64 from libxxhash: checked on every
- * decode, so it must run at memory speed).
+ * decode, so it must run at memory speed: through libxxhash's x86 dispatcher,
+ * its AVX2 or AVX-512 loop, where the library has one).
  */
+#include "config.h"
 #include "ulp_int.h"
 #include <openssl/evp.h>
 #include <stdlib.h>
 #include <xxhash.h>
+#if defined(HAVE_XXH3_64BITS_DISPATCH) && defined(HAVE_XXH3_64BITS_WITHSEED_DISPATCH)
+#define XXH_DISPATCH_DISABLE_REPLACE 1
+#include <xxh_x86dispatch.h>
+/* weak: in a fully static link Debian's libxxhash.a has no dispatcher (its
+ * shared library has), the addresses are then NULL and the plain entry
+ * points run */
+#pragma weak XXH3_64bits_dispatch
+#pragma weak XXH3_64bits_withSeed_dispatch
+#define ULP_XXH3(p, n) (XXH3_64bits_dispatch ? XXH3_64bits_dispatch(p, n) : XXH3_64bits(p, n))
+#define ULP_XXH3_SEED(p, n, s) \
+	(XXH3_64bits_withSeed_dispatch ? XXH3_64bits_withSeed_dispatch(p, n, s) : XXH3_64bits_withSeed(p, n, s))
+#else
+#define ULP_XXH3(p, n) XXH3_64bits(p, n)
+#define ULP_XXH3_SEED(p, n, s) XXH3_64bits_withSeed(p, n, s)
+#endif
 
 void ulp_sha256(const void *data, size_t len, uint8_t out[ULP_SHA256_LEN])
 {
@@ -106,7 +123,12 @@ void ulp_sha256_hex(const uint8_t sha[ULP_SHA256_LEN], char out[65])
 
 uint64_t ulp_xxh64(const void *data, size_t len)
 {
-	return XXH3_64bits(data, len);
+	return ULP_XXH3(data, len);
+}
+
+uint64_t ulp_xxh64_seed(const void *data, size_t len, uint64_t seed)
+{
+	return ULP_XXH3_SEED(data, len, seed);
 }
 
 void ulp_byte_group(uint8_t *dst, const uint8_t *src, size_t n, unsigned es)
