@@ -179,6 +179,14 @@ struct ulp_archive {
 	                                generation that dbh names (gen.c) */
 	uint64_t commits;            /* atomic: index transactions committed (gen.c
 	                                publishes when it moved) */
+	uint64_t index_seq;          /* atomic: bumped after every commit of this process's
+	                                connections (db.c's WAL hook) and for each new
+	                                generation followed: a file table loaded at
+	                                another value is stale (store/ftab.c) */
+	int64_t index_commit_ms;     /* atomic: CLOCK_MONOTONIC ms of the last commit */
+	uint64_t index_stmts;        /* atomic: statements run on the index, any thread */
+	struct ulp_ftabh *fth;       /* set at open, read-only after: the file table
+	                                (store/ftab.c; its own locks), or NULL */
 	struct coded *inflight;      /* guarded by write_mu: a pipelined put's file whose
 	                                commit is not over (ulp_putq, ingest.c): set by
 	                                the writer between files, read by the jobs of the
@@ -325,6 +333,36 @@ int ulp_index_pack_name(ulp_archive *a, int64_t id, char *name, size_t cap);
 /* The same, and its size as the index has it (*size). */
 int ulp_index_pack_row(ulp_archive *a, int64_t id, char *name, size_t cap, uint64_t *size);
 
+/* ---- the file table (store/ftab.c) ----------------------------------------
+ * The index's files, their extents and the chains of blobs and packs behind
+ * them, in memory: a mount's lookups and opens run no SQL and read no page
+ * of the index. Loaded at open (ulp_archive_opts.file_table), loaded again
+ * by its own thread after a commit or a new generation made it stale. */
+typedef struct ulp_ftab ulp_ftab;
+/* where a blob's pack is, as the index has it */
+typedef struct ulp_packref {
+	int64_t id;
+	const char *name;      /* file name under packs/ */
+	uint64_t size;
+} ulp_packref;
+int ulp_ftab_open(ulp_archive *a);   /* at archive open: loads it (a hint: NULL on failure) */
+void ulp_ftab_close(ulp_archive *a); /* joins its thread, frees it */
+/* The table, held (ulp_ftab_put), if it is fresh (ftab.c invariant 1);
+ * NULL if there is none or it is stale (its thread is asked to load it
+ * again): the caller asks the index. */
+ulp_ftab *ulp_ftab_get(ulp_archive *a);
+void ulp_ftab_put(ulp_archive *a, ulp_ftab *t);
+/* Drops the table (a read that found a chain gone: read.c invariant 6). */
+void ulp_ftab_drop(ulp_archive *a);
+/* Waits until the table is fresh or ms passed; 1 if fresh (tests). */
+int ulp_ftab_wait(ulp_archive *a, unsigned ms);
+/* Bytes it holds, and its entries and blobs (tests, measurements). */
+void ulp_ftab_size(ulp_archive *a, uint64_t *bytes, size_t *entries, size_t *blobs);
+int ulp_ftab_stat(ulp_archive *a, const ulp_ftab *t, const char *path, ulp_stat *st);
+/* The blob of content sha: its row's pack, offset and stored size. NOENT. */
+int ulp_ftab_blob(const ulp_ftab *t, const uint8_t sha[ULP_SHA256_LEN], ulp_packref *pk, uint64_t *offset,
+                  uint64_t *stored);
+
 /* One extent of a file: bytes [offset, offset + length) are the content. */
 typedef struct ulp_extent {
 	uint64_t offset, length;
@@ -334,6 +372,25 @@ typedef struct ulp_extent {
  * (malloc'd) in offset order. Errors: NOENT. */
 int ulp_index_file(ulp_archive *a, const char *path, ulp_stat *st, uint8_t **header,
                    size_t *header_len, ulp_extent **ext, size_t *n_ext);
+/* The same from the file table t (ftab.c), and each blob of its chains once
+ * through cb (as ulp_index_file_blobs), with its pack's name and size. */
+int ulp_ftab_file(ulp_archive *a, const ulp_ftab *t, const char *path, ulp_stat *st, uint8_t **header,
+                  size_t *header_len, ulp_extent **ext, size_t *n_ext,
+                  int (*cb)(void *arg, const uint8_t *content, const ulp_packref *pk, uint64_t offset,
+                            uint64_t stored),
+                  void *arg);
+/* The whole index in one read transaction, for the file table: each pack,
+ * blob, entry (its stat, path, header and header_sha, NULL where none) and
+ * extent (in file, offset order), by row id. A callback's error stops it. */
+typedef struct ulp_index_scan_cbs {
+	int (*pack)(void *arg, int64_t id, const char *name, uint64_t size);
+	int (*blob)(void *arg, int64_t id, const uint8_t *content, const uint8_t *ref, int64_t pack, uint64_t offset,
+	            uint64_t stored);
+	int (*entry)(void *arg, int64_t id, const char *path, const ulp_stat *st, const uint8_t *header, size_t hl,
+	             const uint8_t *header_sha);
+	int (*extent)(void *arg, int64_t file, uint64_t offset, uint64_t length, int64_t blob);
+} ulp_index_scan_cbs;
+int ulp_index_scan(ulp_archive *a, const ulp_index_scan_cbs *cbs, void *arg);
 
 /* Calls cb for each entry (under prefix) that no directory reaches
  * (invariant 4 of index.c); returns how many, or a negative ULP_E_*. */
@@ -626,6 +683,11 @@ void ulp_pack_forget(ulp_archive *a, int64_t pack);
  * mapping until ulp_pack_unpin. */
 int ulp_pack_pin(ulp_archive *a, int64_t pack, size_t *slot);
 int ulp_pack_pin_slot(ulp_archive *a, size_t slot); /* one more pin */
+/* ulp_pack_pin where the file table knows the pack's name and size: no query. */
+int ulp_pack_pin_known(ulp_archive *a, const ulp_packref *pk, size_t *slot);
+/* Asks, in the background, for the pages of [off, off + len) of a pinned
+ * slot (pack.c invariant 7: a hint, never a wait). */
+void ulp_pack_willneed(ulp_archive *a, size_t slot, uint64_t off, uint64_t len);
 void ulp_pack_unpin(ulp_archive *a, size_t slot);
 /* Bytes of a blob in a pinned slot. */
 int ulp_pack_slot_blob(ulp_archive *a, size_t slot, uint64_t offset, uint64_t len, const uint8_t **p);
