@@ -255,6 +255,8 @@ typedef struct sqlite3_stmt sqlite3_stmt;
 /* The calling thread's connection (opened on first use); NULL on error
  * (message recorded). */
 sqlite3 *ulp_db(ulp_archive *a);
+/* 1 if the calling thread's connection is inside a transaction (opens none). */
+int ulp_db_in_tx(ulp_archive *a);
 int ulp_db_create(const char *path, ulp_err *err);
 int ulp_db_check(ulp_archive *a, ulp_err *err);
 void ulp_db_free_copy(ulp_archive *a); /* at close: db_uri, db_copy, live */
@@ -349,7 +351,8 @@ int ulp_ftab_open(ulp_archive *a);   /* at archive open: loads it (a hint: NULL 
 void ulp_ftab_close(ulp_archive *a); /* joins its thread, frees it */
 /* The table, held (ulp_ftab_put), if it is fresh (ftab.c invariant 1);
  * NULL if there is none or it is stale (its thread is asked to load it
- * again): the caller asks the index. */
+ * again), or if the calling thread is inside a transaction (which sees its
+ * own writes): the caller asks the index. */
 ulp_ftab *ulp_ftab_get(ulp_archive *a);
 void ulp_ftab_put(ulp_archive *a, ulp_ftab *t);
 /* Drops the table (a read that found a chain gone: read.c invariant 6). */

@@ -379,6 +379,12 @@ sqlite3 *ulp_db(ulp_archive *a)
 	return t->db;
 }
 
+int ulp_db_in_tx(ulp_archive *a)
+{
+	ulp_tstate *t = pthread_getspecific(a->dbh->tls);
+	return t && t->db && !sqlite3_get_autocommit(t->db);
+}
+
 void ulp_db_set_follow(ulp_archive *a, char *u)
 {
 	pthread_mutex_lock(&a->dbh->mu);

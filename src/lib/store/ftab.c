@@ -25,7 +25,11 @@
  *  2. A table is immutable once built; holders (ulp_ftab_get) keep it alive
  *     (refs, guarded by h->mu) after a newer one replaced it.
  *  3. Lookups never wait for a load: a stale or missing table sends them to
- *     the index, and only the table's thread (or the open) loads one.
+ *     the index, and only the table's thread (or the open) loads one. So
+ *     does a lookup inside a transaction of its thread (rename, remove:
+ *     what they check must be what they change).
+ *  5. A table is only read: the index's writers never consult it (ingest
+ *     and the namespace operations ask the index, in their transactions).
  *  4. Every extent names a blob of the table, every ref a blob or none
  *     (NOREF: an anchor, or a ref the index lacks, which the read reports),
  *     every blob a pack of the table or NOPACK (a pack row missing: the
@@ -509,7 +513,7 @@ void ulp_ftab_close(ulp_archive *a)
 ulp_ftab *ulp_ftab_get(ulp_archive *a)
 {
 	ulp_ftabh *h = a->fth;
-	if (!h)
+	if (!h || ulp_db_in_tx(a)) /* a transaction sees its own writes: the index answers */
 		return NULL;
 	pthread_mutex_lock(&h->mu);
 	ulp_ftab *t = h->cur;
