@@ -382,10 +382,12 @@ int ulp_ftab_file(ulp_archive *a, const ulp_ftab *t, const char *path, ulp_stat 
                   int (*cb)(void *arg, const uint8_t *content, const ulp_packref *pk, uint64_t offset,
                             uint64_t stored),
                   void *arg);
-/* The whole index in one read transaction, for the file table: each pack,
+/* The whole index in one read transaction, for the file table: the rows'
+ * counts (a hint for the arrays' sizes), then each pack,
  * blob, entry (its stat, path, header and header_sha, NULL where none) and
  * extent (in file, offset order), by row id. A callback's error stops it. */
 typedef struct ulp_index_scan_cbs {
+	int (*counts)(void *arg, uint64_t packs, uint64_t blobs, uint64_t entries, uint64_t extents); /* first */
 	int (*pack)(void *arg, int64_t id, const char *name, uint64_t size);
 	int (*blob)(void *arg, int64_t id, const uint8_t *content, const uint8_t *ref, int64_t pack, uint64_t offset,
 	            uint64_t stored);

@@ -77,7 +77,10 @@ typedef struct fent {
 	char *path;
 	int64_t id;
 	ulp_stat st;
-	uint8_t *header;     /* as the index holds it (kind 2: compressed), or NULL */
+	uint8_t *header;     /* as the index holds it (kind 2: compressed), or NULL;
+	                        shared by the entries of the same header (the steps
+	                        of a run), freed by its owner */
+	int header_owner;
 	size_t header_len;
 	uint8_t header_sha[ULP_SHA256_LEN];
 	int has_sha;
@@ -131,7 +134,8 @@ static void ftab_free(ulp_ftab *t)
 		free(t->packs[i].name);
 	for (size_t i = 0; i < t->n_ents; i++) {
 		free(t->ents[i].path);
-		free(t->ents[i].header);
+		if (t->ents[i].header_owner)
+			free(t->ents[i].header);
 	}
 	free(t->packs);
 	free(t->blobs);
@@ -149,7 +153,73 @@ typedef struct loadctx {
 	uint8_t (*refs)[ULP_SHA256_LEN]; /* per blob: its ref's content */
 	uint8_t *has_ref;
 	size_t cap_refs, cap_has;
+	uint32_t *hdrs;      /* open addressing: entry index + 1 of each distinct header */
+	size_t hdr_mask, n_hdrs;
 } loadctx;
+
+static uint64_t content_hash(const uint8_t *sha);
+
+/* An entry of the same header loaded before, or NULL (the steps of a run
+ * share one: 1,000 steps of 300 tensors held 31 MB of copies of it). */
+static fent *same_header(loadctx *c, const uint8_t *h, size_t hl, const uint8_t *sha)
+{
+	if (!c->hdrs)
+		return NULL;
+	for (size_t s = (size_t)content_hash(sha) & c->hdr_mask; c->hdrs[s]; s = (s + 1) & c->hdr_mask) {
+		fent *e = &c->t->ents[c->hdrs[s] - 1];
+		if (e->header_len == hl && !memcmp(e->header_sha, sha, ULP_SHA256_LEN) && !memcmp(e->header, h, hl))
+			return e;
+	}
+	return NULL;
+}
+
+/* Notes entry i's header (a hint: without room, no sharing). */
+static void note_header(loadctx *c, size_t i)
+{
+	if (c->n_hdrs * 2 >= c->hdr_mask) { /* grows at half full */
+		size_t cap = c->hdrs ? (c->hdr_mask + 1) * 2 : 64;
+		uint32_t *n = calloc(cap, sizeof(*n));
+		if (!n)
+			return;
+		for (size_t j = 0; c->hdrs && j <= c->hdr_mask; j++)
+			if (c->hdrs[j]) {
+				size_t s = (size_t)content_hash(c->t->ents[c->hdrs[j] - 1].header_sha) & (cap - 1);
+				while (n[s])
+					s = (s + 1) & (cap - 1);
+				n[s] = c->hdrs[j];
+			}
+		free(c->hdrs);
+		c->hdrs = n;
+		c->hdr_mask = cap - 1;
+	}
+	size_t s = (size_t)content_hash(c->t->ents[i].header_sha) & c->hdr_mask;
+	while (c->hdrs[s])
+		s = (s + 1) & c->hdr_mask;
+	c->hdrs[s] = (uint32_t)i + 1;
+	c->n_hdrs++;
+}
+
+/* The arrays at their final sizes at once (no copies as they grow). */
+static int presize(void *arg, uint64_t packs, uint64_t blobs, uint64_t entries, uint64_t extents)
+{
+	loadctx *c = arg;
+	ulp_ftab *t = c->t;
+	if (blobs >= NOREF || entries >= UINT32_MAX)
+		return -ULP_E_NOMEM;
+	t->packs = calloc(packs + 1, sizeof(*t->packs));
+	t->blobs = malloc((blobs + 1) * sizeof(*t->blobs));
+	t->ents = malloc((entries + 1) * sizeof(*t->ents));
+	t->ext = malloc((extents + 1) * sizeof(*t->ext));
+	c->refs = malloc((blobs + 1) * sizeof(*c->refs));
+	c->has_ref = malloc(blobs + 1);
+	if (!t->packs || !t->blobs || !t->ents || !t->ext || !c->refs || !c->has_ref)
+		return -ULP_E_NOMEM; /* (freed with t and c) */
+	t->cap_packs = packs + 1;
+	t->cap_blobs = c->cap_refs = c->cap_has = blobs + 1;
+	t->cap_ents = entries + 1;
+	t->cap_ext = extents + 1;
+	return 0;
+}
 
 static int add_pack(void *arg, int64_t id, const char *name, uint64_t size)
 {
@@ -209,7 +279,8 @@ static int add_blob(void *arg, int64_t id, const uint8_t *content, const uint8_t
 static int add_entry(void *arg, int64_t id, const char *path, const ulp_stat *st, const uint8_t *header, size_t hl,
                      const uint8_t *header_sha)
 {
-	ulp_ftab *t = ((loadctx *)arg)->t;
+	loadctx *c = arg;
+	ulp_ftab *t = c->t;
 	if (ulp_grow(&t->ents, &t->cap_ents, t->n_ents, sizeof(*t->ents)) < 0)
 		return -ULP_E_NOMEM;
 	fent *e = &t->ents[t->n_ents];
@@ -219,17 +290,25 @@ static int add_entry(void *arg, int64_t id, const char *path, const ulp_stat *st
 	e->path = strdup(path);
 	if (!e->path)
 		return -ULP_E_NOMEM;
-	if (hl && !(e->header = malloc(hl))) {
-		free(e->path);
-		return -ULP_E_NOMEM;
-	}
-	if (hl)
+	const fent *same = hl && header_sha ? same_header(c, header, hl, header_sha) : NULL;
+	if (same) {
+		e->header = same->header;
+	} else if (hl) {
+		if (!(e->header = malloc(hl))) {
+			free(e->path);
+			return -ULP_E_NOMEM;
+		}
 		memcpy(e->header, header, hl);
+		e->header_owner = 1;
+		t->bytes += hl;
+	}
 	e->header_len = hl;
 	if ((e->has_sha = header_sha != NULL))
 		memcpy(e->header_sha, header_sha, ULP_SHA256_LEN);
 	t->n_ents++;
-	t->bytes += sizeof(fent) + strlen(path) + 1 + hl + sizeof(uint32_t) * 2;
+	if (e->header_owner && e->has_sha)
+		note_header(c, t->n_ents - 1);
+	t->bytes += sizeof(fent) + strlen(path) + 1 + sizeof(uint32_t) * 2;
 	return t->n_ents >= UINT32_MAX ? -ULP_E_NOMEM : 0;
 }
 
@@ -368,13 +447,14 @@ static ulp_ftab *load(ulp_archive *a)
 	if (t->check_files)
 		index_files(a, &t->files);
 	ulp_gen_follow(a); /* a following reader: this thread's connection on the newest */
-	loadctx c = {t, NULL, NULL, 0, 0};
-	static const ulp_index_scan_cbs cbs = {add_pack, add_blob, add_entry, add_extent};
+	loadctx c = {.t = t};
+	static const ulp_index_scan_cbs cbs = {presize, add_pack, add_blob, add_entry, add_extent};
 	int rc = ulp_index_scan(a, &cbs, &c);
 	if (rc == 0)
 		rc = build_hashes(t, &c);
 	free(c.refs);
 	free(c.has_ref);
+	free(c.hdrs);
 	if (rc < 0) {
 		ftab_free(t);
 		return NULL;

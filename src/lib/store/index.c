@@ -218,6 +218,12 @@ static int scan_rows(ulp_archive *a, const char *sql, int (*row)(sqlite3_stmt *s
 	return rc == SQLITE_DONE ? 0 : ulp_db_err(a, "file table scan");
 }
 
+static int scan_counts(sqlite3_stmt *st, const ulp_index_scan_cbs *cbs, void *arg)
+{
+	return cbs->counts(arg, (uint64_t)sqlite3_column_int64(st, 0), (uint64_t)sqlite3_column_int64(st, 1),
+	                   (uint64_t)sqlite3_column_int64(st, 2), (uint64_t)sqlite3_column_int64(st, 3));
+}
+
 static int scan_pack(sqlite3_stmt *st, const ulp_index_scan_cbs *cbs, void *arg)
 {
 	const char *name = (const char *)sqlite3_column_text(st, 1);
@@ -253,6 +259,8 @@ static int scan_extent(sqlite3_stmt *st, const ulp_index_scan_cbs *cbs, void *ar
 
 int ulp_index_scan(ulp_archive *a, const ulp_index_scan_cbs *cbs, void *arg)
 {
+	static const char sql_counts[] = "SELECT (SELECT count(*) FROM packs), (SELECT count(*) FROM blobs),"
+	                                 " (SELECT count(*) FROM entries), (SELECT count(*) FROM extents)";
 	static const char sql_packs[] = "SELECT id, name, size FROM packs ORDER BY id";
 	static const char sql_blobs[] = "SELECT id, content, ref, pack, offset, stored_size FROM blobs ORDER BY id";
 	static const char sql_ent[] = "SELECT " ULP_ENTRY_COLS ", id, path, header, header_sha FROM entries ORDER BY id";
@@ -266,7 +274,9 @@ int ulp_index_scan(ulp_archive *a, const ulp_index_scan_cbs *cbs, void *arg)
 	int own = sqlite3_get_autocommit(db); /* one snapshot for all four, unless in one already */
 	if (own)
 		ULP_TRY(ulp_db_exec(a, "BEGIN"));
-	int rc = scan_rows(a, sql_packs, scan_pack, cbs, arg);
+	int rc = scan_rows(a, sql_counts, scan_counts, cbs, arg);
+	if (rc == 0)
+		rc = scan_rows(a, sql_packs, scan_pack, cbs, arg);
 	if (rc == 0)
 		rc = scan_rows(a, sql_blobs, scan_blob, cbs, arg);
 	if (rc == 0)
