@@ -1197,6 +1197,7 @@ static void warm_chains(ulp_file *f)
  * by chunk as it is read (willneed_chain). Adjacent blobs in one request,
  * as warm_chains does. */
 #define OPEN_WARM_MAX ((uint64_t)256 << 20)
+#define WARM_PIECE ((uint64_t)1 << 20)
 
 static void warm_at_open(ulp_file *f)
 {
@@ -1210,13 +1211,30 @@ static void warm_at_open(ulp_file *f)
 		if (f->locs[i].stored)
 			sp[n++] = (span){f->locs[i].slot, f->locs[i].offset, f->locs[i].offset + f->locs[i].stored};
 	qsort(sp, n, sizeof(*sp), span_cmp);
+	size_t nr = 0; /* the runs, merged in place */
 	for (size_t i = 0; i < n;) {
 		span run = sp[i++];
 		while (i < n && sp[i].slot == run.slot && sp[i].lo <= run.hi + WARM_GAP) {
 			run.hi = ULP_MAX(run.hi, sp[i].hi);
 			i++;
 		}
-		ulp_pack_willneed(f->a, run.slot, run.lo, run.hi - run.lo);
+		sp[nr++] = run;
+	}
+	/* in pieces, one of each run in turn: a chunk's walk needs the same
+	 * part of every link, each in another pack, so the disk brings the
+	 * chains' first chunks first, not one whole pack after the other
+	 * (measured: a deep step read cold at 0.6x the speed with whole runs) */
+	uint64_t piece = ULP_MAX(WARM_PIECE, f->chain_stored / 200);
+	for (int more = 1; more;) {
+		more = 0;
+		for (size_t r = 0; r < nr; r++) {
+			if (sp[r].lo >= sp[r].hi)
+				continue;
+			uint64_t l = ULP_MIN(piece, sp[r].hi - sp[r].lo);
+			ulp_pack_willneed(f->a, sp[r].slot, sp[r].lo, l);
+			sp[r].lo += l;
+			more = 1;
+		}
 	}
 	free(sp);
 	__atomic_store_n(&f->warmed, 1, __ATOMIC_RELAXED); /* asked for whole */
