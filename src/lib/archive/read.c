@@ -14,7 +14,11 @@
  *  3. An open file knows where every blob of its chains lies and pins those
  *     packs (resolved at ulp_file_open): gc, in this process or another,
  *     may drop the rows and pack files of a file unlinked meanwhile, and the
- *     file still reads its bytes until it is closed.
+ *     file still reads its bytes until it is closed. Where the archive
+ *     keeps a file table (store/ftab.c, a mount's), the open takes all of
+ *     it from there, no query, and asks for its chains' pages in the
+ *     background (warm_at_open); a read whose chain is gone (invariant 6)
+ *     drops the table, so that the retry asks the index.
  *  4. A parsed blob in the cache points into its pack's mapping and pins it
  *     while cached (struct cblob).
  *  5. A file is its extents (sorted, disjoint) and, around them, its header's
