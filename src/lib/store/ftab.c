@@ -531,10 +531,12 @@ static void *ftab_main(void *arg)
 	return NULL;
 }
 
-/* The packs' directory entries and inodes read now, at the mount: a cold
- * open's first pack mapping otherwise waited for the disk (3.5 ms here for
- * the directory block and the inode table's). Local packs only, the first
- * WARM_PACKS of them. */
+/* The packs mapped now, at the mount (their directory entries and inodes
+ * read, their first pages asked for in the background: pack.c invariant 5):
+ * a cold open's first pack mapping otherwise waited for the disk (3.5 ms
+ * here for the directory block and the inode table's), and each mapping
+ * cost the open four system calls. Local packs only, the first WARM_PACKS
+ * of them; a pack that does not map is left for the read to report. */
 #define WARM_PACKS 4096
 
 static void warm_packs(ulp_archive *a)
@@ -547,11 +549,11 @@ static void warm_packs(ulp_archive *a)
 	if (t)
 		t->refs++;
 	pthread_mutex_unlock(&h->mu);
-	char p[4400];
 	for (size_t i = 0; t && i < t->n_packs && i < WARM_PACKS; i++) {
-		struct stat sb;
-		snprintf(p, sizeof(p), "%s/packs/%s", a->dir, t->packs[i].name);
-		(void)stat(p, &sb); /* a hint */
+		ulp_packref pk = {t->packs[i].id, t->packs[i].name, t->packs[i].size};
+		size_t slot;
+		if (ulp_pack_pin_known(a, &pk, &slot) == 0) /* a hint */
+			ulp_pack_unpin(a, slot);
 	}
 	ulp_ftab_put(a, t);
 }
