@@ -15,6 +15,9 @@
 #      of the same run when those are installed, and a plain directory; the
 #      stored bytes of each; rsync of the 16-step run out of a fresh mount.
 #      ULP_BENCH_ONLY=C runs it alone;
+#   O. cold opens (the first after a mount, 16 in all) and cold reads of
+#      the oldest and newest step of a 16-step run of 6.6 MB files against
+#      squashfuse (issue 38). ULP_BENCH_ONLY=O runs it alone;
 #   E. `ulpack export` of one step at chain depth 7 against cp -r of it;
 #   3. a trainer-like save (model.safetensors in a few large writes, an
 #      optimizer.pt-like zip in 64-byte-aligned records) into the mount vs a
@@ -424,6 +427,82 @@ if [ "${ULP_BENCH_ONLY:-}" = C ]; then
 	exit 0
 fi
 
+# ---- O. cold opens and cold reads of a 16-step run of 6.6 MB files (issue 38;
+# ULP_BENCH_ONLY=O alone): synth --dim 320, the bundled trajectory's size. Each
+# round mounts afresh with the page cache dropped; the mount is waited for
+# (its root answers) before the clock starts. Opens: os.open of the oldest
+# step's model.safetensors (its lookups included), then of all 16 in step
+# order, each file once; reads: the oldest and the newest step, open to the
+# last byte in 1 MiB reads (the open counted: dd's clock starts after it).
+# Medians of ULP_BENCH_ROUNDS (5) rounds, ulpackfs and squashfuse alternating.
+bench_open() {
+echo "== O. cold opens and reads of a 16-step run of 6.6 MB checkpoint files, fresh mount, page cache dropped"
+command -v python3 > /dev/null || { echo "(skipped: no python3)"; return 0; }
+mkdir -p "$M"
+RT=
+[ -n "${ULP_BENCH_RT:-}" ] && [ "$(id -u)" = 0 ] && command -v chrt > /dev/null && RT="chrt -f 10"
+"$ULPACK" synth "$T/o16" --steps 16 --dim 320 > /dev/null
+rm -rf "$T/o-ar" && "$ULPACK" init "$T/o-ar" > /dev/null && "$ULPACK" import "$T/o-ar" "$T/o16" > /dev/null
+have=no
+command -v mksquashfs > /dev/null && command -v squashfuse > /dev/null &&
+	mksquashfs "$T/o16" "$T/o16.img" -comp zstd -Xcompression-level 19 -noappend -quiet > /dev/null 2>&1 && have=yes
+o_round() { # MOUNT_CMD: "first_ms all16_ms oldest_MBps newest_MBps"
+	out=""
+	for what in open read-1 read-16; do
+		sync; echo 3 > /proc/sys/vm/drop_caches 2> /dev/null || true
+		eval "$RT $1" > /dev/null 2>&1 || { echo "- - - -"; return; }
+		for i in $(seq 200); do mountpoint -q "$M" && stat "$M" > /dev/null 2>&1 && break; sleep 0.01; done
+		case $what in
+		open) out="$out $($RT python3 -c 'import os, sys, time
+d = sys.argv[1]; ts = []
+for s in range(100, 1700, 100):
+    p = "%s/checkpoint-%d/model.safetensors" % (d, s)
+    t = time.perf_counter(); fd = os.open(p, os.O_RDONLY); ts.append(time.perf_counter() - t); os.close(fd)
+print("%.3f %.3f" % (ts[0] * 1e3, sum(ts) * 1e3))' "$M")" ;;
+		read-*) s=100; [ "$what" = read-16 ] && s=1600
+			# the open counted too (dd's clock starts after it: a read
+			# whose open waits for the disk looked faster than it is)
+			out="$out $($RT python3 -c 'import os, sys, time
+t = time.perf_counter(); fd = os.open(sys.argv[1], os.O_RDONLY); n = 0
+while True:
+    b = os.read(fd, 1 << 20)
+    if not b: break
+    n += len(b)
+os.close(fd); t = time.perf_counter() - t
+print("%.1f" % (n / t / 1e6))' "$M/checkpoint-$s/model.safetensors")" ;;
+		esac
+		fusermount3 -u "$M" 2> /dev/null || fusermount -u "$M"
+	done
+	echo "$out"
+}
+n=${ULP_BENCH_ROUNDS:-5}
+: > "$T/o-u"; : > "$T/o-s"
+for r in $(seq "$n"); do
+	o_round "'$ULPACKFS' '$T/o-ar' '$M' -o ro" >> "$T/o-u"
+	[ "$have" = yes ] && o_round "squashfuse '$T/o16.img' '$M'" >> "$T/o-s"
+done
+med() { # FILE COLUMN
+	awk -v c="$2" '{ print $c }' "$1" | sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print "-" }'
+}
+printf '%-44s %10s %10s %7s %s\n' measure ulpackfs squashfuse ratio target
+for c in "1 first cold open after a mount (ms) <=3" "2 16 files opened cold, total (ms) <=2" \
+         "3 oldest step cold read (MB/s) >=0.4" "4 newest step cold read (MB/s) >=1.0"; do
+	set -- $c
+	col=$1; shift
+	eval "tgt=\${$#}"
+	name=$(echo "$*" | sed 's/ [^ ]*$//')
+	u=$(med "$T/o-u" "$col") q=-
+	[ "$have" = yes ] && q=$(med "$T/o-s" "$col")
+	printf '%-44s %10s %10s %7s %s\n' "$name" "$u" "$q" "$(echo "$u $q" | awk '$2 != "-" && $2 > 0 { printf "%.2f", $1 / $2 }')" "$tgt x"
+done
+echo "(medians of $n rounds; SCHED_FIFO: $([ -n "$RT" ] && echo yes || echo no); squashfuse: zstd -19;" \
+	"ratio: ulpackfs / squashfuse; stored: ulpack $(du -sb "$T/o-ar" | cut -f1), squashfs $([ -f "$T/o16.img" ] && stat -c %s "$T/o16.img" || echo -))"
+}
+if [ "${ULP_BENCH_ONLY:-}" = O ]; then
+	if [ ! -c /dev/fuse ]; then echo "== O. skipped (no /dev/fuse)"; else bench_open; fi
+	exit 0
+fi
+
 # ---- S. an archive in an S3 bucket (issue 26): a Ceph radosgw started in
 # network namespaces by tests/cluster/s3_archive.sh (root, ceph and radosgw
 # installed), 3 rounds: archiving a 258 MB run through a mount of the bucket
@@ -643,6 +722,7 @@ echo "rsync -a of the whole run out of a fresh mount: $(mbps "$raw" "$t_restore"
 	"($(echo "$t_plain $t_restore" | awk '{ printf "%.3f", $1 / $2 }') x rsync between plain directories)"
 
 bench_cold
+[ -c /dev/fuse ] && bench_open
 
 # ---- 3. a trainer-like save: model.safetensors in a few large writes and an
 # optimizer.pt-like zip in many 64-byte-aligned records (ULP_BENCH_SAVE_MB,

@@ -1322,6 +1322,7 @@ int main(int argc, char **argv)
 	}
 	if (fuse_daemonize(fs.foreground) != 0)
 		goto out_unmount;
+	ao.file_table = 1; /* the daemon's lookups and opens run no SQL (not the check above) */
 	if (ulp_archive_open(fs.archive, &ao, &fs.a, err, sizeof(err)) < 0) {
 		log_msg(NULL, err);
 		goto out_unmount;

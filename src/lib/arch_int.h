@@ -158,6 +158,14 @@ struct ulp_archive {
 	int follow;                  /* set at open, read-only after: read-only on a
 	                                shared archive: connections open the published
 	                                generation that dbh names (gen.c) */
+	uint64_t index_seq;          /* atomic: bumped after every commit of this process's
+	                                connections (db.c's WAL hook) and for each new
+	                                generation followed: a file table loaded at
+	                                another value is stale (store/ftab.c) */
+	int64_t index_commit_ms;     /* atomic: CLOCK_MONOTONIC ms of the last commit */
+	uint64_t index_stmts;        /* atomic: statements run on the index, any thread */
+	struct ulp_ftabh *fth;       /* set at open, read-only after: the file table
+	                                (store/ftab.c; its own locks), or NULL */
 };
 
 /* Records the calling thread's error message for archive a (util/err.c;

@@ -308,6 +308,10 @@ typedef struct ulp_archive_opts {
 	                        * reader; NULL: $ULPACK_CACHE_DIR, else
 	                        * $XDG_CACHE_HOME/ulpack, else ~/.cache/ulpack */
 	uint64_t pack_cache;   /* bytes of packs kept in it; 0: 8 GiB */
+	int file_table;        /* keep the index's files and their chains in memory,
+	                        * loaded at open and again after changes, so that
+	                        * stat and ulp_file_open run no query (ulpackfs sets
+	                        * it; about 200 bytes a file and 70 a blob) */
 } ulp_archive_opts;
 
 /** 1 where name is an archive in an object store ("s3://BUCKET/PREFIX"),

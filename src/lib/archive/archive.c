@@ -349,6 +349,7 @@ static int open_dir(const char *dir, const ulp_archive_opts *o, ulp_remote *rm, 
 	uint8_t sha[ULP_SHA256_LEN];
 	ulp_sha256("", 0, sha);
 	ulp_db_open_ahead(a);
+	ulp_ftab_open(a); /* opts.file_table: a hint (without it the index answers) */
 	*out = a;
 	return 0;
 }
@@ -358,6 +359,7 @@ void ulp_archive_close(ulp_archive *a)
 	if (!a)
 		return;
 	ulp_readahead_stop(a); /* first: its thread uses the cache and the index */
+	ulp_ftab_close(a); /* its thread uses the index */
 	ulp_upkeep_stop(a); /* the publisher, and what was archived last published */
 	ulp_shared_free(a); /* the renewer, and the lease given back */
 	ulp_contrib_free(a);

@@ -14,7 +14,11 @@
  *  3. An open file knows where every blob of its chains lies and pins those
  *     packs (resolved at ulp_file_open): gc, in this process or another,
  *     may drop the rows and pack files of a file unlinked meanwhile, and the
- *     file still reads its bytes until it is closed.
+ *     file still reads its bytes until it is closed. Where the archive
+ *     keeps a file table (store/ftab.c, a mount's), the open takes all of
+ *     it from there, no query, and asks for its chains' pages in the
+ *     background (warm_at_open); a read whose chain is gone (invariant 6)
+ *     drops the table, so that the retry asks the index.
  *  4. A parsed blob in the cache points into its pack's mapping and pins it
  *     while cached (struct cblob).
  *  5. A file is its extents (sorted, disjoint) and, around them, its header's
@@ -55,11 +59,12 @@
  *     maps the pack afresh. REFETCHED never leaves this file.
  */
 #include "arch_int.h"
+#include "store/ftab.h"
+#include "store/pack.h"
 #include "store/db.h"
 #include "store/path.h"
 #include "archive/cache.h"
 #include "store/index.h"
-#include "store/pack.h"
 #include "archive/read.h"
 #include "store/shared.h"
 #include <zstd.h>
@@ -205,9 +210,17 @@ static int read_blob_at(ulp_archive *a, const ulp_file *f, const uint8_t sha[ULP
 		slot = l->slot;
 		rc = ulp_pack_pin_slot(a, slot);
 	} else if (rc == 0) {
-		rc = ulp_index_blob(a, sha, &row);
-		if (rc == 0)
-			rc = ulp_pack_pin(a, row.pack, &slot);
+		ulp_ftab *t = ulp_ftab_get(a); /* a fresh file table knows it too (no query) */
+		ulp_packref pk;
+		if (t && ulp_ftab_blob(t, sha, &pk, &row.offset, &row.stored) == 0) {
+			row.pack = pk.id;
+			rc = ulp_pack_pin_known(a, &pk, &slot);
+		} else {
+			rc = ulp_index_blob(a, sha, &row);
+			if (rc == 0)
+				rc = ulp_pack_pin(a, row.pack, &slot);
+		}
+		ulp_ftab_put(a, t);
 	}
 	int pinned = rc == 0;
 	unsigned seen = pinned && a->rm ? ulp_pack_slot_epoch(a, slot) : 0; /* invariant 9 */
@@ -604,6 +617,8 @@ static int file_chunk_as(ulp_archive *a, const ulp_file *f, const uint8_t sha[UL
 	/* invariant 6: a chain re-based by another process; invariant 9: a
 	 * pack fetched anew */
 	if (rc == -ULP_E_NOENT || rc == REFETCHED) {
+		if (rc == -ULP_E_NOENT) /* ftab.c invariant 1: the index answers the retry */
+			ulp_ftab_drop(a);
 		ulp_cache_purge(a->cache, any_blob, NULL);
 		rc = read_chunk(a, f, sha, k, e, data, len, &w, 0, lone);
 	}
@@ -891,12 +906,30 @@ void ulp_readahead_stop(ulp_archive *a)
 
 /* ---- files ----------------------------------------------------------------- */
 
+static int add_loc_at(ulp_file *f, const uint8_t *content, size_t slot, uint64_t offset, uint64_t stored);
+static void warm_at_open(ulp_file *f);
+
 static int add_loc(void *arg, const uint8_t *content, int64_t pack, uint64_t offset, uint64_t stored)
 {
 	ulp_file *f = arg;
 	size_t slot;
 	if (ulp_pack_pin(f->a, pack, &slot) < 0)
 		return 0; /* a pack that cannot be mapped: the read says why */
+	return add_loc_at(f, content, slot, offset, stored);
+}
+
+/* add_loc from the file table, which knows the pack's name (no query) */
+static int add_loc_known(void *arg, const uint8_t *content, const ulp_packref *pk, uint64_t offset, uint64_t stored)
+{
+	ulp_file *f = arg;
+	size_t slot;
+	if (ulp_pack_pin_known(f->a, pk, &slot) < 0)
+		return 0; /* a pack that cannot be mapped: the read says why */
+	return add_loc_at(f, content, slot, offset, stored);
+}
+
+static int add_loc_at(ulp_file *f, const uint8_t *content, size_t slot, uint64_t offset, uint64_t stored)
+{
 	if ((f->n_locs & (f->n_locs + 1)) == 0 || !f->locs) { /* capacities 1, 3, 7, ... */
 		loc *nl = realloc(f->locs, (f->n_locs * 2 + 1) * sizeof(*nl));
 		if (!nl) {
@@ -930,7 +963,12 @@ int ulp_file_open(ulp_archive *a, const char *path, ulp_file **out)
 		return -ULP_E_NOMEM;
 	memcpy(f->path, p, pl + 1);
 	f->a = a;
-	int rc = ulp_index_file(a, p, &f->st, &f->header, &f->header_len, &f->ext, &f->n_ext);
+	/* a fresh file table: no query, no page of the index read (issue 38);
+	 * its chains' blobs located at once (invariant 3) */
+	ulp_ftab *t = ulp_ftab_get(a);
+	int rc = t ? ulp_ftab_file(a, t, p, &f->st, &f->header, &f->header_len, &f->ext, &f->n_ext, add_loc_known, f)
+	           : ulp_index_file(a, p, &f->st, &f->header, &f->header_len, &f->ext, &f->n_ext);
+	ulp_ftab_put(a, t);
 	if (rc == 0 && (f->st.is_dir || f->st.is_symlink))
 		rc = ulp_arch_err(a, -ULP_E_INVAL, "%s: not a regular file", p);
 	/* kind 2 stores its header compressed */
@@ -969,7 +1007,7 @@ int ulp_file_open(ulp_archive *a, const char *path, ulp_file **out)
 			rc = ulp_arch_err(a, -ULP_E_CORRUPT, "%s: extents leave %llu bytes but the header has %zu", p,
 			                  (unsigned long long)h, f->header_len);
 	}
-	if (rc == 0 && f->n_ext)
+	if (rc == 0 && f->n_ext && !t)
 		rc = ulp_index_file_blobs(a, p, add_loc, f); /* invariant 3 */
 	if (rc == 0) { /* invariant 8: what tells its series */
 		char *series = NULL;
@@ -997,6 +1035,7 @@ int ulp_file_open(ulp_archive *a, const char *path, ulp_file **out)
 		ulp_file_close(f);
 		return rc;
 	}
+	warm_at_open(f);
 	*out = f;
 	return 0;
 }
@@ -1165,6 +1204,55 @@ static void warm_chains(ulp_file *f)
 		warm_span(f, &run);
 	}
 	free(sp);
+}
+
+/* At the open (issue 38): the pages of every blob of its chains asked for
+ * in the background (pack.c invariant 7), the open waiting for no disk,
+ * up to OPEN_WARM_MAX bytes of chains; a file with more is asked for chunk
+ * by chunk as it is read (willneed_chain). Adjacent blobs in one request,
+ * as warm_chains does. */
+#define OPEN_WARM_MAX ((uint64_t)256 << 20)
+#define WARM_PIECE ((uint64_t)1 << 20)
+
+static void warm_at_open(ulp_file *f)
+{
+	if (!f->n_locs || f->chain_stored > OPEN_WARM_MAX)
+		return;
+	span *sp = malloc(f->n_locs * sizeof(*sp));
+	if (!sp)
+		return; /* a hint */
+	size_t n = 0;
+	for (size_t i = 0; i < f->n_locs; i++)
+		if (f->locs[i].stored)
+			sp[n++] = (span){f->locs[i].slot, f->locs[i].offset, f->locs[i].offset + f->locs[i].stored};
+	qsort(sp, n, sizeof(*sp), span_cmp);
+	size_t nr = 0; /* the runs, merged in place */
+	for (size_t i = 0; i < n;) {
+		span run = sp[i++];
+		while (i < n && sp[i].slot == run.slot && sp[i].lo <= run.hi + WARM_GAP) {
+			run.hi = ULP_MAX(run.hi, sp[i].hi);
+			i++;
+		}
+		sp[nr++] = run;
+	}
+	/* in pieces, one of each run in turn: a chunk's walk needs the same
+	 * part of every link, each in another pack, so the disk brings the
+	 * chains' first chunks first, not one whole pack after the other
+	 * (measured: a deep step read cold at 0.6x the speed with whole runs) */
+	uint64_t piece = ULP_MAX(WARM_PIECE, f->chain_stored / 200);
+	for (int more = 1; more;) {
+		more = 0;
+		for (size_t r = 0; r < nr; r++) {
+			if (sp[r].lo >= sp[r].hi)
+				continue;
+			uint64_t l = ULP_MIN(piece, sp[r].hi - sp[r].lo);
+			ulp_pack_willneed(f->a, sp[r].slot, sp[r].lo, l);
+			sp[r].lo += l;
+			more = 1;
+		}
+	}
+	free(sp);
+	__atomic_store_n(&f->warmed, 1, __ATOMIC_RELAXED); /* asked for whole */
 }
 
 int64_t ulp_file_pread(ulp_file *f, void *dst, size_t len, uint64_t off)

@@ -225,7 +225,7 @@ static const char *open_cause(const char *path, int flags)
 	return NULL;
 }
 
-static int open_conn(const ulp_archive *a, sqlite3 **out, uint64_t *seq, ulp_err *err);
+static int open_conn(ulp_archive *a, sqlite3 **out, uint64_t *seq, ulp_err *err);
 
 void ulp_db_open_ahead(ulp_archive *a)
 {
@@ -263,7 +263,35 @@ void ulp_db_live_path(const ulp_archive *a, char *p, size_t cap)
 		snprintf(p, cap, "%s/ulpack.db", a->dir);
 }
 
-static int open_conn(const ulp_archive *a, sqlite3 **out, uint64_t *seq, ulp_err *err)
+/* Every statement any connection of a runs, counted (a->index_stmts: the
+ * tests check that an open served by the file table runs none, ftab.c). */
+static int count_stmt(unsigned type, void *ctx, void *p, void *x)
+{
+	(void)type;
+	(void)p;
+	(void)x;
+	__atomic_fetch_add(&((ulp_archive *)ctx)->index_stmts, 1, __ATOMIC_RELAXED);
+	return 0;
+}
+
+/* After each commit of a connection in WAL mode (SQLite calls it once the
+ * commit is durable in the log, so a reader that sees the new a->index_seq
+ * starts its transaction after the commit): a file table loaded before is
+ * stale (ftab.c invariant 1). It also runs SQLite's automatic checkpoint,
+ * which this hook replaces (1000 pages, as sqlite3_wal_autocheckpoint), but
+ * on a shared archive's writer, whose publication checkpoints (gen.c
+ * invariant 5). */
+static int wal_committed(void *ctx, sqlite3 *db, const char *name, int pages)
+{
+	ulp_archive *a = ctx;
+	__atomic_fetch_add(&a->index_seq, 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&a->index_commit_ms, ulp_mono_ms(), __ATOMIC_RELAXED);
+	if (pages >= 1000 && !(a->sh && !a->read_only))
+		sqlite3_wal_checkpoint(db, name);
+	return SQLITE_OK;
+}
+
+static int open_conn(ulp_archive *a, sqlite3 **out, uint64_t *seq, ulp_err *err)
 {
 	char path[4096];
 	ulp_db_live_path(a, path, sizeof(path));
@@ -298,6 +326,8 @@ static int open_conn(const ulp_archive *a, sqlite3 **out, uint64_t *seq, ulp_err
 	 * loss right after never loses a file whose staging copy is already gone;
 	 * one small fsync per archived file */
 	sqlite3_exec(db, "PRAGMA foreign_keys=ON; PRAGMA synchronous=FULL;", NULL, NULL, NULL);
+	sqlite3_wal_hook(db, wal_committed, a);
+	sqlite3_trace_v2(db, SQLITE_TRACE_STMT, count_stmt, a);
 	*out = db;
 	return 0;
 }
@@ -344,11 +374,16 @@ sqlite3 *ulp_db(ulp_archive *a)
 		}
 	}
 	if (!t->hooked && a->sh && !a->read_only) { /* a shared archive's writer (archive.c shares it) */
-		sqlite3_commit_hook(t->db, commit_hook, t);
-		sqlite3_wal_autocheckpoint(t->db, 0); /* publication checkpoints (gen.c invariant 5) */
+		sqlite3_commit_hook(t->db, commit_hook, t); /* (no automatic checkpoint: wal_committed) */
 		t->hooked = 1;
 	}
 	return t->db;
+}
+
+int ulp_db_in_tx(ulp_archive *a)
+{
+	ulp_tstate *t = pthread_getspecific(a->dbh->tls);
+	return t && t->db && !sqlite3_get_autocommit(t->db);
 }
 
 void ulp_db_set_follow(ulp_archive *a, char *u)
@@ -358,6 +393,7 @@ void ulp_db_set_follow(ulp_archive *a, char *u)
 	a->dbh->follow_uri = u;
 	a->dbh->follow_seq++;
 	pthread_mutex_unlock(&a->dbh->mu);
+	__atomic_fetch_add(&a->index_seq, 1, __ATOMIC_RELEASE); /* a new generation: ftab.c invariant 1 */
 }
 
 static void drop_conn(ulp_archive *a);

@@ -43,6 +43,8 @@ typedef struct sqlite3_stmt sqlite3_stmt;
 /* The calling thread's connection (opened on first use); NULL on error
  * (message recorded). */
 sqlite3 *ulp_db(ulp_archive *a);
+/* 1 if the calling thread's connection is inside a transaction (opens none). */
+int ulp_db_in_tx(ulp_archive *a);
 int ulp_db_create(const char *path, ulp_err *err);
 int ulp_db_check(ulp_archive *a, ulp_err *err);
 void ulp_db_free_copy(ulp_archive *a); /* at close: db_uri, db_copy, live */

@@ -32,6 +32,9 @@
  *     readers of different generations (gen.c) agree on what an id names.
  */
 #include "arch_int.h"
+#include "store/ftab.h"
+#include "store/pack.h"
+#include "store/db.h"
 #include "db.h"
 #include "path.h"
 #include "index.h"
@@ -204,6 +207,92 @@ int ulp_index_file(ulp_archive *a, const char *path, ulp_stat *out, uint8_t **he
 	*ext = x;
 	*n_ext = n;
 	return 0;
+}
+
+/* One statement of ulp_index_scan: each row to row(); stops at its error. */
+static int scan_rows(ulp_archive *a, const char *sql, int (*row)(sqlite3_stmt *st, const ulp_index_scan_cbs *cbs,
+                                                                  void *arg),
+                     const ulp_index_scan_cbs *cbs, void *arg)
+{
+	sqlite3_stmt *st;
+	ULP_TRY(ulp_db_stmt(a, sql, &st));
+	int rc, r = 0;
+	while (r == 0 && (rc = sqlite3_step(st)) == SQLITE_ROW)
+		r = row(st, cbs, arg);
+	sqlite3_reset(st);
+	if (r < 0)
+		return r;
+	return rc == SQLITE_DONE ? 0 : ulp_db_err(a, "file table scan");
+}
+
+static int scan_counts(sqlite3_stmt *st, const ulp_index_scan_cbs *cbs, void *arg)
+{
+	return cbs->counts(arg, (uint64_t)sqlite3_column_int64(st, 0), (uint64_t)sqlite3_column_int64(st, 1),
+	                   (uint64_t)sqlite3_column_int64(st, 2), (uint64_t)sqlite3_column_int64(st, 3));
+}
+
+static int scan_pack(sqlite3_stmt *st, const ulp_index_scan_cbs *cbs, void *arg)
+{
+	const char *name = (const char *)sqlite3_column_text(st, 1);
+	return cbs->pack(arg, sqlite3_column_int64(st, 0), name ? name : "", (uint64_t)sqlite3_column_int64(st, 2));
+}
+
+static int scan_blob(sqlite3_stmt *st, const ulp_index_scan_cbs *cbs, void *arg)
+{
+	if (sqlite3_column_bytes(st, 1) != ULP_SHA256_LEN)
+		return 0; /* a damaged row: left out, so the index's lookup reports it */
+	const uint8_t *ref = sqlite3_column_bytes(st, 2) == ULP_SHA256_LEN ? sqlite3_column_blob(st, 2) : NULL;
+	return cbs->blob(arg, sqlite3_column_int64(st, 0), sqlite3_column_blob(st, 1), ref, sqlite3_column_int64(st, 3),
+	                 (uint64_t)sqlite3_column_int64(st, 4), (uint64_t)sqlite3_column_int64(st, 5));
+}
+
+static int scan_entry(sqlite3_stmt *st, const ulp_index_scan_cbs *cbs, void *arg)
+{
+	ulp_stat s;
+	ulp_stat_from_row(st, &s);
+	const char *path = (const char *)sqlite3_column_text(st, ULP_ENTRY_NCOLS + 1);
+	size_t hl = (size_t)sqlite3_column_bytes(st, ULP_ENTRY_NCOLS + 2);
+	const uint8_t *sha = sqlite3_column_bytes(st, ULP_ENTRY_NCOLS + 3) == ULP_SHA256_LEN
+	                     ? sqlite3_column_blob(st, ULP_ENTRY_NCOLS + 3) : NULL;
+	return cbs->entry(arg, sqlite3_column_int64(st, ULP_ENTRY_NCOLS), path ? path : "", &s,
+	                  hl ? sqlite3_column_blob(st, ULP_ENTRY_NCOLS + 2) : NULL, hl, sha);
+}
+
+static int scan_extent(sqlite3_stmt *st, const ulp_index_scan_cbs *cbs, void *arg)
+{
+	return cbs->extent(arg, sqlite3_column_int64(st, 0), (uint64_t)sqlite3_column_int64(st, 1),
+	                   (uint64_t)sqlite3_column_int64(st, 2), sqlite3_column_int64(st, 3));
+}
+
+int ulp_index_scan(ulp_archive *a, const ulp_index_scan_cbs *cbs, void *arg)
+{
+	static const char sql_counts[] = "SELECT (SELECT count(*) FROM packs), (SELECT count(*) FROM blobs),"
+	                                 " (SELECT count(*) FROM entries), (SELECT count(*) FROM extents)";
+	static const char sql_packs[] = "SELECT id, name, size FROM packs ORDER BY id";
+	static const char sql_blobs[] = "SELECT id, content, ref, pack, offset, stored_size FROM blobs ORDER BY id";
+	static const char sql_ent[] = "SELECT " ULP_ENTRY_COLS ", id, path, header, header_sha FROM entries ORDER BY id";
+	static const char sql_ent_v2[] = "SELECT " ULP_ENTRY_COLS_V2 ", id, path, header, header_sha FROM entries"
+	                                 " ORDER BY id";
+	static const char sql_ent_v1[] = "SELECT " ULP_ENTRY_COLS_V2 ", id, path, header, NULL FROM entries ORDER BY id";
+	static const char sql_ext[] = "SELECT file, offset, length, blob FROM extents ORDER BY file, offset";
+	sqlite3 *db = ulp_db(a);
+	if (!db)
+		return ulp_db_err(a, "open");
+	int own = sqlite3_get_autocommit(db); /* one snapshot for all four, unless in one already */
+	if (own)
+		ULP_TRY(ulp_db_exec(a, "BEGIN"));
+	int rc = scan_rows(a, sql_counts, scan_counts, cbs, arg);
+	if (rc == 0)
+		rc = scan_rows(a, sql_packs, scan_pack, cbs, arg);
+	if (rc == 0)
+		rc = scan_rows(a, sql_blobs, scan_blob, cbs, arg);
+	if (rc == 0)
+		rc = scan_rows(a, a->schema >= 4 ? sql_ent : a->schema >= 2 ? sql_ent_v2 : sql_ent_v1, scan_entry, cbs, arg);
+	if (rc == 0)
+		rc = scan_rows(a, sql_ext, scan_extent, cbs, arg);
+	if (own)
+		sqlite3_exec(db, "COMMIT", NULL, NULL, NULL); /* a read: nothing to lose */
+	return rc;
 }
 
 /* ---- writing ------------------------------------------------------------ */

@@ -280,4 +280,19 @@ int ulp_index_file_named(ulp_archive *a, const char *path,
  * and the directories that leaves empty below run. */
 int ulp_index_forget_steps(ulp_archive *a, const char *run, const int64_t *steps, size_t n);
 
+/* The whole index in one read transaction, for the file table: the rows'
+ * counts (a hint for the arrays' sizes), then each pack,
+ * blob, entry (its stat, path, header and header_sha, NULL where none) and
+ * extent (in file, offset order), by row id. A callback's error stops it. */
+typedef struct ulp_index_scan_cbs {
+	int (*counts)(void *arg, uint64_t packs, uint64_t blobs, uint64_t entries, uint64_t extents); /* first */
+	int (*pack)(void *arg, int64_t id, const char *name, uint64_t size);
+	int (*blob)(void *arg, int64_t id, const uint8_t *content, const uint8_t *ref, int64_t pack, uint64_t offset,
+	            uint64_t stored);
+	int (*entry)(void *arg, int64_t id, const char *path, const ulp_stat *st, const uint8_t *header, size_t hl,
+	             const uint8_t *header_sha);
+	int (*extent)(void *arg, int64_t file, uint64_t offset, uint64_t length, int64_t blob);
+} ulp_index_scan_cbs;
+int ulp_index_scan(ulp_archive *a, const ulp_index_scan_cbs *cbs, void *arg);
+
 #endif

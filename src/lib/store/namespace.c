@@ -9,6 +9,9 @@
  * A removal works on a full disk: it takes the index's reserve (db.c).
  */
 #include "arch_int.h"
+#include "store/ftab.h"
+#include "store/pack.h"
+#include "store/db.h"
 #include "db.h"
 #include "path.h"
 #include "index.h"
@@ -24,6 +27,12 @@ int ulp_archive_stat(ulp_archive *a, const char *path, ulp_stat *out)
 	static const char sql_v2[] = "SELECT " ULP_ENTRY_COLS_V2 " FROM entries WHERE path = ?";
 	char p[4096];
 	ULP_TRY(ulp_arch_path(a, path, p, sizeof(p)));
+	ulp_ftab *t = ulp_ftab_get(a); /* a fresh file table answers alone (ftab.c) */
+	if (t) {
+		int rc = ulp_ftab_stat(a, t, p, out);
+		ulp_ftab_put(a, t);
+		return rc;
+	}
 	sqlite3_stmt *st;
 	ULP_TRY(ulp_db_stmt(a, a->schema >= 4 ? sql : sql_v2, &st));
 	sqlite3_bind_text(st, 1, p, -1, SQLITE_STATIC);

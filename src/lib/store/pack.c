@@ -27,12 +27,19 @@
  *     stays valid while pinned); the archive's trim (archive/) unmaps a slot only once
  *     its pack file is gone (removed by gc, maybe in another process) and
  *     no user pins it, so that the disk space goes back.
- *  5. A pack's magic is checked when it is mapped, so no blob byte of a
- *     file that is not a pack is handed out. (Issue 29 tried the check at
- *     the first blob read instead, for a faster cold open of a small file:
- *     the first page read at the mapping makes the kernel read ahead from
- *     the pack's start, up to the disk's window, in one sequential read,
- *     and without it a cold read of a deep step took 279 ms, not 177.)
+ *  5. A pack's magic is checked before any blob byte of it is handed out:
+ *     at its first blob access (slot_blob), so that mapping it reads
+ *     nothing and a cold open waits for no disk (issue 38); where copies
+ *     come from an object store (a backend with refetch), when it is
+ *     mapped, so that a damaged copy is fetched anew there. The pages a
+ *     reader will need are asked for instead, in the background
+ *     (ulp_pack_willneed: the blobs of an open file's chains and each
+ *     pack's first page; issue 29 found that, without the first page's
+ *     read at the mapping, the kernel no longer read ahead from the pack's
+ *     start, and a cold read of a deep step took 279 ms, not 177).
+ *  7. The read-ahead thread only asks the kernel for pages (madvise
+ *     WILLNEED) of slots that stay pinned while queued: it never blocks a
+ *     reader, and a full queue drops the request (a hint).
  *  6. A pack whose copy came from an object store and failed a checksum
  *     is fetched anew once over the same mapping (ulp_pack_refetch: the
  *     addresses stay, so pins and cached pointers stay valid; the slot's
@@ -80,8 +87,16 @@ struct pack_map {
 	unsigned users;        /* pins (invariant 2) */
 	int gone;              /* its file was removed: unmap once unused */
 	unsigned epoch;        /* times fetched anew over its mapping (invariant 6) */
+	int checked;           /* its magic was checked (invariant 5) */
 	char name[128];        /* file name under packs/ */
 };
+
+/* invariant 7: pages asked for in the background */
+#define WN_QUEUE 256
+typedef struct wn_item {
+	size_t slot;
+	uint64_t off, len;
+} wn_item;
 
 /*
  * The pack store's handle (a->ps): the mapping table and the pages given
@@ -101,6 +116,12 @@ struct ulp_packstore {
 	uint64_t released_bytes;     /* guarded by mu */
 	pthread_mutex_t refetch_mu;  /* one ulp_pack_refetch at a time (invariant 6);
 	                                taken before mu, never under it */
+	pthread_mutex_t wn_mu;       /* guards the wn_ fields; taken before mu, never under it */
+	pthread_cond_t wn_cv;
+	wn_item wn_q[WN_QUEUE];      /* guarded by wn_mu: spans of pinned slots (invariant 7) */
+	unsigned wn_head, wn_n;      /* guarded by wn_mu */
+	pthread_t wn_th;
+	int wn_on, wn_stop;          /* guarded by wn_mu: its thread started; stopping */
 };
 
 int ulp_packstore_open(ulp_archive *a)
@@ -117,18 +138,25 @@ int ulp_packstore_open(ulp_archive *a)
 	}
 	pthread_mutex_init(&ps->mu, NULL);
 	pthread_mutex_init(&ps->refetch_mu, NULL);
+	pthread_mutex_init(&ps->wn_mu, NULL);
+	pthread_cond_init(&ps->wn_cv, NULL);
 	a->ps = ps;
 	return 0;
 }
+
+static void willneed_stop(ulp_archive *a);
 
 void ulp_packstore_close(ulp_archive *a)
 {
 	if (!a->ps)
 		return;
+	willneed_stop(a); /* its thread reads the mappings */
 	ulp_pack_unmap_all(a);
 	a->ps->be->ops->close(a->ps->be);
 	pthread_mutex_destroy(&a->ps->mu);
 	pthread_mutex_destroy(&a->ps->refetch_mu);
+	pthread_mutex_destroy(&a->ps->wn_mu);
+	pthread_cond_destroy(&a->ps->wn_cv);
 	free(a->ps);
 	a->ps = NULL;
 }
@@ -297,11 +325,18 @@ void ulp_pack_free(ulp_pack_writer *w)
 
 /* ---- reading ------------------------------------------------------------- */
 
-static int map_pack(ulp_archive *a, int64_t id, struct pack_map *out)
+/* Maps pack id; known: its name and size as the index has them (the file
+ * table's), else asked of the index. */
+static int map_pack(ulp_archive *a, int64_t id, const ulp_packref *known, struct pack_map *out)
 {
 	char name[128], path[4200];
 	uint64_t size;
-	ULP_TRY(ulp_index_pack_row(a, id, name, sizeof(name), &size));
+	if (known && strlen(known->name) < sizeof(name)) {
+		snprintf(name, sizeof(name), "%s", known->name);
+		size = known->size;
+	} else {
+		ULP_TRY(ulp_index_pack_row(a, id, name, sizeof(name), &size));
+	}
 	snprintf(path, sizeof(path), "%s/packs/%s", a->dir, name);
 	ulp_backend *be = a->ps->be;
 	if (!be->ops->map)
@@ -318,17 +353,19 @@ static int map_pack(ulp_archive *a, int64_t id, struct pack_map *out)
 		                    (unsigned long long)g.gen);
 	}
 	ULP_TRY(rc);
-	if (m.size >= 8 && memcmp(m.base, PACK_MAGIC, 8) != 0 && be->ops->refetch &&
-	    (rc = be->ops->refetch(be, name, &m)) < 0) { /* invariant 6: a damaged copy */
-		munmap((void *)m.base, (size_t)m.size);
-		return rc;
-	}
-	if (m.size < 8 || memcmp(m.base, PACK_MAGIC, 8) != 0) { /* invariant 5 */
-		if (m.size)
-			munmap((void *)m.base, (size_t)m.size);
-		return ulp_arch_err(a, -ULP_E_CORRUPT, "%s: not a pack file", path);
+	if (be->ops->refetch) { /* invariant 5: an object store's copy, checked now */
+		if (m.size >= 8 && memcmp(m.base, PACK_MAGIC, 8) != 0 && (rc = be->ops->refetch(be, name, &m)) < 0) {
+			munmap((void *)m.base, (size_t)m.size); /* invariant 6: a damaged copy */
+			return rc;
+		}
+		if (m.size < 8 || memcmp(m.base, PACK_MAGIC, 8) != 0) {
+			if (m.size)
+				munmap((void *)m.base, (size_t)m.size);
+			return ulp_arch_err(a, -ULP_E_CORRUPT, "%s: not a pack file", path);
+		}
 	}
 	memset(out, 0, sizeof(*out));
+	out->checked = be->ops->refetch != NULL;
 	out->id = id;
 	out->base = m.base;
 	out->size = m.size;
@@ -338,8 +375,10 @@ static int map_pack(ulp_archive *a, int64_t id, struct pack_map *out)
 	return 0;
 }
 
+static void willneed_post(ulp_archive *a, size_t slot, uint64_t off, uint64_t len);
+
 /* The slot of pack id, mapped if needed; optionally pinned. */
-static int find_slot(ulp_archive *a, int64_t pack, int pin, size_t *slot)
+static int find_slot(ulp_archive *a, int64_t pack, const ulp_packref *known, int pin, size_t *slot)
 {
 	ulp_packstore *ps = a->ps;
 	pthread_mutex_lock(&ps->mu);
@@ -352,7 +391,7 @@ static int find_slot(ulp_archive *a, int64_t pack, int pin, size_t *slot)
 		}
 	pthread_mutex_unlock(&ps->mu);
 	struct pack_map pm;
-	ULP_TRY(map_pack(a, pack, &pm));
+	ULP_TRY(map_pack(a, pack, known, &pm));
 	pthread_mutex_lock(&ps->mu);
 	for (size_t i = 0; i < ps->n_packs; i++)
 		if (ps->packs[i].id == pack && ps->packs[i].base) { /* another thread won the race */
@@ -373,10 +412,14 @@ static int find_slot(ulp_archive *a, int64_t pack, int pin, size_t *slot)
 		ps->packs = np;
 		ps->cap_packs = nc;
 	}
-	pm.users = (unsigned)pin;
+	pm.users = (unsigned)pin + 1; /* and one for its first page's read-ahead */
 	*slot = ps->n_packs;
 	ps->packs[ps->n_packs++] = pm;
 	pthread_mutex_unlock(&ps->mu);
+	if (!pm.checked)
+		willneed_post(a, *slot, 0, 4096); /* invariant 5: what the magic check reads */
+	else
+		ulp_pack_unpin(a, *slot);
 	return 0;
 }
 
@@ -388,6 +431,13 @@ static int slot_blob(ulp_archive *a, size_t slot, uint64_t offset, uint64_t len,
 	pthread_mutex_unlock(&ps->mu);
 	if (!pm.base)
 		return ulp_arch_err(a, -ULP_E_IO, "%s/packs/%s: no longer mapped", a->dir, pm.name);
+	if (!pm.checked) { /* invariant 5: at its first blob access */
+		if (pm.size < 8 || memcmp(pm.base, PACK_MAGIC, 8) != 0)
+			return ulp_arch_err(a, -ULP_E_CORRUPT, "%s/packs/%s: not a pack file", a->dir, pm.name);
+		pthread_mutex_lock(&ps->mu);
+		ps->packs[slot].checked = 1;
+		pthread_mutex_unlock(&ps->mu);
+	}
 	if (offset > pm.size || len > pm.size - offset)
 		return ulp_arch_err(a, -ULP_E_CORRUPT,
 		                    "%s/packs/%s: %llu bytes, a blob needs [%llu, %llu): truncated pack",
@@ -400,13 +450,86 @@ static int slot_blob(ulp_archive *a, size_t slot, uint64_t offset, uint64_t len,
 int ulp_pack_blob(ulp_archive *a, int64_t pack, uint64_t offset, uint64_t len, const uint8_t **p)
 {
 	size_t slot;
-	ULP_TRY(find_slot(a, pack, 0, &slot));
+	ULP_TRY(find_slot(a, pack, NULL, 0, &slot));
 	return slot_blob(a, slot, offset, len, p);
 }
 
 int ulp_pack_pin(ulp_archive *a, int64_t pack, size_t *slot)
 {
-	return find_slot(a, pack, 1, slot);
+	return find_slot(a, pack, NULL, 1, slot);
+}
+
+int ulp_pack_pin_known(ulp_archive *a, const ulp_packref *pk, size_t *slot)
+{
+	return find_slot(a, pk->id, pk, 1, slot);
+}
+
+/* ---- pages asked for in the background (invariant 7) ---------------------- */
+
+static void *willneed_main(void *arg)
+{
+	ulp_archive *a = arg;
+	ulp_packstore *ps = a->ps;
+	pthread_mutex_lock(&ps->wn_mu);
+	for (;;) {
+		while (!ps->wn_n && !ps->wn_stop)
+			pthread_cond_wait(&ps->wn_cv, &ps->wn_mu);
+		if (!ps->wn_n) /* stopping, the queue drained */
+			break;
+		wn_item it = ps->wn_q[ps->wn_head];
+		ps->wn_head = (ps->wn_head + 1) % WN_QUEUE;
+		ps->wn_n--;
+		int stop = ps->wn_stop;
+		pthread_mutex_unlock(&ps->wn_mu);
+		pthread_mutex_lock(&ps->mu);
+		struct pack_map pm = ps->packs[it.slot]; /* pinned: its mapping stays */
+		pthread_mutex_unlock(&ps->mu);
+		if (!stop && pm.base && it.off < pm.size) {
+			uint64_t end = ULP_MIN(pm.size, it.off + it.len);
+			uintptr_t lo = (uintptr_t)(pm.base + it.off) & ~(uintptr_t)4095;
+			madvise((void *)lo, (uintptr_t)(pm.base + end) - lo, MADV_WILLNEED);
+		}
+		ulp_pack_unpin(a, it.slot);
+		pthread_mutex_lock(&ps->wn_mu);
+	}
+	pthread_mutex_unlock(&ps->wn_mu);
+	return NULL;
+}
+
+/* Queues [off, off + len) of slot, which holds one pin the thread lets go
+ * (the caller's, handed over); a full queue lets it go at once. */
+static void willneed_post(ulp_archive *a, size_t slot, uint64_t off, uint64_t len)
+{
+	ulp_packstore *ps = a->ps;
+	pthread_mutex_lock(&ps->wn_mu);
+	if (!ps->wn_on && !ps->wn_stop)
+		ps->wn_on = pthread_create(&ps->wn_th, NULL, willneed_main, a) == 0 ? 1 : -1;
+	int queued = ps->wn_on == 1 && !ps->wn_stop && ps->wn_n < WN_QUEUE;
+	if (queued) {
+		ps->wn_q[(ps->wn_head + ps->wn_n++) % WN_QUEUE] = (wn_item){slot, off, len};
+		pthread_cond_signal(&ps->wn_cv);
+	}
+	pthread_mutex_unlock(&ps->wn_mu);
+	if (!queued)
+		ulp_pack_unpin(a, slot);
+}
+
+void ulp_pack_willneed(ulp_archive *a, size_t slot, uint64_t off, uint64_t len)
+{
+	if (ulp_pack_pin_slot(a, slot) == 0)
+		willneed_post(a, slot, off, len);
+}
+
+static void willneed_stop(ulp_archive *a)
+{
+	ulp_packstore *ps = a->ps;
+	pthread_mutex_lock(&ps->wn_mu);
+	ps->wn_stop = 1;
+	int on = ps->wn_on == 1;
+	pthread_cond_broadcast(&ps->wn_cv);
+	pthread_mutex_unlock(&ps->wn_mu);
+	if (on)
+		pthread_join(ps->wn_th, NULL);
 }
 
 int ulp_pack_pin_slot(ulp_archive *a, size_t slot)

@@ -10,6 +10,7 @@
 
 #include "arch_int.h"
 #include "store/index.h"
+#include "store/ftab.h"
 /* ULP_PACK_HEADER, the bytes of a pack's header: store/index.h */
 typedef struct ulp_pack_writer ulp_pack_writer;
 int ulp_pack_writer_new(ulp_archive *a, ulp_pack_writer **out);
@@ -62,6 +63,11 @@ void ulp_pack_forget(ulp_archive *a, int64_t pack);
  * mapping until ulp_pack_unpin. */
 int ulp_pack_pin(ulp_archive *a, int64_t pack, size_t *slot);
 int ulp_pack_pin_slot(ulp_archive *a, size_t slot); /* one more pin */
+/* ulp_pack_pin where the file table knows the pack's name and size: no query. */
+int ulp_pack_pin_known(ulp_archive *a, const ulp_packref *pk, size_t *slot);
+/* Asks, in the background, for the pages of [off, off + len) of a pinned
+ * slot (pack.c invariant 7: a hint, never a wait). */
+void ulp_pack_willneed(ulp_archive *a, size_t slot, uint64_t off, uint64_t len);
 void ulp_pack_unpin(ulp_archive *a, size_t slot);
 /* Bytes of a blob in a pinned slot. */
 int ulp_pack_slot_blob(ulp_archive *a, size_t slot, uint64_t offset, uint64_t len, const uint8_t **p);
