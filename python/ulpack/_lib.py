@@ -41,7 +41,7 @@ class Stat(ctypes.Structure):
 
 class ArchiveOpts(ctypes.Structure):
     _fields_ = [("cache_size", c_u64), ("max_chain", c_uint), ("threads", c_int), ("read_only", c_int),
-                ("poll_ms", c_uint), ("lease_ms", c_uint), ("grace_s", c_uint),
+                ("poll_ms", c_uint), ("lease_ms", c_uint), ("grace_s", c_uint), ("contribute", c_int),
                 ("cache_dir", ctypes.c_char_p), ("pack_cache", c_u64), ("file_table", c_int)]
 
 
