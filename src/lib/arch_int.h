@@ -549,10 +549,27 @@ typedef struct ulp_tensorrow {
 int ulp_index_run_tensors(ulp_archive *a, const char *run, int (*cb)(void *arg, const ulp_tensorrow *r),
                           void *arg);
 /* The named tensors of file path in offset order: name, dtype, offset and
- * length in the file. Stops at a non-zero return of cb, which it returns. */
+ * length in the file, the content identity of its blob. Stops at a non-zero
+ * return of cb, which it returns. */
 int ulp_index_file_named(ulp_archive *a, const char *path,
-                         int (*cb)(void *arg, const char *name, int dtype, uint64_t offset, uint64_t length),
+                         int (*cb)(void *arg, const char *name, int dtype, uint64_t offset, uint64_t length,
+                                   const uint8_t content[ULP_SHA256_LEN]),
                          void *arg);
+/* diff.c: one pair of contents of a tensor (the same dtype and length) to
+ * compare, decoded through the cache a chunk pair at a time. */
+typedef struct ulp_pair {
+	const uint8_t *sha_a, *sha_b; /* content identities (ULP_SHA256_LEN bytes) */
+	int dtype;                    /* ulp_dtype */
+	uint64_t length;              /* bytes of each */
+	const char *name;             /* the tensor's, for messages */
+	ulp_tensor_diff *out;         /* its figures (out->name left alone) */
+	int rc;                       /* ulp_diff_pairs: its error, 0 */
+	char msg[256];                /* and the error's message */
+} ulp_pair;
+/* The figures of the n pairs of v, in parallel on a's pool (each the same
+ * whatever the threads). Errors: the first failing pair's (by index),
+ * with its message: NOMEM, IO, CORRUPT, CHECKSUM, NOENT. */
+int ulp_diff_pairs(ulp_archive *a, ulp_pair *v, size_t n);
 /* In the caller's transaction: removes the files of those steps under run
  * and the directories that leaves empty below run. */
 int ulp_index_forget_steps(ulp_archive *a, const char *run, const int64_t *steps, size_t n);

@@ -108,6 +108,7 @@ enum {
 	ULP_SCRATCH_SYMS, ULP_SCRATCH_ARENA0, ULP_SCRATCH_ARENA1, /* encoder */
 	ULP_SCRATCH_COUNTS,                                   /* encoder pass 1 */
 	ULP_SCRATCH_DTAB,                                     /* blob.c: decode slot table */
+	ULP_SCRATCH_HIST,                                     /* diff.c: a piece's distances */
 	ULP_SCRATCH_SLOTS
 };
 void *ulp_scratch(unsigned slot, size_t size);
