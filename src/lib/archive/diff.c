@@ -230,122 +230,109 @@ SCAN_FN(scan_tab8, uint8_t, 8, v_tab, 0)
 
 /* bf16 and f32, the common formats, 4 elements at a time in 128-bit
  * vectors of the compiler's (GCC and clang vector extensions: SSE2 or NEON
- * at the least), the same 8 lanes and sums as SCAN_FN (elements 0-3 of 8 in
- * lo, 4-7 in hi); the histogram after, element by element. */
+ * at the least), the sums in 4 lanes (element i in lane i % 4), the lanes
+ * added in order; the histogram after, element by element, zeros too (in
+ * h[0]: the unchanged are the elements less h[0], which the caller clears:
+ * invariant 3). Accumulators are locals, so that they stay in registers. */
 typedef uint16_t v4h __attribute__((vector_size(8)));
 typedef uint32_t v4u __attribute__((vector_size(16)));
 typedef float v4f __attribute__((vector_size(16)));
-typedef float v2f __attribute__((vector_size(8)));
 typedef double v2d __attribute__((vector_size(16)));
 
-typedef struct vacc {
-	v2d sa[4], sd[4];      /* lanes 0-1, 2-3, 4-5, 6-7 */
-	v4u chg, emv;
-	uint64_t mind, maxd;
-} vacc;
-
-static inline void to_d(v4u bits, v2d *lo, v2d *hi)
-{
-	v4f f = (v4f)bits;
-	v2f a, b;
-	memcpy(&a, &f, sizeof(a));
-	memcpy(&b, (const char *)&f + sizeof(a), sizeof(b));
-	*lo = __builtin_convertvector(a, v2d);
-	*hi = __builtin_convertvector(b, v2d);
-}
-
-/* 4 elements' float bits fx, fy (bits x, y of W <= 32 bits, sign sg, all
- * bits mk) into lanes 2g .. 2g + 3 of v; their distances into *dd. */
-static inline void lanes4(vacc *v, int g, v4u x, v4u y, v4u fx, v4u fy, v4u sg, v4u mk, unsigned mb, v4u em,
-                          v4u *dd)
-{
-	v4u eq = (v4u)(x == y); /* all ones where the bits are the same */
-	v2d a0, a1, x0, x1, y0, y1;
-	to_d(fx, &a0, &a1);
-	to_d(fx & ~eq, &x0, &x1); /* 0 - 0 where unchanged (NaN too) */
-	to_d(fy & ~eq, &y0, &y1);
-	v2d d0 = y0 - x0, d1 = y1 - x1;
-	v->sa[g] += a0 * a0;
-	v->sa[g + 1] += a1 * a1;
-	v->sd[g] += d0 * d0;
-	v->sd[g + 1] += d1 * d1;
-	v->chg += eq + 1; /* 1 where changed */
-	v->emv += (v4u)((((x ^ y) >> mb) & em) != 0) & 1;
-	v4u nx = (v4u)((x & sg) != 0), ny = (v4u)((y & sg) != 0);
-	v4u ox = (~x & mk & nx) | ((x | sg) & ~nx), oy = (~y & mk & ny) | ((y | sg) & ~ny);
-	v4u gt = (v4u)(ox > oy);
-	*dd = ((ox - oy) & gt) | ((oy - ox) & ~gt);
-}
-
-static inline void hist4(vacc *v, v4u dd, int wide, uint32_t *h)
-{
-	for (int j = 0; j < 4; j++) {
-		uint64_t d = dd[j];
-		if (!d)
-			continue;
-		v->mind = d < v->mind ? d : v->mind;
-		v->maxd = d > v->maxd ? d : v->maxd;
-		h[key_of(d, wide)]++;
+/* LOAD(i) sets v4u x, y (the bits of elements i .. i + 3) and fx, fy
+ * (their float bits); ORDS(f) the signed ordered integer of float bits f
+ * (the ordered integer less the sign bit: signed compares keep the order),
+ * DIST(sx, sy) the distance of two of them, unsigned; WIDE the keys', ES
+ * the element's bytes, SCALAR the SCAN_FN of the tail. */
+typedef int32_t v4i __attribute__((vector_size(16)));
+#define SCAN_V(NAME, LOAD, ORDS, DIST, WIDE, ES, SCALAR)                                                             \
+	static void NAME(const uint8_t *pa, const uint8_t *pb, size_t n, unsigned mb, uint64_t em,           \
+	                 const float *tab, blk *o, uint32_t *h)                                                \
+	{                                                                                                     \
+		(void)tab;                                                                                    \
+		const v4u z = {0}, vem = z + (uint32_t)em;                                                    \
+		v2d sa0 = {0}, sa1 = {0}, sd0 = {0}, sd1 = {0};                                               \
+		const v4u vbias = z + 0x80000000u;                                                            \
+		v4u emv = z;                                                                                  \
+		v4i vmax = (v4i)vbias;                                                                        \
+		size_t i = 0;                                                                                 \
+		for (; i + 4 <= n; i += 4) {                                                                  \
+			LOAD(i);                                                                              \
+			v4u eq = (v4u)(x == y); /* all ones where the bits are the same */                    \
+			v4f ax = (v4f)fx, cx = (v4f)(fx & ~eq), cy = (v4f)(fy & ~eq); /* 0 - 0: unchanged */ \
+			v2d a0 = {ax[0], ax[1]}, a1 = {ax[2], ax[3]};                                         \
+			v2d d0 = (v2d){cy[0], cy[1]} - (v2d){cx[0], cx[1]};                                   \
+			v2d d1 = (v2d){cy[2], cy[3]} - (v2d){cx[2], cx[3]};                                   \
+			sa0 += a0 * a0;                                                                       \
+			sa1 += a1 * a1;                                                                       \
+			sd0 += d0 * d0;                                                                       \
+			sd1 += d1 * d1;                                                                       \
+			emv -= (v4u)((((x ^ y) >> mb) & vem) != 0);                                           \
+			v4i sx = ORDS(fx), sy = ORDS(fy); /* signed ordered integers */                       \
+			v4u dd = DIST(sx, sy);                                                                \
+			v4i bd = (v4i)(dd ^ vbias), up = bd > vmax; /* unsigned max, biased */                \
+			vmax = (bd & up) | (vmax & ~up);                                                      \
+			h[key_of(dd[0], WIDE)]++;                                                             \
+			h[key_of(dd[1], WIDE)]++;                                                             \
+			h[key_of(dd[2], WIDE)]++;                                                             \
+			h[key_of(dd[3], WIDE)]++;                                                             \
+		}                                                                                             \
+		o->sa += sa0[0] + sa0[1] + sa1[0] + sa1[1];                                                   \
+		o->sd += sd0[0] + sd0[1] + sd1[0] + sd1[1];                                                   \
+		o->changed += i - h[0];                                                                       \
+		h[0] = 0;                                                                                     \
+		for (int j = 0; j < 4; j++) {                                                                 \
+			o->emoves += emv[j];                                                                  \
+			uint64_t mx = (uint32_t)vmax[j] ^ 0x80000000u;                                        \
+			o->maxd = mx > o->maxd ? mx : o->maxd;                                                \
+		}                                                                                             \
+		if (o->maxd && o->mind > 1) /* the keys cleared from 1 on */                                  \
+			o->mind = 1;                                                                          \
+		if (i < n) /* fewer than 4 left */                                                            \
+			SCALAR(pa + i * (ES), pb + i * (ES), n - i, mb, em, NULL, o, h);                      \
 	}
+
+#define LOAD_BF16(i)                                                                                         \
+	v4h xh, yh;                                                                                           \
+	memcpy(&xh, pa + 2 * (i), sizeof(xh));                                                                \
+	memcpy(&yh, pb + 2 * (i), sizeof(yh));                                                                \
+	v4u x = __builtin_convertvector(xh, v4u), y = __builtin_convertvector(yh, v4u);                       \
+	v4u fx = x << 16, fy = y << 16
+#define LOAD_F32(i)                                                                                          \
+	v4u x, y;                                                                                             \
+	memcpy(&x, pa + 4 * (i), sizeof(x));                                                                  \
+	memcpy(&y, pb + 4 * (i), sizeof(y));                                                                  \
+	v4u fx = x, fy = y
+
+/* bf16: the top half of a float's bits, as int32 (16 bits: no overflow) */
+static inline v4i ords_bf16(v4u f)
+{
+	v4i v = (v4i)f >> 16;
+	return v ^ ((v >> 31) & 0x7fff);
 }
 
-/* The lanes' sums into o, in lane order (as SCAN_FN's). */
-static void vacc_done(const vacc *v, blk *o)
+static inline v4u dist_bf16(v4i a, v4i b)
 {
-	for (int j = 0; j < LANES; j++) {
-		o->sa += v->sa[j / 2][j % 2];
-		o->sd += v->sd[j / 2][j % 2];
-	}
-	for (int j = 0; j < 4; j++) {
-		o->changed += v->chg[j];
-		o->emoves += v->emv[j];
-	}
-	o->mind = v->mind < o->mind ? v->mind : o->mind;
-	o->maxd = v->maxd > o->maxd ? v->maxd : o->maxd;
+	v4i d = a - b, s = d >> 31;
+	return (v4u)((d ^ s) - s);
 }
 
-static void scan_bf16_v(const uint8_t *pa, const uint8_t *pb, size_t n, unsigned mb, uint64_t em,
-                        const float *tab, blk *o, uint32_t *h)
+/* f32: 32 bits; the difference wraps (unsigned), the distance is its
+ * magnitude */
+static inline v4i ords_f32(v4u f)
 {
-	(void)tab;
-	const v4u z = {0}, sg = z + 0x8000u, mk = z + 0xffffu, vem = z + (uint32_t)em;
-	vacc v = {.mind = UINT64_MAX};
-	size_t i = 0;
-	for (; i + LANES <= n; i += LANES) {
-		for (int g = 0; g < 2; g++) {
-			v4h xh, yh;
-			memcpy(&xh, pa + 2 * (i + 4 * g), sizeof(xh));
-			memcpy(&yh, pb + 2 * (i + 4 * g), sizeof(yh));
-			v4u x = __builtin_convertvector(xh, v4u), y = __builtin_convertvector(yh, v4u), dd;
-			lanes4(&v, 2 * g, x, y, x << 16, y << 16, sg, mk, mb, vem, &dd);
-			hist4(&v, dd, 0, h);
-		}
-	}
-	vacc_done(&v, o);
-	if (i < n) /* fewer than 8 left: the scalar scan (lanes from 0: the tail's own) */
-		scan_bf16(pa + 2 * i, pb + 2 * i, n - i, mb, em, NULL, o, h);
+	v4i v = (v4i)f;
+	return v ^ ((v >> 31) & 0x7fffffff);
 }
 
-static void scan_f32_v(const uint8_t *pa, const uint8_t *pb, size_t n, unsigned mb, uint64_t em,
-                       const float *tab, blk *o, uint32_t *h)
+static inline v4u dist_f32(v4i a, v4i b)
 {
-	(void)tab;
-	const v4u z = {0}, sg = z + 0x80000000u, mk = z + 0xffffffffu, vem = z + (uint32_t)em;
-	vacc v = {.mind = UINT64_MAX};
-	size_t i = 0;
-	for (; i + LANES <= n; i += LANES) {
-		for (int g = 0; g < 2; g++) {
-			v4u x, y, dd;
-			memcpy(&x, pa + 4 * (i + 4 * g), sizeof(x));
-			memcpy(&y, pb + 4 * (i + 4 * g), sizeof(y));
-			lanes4(&v, 2 * g, x, y, x, y, sg, mk, mb, vem, &dd);
-			hist4(&v, dd, 1, h);
-		}
-	}
-	vacc_done(&v, o);
-	if (i < n)
-		scan_f32(pa + 4 * i, pb + 4 * i, n - i, mb, em, NULL, o, h);
+	v4u g = (v4u)(a > b), ua = (v4u)a, ub = (v4u)b;
+	return ((ua - ub) & g) | ((ub - ua) & ~g);
 }
+
+SCAN_V(scan_bf16_v, LOAD_BF16, ords_bf16, dist_bf16, 0, 2, scan_bf16)
+SCAN_V(scan_f32_v, LOAD_F32, ords_f32, dist_f32, 1, 4, scan_f32)
 
 /* ---- one pair ---------------------------------------------------------------- */
 
@@ -481,6 +468,8 @@ static int piece_job(void *arg, size_t j)
 		return pair_fail(p, rc);
 	scan(p, a, b, len, o, h);
 	piece_put(p, e);
+	if (h)
+		h[0] = 0; /* the unchanged are n - changed (invariant 3) */
 	if (p->np > 1 && h && o->mind <= o->maxd) {
 		unsigned lo = key_of(o->mind, p->wide), hi = key_of(o->maxd, p->wide);
 		pthread_mutex_lock(&p->mu);
