@@ -629,7 +629,8 @@ static int pair_figures(pairjob *p)
 	r->max_ulps = t.maxd;
 	r->norm_a = sqrt(t.sa);
 	r->norm_diff = sqrt(t.sd);
-	r->rel_change = t.sa > 0 ? r->norm_diff / r->norm_a : t.sd > 0 ? NAN : 0;
+	/* NaN where either sum is (a NaN element), as numpy's norms give */
+	r->rel_change = isnan(t.sa) || isnan(t.sd) ? NAN : t.sa > 0 ? r->norm_diff / r->norm_a : t.sd > 0 ? NAN : 0;
 	if (!t.changed)
 		return 0;
 	/* the ranks: from the histogram (this thread's for one piece) */
