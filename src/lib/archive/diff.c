@@ -238,6 +238,7 @@ typedef uint16_t v4h __attribute__((vector_size(8)));
 typedef uint32_t v4u __attribute__((vector_size(16)));
 typedef float v4f __attribute__((vector_size(16)));
 typedef double v2d __attribute__((vector_size(16)));
+typedef int64_t v2l __attribute__((vector_size(16)));
 
 /* LOAD(i) sets v4u x, y (the bits of elements i .. i + 3) and fx, fy
  * (their float bits); ORDS(f) the signed ordered integer of float bits f
@@ -258,15 +259,17 @@ typedef int32_t v4i __attribute__((vector_size(16)));
 		size_t i = 0;                                                                                 \
 		for (; i + 4 <= n; i += 4) {                                                                  \
 			LOAD(i);                                                                              \
-			v4u eq = (v4u)(x == y); /* all ones where the bits are the same */                    \
-			v4f ax = (v4f)fx, cx = (v4f)(fx & ~eq), cy = (v4f)(fy & ~eq); /* 0 - 0: unchanged */ \
+			v4i eq = (v4i)(x == y); /* all ones where the bits are the same */                    \
+			v4f ax = (v4f)fx, ay = (v4f)fy;                                                       \
 			v2d a0 = {ax[0], ax[1]}, a1 = {ax[2], ax[3]};                                         \
-			v2d d0 = (v2d){cy[0], cy[1]} - (v2d){cx[0], cx[1]};                                   \
-			v2d d1 = (v2d){cy[2], cy[3]} - (v2d){cx[2], cx[3]};                                   \
+			v2d d0 = (v2d){ay[0], ay[1]} - a0, d1 = (v2d){ay[2], ay[3]} - a1;                     \
+			v2l e0 = {eq[0], eq[1]}, e1 = {eq[2], eq[3]}; /* unchanged: 0 (NaN too) */            \
+			d0 = (v2d)((v2l)(d0 * d0) & ~e0);                                                     \
+			d1 = (v2d)((v2l)(d1 * d1) & ~e1);                                                     \
 			sa0 += a0 * a0;                                                                       \
 			sa1 += a1 * a1;                                                                       \
-			sd0 += d0 * d0;                                                                       \
-			sd1 += d1 * d1;                                                                       \
+			sd0 += d0;                                                                            \
+			sd1 += d1;                                                                            \
 			emv -= (v4u)((((x ^ y) >> mb) & vem) != 0);                                           \
 			v4i sx = ORDS(fx), sy = ORDS(fy); /* signed ordered integers */                       \
 			v4u dd = DIST(sx, sy);                                                                \
