@@ -413,62 +413,69 @@ static void test_pairs(ulp_archive *a)
 {
 	put_pair_file(a, "pairs/step-1/m.safetensors", 0);
 	put_pair_file(a, "pairs/step-2/m.safetensors", 1);
-	ulp_tensor_diff *v = NULL;
-	size_t nv = 0;
-	REQUIRE(ulp_archive_diff(a, "pairs/step-1/m.safetensors", "pairs/step-2/m.safetensors", &v, &nv) == 0,
-	        "diff: %s", ulp_archive_errmsg(a));
-	CHECK(nv == NPT, "%zu tensors", nv);
-	for (int k = 0; k < NPT; k++) {
-		const ulp_tensor_diff *x = NULL;
-		for (size_t i = 0; i < nv; i++)
-			if (!strcmp(v[i].name, pt[k].name))
-				x = &v[i];
-		REQUIRE(x, "tensor %s", pt[k].name);
-		size_t n = pt[k].n, bytes = n * pt[k].w / 8;
-		unsigned w = pt[k].w;
-		uint8_t *pa = malloc(bytes), *pb = malloc(bytes);
-		uint64_t *dist = malloc(n * sizeof(*dist));
-		REQUIRE(pa && pb && dist, "memory");
-		make_pair(k, pa, pb);
-		uint64_t changed = 0, moves = 0, sg = 1ull << (w - 1), mask = w == 64 ? ~0ull : (1ull << w) - 1;
-		double sa = 0, sd = 0;
-		for (size_t i = 0; i < n; i++) {
-			uint64_t u = get_bits(pa, i, w), y = get_bits(pb, i, w);
-			uint64_t ou = u & sg ? ~u & mask : u | sg, oy = y & sg ? ~y & mask : y | sg;
-			dist[i] = ou > oy ? ou - oy : oy - ou;
-			changed += u != y;
-			moves += ((u >> pt[k].mb) & ((1ull << pt[k].eb) - 1)) != ((y >> pt[k].mb) & ((1ull << pt[k].eb) - 1));
-			double va = to_value(u, w, pt[k].mb, pt[k].eb, pt[k].dt == ULP_DT_F8_E4M3);
-			double vb = to_value(y, w, pt[k].mb, pt[k].eb, pt[k].dt == ULP_DT_F8_E4M3);
-			sa += va * va;
-			if (u != y)
-				sd += (vb - va) * (vb - va);
+	/* every kernel this CPU has (the 256-bit scan where AVX2 is), then the
+	 * 128-bit and scalar ones alone */
+	unsigned all = ulp_cpu_features();
+	for (int pass = 0; pass < 2; pass++) {
+		unsigned old_mask = ulp_set_cpu_mask(pass ? 0 : all);
+		ulp_tensor_diff *v = NULL;
+		size_t nv = 0;
+		REQUIRE(ulp_archive_diff(a, "pairs/step-1/m.safetensors", "pairs/step-2/m.safetensors", &v, &nv) == 0,
+		        "diff: %s", ulp_archive_errmsg(a));
+		ulp_set_cpu_mask(old_mask);
+		CHECK(nv == NPT, "%zu tensors (kernels %s)", nv, pass ? "scalar" : "all");
+		for (int k = 0; k < NPT; k++) {
+			const ulp_tensor_diff *x = NULL;
+			for (size_t i = 0; i < nv; i++)
+				if (!strcmp(v[i].name, pt[k].name))
+					x = &v[i];
+			REQUIRE(x, "tensor %s", pt[k].name);
+			size_t n = pt[k].n, bytes = n * pt[k].w / 8;
+			unsigned w = pt[k].w;
+			uint8_t *pa = malloc(bytes), *pb = malloc(bytes);
+			uint64_t *dist = malloc(n * sizeof(*dist));
+			REQUIRE(pa && pb && dist, "memory");
+			make_pair(k, pa, pb);
+			uint64_t changed = 0, moves = 0, sg = 1ull << (w - 1), mask = w == 64 ? ~0ull : (1ull << w) - 1;
+			double sa = 0, sd = 0;
+			for (size_t i = 0; i < n; i++) {
+				uint64_t u = get_bits(pa, i, w), y = get_bits(pb, i, w);
+				uint64_t ou = u & sg ? ~u & mask : u | sg, oy = y & sg ? ~y & mask : y | sg;
+				dist[i] = ou > oy ? ou - oy : oy - ou;
+				changed += u != y;
+				moves += ((u >> pt[k].mb) & ((1ull << pt[k].eb) - 1)) != ((y >> pt[k].mb) & ((1ull << pt[k].eb) - 1));
+				double va = to_value(u, w, pt[k].mb, pt[k].eb, pt[k].dt == ULP_DT_F8_E4M3);
+				double vb = to_value(y, w, pt[k].mb, pt[k].eb, pt[k].dt == ULP_DT_F8_E4M3);
+				sa += va * va;
+				if (u != y)
+					sd += (vb - va) * (vb - va);
+			}
+			qsort(dist, n, sizeof(*dist), u64_cmp);
+			CHECK(x->elements == n && x->changed == changed, "%s: %llu changed, want %llu", pt[k].name,
+			      (unsigned long long)x->changed, (unsigned long long)changed);
+			if (pt[k].dt == ULP_DT_I32) {
+				CHECK(x->median_ulps == 0 && isnan(x->rel_change), "%s: counts only", pt[k].name);
+			} else {
+				uint64_t med = dist[(n - 1) / 2], p99 = dist[(size_t)floor(0.99 * (double)(n - 1))];
+				CHECK(x->median_ulps == med && x->p99_ulps == p99 && x->max_ulps == dist[n - 1] &&
+				          x->exponent_moves == moves,
+				      "%s: median %llu p99 %llu max %llu moves %llu, want %llu %llu %llu %llu", pt[k].name,
+				      (unsigned long long)x->median_ulps, (unsigned long long)x->p99_ulps,
+				      (unsigned long long)x->max_ulps, (unsigned long long)x->exponent_moves,
+				      (unsigned long long)med, (unsigned long long)p99, (unsigned long long)dist[n - 1],
+				      (unsigned long long)moves);
+				double want = sqrt(sd) / sqrt(sa);
+				int same = isnan(want) ? isnan(x->rel_change)
+				           : isinf(want) ? x->rel_change == want
+				                         : fabs(x->rel_change - want) <= 1e-9 * fabs(want);
+				CHECK(same, "%s: rel_change %.17g, want %.17g", pt[k].name, x->rel_change, want);
+			}
+			free(pa);
+			free(pb);
+			free(dist);
 		}
-		qsort(dist, n, sizeof(*dist), u64_cmp);
-		CHECK(x->elements == n && x->changed == changed, "%s: %llu changed, want %llu", pt[k].name,
-		      (unsigned long long)x->changed, (unsigned long long)changed);
-		if (pt[k].dt == ULP_DT_I32) {
-			CHECK(x->median_ulps == 0 && isnan(x->rel_change), "%s: counts only", pt[k].name);
-		} else {
-			uint64_t med = dist[(n - 1) / 2], p99 = dist[(size_t)floor(0.99 * (double)(n - 1))];
-			CHECK(x->median_ulps == med && x->p99_ulps == p99 && x->max_ulps == dist[n - 1] &&
-			          x->exponent_moves == moves,
-			      "%s: median %llu p99 %llu max %llu moves %llu, want %llu %llu %llu %llu", pt[k].name,
-			      (unsigned long long)x->median_ulps, (unsigned long long)x->p99_ulps,
-			      (unsigned long long)x->max_ulps, (unsigned long long)x->exponent_moves,
-			      (unsigned long long)med, (unsigned long long)p99, (unsigned long long)dist[n - 1],
-			      (unsigned long long)moves);
-			double want = sqrt(sd) / sqrt(sa);
-			int same = isnan(want) ? isnan(x->rel_change)
-			           : isinf(want) ? x->rel_change == want
-			                         : fabs(x->rel_change - want) <= 1e-9 * fabs(want);
-			CHECK(same, "%s: rel_change %.17g, want %.17g", pt[k].name, x->rel_change, want);
-		}
-		free(pa);
-		free(pb);
-		free(dist);
+		ulp_tensor_diffs_free(v, nv);
 	}
-	ulp_tensor_diffs_free(v, nv);
 }
 
 static void test_run(void)

@@ -30,6 +30,9 @@
  *    to double and summed in double, in 8 lanes per piece, the pieces in
  *    order;
  *  - exponent moves: elements whose exponent field differs.
+ * The bf16 and f32 scan runs in 256-bit vectors where the CPU has AVX2
+ * (diff_avx2.c, chosen at run time), else in 128-bit ones, the rest element
+ * by element: the same counts, the sums in other lanes (equal to 1e-15).
  *
  * Invariants:
  *  1. A pair's memory is one chunk pair pinned in the cache per piece in
@@ -44,7 +47,9 @@
  *  4. The result of ulp_archive_diff is sorted by rel_change, largest first,
  *     NaN last, ties by name: the same files give the same order.
  */
+#include "config.h" /* ULP_HAVE_AVX2 */
 #include "arch_int.h"
+#include "codec.h" /* ulp_use_avx2 */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -107,11 +112,7 @@ static void make_tabs(void)
 /* ---- the scan of a piece pair ------------------------------------------------ */
 
 /* What a piece pair gives (its sums are added in piece order: invariant 2). */
-typedef struct blk {
-	uint64_t changed, emoves;
-	uint64_t mind, maxd;   /* smallest and largest nonzero distance (mind > maxd: none) */
-	double sa, sd;
-} blk;
+typedef ulp_scan_out blk;
 
 #define HIST 65536u
 #define EXACT 2048u /* wide formats: distances below it have a key each */
@@ -438,11 +439,18 @@ static void scan(const pairjob *p, const uint8_t *a, const uint8_t *b, size_t le
 		return;
 	}
 	uint64_t em = ((uint64_t)1 << p->f.ebits) - 1;
+	int bf16 = p->size == 2 && p->in->dtype == ULP_DT_BF16;
+#ifdef ULP_HAVE_AVX2
+	if ((p->size == 4 || bf16) && ulp_use_avx2()) { /* most of it in 256-bit vectors */
+		size_t k = ulp_diff_scan_avx2(p->size == 4, a, b, n, p->f.mbits, (uint32_t)em, o, h);
+		a += k * p->size, b += k * p->size, n -= k;
+	}
+#endif
 	switch (p->size) {
 	case 4: scan_f32_v(a, b, n, p->f.mbits, em, NULL, o, h); break;
 	case 8: scan_f64(a, b, n, p->f.mbits, em, NULL, o, h); break;
 	case 2:
-		if (p->in->dtype == ULP_DT_BF16)
+		if (bf16)
 			scan_bf16_v(a, b, n, p->f.mbits, em, NULL, o, h);
 		else
 			scan_tab16(a, b, n, p->f.mbits, em, p->tab, o, h);
