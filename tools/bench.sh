@@ -196,6 +196,8 @@ te, ce = sorted(export() for _ in range(3))[1][:2]
 print("--norms of a 12-step --dim 256 run: %.3f s (%.3f s CPU); verify (decodes it, sha256): %.3f s (%.3f s CPU)"
       " = %.2f x its speed; export (decodes it, writes it): %.3f s (%.3f s CPU) = %.2f x its speed (target >= 0.8)"
       % (tn, cn, tv, cv, tv / tn, te, ce, te / tn))
+print("  in CPU time: %.2f x verify's, %.2f x export's (a loaded machine's wall times favour the one that waits least)"
+      % (cv / cn, ce / cn))
 PYEOF
 }
 [ "${ULP_BENCH_ONLY:-}" = Y ] && { bench_dynamics; exit 0; }
