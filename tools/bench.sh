@@ -41,8 +41,8 @@
 #   Y. `ulpack dynamics` (issue 39): the index-only view of an index of 1,000
 #      steps x 300 tensors (written with python3's sqlite3: the view reads the
 #      index alone), time and peak memory (targets 1 s, 100 MB); --norms of a
-#      12-step --dim 256 run against `ulpack verify` of it (the decoding of the
-#      run). ULP_BENCH_ONLY=Y runs it alone.
+#      12-step --dim 256 run against `ulpack verify` and `ulpack export` of it
+#      (the decoding of the run; medians of 3). ULP_BENCH_ONLY=Y runs it alone.
 # Usage: bench.sh BUILD_DIR
 set -eu
 B=${1:-.}
@@ -140,7 +140,7 @@ PYEOF
 bench_dynamics() {
 	PYD=$(command -v /usr/bin/python3 || command -v python3 || true)
 	[ -n "$PYD" ] || { echo "== Y. skipped: no python3"; return 0; }
-	echo "== Y. ulpack dynamics: the index-only view of 1,000 steps x 300 tensors; --norms against verify"
+	echo "== Y. ulpack dynamics: the index-only view of 1,000 steps x 300 tensors; --norms against verify and export"
 	"$ULPACK" init "$T/dyn" > /dev/null
 	"$PYD" - "$T/dyn/ulpack.db" <<'PYEOF'
 import hashlib, sqlite3, sys
@@ -188,10 +188,19 @@ t, cpu, rss = med(["dynamics", big, "big"])
 print("index-only view, 1000 steps x 300 tensors: %.3f s (%.3f s CPU), peak %.0f MB (targets 1 s, 100 MB)" % (t, cpu, rss))
 t, cpu, _ = med(["dynamics", big, "big", "--json"])
 print("  with --json (every figure): %.3f s" % t)
-tn, _, _ = med(["dynamics", ar, "r", "--norms"])
-tv, _, _ = med(["verify", ar, "r"])
-print("--norms of a 12-step --dim 256 run: %.3f s; verify (decodes it): %.3f s = %.2f x its speed (target >= 0.8)"
-      % (tn, tv, tv / tn))
+import shutil
+def export():
+    shutil.rmtree(ar + ".out", ignore_errors=True)
+    r = run("export", ar, "r", ar + ".out")
+    return r
+tn, cn, _ = med(["dynamics", ar, "r", "--norms"])
+tv, cv, _ = med(["verify", ar, "r"])
+te, ce = sorted(export() for _ in range(3))[1][:2]
+print("--norms of a 12-step --dim 256 run: %.3f s (%.3f s CPU); verify (decodes it, sha256): %.3f s (%.3f s CPU)"
+      " = %.2f x its speed; export (decodes it, writes it): %.3f s (%.3f s CPU) = %.2f x its speed (target >= 0.8)"
+      % (tn, cn, tv, cv, tv / tn, te, ce, te / tn))
+print("  in CPU time: %.2f x verify's, %.2f x export's (a loaded machine's wall times favour the one that waits least)"
+      % (cv / cn, ce / cn))
 PYEOF
 }
 [ "${ULP_BENCH_ONLY:-}" = Y ] && { bench_dynamics; exit 0; }

@@ -316,5 +316,18 @@ def test_dynamics(ar):
     tr = ar.dynamics("trun")
     assert list(tr.steps) == [20, 30] and len(tr.tensors) > 0
     assert (tr.stored_bytes[tr.role != "s"] > 0).all()
+    # and their decoded change (read through the decode cache), each float
+    # tensor against numpy on the tensors read here
+    tn = ar.dynamics("trun", norms=True)
+    seen = 0
+    for t, name in enumerate(tn.tensors):
+        a = ar.tensor("trun/" + tn.files[t].replace("{S}", "20"), name)
+        b = ar.tensor("trun/" + tn.files[t].replace("{S}", "30"), name)
+        assert tn.changed[1, t] == np.count_nonzero(a != b), name
+        if a.dtype == np.float32 and np.linalg.norm(a) > 0:
+            va, vb = a.astype(np.float64), b.astype(np.float64)
+            np.testing.assert_allclose(tn.rel_change[1, t], np.linalg.norm(vb - va) / np.linalg.norm(va), rtol=1e-6)
+            seen += 1
+    assert seen > 0
     with pytest.raises(FileNotFoundError):
         ar.dynamics("nope")

@@ -108,6 +108,7 @@ enum {
 	ULP_SCRATCH_SYMS, ULP_SCRATCH_ARENA0, ULP_SCRATCH_ARENA1, /* encoder */
 	ULP_SCRATCH_COUNTS,                                   /* encoder pass 1 */
 	ULP_SCRATCH_DTAB,                                     /* blob.c: decode slot table */
+	ULP_SCRATCH_HIST,                                     /* diff.c: a piece's distances */
 	ULP_SCRATCH_SLOTS
 };
 void *ulp_scratch(unsigned slot, size_t size);
@@ -191,6 +192,10 @@ void ulp_digest_root(const uint8_t *leaves, uint64_t len, uint8_t out[ULP_SHA256
 
 /* CPU dispatch state (cpu.c). */
 extern unsigned ulp_cpu_mask_active;
+/* The CPU paths in use (ULP_CPU_*): the features, probed once, that
+ * ulp_set_cpu_mask allows now. The codec's row (ulp_kernels_get) and the
+ * dynamics' scan (diff.c) choose by it. */
+unsigned ulp_cpu_paths(void);
 
 /* Bytes of memory an open blob holds (its decode tables and chunk
  * directory; the blob's own bytes are the caller's), for cache accounting. */

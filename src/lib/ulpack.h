@@ -902,8 +902,8 @@ int ulp_archive_latest_live(ulp_archive *a, ulp_session *s, const char *dir, cha
 
 /* ---- the change between two checkpoints (diff.c) ---------------------------
  *
- * Decodes the tensors of two files (through ulp_file reads of their byte
- * ranges) and measures, per tensor of the same name, dtype and size, what
+ * Decodes the tensors of two files (through the decode cache, a chunk pair
+ * at a time) and measures, per tensor of the same name, dtype and size, what
  * changed. ULP distances are between the values' ordered integers (the
  * codec's: a float's bits with the sign folded so that the integers keep the
  * values' order), exact; percentiles are of every element's distance (0 for
@@ -1031,11 +1031,13 @@ size_t ulp_dynamics_layer(const char *name, char *dst, size_t cap);
  *  Caller frees *out with ulp_dynamics_free. */
 int ulp_archive_dynamics(ulp_archive *a, const char *run, const char *glob, ulp_dynamics **out);
 void ulp_dynamics_free(ulp_dynamics *d);
-/** Adds the decoded figures of each step's update (ulp_archive_diff of each
- *  file against the step before: d->norms and the per-layer and per-step
- *  relative change and share of elements changed). Decodes the whole run
- *  (each file twice; the decode cache keeps each step's chunks for the next
- *  pair); progress (may be NULL) gets steps done of steps. */
+/** Adds the decoded figures of each step's update (each tensor of each
+ *  file against the same at the step before, as ulp_archive_diff measures
+ *  it: d->norms and the per-layer and per-step relative change and share of
+ *  elements changed). Walks the run in step order through the decode cache,
+ *  a chunk pair at a time: each delta is decoded once, against the step
+ *  before still cached (or its chain); progress (may be NULL) gets steps
+ *  done of steps. Errors: NOMEM, IO, CORRUPT, CHECKSUM. */
 int ulp_dynamics_norms(ulp_archive *a, ulp_dynamics *d, ulp_progress_fn progress, void *arg);
 /** The one-line verdict ("step 4200: +1.6 bits/weight over its neighbours'
  *  update (about 3.1x the change), layers model.layers.17-19 +4.2, most

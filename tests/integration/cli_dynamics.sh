@@ -12,9 +12,11 @@
 #    hottest cells are the planted step's;
 #  - --tensors GLOB; the errors (no such run, missing arguments);
 #  - a mount's user.ulpack.dynamics on a run directory (the compact JSON);
-#  - --norms and `ulpack diff` (decoded through the file reads) against
+#  - --norms and `ulpack diff` (decoded through the decode cache) against
 #    numpy on the safetensors files themselves, bf16 and f32: counts and
-#    ULP percentiles exact, relative norms to 1e-6;
+#    ULP percentiles exact, relative norms to 1e-6; again on a layout with
+#    anchors inside the run and a delta over two steps (--max-chain 2), so
+#    that pairs linked by no delta of one against the other are covered;
 #  - speed: an index of 1,000 steps x 300 tensors (written here with
 #    sqlite3: the view reads the index alone) in under 1 s of CPU and 100 MB.
 . "$(dirname "$0")/lib.sh"
@@ -186,10 +188,11 @@ fi
 "$ULPACK" diff "$A" mix/checkpoint-10/model.safetensors mix/checkpoint-40/model.safetensors --json > "$T/diff.json" \
 	|| fail "diff"
 "$ULPACK" diff "$A" mix/checkpoint-10/model.safetensors mix/checkpoint-40/model.safetensors > "$T/diff.txt" || fail "diff text"
-"$PY" - "$T/src2/mix" "$T/n.json" "$T/diff.json" "$T/diff.txt" <<'PYEOF' && ok "--norms and ulpack diff match numpy (exact counts and ULPs, norms to 1e-6)" || fail "--norms / diff against numpy"
+# the check, kept in a file: run again below on a layout with anchors inside
+cat > "$T/nfig.py" <<'PYEOF'
 import json, math, struct, sys
 import numpy as np
-src, nj, dj, dt = sys.argv[1:5]
+src, nj, dj, dt = (sys.argv[1:5] + [None, None])[:4]
 def load(step):
     raw = open("%s/checkpoint-%d/model.safetensors" % (src, step), "rb").read()
     hl = struct.unpack("<Q", raw[:8])[0]
@@ -228,11 +231,12 @@ def close(x, y):
     if y is None or x is None:
         return x is None and y is None
     return abs(x - y) <= 1e-6 * max(abs(y), 1e-300)
-steps = {s: load(s) for s in (10, 20, 30, 40)}
+d = json.load(open(nj))
+steps = {s: load(s) for s in d["steps"]}
 # ulpack diff 10 -> 40
-diff = json.load(open(dj))
-assert {t["dtype"] for t in diff["tensors"]} == {"BF16", "F32"}
-assert len(diff["tensors"]) == len(steps[10])
+diff = json.load(open(dj)) if dj else {"tensors": []}
+assert not dj or {t["dtype"] for t in diff["tensors"]} == {"BF16", "F32"}
+assert not dj or len(diff["tensors"]) == len(steps[10])
 rels = [t["rel_change"] for t in diff["tensors"]]
 assert rels == sorted(rels, key=lambda r: -r if r is not None else math.inf), "sorted by relative change"
 for t in diff["tensors"]:
@@ -240,12 +244,12 @@ for t in diff["tensors"]:
     for k in ("dtype", "elements", "changed", "median_ulps", "p99_ulps", "max_ulps", "exponent_moves"):
         assert t[k] == want[k], (t["name"], k, t[k], want[k])
     assert close(t["rel_change"], want["rel_change"]), (t["name"], t["rel_change"], want["rel_change"])
-txt = open(dt).read().splitlines()
-assert txt[0].split()[0] == "tensor" and txt[1].split()[0] == diff["tensors"][0]["name"]
+if dt:
+    txt = open(dt).read().splitlines()
+    assert txt[0].split()[0] == "tensor" and txt[1].split()[0] == diff["tensors"][0]["name"]
 # dynamics --norms: each step against the one before
-d = json.load(open(nj))
-assert d["steps"] == [10, 20, 30, 40]
-for i in range(4):
+assert d["steps"] == [10 * (i + 1) for i in range(len(d["steps"]))]
+for i in range(len(d["steps"])):
     for t, ten in enumerate(d["tensors"]):
         if i == 0:
             assert d["rel_change"][0][t] is None
@@ -259,6 +263,27 @@ for i in range(4):
         den = sum(np.linalg.norm(steps[d["steps"][i - 1]][n][2]) ** 2 for n in steps[10])
         assert close(d["step_rel_change"][0][i], math.sqrt(num / den)), (d["step_rel_change"][0][i], math.sqrt(num / den))
 PYEOF
+"$PY" "$T/nfig.py" "$T/src2/mix" "$T/n.json" "$T/diff.json" "$T/diff.txt" \
+	&& ok "--norms and ulpack diff match numpy (exact counts and ULPs, norms to 1e-6)" || fail "--norms / diff against numpy"
+# the same with --max-chain 2 (layout.c): step 10 a delta against 30 (not a
+# neighbour), 40 forward against 30, 60 an anchor and 50 against it, so the
+# pair 40-50 is linked by no delta (a chain crosses an anchor): each pair
+# still exact against numpy
+"$ULPACK" synth "$T/src3/mix" --steps 6 --dim 64 --vocab 20000 --dtype mixed --interval 10 > /dev/null || fail "synth 6"
+"$ULPACK" init "$T/arch3" > /dev/null && "$ULPACK" import "$T/arch3" "$T/src3" --max-chain 2 > /dev/null \
+	|| fail "import --max-chain 2"
+"$ULPACK" dynamics "$T/arch3" mix --norms --json > "$T/n3.json" || fail "dynamics --norms, --max-chain 2"
+"$PY" - "$T/n3.json" <<'PYEOF' || fail "--max-chain 2: not the layout the test needs"
+import json, sys
+d = json.load(open(sys.argv[1]))
+T = len(d["tensors"])
+big = max(range(T), key=lambda t: d["tensors"][t]["elements"])
+refs = [d["ref_step"][i][big] for i in range(6)]
+assert refs[0] == 30 and refs[3] == 30 and refs[4] == 60 and refs[5] == -1, refs
+PYEOF
+"$PY" "$T/nfig.py" "$T/src3/mix" "$T/n3.json" \
+	&& ok "--norms across anchors and non-neighbour deltas (--max-chain 2) matches numpy" \
+	|| fail "--norms, --max-chain 2, against numpy"
 
 # speed: 1,000 steps x 300 tensors, the index alone
 B="$T/big"

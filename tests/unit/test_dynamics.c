@@ -11,6 +11,12 @@
  *  - --tensors' glob, the JSON, and the errors (no such run, a file);
  *  - ulp_dynamics_norms and ulp_archive_diff: the decoded change of each
  *    tensor (the frozen one none), the jump's layer, the order by change;
+ *  - ulp_archive_diff of a pair of every float format (and an integer one),
+ *    of sizes no multiple of the scan's lanes, against the figures computed
+ *    here element by element: moves of a few ULPs and far ones (f32, f64:
+ *    the median in a histogram bucket of many distances, narrowed by passes),
+ *    crossed signs, zeros, infinities, NaNs (rel_change NaN where a value is
+ *    NaN, as numpy's: it was 0);
  *  - out of memory: every allocation of ulp_archive_dynamics and
  *    ulp_dynamics_json failed in turn (malloc, calloc, realloc, strdup are
  *    wrapped: GNU ld --wrap, as test_faults): NOMEM, nothing returned, and
@@ -278,6 +284,200 @@ static void check_run(ulp_archive *a)
 	ulp_dynamics_free(d);
 }
 
+
+/* ---- the figures of a pair against a plain computation here ------------------ */
+
+#define NPT 7
+static const struct {
+	const char *name;
+	ulp_dtype dt;
+	size_t n;
+	unsigned w, mb, eb; /* bits, mantissa bits, exponent bits */
+} pt[NPT] = {
+	{"bf16", ULP_DT_BF16, 1005, 16, 7, 8},      {"f32.near", ULP_DT_F32, 1003, 32, 23, 8},
+	{"f32.far", ULP_DT_F32, 4099, 32, 23, 8},   {"f64", ULP_DT_F64, 999, 64, 52, 11},
+	{"f16", ULP_DT_F16, 1001, 16, 10, 5},       {"f8", ULP_DT_F8_E4M3, 257, 8, 3, 4},
+	{"i32", ULP_DT_I32, 101, 32, 0, 0},
+};
+
+static uint64_t get_bits(const uint8_t *p, size_t i, unsigned w)
+{
+	uint64_t u = 0;
+	memcpy(&u, p + i * (w / 8), w / 8);
+	return u;
+}
+
+/* A float of w bits (mb mantissa, eb exponent bits) as a double. */
+static double to_value(uint64_t u, unsigned w, unsigned mb, unsigned eb, int e4m3)
+{
+	if (w == 32) {
+		float f;
+		uint32_t x = (uint32_t)u;
+		memcpy(&f, &x, 4);
+		return f;
+	}
+	if (w == 64) {
+		double f;
+		memcpy(&f, &u, 8);
+		return f;
+	}
+	int neg = (int)(u >> (w - 1)) & 1, bias = (1 << (eb - 1)) - 1;
+	uint64_t e = (u >> mb) & ((1u << eb) - 1), m = u & ((1u << mb) - 1);
+	double v;
+	if (e == (1u << eb) - 1 && (!e4m3 || m == (1u << mb) - 1))
+		v = e4m3 || m ? NAN : INFINITY;
+	else
+		v = e ? ldexp((double)(m | (1u << mb)), (int)e - bias - (int)mb) : ldexp((double)m, 1 - bias - (int)mb);
+	return neg ? -v : v;
+}
+
+static int u64_cmp(const void *x, const void *y)
+{
+	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+	return a < b ? -1 : a > b;
+}
+
+static uint64_t rnd(uint64_t *r)
+{
+	*r = *r * 6364136223846793005ull + 1442695040888963407ull;
+	return *r >> 11;
+}
+
+/* Two contents of each tensor: b moves a's elements by distances of every
+ * size (none, a few ULPs, far: a median in a histogram bucket of many
+ * distances), with signs crossed, zeros, infinities and NaNs. */
+static void make_pair(int k, uint8_t *a, uint8_t *b)
+{
+	unsigned w = pt[k].w;
+	uint64_t r = 77 + (uint64_t)k, mask = w == 64 ? ~0ull : (1ull << w) - 1;
+	for (size_t i = 0; i < pt[k].n; i++) {
+		uint64_t u = rnd(&r) & mask, v = u;
+		if (w == 32 && pt[k].dt == ULP_DT_F32)
+			u = (u & 0x80000000u) | (0x3c000000u + (u % 0x4000000u)); /* ordinary values */
+		if (w == 64)
+			u = (u & (1ull << 63)) | (0x3f00000000000000ull + (u % (1ull << 56)));
+		uint64_t sel = rnd(&r) % 100, step = k == 2 ? (1ull << 20) + rnd(&r) % (1ull << 22)
+		                                   : k == 3 ? (1ull << 40) + rnd(&r) % (1ull << 42)
+		                                   : rnd(&r) % 7;
+		if (sel < 25)
+			v = u; /* unchanged */
+		else if (sel < 90)
+			v = (u + step) & mask;
+		else if (sel < 93)
+			v = u ^ (1ull << (w - 1)); /* the sign crossed */
+		else if (sel < 95)
+			v = 0; /* +0 */
+		else if (sel < 97)
+			v = mask ^ (mask >> 1); /* -0 */
+		else
+			v = (mask >> 1) & ~((1ull << pt[k].mb) - 1) & mask; /* infinity (NaN in e4m3) */
+		if (i == 3)
+			u = v; /* one NaN or infinity unchanged */
+		memcpy(a + i * (w / 8), &u, w / 8);
+		memcpy(b + i * (w / 8), &v, w / 8);
+	}
+}
+
+static void put_pair_file(ulp_archive *a, const char *path, int which)
+{
+	ulp_st_wtensor t[NPT];
+	uint64_t shape[NPT];
+	uint8_t *buf[NPT];
+	for (int k = 0; k < NPT; k++) {
+		size_t bytes = pt[k].n * pt[k].w / 8;
+		uint8_t *other = malloc(bytes);
+		buf[k] = malloc(bytes);
+		REQUIRE(buf[k] && other, "memory");
+		if (which)
+			make_pair(k, other, buf[k]);
+		else
+			make_pair(k, buf[k], other);
+		free(other);
+		shape[k] = pt[k].n;
+		t[k] = (ulp_st_wtensor){pt[k].name, pt[k].dt, 1, &shape[k], buf[k]};
+	}
+	char tmp[300];
+	snprintf(tmp, sizeof(tmp), "%s/pair.safetensors", root);
+	REQUIRE(ulp_st_write(tmp, t, NPT, NULL) == 0, "write %s", tmp);
+	for (int k = 0; k < NPT; k++)
+		free(buf[k]);
+	int fd = open(tmp, O_RDONLY);
+	ulp_meta m = {0644, 0, 0, {1700000000, 0}};
+	REQUIRE(ulp_archive_put(a, path, fd, &m, NULL) == 0, "put %s: %s", path, ulp_archive_errmsg(a));
+	close(fd);
+}
+
+/* ulp_archive_diff of the two files against the figures computed here
+ * element by element: counts and ULPs exact, norms to 1e-9. */
+static void test_pairs(ulp_archive *a)
+{
+	put_pair_file(a, "pairs/step-1/m.safetensors", 0);
+	put_pair_file(a, "pairs/step-2/m.safetensors", 1);
+	/* every kernel this CPU has (the 256-bit scan where AVX2 is), then the
+	 * 128-bit and scalar ones alone */
+	unsigned all = ulp_cpu_features();
+	for (int pass = 0; pass < 2; pass++) {
+		unsigned old_mask = ulp_set_cpu_mask(pass ? 0 : all);
+		ulp_tensor_diff *v = NULL;
+		size_t nv = 0;
+		REQUIRE(ulp_archive_diff(a, "pairs/step-1/m.safetensors", "pairs/step-2/m.safetensors", &v, &nv) == 0,
+		        "diff: %s", ulp_archive_errmsg(a));
+		ulp_set_cpu_mask(old_mask);
+		CHECK(nv == NPT, "%zu tensors (kernels %s)", nv, pass ? "scalar" : "all");
+		for (int k = 0; k < NPT; k++) {
+			const ulp_tensor_diff *x = NULL;
+			for (size_t i = 0; i < nv; i++)
+				if (!strcmp(v[i].name, pt[k].name))
+					x = &v[i];
+			REQUIRE(x, "tensor %s", pt[k].name);
+			size_t n = pt[k].n, bytes = n * pt[k].w / 8;
+			unsigned w = pt[k].w;
+			uint8_t *pa = malloc(bytes), *pb = malloc(bytes);
+			uint64_t *dist = malloc(n * sizeof(*dist));
+			REQUIRE(pa && pb && dist, "memory");
+			make_pair(k, pa, pb);
+			uint64_t changed = 0, moves = 0, sg = 1ull << (w - 1), mask = w == 64 ? ~0ull : (1ull << w) - 1;
+			double sa = 0, sd = 0;
+			for (size_t i = 0; i < n; i++) {
+				uint64_t u = get_bits(pa, i, w), y = get_bits(pb, i, w);
+				uint64_t ou = u & sg ? ~u & mask : u | sg, oy = y & sg ? ~y & mask : y | sg;
+				dist[i] = ou > oy ? ou - oy : oy - ou;
+				changed += u != y;
+				moves += ((u >> pt[k].mb) & ((1ull << pt[k].eb) - 1)) != ((y >> pt[k].mb) & ((1ull << pt[k].eb) - 1));
+				double va = to_value(u, w, pt[k].mb, pt[k].eb, pt[k].dt == ULP_DT_F8_E4M3);
+				double vb = to_value(y, w, pt[k].mb, pt[k].eb, pt[k].dt == ULP_DT_F8_E4M3);
+				sa += va * va;
+				if (u != y)
+					sd += (vb - va) * (vb - va);
+			}
+			qsort(dist, n, sizeof(*dist), u64_cmp);
+			CHECK(x->elements == n && x->changed == changed, "%s: %llu changed, want %llu", pt[k].name,
+			      (unsigned long long)x->changed, (unsigned long long)changed);
+			if (pt[k].dt == ULP_DT_I32) {
+				CHECK(x->median_ulps == 0 && isnan(x->rel_change), "%s: counts only", pt[k].name);
+			} else {
+				uint64_t med = dist[(n - 1) / 2], p99 = dist[(size_t)floor(0.99 * (double)(n - 1))];
+				CHECK(x->median_ulps == med && x->p99_ulps == p99 && x->max_ulps == dist[n - 1] &&
+				          x->exponent_moves == moves,
+				      "%s: median %llu p99 %llu max %llu moves %llu, want %llu %llu %llu %llu", pt[k].name,
+				      (unsigned long long)x->median_ulps, (unsigned long long)x->p99_ulps,
+				      (unsigned long long)x->max_ulps, (unsigned long long)x->exponent_moves,
+				      (unsigned long long)med, (unsigned long long)p99, (unsigned long long)dist[n - 1],
+				      (unsigned long long)moves);
+				double want = sqrt(sd) / sqrt(sa);
+				int same = isnan(want) ? isnan(x->rel_change)
+				           : isinf(want) ? x->rel_change == want
+				                         : fabs(x->rel_change - want) <= 1e-9 * fabs(want);
+				CHECK(same, "%s: rel_change %.17g, want %.17g", pt[k].name, x->rel_change, want);
+			}
+			free(pa);
+			free(pb);
+			free(dist);
+		}
+		ulp_tensor_diffs_free(v, nv);
+	}
+}
+
 static void test_run(void)
 {
 	char dir[300], err[512];
@@ -361,6 +561,7 @@ static void test_run(void)
 	CHECK(nv == 4 && !strcmp(v[0].name, "model.layers.1.mlp.weight") && !strcmp(v[3].name, "model.layers.0.frozen"),
 	      "diff: sorted by relative change: %s .. %s", v[0].name, v[nv - 1].name);
 	ulp_tensor_diffs_free(v, nv);
+	test_pairs(a);
 	test_faults(a);
 	ulp_archive_close(a);
 }

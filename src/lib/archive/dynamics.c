@@ -45,6 +45,7 @@
 #include "store/path.h"
 #include "store/index.h"
 #include "store/shared.h"
+#include "archive/diff.h"
 #include <fnmatch.h>
 #include <math.h>
 #include <stdio.h>
@@ -653,20 +654,74 @@ int ulp_archive_dynamics(ulp_archive *a, const char *run, const char *glob, ulp_
 
 /* ---- decoded figures ---------------------------------------------------------- */
 
-/* The index of tensor name in file f, or SIZE_MAX. */
-static size_t tensor_index(const ulp_dynamics *d, size_t f, const char *name)
+/* One file's tensors at one step: the view's tensor indices (ascending),
+ * with their dtype, length and content identity (from the index). */
+typedef struct fstep {
+	size_t n, cap;
+	struct ften {
+		size_t t;
+		int dtype;
+		uint64_t length;
+		uint8_t content[ULP_SHA256_LEN];
+	} *v;
+} fstep;
+
+/* A tensor of the view by its name, within its file. */
+typedef struct tname {
+	const char *name;
+	size_t t;
+} tname;
+
+typedef struct fnames {
+	const tname *by_name;  /* the file's tensors, by name */
+	size_t n;
+	fstep *out;
+	int rc;
+} fnames;
+
+static int tname_cmp(const void *x, const void *y)
 {
-	for (size_t t = 0; t < d->n_tensors; t++)
-		if (d->tensor_file_index[t] == f && !strcmp(d->tensors[t], name))
-			return t;
-	return SIZE_MAX;
+	return strcmp(((const tname *)x)->name, ((const tname *)y)->name);
 }
 
+static int fstep_add(void *arg, const char *name, int dtype, uint64_t offset, uint64_t length,
+                     const uint8_t content[ULP_SHA256_LEN])
+{
+	(void)offset;
+	fnames *c = arg;
+	tname key = {name, 0};
+	const tname *hit = c->n ? bsearch(&key, c->by_name, c->n, sizeof(*c->by_name), tname_cmp) : NULL;
+	if (!hit) /* left out by the glob */
+		return 0;
+	fstep *f = c->out;
+	if (ulp_grow(&f->v, &f->cap, f->n, sizeof(*f->v)) < 0)
+		return c->rc = -ULP_E_NOMEM;
+	f->v[f->n].t = hit->t;
+	f->v[f->n].dtype = dtype;
+	f->v[f->n].length = length;
+	memcpy(f->v[f->n].content, content, ULP_SHA256_LEN);
+	f->n++;
+	return 0;
+}
+
+static int ften_cmp(const void *x, const void *y)
+{
+	size_t a = ((const struct ften *)x)->t, b = ((const struct ften *)y)->t;
+	return a < b ? -1 : a > b;
+}
+
+/* Per step, in step order, each file's tensors against the same file at
+ * the step before: the pairs of one step (every file) go to ulp_diff_pairs
+ * at once, which reads each content through the decode cache a chunk pair
+ * at a time (diff.c). Walking in step order decodes each delta once: the
+ * step before is still in the cache, the chain of a backward part is
+ * decoded at its first read (layout.c invariant 4). Memory: two steps'
+ * lists of content identities and the chunk pairs in flight. */
 int ulp_dynamics_norms(ulp_archive *a, ulp_dynamics *d, ulp_progress_fn progress, void *arg)
 {
 	size_t S = d->n_steps, T = d->n_tensors, L = d->n_layers, F = d->n_files;
 	if (!d->norms) {
-		d->norms = calloc(S * T, sizeof(*d->norms));
+		d->norms = calloc(S * T + 1, sizeof(*d->norms));
 		d->layer_rel_change = calloc(S * L + 1, sizeof(double));
 		d->step_rel_change = calloc(S, sizeof(double));
 		d->layer_frac_changed = calloc(S * L + 1, sizeof(double));
@@ -675,37 +730,82 @@ int ulp_dynamics_norms(ulp_archive *a, ulp_dynamics *d, ulp_progress_fn progress
 		    !d->step_frac_changed)
 			return ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", d->run);
 	}
-	double *la = calloc(2 * L + 1, sizeof(double)), *ld = la + L;
-	uint64_t *le = calloc(2 * L + 1, sizeof(uint64_t)), *lc = le + L;
-	if (!la || !le) {
-		free(la);
-		free(le);
-		return ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", d->run);
-	}
+	ulp_gen_follow(a); /* gen.c invariant 3 */
+	double *la = calloc(2 * L + 1, sizeof(double)), *ld = la ? la + L : NULL;
+	uint64_t *le = calloc(2 * L + 1, sizeof(uint64_t)), *lc = le ? le + L : NULL;
+	tname *by_name = malloc((T + 1) * sizeof(*by_name));
+	size_t *first = calloc(F + 1, sizeof(*first));
+	fstep *fs = calloc(2 * F + 1, sizeof(*fs)); /* [step parity][file] */
+	ulp_pair *pv = calloc(T + 1, sizeof(*pv));
 	int rc = 0;
+	if (!la || !le || !by_name || !first || !fs || !pv)
+		rc = ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", d->run);
+	/* each file's tensors by name: by_name[first[f] ..] */
+	size_t *count = NULL;
+	if (rc == 0 && !(count = calloc(F + 1, sizeof(*count))))
+		rc = ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", d->run);
+	for (size_t t = 0; rc == 0 && t < T; t++)
+		count[d->tensor_file_index[t]]++;
+	for (size_t f = 0, o = 0; rc == 0 && f < F; o += count[f], f++)
+		first[f] = o;
+	for (size_t f = 0; rc == 0 && f < F; f++)
+		count[f] = 0;
+	for (size_t t = 0; rc == 0 && t < T; t++) {
+		size_t f = d->tensor_file_index[t];
+		by_name[first[f] + count[f]++] = (tname){d->tensors[t], t};
+	}
+	for (size_t f = 0; rc == 0 && f < F; f++)
+		qsort(by_name + first[f], count[f], sizeof(*by_name), tname_cmp);
 	for (size_t s = 0; s < S && rc == 0; s++) {
-		for (size_t f = 0; s > 0 && f < F && rc == 0; f++) {
-			const char *pa = d->file_paths[(s - 1) * F + f], *pb = d->file_paths[s * F + f];
-			if (!pa || !pb)
+		fstep *cur = fs + (s % 2) * F, *prev = fs + ((s + 1) % 2) * F;
+		size_t np = 0;
+		for (size_t f = 0; f < F && rc == 0; f++) {
+			cur[f].n = 0;
+			const char *pb = d->file_paths[s * F + f];
+			if (!pb)
 				continue;
-			ulp_tensor_diff *v = NULL;
-			size_t n = 0;
-			rc = ulp_archive_diff(a, pa, pb, &v, &n);
-			if (rc == -ULP_E_INVAL) { /* no tensor in common: no figure */
-				rc = 0;
+			fnames c = {by_name + first[f], count[f], &cur[f], 0};
+			rc = ulp_index_file_named(a, pb, fstep_add, &c);
+			if (rc >= 0 && c.rc < 0)
+				rc = ulp_arch_err(a, c.rc, "%s: out of memory", pb);
+			if (rc < 0)
+				break;
+			qsort(cur[f].v, cur[f].n, sizeof(*cur[f].v), ften_cmp);
+			if (!s || !d->file_paths[(s - 1) * F + f])
 				continue;
-			}
-			for (size_t k = 0; rc == 0 && k < n; k++) {
-				size_t t = tensor_index(d, f, v[k].name);
-				if (t == SIZE_MAX)
+			/* the tensors of both steps, alike in dtype and size */
+			for (size_t i = 0, j = 0; i < prev[f].n && j < cur[f].n;) {
+				const struct ften *x = &prev[f].v[i], *y = &cur[f].v[j];
+				if (x->t != y->t) {
+					x->t < y->t ? i++ : j++;
 					continue;
-				ulp_tensor_diff *x = &d->norms[s * T + t];
-				free(x->name);
-				*x = v[k];
-				v[k].name = NULL; /* taken */
+				}
+				if (x->dtype == y->dtype && x->length == y->length)
+					pv[np++] = (ulp_pair){x->content, y->content, x->dtype, x->length, d->tensors[x->t],
+					                      &d->norms[s * T + x->t], 0, ""};
+				i++, j++;
 			}
-			ulp_tensor_diffs_free(v, n);
 		}
+		for (size_t i = 0; rc == 0 && i < np; i++) {
+			ulp_tensor_diff *x = pv[i].out;
+			free(x->name);
+			memset(x, 0, sizeof(*x));
+		}
+		if (rc == 0 && np)
+			rc = ulp_diff_pairs(a, pv, np);
+		for (size_t i = 0; rc == 0 && i < np; i++) {
+			ulp_tensor_diff *x = pv[i].out;
+			if (!(x->name = strdup(pv[i].name))) {
+				memset(x, 0, sizeof(*x)); /* elements 0: no figure */
+				rc = ulp_arch_err(a, -ULP_E_NOMEM, "%s: out of memory", d->run);
+			}
+		}
+		if (rc < 0)
+			for (size_t i = 0; i < np; i++)
+				if (!pv[i].out->name)
+					memset(pv[i].out, 0, sizeof(*pv[i].out));
+		if (rc < 0)
+			break;
 		/* per layer and step: norms summed in squares, counts summed */
 		memset(la, 0, 2 * L * sizeof(double));
 		memset(le, 0, 2 * L * sizeof(uint64_t));
@@ -738,6 +838,13 @@ int ulp_dynamics_norms(ulp_archive *a, ulp_dynamics *d, ulp_progress_fn progress
 		if (progress)
 			progress(arg, s + 1, S);
 	}
+	for (size_t i = 0; fs && i < 2 * F; i++)
+		free(fs[i].v);
+	free(fs);
+	free(pv);
+	free(count);
+	free(first);
+	free(by_name);
 	free(la);
 	free(le);
 	return rc;

@@ -361,13 +361,7 @@ static const ulp_kernels kernels_scalar = {.name = "scalar", .scalar = 1};
 
 const ulp_kernels *ulp_kernels_get(void)
 {
-	static int have = -1; /* probed once; a race only stores the same value twice */
-	int h = __atomic_load_n(&have, __ATOMIC_RELAXED);
-	if (h < 0) {
-		h = (int)ulp_cpu_features();
-		__atomic_store_n(&have, h, __ATOMIC_RELAXED);
-	}
-	const unsigned m = (unsigned)h & __atomic_load_n(&ulp_cpu_mask_active, __ATOMIC_RELAXED);
+	const unsigned m = ulp_cpu_paths();
 	(void)m;
 #ifdef ULP_HAVE_AVX512
 	if ((m & ULP_CPU_AVX512) && (m & ULP_CPU_AVX2))

@@ -1214,10 +1214,12 @@ int ulp_index_run_tensors(ulp_archive *a, const char *run, int (*cb)(void *arg, 
 }
 
 int ulp_index_file_named(ulp_archive *a, const char *path,
-                         int (*cb)(void *arg, const char *name, int dtype, uint64_t offset, uint64_t length),
+                         int (*cb)(void *arg, const char *name, int dtype, uint64_t offset, uint64_t length,
+                                   const uint8_t content[ULP_SHA256_LEN]),
                          void *arg)
 {
-	static const char sql[] = "SELECT x.name, x.dtype, x.offset, x.length FROM extents x JOIN entries e ON e.id = x.file"
+	static const char sql[] = "SELECT x.name, x.dtype, x.offset, x.length, b.content FROM extents x"
+	                          " JOIN entries e ON e.id = x.file JOIN blobs b ON b.id = x.blob"
 	                          " WHERE e.path = ? AND e.type = 0 AND x.name IS NOT NULL AND x.length > 0 ORDER BY x.offset";
 	sqlite3 *db = ulp_db(a);
 	sqlite3_stmt *st;
@@ -1227,9 +1229,14 @@ int ulp_index_file_named(ulp_archive *a, const char *path,
 	int rc = 0, r;
 	while (rc == 0 && (r = sqlite3_step(st)) == SQLITE_ROW) {
 		const char *name = (const char *)sqlite3_column_text(st, 0);
-		if (name)
-			rc = cb(arg, name, sqlite3_column_type(st, 1) == SQLITE_NULL ? 0 : sqlite3_column_int(st, 1),
-			        (uint64_t)sqlite3_column_int64(st, 2), (uint64_t)sqlite3_column_int64(st, 3));
+		const uint8_t *content = sqlite3_column_blob(st, 4);
+		if (!name || !content || sqlite3_column_bytes(st, 4) != ULP_SHA256_LEN) {
+			rc = ulp_arch_err(a, name ? -ULP_E_CORRUPT : -ULP_E_NOMEM, "%s: a tensor's row in %s/ulpack.db: %s",
+			                  path, a->dir, name ? "no content identity" : "out of memory");
+			break;
+		}
+		rc = cb(arg, name, sqlite3_column_type(st, 1) == SQLITE_NULL ? 0 : sqlite3_column_int(st, 1),
+		        (uint64_t)sqlite3_column_int64(st, 2), (uint64_t)sqlite3_column_int64(st, 3), content);
 	}
 	if (rc == 0 && r != SQLITE_DONE)
 		rc = ulp_db_err(a, "tensors of a file");

@@ -271,9 +271,11 @@ int ulp_index_run_tensors(ulp_archive *a, const char *run, int (*cb)(void *arg, 
                           void *arg);
 
 /* The named tensors of file path in offset order: name, dtype, offset and
- * length in the file. Stops at a non-zero return of cb, which it returns. */
+ * length in the file, the content identity of its blob. Stops at a non-zero
+ * return of cb, which it returns. */
 int ulp_index_file_named(ulp_archive *a, const char *path,
-                         int (*cb)(void *arg, const char *name, int dtype, uint64_t offset, uint64_t length),
+                         int (*cb)(void *arg, const char *name, int dtype, uint64_t offset, uint64_t length,
+                                   const uint8_t content[ULP_SHA256_LEN]),
                          void *arg);
 
 /* In the caller's transaction: removes the files of those steps under run

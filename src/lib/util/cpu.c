@@ -51,6 +51,17 @@ unsigned ulp_cpu_features(void)
 
 unsigned ulp_cpu_mask_active = ~0u;
 
+unsigned ulp_cpu_paths(void)
+{
+	static int have = -1; /* probed once; a race only stores the same value twice */
+	int h = __atomic_load_n(&have, __ATOMIC_RELAXED);
+	if (h < 0) {
+		h = (int)ulp_cpu_features();
+		__atomic_store_n(&have, h, __ATOMIC_RELAXED);
+	}
+	return (unsigned)h & __atomic_load_n(&ulp_cpu_mask_active, __ATOMIC_RELAXED);
+}
+
 unsigned ulp_set_cpu_mask(unsigned mask)
 {
 	unsigned old = ulp_cpu_mask_active;
