@@ -139,6 +139,10 @@
  *     plan would take an expected step for an anchor). Files without a
  *     series keep their queue order. Durability and barriers are as before:
  *     a barrier waits for every entry queued before it, whatever the order.
+ * 15. One note line per archived step (o.note), not per file: the files
+ *     archived one after another under the same step directory add up, and
+ *     the line goes out when the next file is under another one, when the
+ *     archiver goes idle to tidy (writing paused) and at close (step_done).
  */
 #include "arch_int.h"
 #include <errno.h>
@@ -243,6 +247,11 @@ struct ulp_session {
 	uint64_t archived, archived_bytes, failed;
 	uint64_t tidies, reclaimed_bytes; /* tidy passes, and the bytes they gave back */
 	uint64_t busy_ns;      /* time the archiver spent archiving */
+	uint64_t errors;       /* atomic: slog lines (errors of background work) */
+	int64_t cur_t0;        /* CLOCK_MONOTONIC ns when cur's archiving started */
+	/* the step being archived (invariant 15), guarded by mu */
+	char *step_key;        /* its directory (RUN/checkpoint-N), or NULL */
+	uint64_t step_files, step_bytes, step_stored, step_ns, steps;
 };
 
 /* ---- helpers --------------------------------------------------------------- */
@@ -260,6 +269,7 @@ static void slog(ulp_session *s, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
+	__atomic_add_fetch(&s->errors, 1, __ATOMIC_RELAXED);
 	if (s->o.log)
 		s->o.log(s->o.log_arg, msg);
 }
@@ -467,6 +477,60 @@ static int below(const char *p, const char *dir)
 	return p && dir && !strncmp(p, dir, l) && p[l] == '/';
 }
 
+/* Invariant 15: the step directory of path (the directory holding the
+ * component the step is parsed from, else the parent), malloc'd. */
+static char *step_key_of(const char *path)
+{
+	const char *end = strrchr(path, '/');
+	char *series = NULL;
+	if (ulp_parse_step(path, &series) >= 0 && series) {
+		/* series is path with the step's digits as "{S}": the same bytes before */
+		const char *m = strstr(series, "{S}");
+		size_t at = m ? (size_t)(m - series) : 0;
+		const char *q = m && at <= strlen(path) ? strchr(path + at, '/') : NULL;
+		if (q) /* a step directory; else a step file: its directory */
+			end = q;
+	}
+	free(series);
+	return end ? strndup(path, (size_t)(end - path)) : strdup("");
+}
+
+/* Invariant 15: the note line of the step archived so far; with mu. */
+static void step_done(ulp_session *s)
+{
+	if (!s->step_key)
+		return;
+	if (s->o.note) {
+		char msg[1200];
+		double mb = (double)s->step_bytes / 1e6, smb = (double)s->step_stored / 1e6;
+		snprintf(msg, sizeof(msg), "archived %.900s: %llu file%s, %.1f MB -> %.1f MB (%.3f) in %.1f s",
+		         s->step_key[0] ? s->step_key : "/", (unsigned long long)s->step_files,
+		         s->step_files == 1 ? "" : "s", mb, smb, mb > 0 ? smb / mb : 0.0, (double)s->step_ns / 1e9);
+		s->o.note(s->o.log_arg, msg);
+	}
+	s->steps++;
+	free(s->step_key);
+	s->step_key = NULL;
+	s->step_files = s->step_bytes = s->step_stored = s->step_ns = 0;
+}
+
+static void step_add(ulp_session *s, const char *path, uint64_t bytes, uint64_t stored, int64_t ns)
+{
+	char *k = step_key_of(path);
+	if (!k)
+		return;
+	if (s->step_key && strcmp(s->step_key, k) != 0)
+		step_done(s);
+	if (!s->step_key)
+		s->step_key = k;
+	else
+		free(k);
+	s->step_files++;
+	s->step_bytes += bytes;
+	s->step_stored += stored;
+	s->step_ns += (uint64_t)ns;
+}
+
 static int archive_node(ulp_session *s, snode *n)
 {
 	while (s->dir_from && (below(n->path, s->dir_from) || below(n->path, s->dir_to)))
@@ -482,9 +546,12 @@ static int archive_node(ulp_session *s, snode *n)
 	s->archiving = 1;
 	s->cur = n;
 	s->cur_path = dst;
-	pthread_mutex_unlock(&s->mu);
 	int64_t t0 = ulp_mono_ns();
-	int rc = ulp_archive_put(s->a, dst, ulp_stage_fd(n->stage), &m, NULL);
+	s->cur_t0 = t0;
+	pthread_mutex_unlock(&s->mu);
+	ulp_put_result pr;
+	memset(&pr, 0, sizeof(pr));
+	int rc = ulp_archive_put(s->a, dst, ulp_stage_fd(n->stage), &m, &pr);
 	char why[1024] = "";
 	if (rc < 0)
 		snprintf(why, sizeof(why), "%s", ulp_archive_errmsg(s->a));
@@ -505,6 +572,7 @@ static int archive_node(ulp_session *s, snode *n)
 	}
 	s->archived++;
 	s->archived_bytes += n->qbytes ? n->qbytes : node_size(n);
+	step_add(s, dst, pr.raw_bytes, pr.stored_bytes, t1 - t0);
 	want_rebase(s); /* the archiver re-bases when idle (invariant 9) */
 	/* what happened to the node meanwhile: the archive follows it */
 	for (;;) {
@@ -809,6 +877,7 @@ static void *archiver(void *arg)
 				struct timespec ts = {(time_t)(until / 1000000000), (long)(until % 1000000000)};
 				pthread_cond_timedwait(&s->cv, &s->mu, &ts);
 			} else {
+				step_done(s); /* writing paused (invariant 15) */
 				tidy(s, 0);
 			}
 			continue;
@@ -841,6 +910,7 @@ static void *archiver(void *arg)
 		maybe_drop(s, n);
 		pthread_cond_broadcast(&s->cv);
 	}
+	step_done(s);
 	tidy(s, 1); /* at close: the last archivings, renames and removals */
 	pthread_mutex_unlock(&s->mu);
 	return NULL;
@@ -944,6 +1014,7 @@ unsigned ulp_session_close(ulp_session *s)
 		free(g->path);
 		free(g);
 	}
+	free(s->step_key);
 	pthread_mutex_unlock(&s->mu);
 	pthread_cond_destroy(&s->cv);
 	pthread_mutex_destroy(&s->mu);
@@ -1002,6 +1073,14 @@ void ulp_session_counters(ulp_session *s, ulp_session_stats *c)
 	c->staging_max = s->o.staging_max;
 	c->archiving_nice = __atomic_load_n(&s->nice, __ATOMIC_RELAXED);
 	c->archiving_overlaps = !s->defer;
+	c->steps = s->steps;
+	c->errors = __atomic_load_n(&s->errors, __ATOMIC_RELAXED);
+	c->tidies = s->tidies;
+	c->reclaimed_bytes = s->reclaimed_bytes;
+	if (s->archiving && s->cur_path) {
+		snprintf(c->current, sizeof(c->current), "%s", s->cur_path);
+		c->current_ms = (uint64_t)(ulp_mono_ns() - s->cur_t0) / 1000000;
+	}
 	pthread_mutex_unlock(&s->mu);
 }
 

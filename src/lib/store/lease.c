@@ -432,3 +432,28 @@ void ulp_lease_give_back(ulp_archive *a)
 		write_lease(a, 0, 1);
 	}
 }
+
+int ulp_lease_holder(ulp_archive *a, char *host, size_t cap, uint64_t *epoch)
+{
+	ulp_shared *sh = a->sh;
+	host[0] = 0;
+	*epoch = 0;
+	if (!sh)
+		return 0;
+	if (sh->writer) {
+		snprintf(host, cap, "%s", sh->host);
+		*epoch = sh->epoch;
+		return 0;
+	}
+	holder h;
+	char why[512] = "";
+	ulp_err err = {why, sizeof(why)};
+	char etag[ULP_S3_ETAG_MAX];
+	int rc = a->rm ? remote_holder(a, &h, etag, &err) : highest(a, &h, &err);
+	if (rc < 0)
+		return ulp_arch_err(a, rc, "%s", why);
+	if (h.parsed)
+		snprintf(host, cap, "%s", h.host);
+	*epoch = h.epoch;
+	return 0;
+}

@@ -165,6 +165,10 @@ static inline int64_t ulp_lease_tick_ms(const ulp_shared *sh)
 /* lease.c */
 int ulp_lease_take(ulp_archive *a, ulp_err *err);
 void ulp_lease_give_back(ulp_archive *a);
+/* The lease's holder (ulp_status_get): this handle's where it holds it, else
+ * the newest lease file's (the bucket's lease object): host ("" none known)
+ * and epoch (0: none). Errors as the archive's. */
+int ulp_lease_holder(ulp_archive *a, char *host, size_t cap, uint64_t *epoch);
 int ulp_lease_ok(ulp_archive *a);
 /* Renews the lease now, as the renewer does (while it holds): for the
  * steps of a writer's open that take long on a network file system (the
