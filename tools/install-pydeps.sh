@@ -4,9 +4,11 @@
 # PyTorch use (tests/integration/dcp.sh): torch 2.13.0 (the CPU build),
 # numpy, safetensors and fsspec (python/ulpack/fsspec.py and DCP's
 # FsspecWriter/FsspecReader: tests/integration/python.sh; torch requires
-# fsspec anyway), in $ULP_VENV (default /opt/ulpack-venv), made with
+# fsspec anyway) and prometheus_client (its text-format parser reads what
+# ulpackfs -o metrics writes: tests/integration/fuse_metrics.sh), in $ULP_VENV (default /opt/ulpack-venv), made with
 # --system-site-packages so that what the system Python has stays visible.
-# Idempotent: when the venv already has torch 2.13, safetensors and fsspec it
+# Idempotent: when the venv already has torch 2.13, safetensors, fsspec and
+# prometheus_client it
 # returns at once. Works on Debian 12 and 13: it takes a Python 3.11 where one
 # is on PATH (the CPU wheel of torch 2.13.0 that lies on the CI machines is
 # for 3.11), else python3.
@@ -17,7 +19,7 @@ py="$venv/bin/python"
 ok() {
 	# the installed versions, without importing torch (seconds): fast when done
 	"$py" -c 'import importlib.metadata as m, sys
-m.version("safetensors"), m.version("numpy"), m.version("fsspec")
+m.version("safetensors"), m.version("numpy"), m.version("fsspec"), m.version("prometheus_client")
 sys.exit(0 if m.version("torch").startswith("2.13.") else 1)' >/dev/null 2>&1
 }
 if [ ! -x "$py" ] || ! ok; then
@@ -33,8 +35,8 @@ if [ ! -x "$py" ] || ! ok; then
 		exit 1
 	fi
 	[ -x "$py" ] || "$base" -m venv --system-site-packages "$venv"
-	"$py" -m pip install -q --disable-pip-version-check torch==2.13.0 numpy safetensors fsspec
-	"$py" -c 'import torch, safetensors, numpy, fsspec' || { echo "install-pydeps: $py cannot import torch after installing it" >&2; exit 1; }
+	"$py" -m pip install -q --disable-pip-version-check torch==2.13.0 numpy safetensors fsspec prometheus_client
+	"$py" -c 'import torch, safetensors, numpy, fsspec, prometheus_client' || { echo "install-pydeps: $py cannot import torch after installing it" >&2; exit 1; }
 fi
 [ "${1:-}" = --print ] && echo "$py"
 exit 0

@@ -140,9 +140,11 @@
  *     series keep their queue order. Durability and barriers are as before:
  *     a barrier waits for every entry queued before it, whatever the order.
  * 15. One note line per archived step (o.note), not per file: the files
- *     archived one after another under the same step directory add up, and
- *     the line goes out when the next file is under another one, when the
- *     archiver goes idle to tidy (writing paused) and at close (step_done).
+ *     archived under a step directory add up (the archiver's order may take
+ *     files of several steps in turn: invariant 14), and the lines go out,
+ *     in the order the steps began, when the archiver goes idle to tidy
+ *     (writing paused) and at close (steps_done); more than STEPS_OPEN
+ *     steps at once note the oldest first.
  */
 #include "arch_int.h"
 #include <errno.h>
@@ -249,10 +251,18 @@ struct ulp_session {
 	uint64_t busy_ns;      /* time the archiver spent archiving */
 	uint64_t errors;       /* atomic: slog lines (errors of background work) */
 	int64_t cur_t0;        /* CLOCK_MONOTONIC ns when cur's archiving started */
-	/* the step being archived (invariant 15), guarded by mu */
-	char *step_key;        /* its directory (RUN/checkpoint-N), or NULL */
-	uint64_t step_files, step_bytes, step_stored, step_ns, steps;
+	struct sstep *steps_open; /* guarded by mu: steps archived since the last note
+	                             (invariant 15), in the order they began */
+	unsigned n_steps_open; /* guarded by mu */
+	uint64_t steps;        /* guarded by mu: notes made */
 };
+
+/* A step being archived (invariant 15). */
+typedef struct sstep {
+	char *key;             /* its directory (RUN/checkpoint-N) */
+	uint64_t files, bytes, stored, ns;
+	struct sstep *next;
+} sstep;
 
 /* ---- helpers --------------------------------------------------------------- */
 
@@ -495,23 +505,33 @@ static char *step_key_of(const char *path)
 	return end ? strndup(path, (size_t)(end - path)) : strdup("");
 }
 
-/* Invariant 15: the note line of the step archived so far; with mu. */
-static void step_done(ulp_session *s)
+enum { STEPS_OPEN = 32 };
+
+/* Invariant 15: the note line of st, unlinked already; with mu. */
+static void step_note(ulp_session *s, sstep *st)
 {
-	if (!s->step_key)
-		return;
 	if (s->o.note) {
 		char msg[1200];
-		double mb = (double)s->step_bytes / 1e6, smb = (double)s->step_stored / 1e6;
+		double mb = (double)st->bytes / 1e6, smb = (double)st->stored / 1e6;
 		snprintf(msg, sizeof(msg), "archived %.900s: %llu file%s, %.1f MB -> %.1f MB (%.3f) in %.1f s",
-		         s->step_key[0] ? s->step_key : "/", (unsigned long long)s->step_files,
-		         s->step_files == 1 ? "" : "s", mb, smb, mb > 0 ? smb / mb : 0.0, (double)s->step_ns / 1e9);
+		         st->key[0] ? st->key : "/", (unsigned long long)st->files, st->files == 1 ? "" : "s", mb, smb,
+		         st->bytes ? (double)st->stored / (double)st->bytes : 0.0, (double)st->ns / 1e9);
 		s->o.note(s->o.log_arg, msg);
 	}
 	s->steps++;
-	free(s->step_key);
-	s->step_key = NULL;
-	s->step_files = s->step_bytes = s->step_stored = s->step_ns = 0;
+	free(st->key);
+	free(st);
+}
+
+/* Invariant 15: every step archived since the last notes; with mu. */
+static void steps_done(ulp_session *s)
+{
+	while (s->steps_open) {
+		sstep *st = s->steps_open;
+		s->steps_open = st->next;
+		s->n_steps_open--;
+		step_note(s, st);
+	}
 }
 
 static void step_add(ulp_session *s, const char *path, uint64_t bytes, uint64_t stored, int64_t ns)
@@ -519,16 +539,33 @@ static void step_add(ulp_session *s, const char *path, uint64_t bytes, uint64_t 
 	char *k = step_key_of(path);
 	if (!k)
 		return;
-	if (s->step_key && strcmp(s->step_key, k) != 0)
-		step_done(s);
-	if (!s->step_key)
-		s->step_key = k;
-	else
+	sstep **pp = &s->steps_open;
+	while (*pp && strcmp((*pp)->key, k) != 0)
+		pp = &(*pp)->next;
+	if (!*pp) {
+		if (s->n_steps_open >= STEPS_OPEN) { /* the oldest first */
+			sstep *old = s->steps_open;
+			s->steps_open = old->next;
+			s->n_steps_open--;
+			step_note(s, old);
+			for (pp = &s->steps_open; *pp;)
+				pp = &(*pp)->next;
+		}
+		sstep *st = calloc(1, sizeof(*st));
+		if (!st) {
+			free(k);
+			return;
+		}
+		st->key = k;
+		*pp = st;
+		s->n_steps_open++;
+	} else {
 		free(k);
-	s->step_files++;
-	s->step_bytes += bytes;
-	s->step_stored += stored;
-	s->step_ns += (uint64_t)ns;
+	}
+	(*pp)->files++;
+	(*pp)->bytes += bytes;
+	(*pp)->stored += stored;
+	(*pp)->ns += (uint64_t)ns;
 }
 
 static int archive_node(ulp_session *s, snode *n)
@@ -877,7 +914,7 @@ static void *archiver(void *arg)
 				struct timespec ts = {(time_t)(until / 1000000000), (long)(until % 1000000000)};
 				pthread_cond_timedwait(&s->cv, &s->mu, &ts);
 			} else {
-				step_done(s); /* writing paused (invariant 15) */
+				steps_done(s); /* writing paused (invariant 15) */
 				tidy(s, 0);
 			}
 			continue;
@@ -910,7 +947,7 @@ static void *archiver(void *arg)
 		maybe_drop(s, n);
 		pthread_cond_broadcast(&s->cv);
 	}
-	step_done(s);
+	steps_done(s);
 	tidy(s, 1); /* at close: the last archivings, renames and removals */
 	pthread_mutex_unlock(&s->mu);
 	return NULL;
@@ -1014,7 +1051,7 @@ unsigned ulp_session_close(ulp_session *s)
 		free(g->path);
 		free(g);
 	}
-	free(s->step_key);
+	steps_done(s); /* (none: the archiver noted them) */
 	pthread_mutex_unlock(&s->mu);
 	pthread_cond_destroy(&s->cv);
 	pthread_mutex_destroy(&s->mu);

@@ -503,7 +503,9 @@ int ulp_status_metrics(const ulp_status *st, const char *archive, const char *ho
 			continue; /* none known */
 		put(&o, "# HELP ulpack_%s %s\n# TYPE ulpack_%s %s\nulpack_%s{%s} ", f->metric, f->help, f->metric,
 		    f->counter ? "counter" : "gauge", f->metric, labels);
-		if (f->scale == 1) /* exact: counts and bytes */
+		if (f->type == F_U64 && f->scale == 1) /* exact: counts and bytes */
+			put(&o, "%llu\n", (unsigned long long)*(const uint64_t *)(base + f->off));
+		else if (f->scale == 1)
 			put(&o, "%lld\n", (long long)v);
 		else /* ms as seconds */
 			put(&o, "%lld.%03lld\n", (long long)(v / 1000), (long long)(v % 1000));
