@@ -53,14 +53,14 @@ static void *wait_sync(void *arg)
 }
 
 /* On a terminal (stderr): what the barrier waits for, in place, twice a
- * second: files and bytes left, and the file archived for longest now. */
+ * second from 0.2 s on: files and bytes left, and the file archived for longest now. */
 static void show_progress(waiter *w)
 {
 	int shown = 0;
 	for (int k = 0; !__atomic_load_n(&w->done, __ATOMIC_ACQUIRE); k++) {
 		usleep(50000);
 		ulp_status st;
-		if (k % 10 != 9 || cli_mount_status(w->mnt, &st) < 0)
+		if (k % 10 != 3 || cli_mount_status(w->mnt, &st) < 0) /* 0.2 s, then 2 a second */
 			continue;
 		char line[700];
 		int n = snprintf(line, sizeof(line), "sync: waiting for %llu file%s, %.1f MB left",

@@ -225,6 +225,9 @@ struct ulp_session {
 	int bg_on;             /* the archiver can go back and forth (invariant 11) */
 	int defer;             /* set at start, read-only after: wait for pauses even
 	                          with bg_on (invariant 11) */
+	unsigned delay_ms;     /* set at start, read-only after: ULP_TEST_PUT_DELAY_MS (tests:
+	                          each archiving takes this much longer, so that a
+	                          barrier has something to show) */
 	int hold;              /* set at start, read-only after: ULP_SESSION_HOLD
 	                          (measuring only): archive nothing until a sync, the
 	                          close or a caller that waits for an archiving (urgent) */
@@ -586,6 +589,8 @@ static int archive_node(ulp_session *s, snode *n)
 	int64_t t0 = ulp_mono_ns();
 	s->cur_t0 = t0;
 	pthread_mutex_unlock(&s->mu);
+	if (s->delay_ms)
+		usleep(s->delay_ms * 1000u);
 	ulp_put_result pr;
 	memset(&pr, 0, sizeof(pr));
 	int rc = ulp_archive_put(s->a, dst, ulp_stage_fd(n->stage), &m, &pr);
@@ -986,6 +991,9 @@ int ulp_session_open(ulp_archive *a, const ulp_session_opts *o, ulp_session **ou
 	const char *nospc = getenv("ULP_TEST_RECODE_NOSPC"); /* (tests: a full disk at re-basing) */
 	if (nospc && nospc[0] >= '1' && nospc[0] <= '9')
 		__atomic_store_n(&ulp_recode_fail_nospc, atoi(nospc), __ATOMIC_RELAXED);
+	const char *delay = getenv("ULP_TEST_PUT_DELAY_MS");
+	if (delay && delay[0] >= '1' && delay[0] <= '9')
+		s->delay_ms = (unsigned)atoi(delay) > 10000 ? 10000 : (unsigned)atoi(delay);
 	const char *hold = getenv("ULP_SESSION_HOLD");
 	s->hold = hold && hold[0] == '1';
 	pthread_mutex_init(&s->mu, NULL);
