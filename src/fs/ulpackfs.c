@@ -18,7 +18,8 @@
  *  3. Paths may be NULL in operations that take a file handle (libfuse gives
  *     NULL when a node has no name); those use the handle.
  *  4. The mount root's xattrs: user.ulpack.counters (decode and archiving
- *     counters), user.ulpack.sync (reading it is the barrier of `ulpack
+ *     counters), user.ulpack.status (ulpack status: status.c's JSON of
+ *     ulp_status_get), user.ulpack.sync (reading it is the barrier of `ulpack
  *     sync`: it returns when everything closed before is archived, with
  *     "ok" or one line per failed file; a file still open for writing is
  *     not waited for, session.c invariant 12), user.ulpack.space (the
@@ -45,6 +46,11 @@
  *     signal) and the request answers EINTR. Cached reads, lookups and
  *     listings of an s3:// archive never wait on the bucket (the library's
  *     poller looks for new generations in the background).
+ *  8. Logging: every line goes through fs.log (status.c's ulp_log) once the
+ *     archive is open: an error once per operation and file (log_err's key),
+ *     the session's notes (a line per archived step), a shared archive's
+ *     lines prefixed with the host; -o metrics=PATH has its own thread
+ *     (metrics_writer), stopped before the session closes.
  */
 #define FUSE_USE_VERSION 312
 #include "config.h"
