@@ -1,7 +1,8 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
 # rollback.sh - rolling back (issue 40 item 4): the newest steps deleted
-# (`ulpack rm -r`, or rm -r through a mount), the new newest step is an
+# (`ulpack rm -r`, rm -r through a mount, the Python writer's
+# remove(recursive=True)), the new newest step is an
 # anchor (chain depth 0) and, once space has come back by itself (no gc),
 # the archive's du is within 1.02x of a fresh import of the steps left.
 . "$(dirname "$0")/lib.sh"
@@ -43,4 +44,21 @@ done
 bound "rm -r through a mount, still mounted" "$T/b"
 umount_fs "$T/m"
 bound "rm -r through a mount, unmounted" "$T/b"
+# the Python writer's remove(recursive=True), the writer still open
+if [ -e "$top_builddir/libulpack.so.0" ] && ! nm -D "$top_builddir/libulpack.so.0" 2> /dev/null | grep -q ' U __asan_\| U __tsan_'; then
+	"$ULPACK" init "$T/c" > /dev/null && "$ULPACK" import "$T/c" "$S" > /dev/null || fail "import (python)"
+	ULPACK_LIB="$top_builddir/libulpack.so.0" PYTHONPATH="$top_srcdir/python" "$PY" - "$T/c" "$T/c.du" <<'PYEOF' || fail "python remove"
+import subprocess, sys, ulpack
+w = ulpack.writer(sys.argv[1])
+w.remove("checkpoint-600", recursive=True)
+w.remove("checkpoint-500", recursive=True)
+open(sys.argv[2], "w").write(subprocess.check_output(["du", "-sk", sys.argv[1]]).decode().split()[0])
+w.close()
+PYEOF
+	open_du=$(cat "$T/c.du")
+	"$PY" -c "import sys; sys.exit(0 if $open_du <= 1.02 * $fresh else 1)" \
+		&& ok "python remove(recursive=True), writer open: du $open_du KiB (bound 1.02x of $fresh)" \
+		|| fail "python remove, writer open: du $open_du KiB against $fresh KiB"
+	bound "python remove(recursive=True), closed" "$T/c"
+fi
 finish
