@@ -854,7 +854,7 @@ int ulp_status_text(const ulp_status *st, char *dst, size_t dst_cap);
  *  @return length or -ULP_E_INVAL. */
 int ulp_status_metrics(const ulp_status *st, const char *archive, const char *host, char *dst, size_t dst_cap);
 /** Writes data to path atomically (PATH.tmp-PID, then rename; mode 0644), as
- *  node_exporter's textfile collector wants. Errors: IO. */
+ *  node_exporter's textfile collector wants. Errors: IO (errno says why). */
 int ulp_status_write_file(const char *path, const char *data, size_t len);
 /** rsync's temporary names (".name.XXXXXX"): archived once renamed. */
 int ulp_session_temp_name(const char *path);

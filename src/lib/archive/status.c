@@ -530,7 +530,7 @@ int ulp_status_write_file(const char *path, const char *data, size_t len)
 		return -ULP_E_INVAL;
 	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0)
-		return -ULP_E_IO;
+		return -ULP_E_IO; /* (errno says why) */
 	int e = ulp_pwrite_full(fd, data, len, 0);
 	if (close(fd) < 0 && !e)
 		e = errno;
@@ -538,6 +538,7 @@ int ulp_status_write_file(const char *path, const char *data, size_t len)
 		e = errno;
 	if (e) {
 		unlink(tmp);
+		errno = e; /* (the caller names the cause) */
 		return -ULP_E_IO;
 	}
 	return 0;
