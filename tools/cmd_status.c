@@ -34,9 +34,12 @@ static void on_int(int sig)
 	stop = 1;
 }
 
-/* One take: from the mount (a live daemon) or the index; 0, or 1 with a message. */
-static int take(const char *path, ulp_archive **a, int *mounted, ulp_status *st)
+/* One take: from the mount (a live daemon: path, or where the archive path
+ * is mounted read-write, *mnt) or the index; 0, or 1 with a message. */
+static int take(const char *path, ulp_archive **a, int *mounted, const char *mnt, ulp_status *st)
 {
+	if (mnt[0])
+		path = mnt;
 	if (*mounted || (!*a && cli_mount_status(path, st) == 0)) {
 		*mounted = 1;
 		if (cli_mount_status(path, st) < 0)
@@ -73,8 +76,9 @@ int cmd_status(int argc, char **argv)
 			       "What a mounted daemon is doing: its queue (files, bytes), archiving rate, the file\n"
 			       "being archived, pending re-codes and reclaimable bytes, the lease holder and epoch,\n"
 			       "the last publication and its age, the cache, errors since the mount. An archive\n"
-			       "that is not mounted is read from its index. --watch refreshes every S seconds\n"
-			       "(default 1): in place on a terminal, one line each time otherwise; Ctrl-C ends it.\n");
+			       "mounted read-write shows its daemon's; one not mounted is read from its index.\n"
+			       "--watch refreshes every S seconds (default 1): in place on a terminal, one line\n"
+			       "each time otherwise; Ctrl-C ends it.\n");
 			return 0;
 		} else if (argv[i][0] == '-' || path) {
 			fprintf(stderr, "usage: ulpack status MOUNTPOINT|ARCHIVE [--json] [--watch [--interval S]]\n");
@@ -92,12 +96,18 @@ int cmd_status(int argc, char **argv)
 	signal(SIGTERM, on_int);
 	ulp_archive *a = NULL;
 	int mounted = 0, rc = 0;
+	/* an archive directory mounted read-write: the daemon's figures */
+	ulp_mount_owner ow;
+	char mnt[ULP_PATH_MAX + 1] = "";
+	if (!ulp_archive_is_url(path) && cli_mount_status(path, &(ulp_status){0}) < 0 &&
+	    ulp_mount_owner_get(path, &ow) == 0 && ow.mounted)
+		snprintf(mnt, sizeof(mnt), "%s", ow.mountpoint);
 	char *buf = malloc(65536);
 	if (!buf)
 		return cli_fail("out of memory");
 	for (unsigned round = 0; !stop; round++) {
 		ulp_status st;
-		if ((rc = take(path, &a, &mounted, &st)) != 0)
+		if ((rc = take(path, &a, &mounted, mnt, &st)) != 0)
 			break;
 		if (watch && !tty && !json) { /* plain: one line a take */
 			char t[32];
@@ -118,7 +128,9 @@ int cmd_status(int argc, char **argv)
 			}
 			if (watch && tty)
 				fputs("\033[H\033[J", stdout); /* in place */
-			if (!json)
+			if (!json && mnt[0])
+				printf("archive: %s, mounted at %s\n", path, mnt);
+			else if (!json)
 				printf("%s: %s\n", mounted ? "mount" : "archive", path);
 			printf("%s%s", buf, json ? "\n" : "");
 		}

@@ -1115,6 +1115,10 @@ typedef struct ulp_mount_owner {
 int ulp_mount_lock(const char *dir, int *fd, ulp_mount_owner *holder, char *errbuf, size_t errcap);
 /** Records the holder's pid and mount point in the lock open on fd. */
 int ulp_mount_lock_note(int fd, long pid, const char *mountpoint);
+/** Who holds dir's mount lock now, without taking it (ulpack status ARCHIVE):
+ *  holder->mounted is 1 where a live ulpackfs serves it at
+ *  holder->mountpoint. Errors: NOENT (never mounted read-write), IO. */
+int ulp_mount_owner_get(const char *dir, ulp_mount_owner *holder);
 /** 1 if mountpoint is a ulpackfs mount in /proc/self/mountinfo. */
 int ulp_mount_active(const char *mountpoint);
 

@@ -47,6 +47,11 @@ n=$(grep -c '^[0-9:]* queue 0 files 0 bytes; archived 3 files' "$T/w")
 script -q -c "timeout 2.5 '$ULPACK' status '$M' --watch" /dev/null > "$T/w.tty" 2>&1
 [ "$(grep -ac "$(printf '\033')\[H" "$T/w.tty")" -ge 1 ] && grep -qa 'queue:' "$T/w.tty" \
 	&& ok "--watch on a tty refreshes in place" || fail "--watch on a tty: $(cat -v "$T/w.tty" | head -n 5)"
+"$ULPACK" status "$A" --json > "$T/s4"
+[ "$(json 'live, archived' < "$T/s4")" = "(1, 3)" ] && ok "status of the archive directory while mounted: the daemon's" \
+	|| fail "status ARCHIVE while mounted: $(cat "$T/s4")"
+"$ULPACK" status "$A" | grep -q "^archive: $A, mounted at $M" && ok "... saying where it is mounted" \
+	|| fail "status ARCHIVE text while mounted: $("$ULPACK" status "$A" | head -n 2)"
 umount_fs "$M"
 # at rest: the index
 "$ULPACK" status "$A" --json > "$T/s3" || fail "status of an archive: $(cat "$T/s3")"
