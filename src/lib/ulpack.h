@@ -836,7 +836,8 @@ typedef struct ulp_status {
 	int shared, writer, fenced;
 	uint64_t gen, epoch;          /* generation followed or published; lease epoch */
 	char holder[256];             /* host holding the lease ("" none known) */
-	int64_t published_ms;         /* wall ms of the last publication (0: none known) */
+	int64_t published_ms;         /* wall ms of the last publication (0: none known): the
+	                                 writer's; a reader's generation file's mtime */
 } ulp_status;
 /** Fills st from a (and s, a mounted daemon's session, and l, its log; each
  *  may be NULL). Reads the index (space). Errors: IO (message:

@@ -176,6 +176,8 @@ static void test_shared_status(void)
 	REQUIRE(ulp_status_get(a, NULL, NULL, &st) == 0, "status: %s", ulp_archive_errmsg(a));
 	char host[256] = "";
 	gethostname(host, sizeof(host) - 1);
+	CHECK(st.published_ms > 0 && st.published_ms <= st.now_ms + 1, "writer: published %lld ms ago",
+	      (long long)(st.now_ms - st.published_ms));
 	CHECK(st.shared && st.writer && !st.fenced && st.epoch >= 1 && st.gen >= 1 && !strcmp(st.holder, host),
 	      "writer: shared %d writer %d epoch %llu gen %llu holder '%s'", st.shared, st.writer,
 	      (unsigned long long)st.epoch, (unsigned long long)st.gen, st.holder);
@@ -190,6 +192,8 @@ static void test_shared_status(void)
 	REQUIRE(ulp_status_get(a, NULL, NULL, &st) == 0, "status of a reader: %s", ulp_archive_errmsg(a));
 	CHECK(st.shared && !st.writer && st.epoch >= 1 && !strcmp(st.holder, host), "reader: epoch %llu holder '%s'",
 	      (unsigned long long)st.epoch, st.holder);
+	CHECK(st.published_ms > 0 && st.published_ms <= st.now_ms && st.now_ms - st.published_ms < 600000,
+	      "reader: the generation's publication time (%lld ms ago)", (long long)(st.now_ms - st.published_ms));
 	ulp_archive_close(a);
 }
 

@@ -231,13 +231,7 @@ int ulp_status_get(ulp_archive *a, ulp_session *s, ulp_log *l, ulp_status *st)
 		uint64_t ep = 0;
 		if (ulp_lease_holder(a, st->holder, sizeof(st->holder), &ep) == 0 && !st->epoch)
 			st->epoch = ep;
-		if (g.writer) { /* the publisher's clock is monotonic: as wall time */
-			pthread_mutex_lock(&a->sh->pub_mu);
-			int64_t pub = a->sh->published_ms;
-			pthread_mutex_unlock(&a->sh->pub_mu);
-			if (pub > 0)
-				st->published_ms = st->now_ms - (ulp_mono_ms() - pub);
-		}
+		st->published_ms = ulp_gen_published_ms(a);
 	}
 	return 0;
 }

@@ -118,6 +118,9 @@ int ulp_gen_reader_open(ulp_archive *a, ulp_err *err);
 int ulp_gen_publish(ulp_archive *a, int force);
 void ulp_gen_retire(ulp_archive *a);
 int ulp_gen_oldest(ulp_archive *a, uint64_t *oldest);
+/* Wall ms of the last publication (ulp_status_get): the writer's own, a
+ * reader's generation file's mtime (a directory archive); 0: none known. */
+int64_t ulp_gen_published_ms(ulp_archive *a);
 /* An archive in a bucket: asks the background thread for a listing of the
  * bucket (rm->usage) and waits at most wait_ms for one to end. */
 void ulp_gen_usage_refresh(ulp_archive *a, unsigned wait_ms);
