@@ -848,6 +848,8 @@ int ulp_status_get(ulp_archive *a, ulp_session *s, ulp_log *l, ulp_status *st);
 int ulp_status_json(const ulp_status *st, char *dst, size_t dst_cap);
 /** Parses what ulp_status_json wrote (unknown keys are skipped). Errors: INVAL. */
 int ulp_status_parse(const char *json, ulp_status *st);
+/** b for people: "512 B", "1.5 KiB", "16.1 MiB" (powers of 1024, one decimal). */
+void ulp_format_bytes(uint64_t b, char *dst, size_t dst_cap);
 /** st for people: a few lines (ulpack status). @return length or -ULP_E_INVAL. */
 int ulp_status_text(const ulp_status *st, char *dst, size_t dst_cap);
 /** st in Prometheus's text exposition format (version 0.0.4): ulpack_*

@@ -388,16 +388,16 @@ int ulp_status_parse(const char *json, ulp_status *st)
 
 /* ---- for people ----------------------------------------------------------- */
 
-static void human(uint64_t b, char *dst, size_t cap)
+void ulp_format_bytes(uint64_t b, char *dst, size_t dst_cap)
 {
-	static const char *u[] = {"B", "kB", "MB", "GB", "TB", "PB"};
+	static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
 	double v = (double)b;
 	int i = 0;
-	while (v >= 1000 && i < 5) {
-		v /= 1000;
+	while (v >= 1024 && i < 5) {
+		v /= 1024;
 		i++;
 	}
-	snprintf(dst, cap, i ? "%.1f %s" : "%.0f %s", v, u[i]);
+	snprintf(dst, dst_cap, i ? "%.1f %s" : "%.0f %s", v, u[i]);
 }
 
 static void span(uint64_t ms, char *dst, size_t cap)
@@ -418,27 +418,27 @@ int ulp_status_text(const ulp_status *st, char *dst, size_t dst_cap)
 	if (st->live) {
 		span(st->uptime_ms, b1, sizeof(b1));
 		put(&o, "daemon:      mounted %s, up %s\n", st->read_only ? "read-only" : "read-write", b1);
-		human(st->queued_bytes, b1, sizeof(b1));
-		human(st->staged_bytes, b2, sizeof(b2));
-		human(st->bytes_per_s, b3, sizeof(b3));
+		ulp_format_bytes(st->queued_bytes, b1, sizeof(b1));
+		ulp_format_bytes(st->staged_bytes, b2, sizeof(b2));
+		ulp_format_bytes(st->bytes_per_s, b3, sizeof(b3));
 		put(&o, "queue:       %llu files, %s (staged %llu files, %s); archiving at %s/s\n",
 		    (unsigned long long)st->queued, b1, (unsigned long long)st->staged, b2, b3);
 		if (st->current[0]) {
 			span(st->current_ms, b1, sizeof(b1));
 			put(&o, "now:         archiving %s (%s so far)\n", st->current, b1);
 		}
-		human(st->archived_bytes, b1, sizeof(b1));
+		ulp_format_bytes(st->archived_bytes, b1, sizeof(b1));
 		put(&o, "archived:    %llu files in %llu steps, %s since the mount; %llu failed\n",
 		    (unsigned long long)st->archived, (unsigned long long)st->steps, b1, (unsigned long long)st->failed);
 	} else {
 		put(&o, "daemon:      none (not mounted: the index's figures)\n");
 	}
-	human(st->disk_bytes, b1, sizeof(b1));
-	human(st->live_bytes, b2, sizeof(b2));
-	human(st->reclaimable_bytes, b3, sizeof(b3));
+	ulp_format_bytes(st->disk_bytes, b1, sizeof(b1));
+	ulp_format_bytes(st->live_bytes, b2, sizeof(b2));
+	ulp_format_bytes(st->reclaimable_bytes, b3, sizeof(b3));
 	put(&o, "space:       disk %s, live %s, reclaimable %s; pending re-codes %llu\n", b1, b2, b3,
 	    (unsigned long long)st->pending_recodes);
-	human(st->cache_bytes, b4, sizeof(b4));
+	ulp_format_bytes(st->cache_bytes, b4, sizeof(b4));
 	put(&o, "cache:       %s held (hits %llu, misses %llu)\n", b4, (unsigned long long)st->cache_hits,
 	    (unsigned long long)st->cache_misses);
 	if (st->shared) {
