@@ -5,7 +5,7 @@
 # PREFIX/share/bash-completion/completions/ulpack; ULPACK names the program
 # it asks (default: ulpack from PATH).
 
-_ulpack_commands="init share import ls steps dynamics diff cat export stat verify rm gc sync forget bench synth"
+_ulpack_commands="init share import ls steps dynamics diff cat export stat verify rm gc sync status forget bench synth"
 
 _ulpack_options() {
 	case "$1" in
@@ -16,6 +16,7 @@ _ulpack_options() {
 	cat | export) echo "--threads --cache-size" ;;
 	verify) echo "--json --threads --cache-size" ;;
 	rm) echo "-r --all" ;;
+	status) echo "--json --watch --interval" ;;
 	gc) echo "--dry-run --grace --json --threads --cache-size" ;;
 	forget) echo "--keep-last --keep-every --keep --dry-run --json --threads --cache-size" ;;
 	bench) echo "--json --threads --quick --reps --min-time --cpu" ;;

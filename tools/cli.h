@@ -20,6 +20,10 @@ int cmd_verify(int argc, char **argv);
 int cmd_rm(int argc, char **argv);
 int cmd_gc(int argc, char **argv);
 int cmd_sync(int argc, char **argv);
+int cmd_status(int argc, char **argv);
+/* The status of the daemon mounted at mnt (its root's user.ulpack.status):
+ * 0, or -1 with errno (ENODATA, ENOTSUP: not a ulpackfs mount root). */
+int cli_mount_status(const char *mnt, ulp_status *st);
 int cmd_forget(int argc, char **argv);
 int cmd_steps(int argc, char **argv);
 int cmd_dynamics(int argc, char **argv);

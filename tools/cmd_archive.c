@@ -164,18 +164,6 @@ static void report_rss(void)
 		fclose(f);
 }
 
-static void human(uint64_t b, char *out, size_t cap)
-{
-	const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-	double v = (double)b;
-	int i = 0;
-	while (v >= 1024 && i < 4) {
-		v /= 1024;
-		i++;
-	}
-	snprintf(out, cap, i ? "%.1f %s" : "%.0f %s", v, u[i]);
-}
-
 /* ---- init ---------------------------------------------------------------- */
 
 int cmd_init(int argc, char **argv)
@@ -356,8 +344,8 @@ static void prog_draw(iprog *p)
 	double el = cli_now() - p->t0, rate = el > 0 ? (double)done / el : 0;
 	char eta[32], hd[32], ht[32];
 	fmt_eta(rate > 0 ? (double)(p->total - done) / rate : -1, eta, sizeof(eta));
-	human(done, hd, sizeof(hd));
-	human(p->total, ht, sizeof(ht));
+	ulp_format_bytes(done, hd, sizeof(hd));
+	ulp_format_bytes(p->total, ht, sizeof(ht));
 	fprintf(stderr, "%s[%3.0f%%] %u/%u files, %s of %s, %.1f MB/s, ETA %s%s%s%s", p->tty ? "\r\033[K" : "",
 	        p->total ? 100.0 * (double)done / (double)p->total : 100.0, p->files_done, p->files_total, hd, ht,
 	        rate / 1e6, eta, p->cur ? ": " : "", p->cur ? p->cur : "", p->tty ? "" : "\n");
@@ -580,8 +568,8 @@ int cmd_import(int argc, char **argv)
 	}
 	double el = cli_now() - pg.t0;
 	char hr[32], hs[32];
-	human(raw, hr, sizeof(hr));
-	human(stored, hs, sizeof(hs));
+	ulp_format_bytes(raw, hr, sizeof(hr));
+	ulp_format_bytes(stored, hs, sizeof(hs));
 	if (ao.json)
 		printf("{\"files\": %u, \"skipped\": %u, \"directories\": %u, \"symlinks\": %u, \"raw_bytes\": %llu,"
 		       " \"stored_bytes\": %llu, \"ratio\": %.6f, \"seconds\": %.3f, \"mb_per_s\": %.1f, \"ok\": %s}\n",

@@ -31,18 +31,6 @@ static void usage(FILE *f)
 
 /* ---- the table --------------------------------------------------------------- */
 
-static void human(uint64_t b, char *out, size_t cap)
-{
-	const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-	double v = (double)b;
-	int i = 0;
-	while (v >= 1024 && i < 4) {
-		v /= 1024;
-		i++;
-	}
-	snprintf(out, cap, i ? "%.1f %s" : "%.0f %s", v, u[i]);
-}
-
 static void print_table(const ulp_dynamics *d)
 {
 	size_t S = d->n_steps, T = d->n_tensors, L = d->n_layers;
@@ -61,7 +49,7 @@ static void print_table(const ulp_dynamics *d)
 			ns += r == ULP_DYN_SAME;
 		}
 		char st[32], up[32], roles[32];
-		human(d->step_stored[s], st, sizeof(st));
+		ulp_format_bytes(d->step_stored[s], st, sizeof(st));
 		if (isfinite(d->step_update[s]))
 			snprintf(up, sizeof(up), "%.3f", d->step_update[s]);
 		else

@@ -31,6 +31,7 @@ static const struct {
 	{"rm", cmd_rm, "ARCHIVE PATH [-r] | ARCHIVE --all: remove a file, a tree or everything (space comes back by itself)"},
 	{"gc", cmd_gc, "ARCHIVE: a forced full pass (writes reclaim by themselves): re-code, drop, rewrite packs"},
 	{"sync", cmd_sync, "MOUNTPOINT: wait until everything closed in a mount is archived; name failures"},
+	{"status", cmd_status, "MOUNTPOINT|ARCHIVE [--json] [--watch]: what the daemon is doing: queue, rate, lease, errors"},
 	{"forget", cmd_forget, "ARCHIVE RUN --keep-last N --keep-every K [--keep STEP]: thin a run, free space"},
 	{"bench", cmd_bench, "REF TARGET [--json] [--threads N]: codec benchmark (safetensors or torch.save pairs)"},
 	{"synth", cmd_synth, "OUTDIR [--steps N] [--dtype D]: write a synthetic training trajectory"},

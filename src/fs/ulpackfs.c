@@ -18,7 +18,8 @@
  *  3. Paths may be NULL in operations that take a file handle (libfuse gives
  *     NULL when a node has no name); those use the handle.
  *  4. The mount root's xattrs: user.ulpack.counters (decode and archiving
- *     counters), user.ulpack.sync (reading it is the barrier of `ulpack
+ *     counters), user.ulpack.status (ulpack status: status.c's JSON of
+ *     ulp_status_get), user.ulpack.sync (reading it is the barrier of `ulpack
  *     sync`: it returns when everything closed before is archived, with
  *     "ok" or one line per failed file; a file still open for writing is
  *     not waited for, session.c invariant 12), user.ulpack.space (the
@@ -45,6 +46,11 @@
  *     signal) and the request answers EINTR. Cached reads, lookups and
  *     listings of an s3:// archive never wait on the bucket (the library's
  *     poller looks for new generations in the background).
+ *  8. Logging: every line goes through fs.log (status.c's ulp_log) once the
+ *     archive is open: an error once per operation and file (log_err's key),
+ *     the session's notes (a line per archived step), a shared archive's
+ *     lines prefixed with the host; -o metrics=PATH has its own thread
+ *     (metrics_writer), stopped before the session closes.
  */
 #define FUSE_USE_VERSION 312
 #include "config.h"
@@ -87,18 +93,29 @@ static struct {
 	uint64_t readahead;    /* bytes; 0: the kernel's window */
 	FILE *logf;            /* ARCHIVE/ulpackfs.log when there is no syslog */
 	pthread_mutex_t logmu;
-} fs = {.logmu = PTHREAD_MUTEX_INITIALIZER};
+	ulp_log *log;          /* set once the archive is open: errors once, host named (status.c) */
+	char *metrics;         /* -o metrics=PATH, or NULL */
+	unsigned metrics_s;    /* -o metrics_interval=SECONDS */
+	char host[256];
+	pthread_t metrics_th;
+	int metrics_on, metrics_stop; /* guarded by metrics_mu */
+	pthread_mutex_t metrics_mu;
+	pthread_cond_t metrics_cv;
+} fs = {.logmu = PTHREAD_MUTEX_INITIALIZER, .metrics_mu = PTHREAD_MUTEX_INITIALIZER,
+        .metrics_cv = PTHREAD_COND_INITIALIZER, .metrics_s = 5};
 
 static int err_of(int rc)
 {
 	return -ulp_to_errno(rc);
 }
 
-/* errors: syslog, stderr with -f, ARCHIVE/ulpackfs.log without syslog */
-static void log_msg(void *arg, const char *msg)
+/* errors and notes (a line per archived step): syslog, stderr with -f,
+ * ARCHIVE/ulpackfs.log without syslog; through fs.log once the archive is
+ * open (each error once, a shared archive's lines naming the host) */
+static void log_sink(void *arg, int is_error, const char *msg)
 {
 	(void)arg;
-	syslog(LOG_ERR, "ulpackfs: %s", msg);
+	syslog(is_error ? LOG_ERR : LOG_INFO, "ulpackfs: %s", msg);
 	pthread_mutex_lock(&fs.logmu);
 	if (fs.foreground)
 		fprintf(stderr, "ulpackfs: %s\n", msg);
@@ -112,13 +129,34 @@ static void log_msg(void *arg, const char *msg)
 	pthread_mutex_unlock(&fs.logmu);
 }
 
+static void log_msg(void *arg, const char *msg)
+{
+	if (fs.log)
+		ulp_log_error(fs.log, NULL, msg);
+	else
+		log_sink(arg, 1, msg);
+}
+
+static void log_note(void *arg, const char *msg)
+{
+	if (fs.log)
+		ulp_log_note(fs.log, msg);
+	else
+		log_sink(arg, 0, msg);
+}
+
 /* rc's code names the cause where the library left no message */
 static void log_err(const char *what, const char *path, int rc)
 {
 	char m[4400];
 	const char *why = ulp_archive_errmsg(fs.a);
 	snprintf(m, sizeof(m), "%s %s: %s", what, path, strcmp(why, "no error") ? why : ulp_strerror(rc));
-	log_msg(NULL, m);
+	char key[4200]; /* one line per operation and file: the kernel retries a failed read */
+	snprintf(key, sizeof(key), "%s %s", what, path);
+	if (fs.log)
+		ulp_log_error(fs.log, key, m);
+	else
+		log_sink(NULL, 1, m);
 }
 
 static const char *rel(const char *path)
@@ -178,6 +216,45 @@ static void intr_on(void)
 	}
 }
 
+/* -o metrics=PATH: the status in Prometheus's text format, written whole
+ * (status.c invariant 3) at start, every metrics_s seconds and at unmount */
+static void write_metrics(void)
+{
+	ulp_status st;
+	if (ulp_status_get(fs.a, fs.s, fs.log, &st) < 0) {
+		ulp_log_error(fs.log, "metrics status", ulp_archive_errmsg(fs.a));
+		return;
+	}
+	size_t cap = 16384;
+	char *buf = malloc(cap);
+	int n = buf ? ulp_status_metrics(&st, fs.archive, fs.host, buf, cap) : -ULP_E_NOMEM;
+	char m[4400];
+	if (n >= 0 && ulp_status_write_file(fs.metrics, buf, (size_t)n) < 0) {
+		snprintf(m, sizeof(m), "metrics %s: %s", fs.metrics, strerror(errno));
+		ulp_log_error(fs.log, "metrics write", m);
+	}
+	free(buf);
+}
+
+static void *metrics_writer(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&fs.metrics_mu);
+	while (!fs.metrics_stop) {
+		pthread_mutex_unlock(&fs.metrics_mu);
+		write_metrics();
+		pthread_mutex_lock(&fs.metrics_mu);
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += fs.metrics_s;
+		while (!fs.metrics_stop && pthread_cond_timedwait(&fs.metrics_cv, &fs.metrics_mu, &ts) == 0)
+			;
+	}
+	pthread_mutex_unlock(&fs.metrics_mu);
+	write_metrics();
+	return NULL;
+}
+
 static void *ulpfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 {
 	if (conn->capable & FUSE_CAP_ASYNC_READ)
@@ -217,10 +294,17 @@ static void *ulpfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 	}
 	/* started here, in the process that serves (after daemonizing) */
 	if (!fs.read_only) {
-		ulp_session_opts so = {fs.staging_max, log_msg, NULL};
+		ulp_session_opts so = {fs.staging_max, log_msg, NULL, log_note};
 		int rc = ulp_session_open(fs.a, &so, &fs.s);
 		if (rc < 0)
 			log_err("starting the write-back session of", fs.archive, rc);
+	}
+	if (fs.metrics) {
+		pthread_mutex_lock(&fs.metrics_mu);
+		fs.metrics_on = pthread_create(&fs.metrics_th, NULL, metrics_writer, NULL) == 0;
+		pthread_mutex_unlock(&fs.metrics_mu);
+		if (!fs.metrics_on)
+			log_msg(NULL, "cannot start the metrics writer");
 	}
 	return NULL;
 }
@@ -228,6 +312,13 @@ static void *ulpfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 static void ulpfs_destroy(void *p)
 {
 	(void)p;
+	pthread_mutex_lock(&fs.metrics_mu);
+	int on = fs.metrics_on;
+	fs.metrics_stop = 1;
+	pthread_cond_broadcast(&fs.metrics_cv);
+	pthread_mutex_unlock(&fs.metrics_mu);
+	if (on) /* (its last write: before the session goes) */
+		pthread_join(fs.metrics_th, NULL);
 	fs.kept = ulp_session_close(fs.s); /* drains the queue, re-bases, keeps what fails in staging */
 	fs.s = NULL;
 }
@@ -747,6 +838,14 @@ static int ulpfs_getxattr(const char *path, const char *name, char *value, size_
 	}
 	if (!p[0] && !strcmp(name, "user.ulpack.sync"))
 		return root_sync(value, size);
+	if (!p[0] && !strcmp(name, "user.ulpack.status")) { /* `ulpack status`: status.c's JSON */
+		ulp_status st;
+		int rc = ulp_status_get(fs.a, fs.s, fs.log, &st);
+		if (rc < 0)
+			return err_of(rc);
+		ulp_status_json(&st, v, sizeof(v));
+		return xattr_reply(value, size, v);
+	}
 	if (!p[0] && !strcmp(name, "user.ulpack.generation")) { /* a shared archive: "GEN EPOCH" */
 		ulp_generation g;
 		ulp_archive_generation(fs.a, &g);
@@ -809,7 +908,7 @@ static int ulpfs_listxattr(const char *path, char *list, size_t size)
 	ulp_stat s;
 	if (!rel(path)[0]) { /* the root: the counters (getxattr; user.ulpack.sync is an
 	                      * action, not listed: getfattr -d must not wait) */
-		static const char root_attr[] = "user.ulpack.counters\0user.ulpack.space";
+		static const char root_attr[] = "user.ulpack.counters\0user.ulpack.space\0user.ulpack.status";
 		if (size == 0)
 			return (int)sizeof(root_attr);
 		if (size < sizeof(root_attr))
@@ -884,6 +983,7 @@ enum { KEY_HELP, KEY_VERSION, KEY_RO, KEY_ALLOW_OTHER, KEY_DEFAULT_PERMISSIONS, 
 static struct opts {
 	char *cache_size, *max_chain, *threads, *readahead, *staging_max, *poll, *lease, *grace;
 	char *cache_dir, *pack_cache; /* an archive in a bucket */
+	char *metrics, *metrics_interval; /* Prometheus's textfile */
 	int allow_other, default_permissions, no_permission_checks, nolatest, contribute;
 	int fsname;            /* the user gave -o fsname= */
 } o;
@@ -899,6 +999,8 @@ static const struct fuse_opt ulpfs_opts[] = {
 	{"grace=%s", offsetof(struct opts, grace), 0},
 	{"cache_dir=%s", offsetof(struct opts, cache_dir), 0},
 	{"pack_cache=%s", offsetof(struct opts, pack_cache), 0},
+	{"metrics=%s", offsetof(struct opts, metrics), 0},
+	{"metrics_interval=%s", offsetof(struct opts, metrics_interval), 0},
 	FUSE_OPT_KEY("ro", KEY_RO),
 	FUSE_OPT_KEY("allow_other", KEY_ALLOW_OTHER),
 	FUSE_OPT_KEY("default_permissions", KEY_DEFAULT_PERMISSIONS),
@@ -938,6 +1040,9 @@ static void usage(FILE *f)
 	        "                       (default: $ULPACK_CACHE_DIR, $XDG_CACHE_HOME/ulpack, ~/.cache/ulpack)\n"
 	        "  -o pack_cache=SIZE   s3:// archives: packs kept in the local home, LRU (default 8G)\n"
 	        "  -o nolatest          no `latest` symlink in run directories (see ulpackfs(1))\n"
+	        "  -o metrics=PATH      write Prometheus metrics (text format) to PATH every few seconds,\n"
+	        "                       atomically (node_exporter's textfile collector)\n"
+	        "  -o metrics_interval=SECONDS  how often (default 5)\n"
 	        "  -o fsname=NAME       source shown by findmnt and df (default: the archive's path)\n"
 	        "  -o allow_other       let other users in; implies default_permissions (the kernel\n"
 	        "                       checks modes and owners) unless -o no_permission_checks\n"
@@ -1230,6 +1335,34 @@ int main(int argc, char **argv)
 		fprintf(stderr, "ulpackfs: bad pack_cache '%s' (examples: 2G, 500M)\n", o.pack_cache);
 		return 2;
 	}
+	if (o.metrics_interval) {
+		int64_t iv;
+		if (ulp_parse_int(o.metrics_interval, 1, 86400, &iv) < 0) {
+			fprintf(stderr, "ulpackfs: bad metrics_interval '%s' (whole seconds, 1 to 86400)\n",
+			        o.metrics_interval);
+			return 2;
+		}
+		fs.metrics_s = (unsigned)iv;
+	}
+	if (o.metrics) { /* absolute: the daemon leaves the working directory */
+		const char *slash = strrchr(o.metrics, '/'), *base = slash ? slash + 1 : o.metrics;
+		char *dir = slash ? strndup(o.metrics, (size_t)(slash - o.metrics)) : strdup(".");
+		char *real = dir ? realpath(dir[0] ? dir : "/", NULL) : NULL;
+		if (!real || !base[0]) {
+			fprintf(stderr, "ulpackfs: metrics=%s: %s\n", o.metrics, real ? "names a directory" : strerror(errno));
+			free(dir);
+			free(real);
+			return 2;
+		}
+		size_t l = strlen(real) + strlen(base) + 2;
+		fs.metrics = malloc(l);
+		if (fs.metrics)
+			snprintf(fs.metrics, l, "%s/%s", real, base);
+		free(dir);
+		free(real);
+	}
+	if (gethostname(fs.host, sizeof(fs.host) - 1) < 0)
+		snprintf(fs.host, sizeof(fs.host), "localhost");
 	const struct { const char *s, *name; unsigned *to, scale; } secs[] = {
 		{o.poll, "poll", &ao.poll_ms, 1000}, {o.lease, "lease", &ao.lease_ms, 1000}, {o.grace, "grace", &ao.grace_s, 1}};
 	for (size_t i = 0; i < sizeof(secs) / sizeof(secs[0]); i++) {
@@ -1327,6 +1460,12 @@ int main(int argc, char **argv)
 		log_msg(NULL, err);
 		goto out_unmount;
 	}
+	{ /* the log: each error once; a shared archive's lines name this host */
+		ulp_generation g;
+		ulp_archive_generation(fs.a, &g);
+		if (ulp_log_new(log_sink, NULL, g.shared ? fs.host : NULL, &fs.log) < 0)
+			goto out_unmount;
+	}
 	if (fs.lock_fd >= 0 && ulp_mount_lock_note(fs.lock_fd, (long)getpid(), fs.mountpoint) < 0)
 		syslog(LOG_WARNING, "ulpackfs: %s/mount.lock: cannot record pid and mount point", fs.home);
 	if (fuse_set_signal_handlers(fuse_get_session(f)) != 0)
@@ -1353,6 +1492,9 @@ out_destroy:
 	fuse_destroy(f);
 out:
 	ulp_archive_close(fs.a);
+	ulp_log_free(fs.log);
+	fs.log = NULL;
+	free(fs.metrics);
 	if (fs.logf)
 		fclose(fs.logf);
 	free(co.mountpoint);

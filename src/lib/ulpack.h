@@ -728,6 +728,8 @@ typedef struct ulp_session_opts {
 	uint64_t staging_max;  /* queued staged bytes before writes wait; 0: half the free space (>= 64M) */
 	void (*log)(void *arg, const char *msg); /* errors of background work; may be NULL */
 	void *log_arg;
+	void (*note)(void *arg, const char *msg); /* one line per archived step (with log_arg);
+	                                             may be NULL */
 } ulp_session_opts;
 typedef struct ulp_session_counters {
 	uint64_t queued, queued_bytes;      /* waiting for or being archived */
@@ -741,6 +743,11 @@ typedef struct ulp_session_counters {
 	int archiving_overlaps;             /* 1: a closed file's archiving may start while others
 	                                       are written (4 threads or more); 0: it waits for
 	                                       writing to pause (ulpackfs(1)) */
+	uint64_t steps;                     /* steps archived (one note line each) */
+	uint64_t errors;                    /* errors of background work logged since open */
+	uint64_t tidies, reclaimed_bytes;   /* tidy passes; the bytes they gave back */
+	char current[512];                  /* the file being archived now ("": none; cut to fit) */
+	uint64_t current_ms;                /* for how long it has been */
 } ulp_session_stats;
 enum { ULP_RENAME_NOREPLACE = 1 };
 /** Starts a session (and its archiver thread) on an archive open for writing. */
@@ -809,6 +816,70 @@ int ulp_session_state(ulp_session *s, const char *path, char *dst, size_t dst_ca
 void ulp_session_counters(ulp_session *s, ulp_session_stats *c);
 /** libfuse's names for files unlinked while open (".fuse_hidden" + 16 hex). */
 int ulp_session_hidden_name(const char *path);
+
+/* What a daemon (or an archive at rest) is doing: `ulpack status`, the
+ * mount root's user.ulpack.status and ulpackfs -o metrics (archive/status.c).
+ *
+ * A log (ulp_log) is where a daemon's lines go: errors once each (a damaged
+ * file read five times logs one line; repeats are counted), a shared
+ * archive's lines prefixed with the host. Thread-safe. */
+typedef struct ulp_log ulp_log;
+/** sink(arg, is_error, line) gets each line (not NULL); host: prefix every
+ *  line with "[host] " (NULL or "": none). Frees with ulp_log_free. */
+int ulp_log_new(void (*sink)(void *arg, int is_error, const char *line), void *arg, const char *host,
+                ulp_log **out);
+void ulp_log_free(ulp_log *l);
+/** Logs msg as an error the first time key (NULL: msg itself) is seen;
+ *  counts it every time. @return 1 if logged, 0 if a repeat. */
+int ulp_log_error(ulp_log *l, const char *key, const char *msg);
+/** Logs msg (not an error: never deduplicated). */
+void ulp_log_note(ulp_log *l, const char *msg);
+/** Errors reported since ulp_log_new, repeats included, and distinct ones. */
+void ulp_log_errors(ulp_log *l, uint64_t *all, uint64_t *distinct);
+
+typedef struct ulp_status {
+	int live;                     /* 1: a mounted daemon's (a session's) figures; 0: at rest */
+	int read_only;                /* the mount (or open) is read-only */
+	uint64_t uptime_ms;           /* since the mount (live) */
+	int64_t now_ms;               /* wall clock, ms since 1970, when taken */
+	/* the queue (live): files closed and waiting for, or being, archived */
+	uint64_t queued, queued_bytes, staged, staged_bytes;
+	uint64_t archived, archived_bytes, failed, steps;
+	uint64_t bytes_per_s;         /* archiving rate: bytes per second of archiving */
+	char current[512];            /* file being archived now, "" none */
+	uint64_t current_ms;          /* for how long */
+	uint64_t errors, errors_distinct; /* logged since the mount (live) */
+	/* space (the index): ulp_archive_space */
+	uint64_t disk_bytes, live_bytes, reclaimable_bytes, pending_recodes, packs;
+	/* the decode and pack cache */
+	uint64_t cache_bytes, cache_hits, cache_misses;
+	/* many hosts */
+	int shared, writer, fenced;
+	uint64_t gen, epoch;          /* generation followed or published; lease epoch */
+	char holder[256];             /* host holding the lease ("" none known) */
+	int64_t published_ms;         /* wall ms of the last publication (0: none known): the
+	                                 writer's; a reader's generation file's mtime */
+} ulp_status;
+/** Fills st from a (and s, a mounted daemon's session, and l, its log; each
+ *  may be NULL). Reads the index (space). Errors: IO (message:
+ *  ulp_archive_errmsg). */
+int ulp_status_get(ulp_archive *a, ulp_session *s, ulp_log *l, ulp_status *st);
+/** st as one JSON object (flat: numbers and strings) into dst.
+ *  @return its length, or -ULP_E_INVAL when dst_cap is too small. */
+int ulp_status_json(const ulp_status *st, char *dst, size_t dst_cap);
+/** Parses what ulp_status_json wrote (unknown keys are skipped). Errors: INVAL. */
+int ulp_status_parse(const char *json, ulp_status *st);
+/** b for people: "512 B", "1.5 KiB", "16.1 MiB" (powers of 1024, one decimal). */
+void ulp_format_bytes(uint64_t b, char *dst, size_t dst_cap);
+/** st for people: a few lines (ulpack status). @return length or -ULP_E_INVAL. */
+int ulp_status_text(const ulp_status *st, char *dst, size_t dst_cap);
+/** st in Prometheus's text exposition format (version 0.0.4): ulpack_*
+ *  metrics with HELP and TYPE lines, labelled archive and host.
+ *  @return length or -ULP_E_INVAL. */
+int ulp_status_metrics(const ulp_status *st, const char *archive, const char *host, char *dst, size_t dst_cap);
+/** Writes data to path atomically (PATH.tmp-PID, then rename; mode 0644), as
+ *  node_exporter's textfile collector wants. Errors: IO (errno says why). */
+int ulp_status_write_file(const char *path, const char *data, size_t len);
 /** rsync's temporary names (".name.XXXXXX"): archived once renamed. */
 int ulp_session_temp_name(const char *path);
 
@@ -1070,6 +1141,10 @@ typedef struct ulp_mount_owner {
 int ulp_mount_lock(const char *dir, int *fd, ulp_mount_owner *holder, char *errbuf, size_t errcap);
 /** Records the holder's pid and mount point in the lock open on fd. */
 int ulp_mount_lock_note(int fd, long pid, const char *mountpoint);
+/** Who holds dir's mount lock now, without taking it (ulpack status ARCHIVE):
+ *  holder->mounted is 1 where a live ulpackfs serves it at
+ *  holder->mountpoint. Errors: NOENT (never mounted read-write), IO. */
+int ulp_mount_owner_get(const char *dir, ulp_mount_owner *holder);
 /** 1 if mountpoint is a ulpackfs mount in /proc/self/mountinfo. */
 int ulp_mount_active(const char *mountpoint);
 

@@ -28,7 +28,7 @@ expect() { # NAME EXPECTED WORDS...
 	got=$(comp "$@" | tr '\n' ' ' | sed 's/ $//')
 	[ "$got" = "$want" ] && [ ! -s "$T/comp.err" ] && ok "$name: $got" || fail "$name: got '$got', want '$want' $(head -3 "$T/comp.err")"
 }
-expect "commands" "share stat steps sync synth" s
+expect "commands" "share stat status steps sync synth" s
 expect "rm options" "--all --help" rm "$A" --
 expect "gc options" "--grace" gc --gr
 expect "runs" "bert gpt" steps "$A" ""

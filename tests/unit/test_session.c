@@ -266,7 +266,7 @@ static void test_backpressure(void)
 	char dir[512];
 	ulp_archive *a = fresh(dir, sizeof(dir));
 	ulp_session *s;
-	ulp_session_opts o = {1, NULL, NULL}; /* one byte: writes wait until nothing waits in the queue */
+	ulp_session_opts o = {1, NULL, NULL, NULL}; /* one byte: writes wait until nothing waits in the queue */
 	REQUIRE(ulp_session_open(a, &o, &s) == 0, "session");
 	uint8_t buf[20000];
 	char p[64];
@@ -880,7 +880,7 @@ static void test_pressure_forward(void)
 	char dir[300];
 	ulp_archive *a = fresh(dir, sizeof(dir));
 	ulp_session *s = NULL;
-	ulp_session_opts o = {1, NULL, NULL}; /* one byte: a queued file holds writes back */
+	ulp_session_opts o = {1, NULL, NULL, NULL}; /* one byte: a queued file holds writes back */
 	setenv("ULP_SESSION_HOLD", "1", 1);   /* archive nothing until the sync below */
 	REQUIRE(ulp_session_open(a, &o, &s) == 0, "session");
 	unsetenv("ULP_SESSION_HOLD");
@@ -934,7 +934,7 @@ static void test_overlap_policy(void)
 		if (cases[i].env)
 			setenv("ULP_SESSION_DEFER", cases[i].env, 1);
 		ulp_session *s = NULL;
-		ulp_session_opts o = {0, NULL, NULL};
+		ulp_session_opts o = {0, NULL, NULL, NULL};
 		REQUIRE(ulp_session_open(a, &o, &s) == 0, "session");
 		unsetenv("ULP_SESSION_DEFER");
 		ulp_session_stats c;

@@ -971,7 +971,7 @@ static void test_contrib_backpressure(void)
 	ulp_archive_opts o = {.cache_size = 16 << 20, .threads = 2, .poll_ms = 50, .contribute = 1};
 	ulp_archive *c = NULL;
 	REQUIRE(ulp_archive_open(dir, &o, &c, err, sizeof(err)) == 0, "contributor: %s", err);
-	ulp_session_opts so = {100000, NULL, NULL};
+	ulp_session_opts so = {100000, NULL, NULL, NULL};
 	ulp_session *sc, *sw;
 	REQUIRE(ulp_session_open(c, &so, &sc) == 0, "its session");
 	ulp_meta dm = {0755, 0, 0, {1700000000, 0}};

@@ -113,3 +113,15 @@ int ulp_mount_lock_note(int fd, long pid, const char *mountpoint)
 		return errno == ENOSPC ? -ULP_E_NOSPC : -ULP_E_IO;
 	return 0;
 }
+
+int ulp_mount_owner_get(const char *dir, ulp_mount_owner *holder)
+{
+	char p[ULP_PATH_MAX + 32];
+	snprintf(p, sizeof(p), "%s/mount.lock", dir);
+	int fd = open(p, O_RDONLY | O_CLOEXEC); /* (no lock taken: a mount may start meanwhile) */
+	if (fd < 0)
+		return errno == ENOENT ? -ULP_E_NOENT : -ULP_E_IO;
+	read_holder(fd, holder);
+	close(fd);
+	return 0;
+}

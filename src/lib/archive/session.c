@@ -150,6 +150,12 @@
  *     (adopt: queued at once, as if closed here) unless a node holds its
  *     path (left for a later pass); a failed archiving of one leaves a note
  *     for its host (ulp_contrib_failed).
+ * 16. One note line per archived step (o.note), not per file: the files
+ *     archived under a step directory add up (the archiver's order may take
+ *     files of several steps in turn: invariant 14), and the lines go out,
+ *     in the order the steps began, when the archiver goes idle to tidy
+ *     (writing paused) and at close (steps_done); more than STEPS_OPEN
+ *     steps at once note the oldest first.
  */
 #include "arch_int.h"
 #include "archive/writer.h"
@@ -232,6 +238,9 @@ struct ulp_session {
 	int bg_on;             /* the archiver can go back and forth (invariant 11) */
 	int defer;             /* set at start, read-only after: wait for pauses even
 	                          with bg_on (invariant 11) */
+	unsigned delay_ms;     /* set at start, read-only after: ULP_TEST_PUT_DELAY_MS (tests:
+	                          each archiving takes this much longer, so that a
+	                          barrier has something to show) */
 	int hold;              /* set at start, read-only after: ULP_SESSION_HOLD
 	                          (measuring only): archive nothing until a sync, the
 	                          close or a caller that waits for an archiving (urgent) */
@@ -260,7 +269,20 @@ struct ulp_session {
 	int64_t drain_ms;      /* set at start, read-only after: at most one drain per */
 	int64_t next_drain;    /* archiver thread only: CLOCK_MONOTONIC ms of the next */
 	uint64_t adopted;      /* files taken from other hosts */
+	uint64_t errors;       /* atomic: slog lines (errors of background work) */
+	int64_t cur_t0;        /* CLOCK_MONOTONIC ns when cur's archiving started */
+	struct sstep *steps_open; /* guarded by mu: steps archived since the last note
+	                             (invariant 16), in the order they began */
+	unsigned n_steps_open; /* guarded by mu */
+	uint64_t steps;        /* guarded by mu: notes made */
 };
+
+/* A step being archived (invariant 16). */
+typedef struct sstep {
+	char *key;             /* its directory (RUN/checkpoint-N) */
+	uint64_t files, bytes, stored, ns;
+	struct sstep *next;
+} sstep;
 
 /* ---- helpers --------------------------------------------------------------- */
 
@@ -277,6 +299,7 @@ static void slog(ulp_session *s, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
+	__atomic_add_fetch(&s->errors, 1, __ATOMIC_RELAXED);
 	if (s->o.log)
 		s->o.log(s->o.log_arg, msg);
 }
@@ -542,6 +565,87 @@ static int below(const char *p, const char *dir)
 	return p && dir && !strncmp(p, dir, l) && p[l] == '/';
 }
 
+/* Invariant 15: the step directory of path (the directory holding the
+ * component the step is parsed from, else the parent), malloc'd. */
+static char *step_key_of(const char *path)
+{
+	const char *end = strrchr(path, '/');
+	char *series = NULL;
+	if (ulp_parse_step(path, &series) >= 0 && series) {
+		/* series is path with the step's digits as "{S}": the same bytes before */
+		const char *m = strstr(series, "{S}");
+		size_t at = m ? (size_t)(m - series) : 0;
+		const char *q = m && at <= strlen(path) ? strchr(path + at, '/') : NULL;
+		if (q) /* a step directory; else a step file: its directory */
+			end = q;
+	}
+	free(series);
+	return end ? strndup(path, (size_t)(end - path)) : strdup("");
+}
+
+enum { STEPS_OPEN = 32 };
+
+/* Invariant 15: the note line of st, unlinked already; with mu. */
+static void step_note(ulp_session *s, sstep *st)
+{
+	if (s->o.note) {
+		char msg[1200];
+		double mb = (double)st->bytes / 1e6, smb = (double)st->stored / 1e6;
+		snprintf(msg, sizeof(msg), "archived %.900s: %llu file%s, %.1f MB -> %.1f MB (%.3f) in %.1f s",
+		         st->key[0] ? st->key : "/", (unsigned long long)st->files, st->files == 1 ? "" : "s", mb, smb,
+		         st->bytes ? (double)st->stored / (double)st->bytes : 0.0, (double)st->ns / 1e9);
+		s->o.note(s->o.log_arg, msg);
+	}
+	s->steps++;
+	free(st->key);
+	free(st);
+}
+
+/* Invariant 15: every step archived since the last notes; with mu. */
+static void steps_done(ulp_session *s)
+{
+	while (s->steps_open) {
+		sstep *st = s->steps_open;
+		s->steps_open = st->next;
+		s->n_steps_open--;
+		step_note(s, st);
+	}
+}
+
+static void step_add(ulp_session *s, const char *path, uint64_t bytes, uint64_t stored, int64_t ns)
+{
+	char *k = step_key_of(path);
+	if (!k)
+		return;
+	sstep **pp = &s->steps_open;
+	while (*pp && strcmp((*pp)->key, k) != 0)
+		pp = &(*pp)->next;
+	if (!*pp) {
+		if (s->n_steps_open >= STEPS_OPEN) { /* the oldest first */
+			sstep *old = s->steps_open;
+			s->steps_open = old->next;
+			s->n_steps_open--;
+			step_note(s, old);
+			for (pp = &s->steps_open; *pp;)
+				pp = &(*pp)->next;
+		}
+		sstep *st = calloc(1, sizeof(*st));
+		if (!st) {
+			free(k);
+			return;
+		}
+		st->key = k;
+		*pp = st;
+		s->n_steps_open++;
+	} else {
+		free(k);
+	}
+	(*pp)->files++;
+	(*pp)->bytes += bytes;
+	(*pp)->stored += stored;
+	(*pp)->ns += (uint64_t)ns;
+}
+
 static int archive_node(ulp_session *s, snode *n)
 {
 	while (s->dir_from && (below(n->path, s->dir_from) || below(n->path, s->dir_to)))
@@ -557,10 +661,15 @@ static int archive_node(ulp_session *s, snode *n)
 	s->archiving = 1;
 	s->cur = n;
 	s->cur_path = dst;
-	pthread_mutex_unlock(&s->mu);
 	int64_t t0 = ulp_mono_ns();
+	s->cur_t0 = t0;
+	pthread_mutex_unlock(&s->mu);
+	if (s->delay_ms)
+		usleep(s->delay_ms * 1000u);
+	ulp_put_result pr;
+	memset(&pr, 0, sizeof(pr));
 	int rc = s->a->contrib ? ulp_contrib_put(s->a, n->stage, dst, &m, stopping, s)
-	                       : ulp_archive_put(s->a, dst, ulp_stage_fd(n->stage), &m, NULL);
+	                       : ulp_archive_put(s->a, dst, ulp_stage_fd(n->stage), &m, &pr);
 	char why[1024] = "";
 	if (rc < 0)
 		snprintf(why, sizeof(why), "%s", ulp_archive_errmsg(s->a));
@@ -583,6 +692,7 @@ static int archive_node(ulp_session *s, snode *n)
 	}
 	s->archived++;
 	s->archived_bytes += n->qbytes ? n->qbytes : node_size(n);
+	step_add(s, dst, pr.raw_bytes, pr.stored_bytes, t1 - t0);
 	want_rebase(s); /* the archiver re-bases when idle (invariant 9) */
 	/* what happened to the node meanwhile: the archive follows it (not on a
 	 * contributor, which changes no archived file: invariant 15) */
@@ -899,6 +1009,7 @@ static void *archiver(void *arg)
 				struct timespec ts = {(time_t)(until / 1000000000), (long)(until % 1000000000)};
 				pthread_cond_timedwait(&s->cv, &s->mu, &ts);
 			} else {
+				steps_done(s); /* writing paused (invariant 16) */
 				tidy(s, 0);
 			}
 			continue;
@@ -931,6 +1042,7 @@ static void *archiver(void *arg)
 		maybe_drop(s, n);
 		pthread_cond_broadcast(&s->cv);
 	}
+	steps_done(s);
 	tidy(s, 1); /* at close: the last archivings, renames and removals */
 	pthread_mutex_unlock(&s->mu);
 	return NULL;
@@ -969,6 +1081,9 @@ int ulp_session_open(ulp_archive *a, const ulp_session_opts *o, ulp_session **ou
 	const char *nospc = getenv("ULP_TEST_RECODE_NOSPC"); /* (tests: a full disk at re-basing) */
 	if (nospc && nospc[0] >= '1' && nospc[0] <= '9')
 		__atomic_store_n(&ulp_recode_fail_nospc, atoi(nospc), __ATOMIC_RELAXED);
+	const char *delay = getenv("ULP_TEST_PUT_DELAY_MS");
+	if (delay && delay[0] >= '1' && delay[0] <= '9')
+		s->delay_ms = (unsigned)atoi(delay) > 10000 ? 10000 : (unsigned)atoi(delay);
 	const char *hold = getenv("ULP_SESSION_HOLD");
 	s->hold = hold && hold[0] == '1';
 	ulp_generation g; /* invariant 15: the writer's pace (a second, at most a quarter lease) */
@@ -1047,6 +1162,7 @@ unsigned ulp_session_close(ulp_session *s)
 		free(g->path);
 		free(g);
 	}
+	steps_done(s); /* (none: the archiver noted them) */
 	pthread_mutex_unlock(&s->mu);
 	pthread_cond_destroy(&s->cv);
 	pthread_mutex_destroy(&s->mu);
@@ -1105,6 +1221,14 @@ void ulp_session_counters(ulp_session *s, ulp_session_stats *c)
 	c->staging_max = s->o.staging_max;
 	c->archiving_nice = __atomic_load_n(&s->nice, __ATOMIC_RELAXED);
 	c->archiving_overlaps = !s->defer;
+	c->steps = s->steps;
+	c->errors = __atomic_load_n(&s->errors, __ATOMIC_RELAXED);
+	c->tidies = s->tidies;
+	c->reclaimed_bytes = s->reclaimed_bytes;
+	if (s->archiving && s->cur_path) {
+		snprintf(c->current, sizeof(c->current), "%s", s->cur_path);
+		c->current_ms = (uint64_t)(ulp_mono_ns() - s->cur_t0) / 1000000;
+	}
 	pthread_mutex_unlock(&s->mu);
 }
 

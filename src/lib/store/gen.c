@@ -1517,3 +1517,29 @@ int ulp_archive_generation(ulp_archive *a, ulp_generation *g)
 	g->grace_s = sh->grace_s;
 	return 0;
 }
+
+int64_t ulp_gen_published_ms(ulp_archive *a)
+{
+	ulp_shared *sh = a->sh;
+	if (!sh)
+		return 0;
+	if (sh->writer) { /* the publisher's clock is monotonic: as wall time */
+		pthread_mutex_lock(&sh->pub_mu);
+		int64_t pub = sh->published_ms;
+		pthread_mutex_unlock(&sh->pub_mu);
+		return pub > 0 ? ulp_wall_ms() - (ulp_mono_ms() - pub) : 0;
+	}
+	pthread_mutex_lock(&sh->mu);
+	uint64_t gen = sh->gen;
+	pthread_mutex_unlock(&sh->mu);
+	if (!gen || a->home->ops->swaps)
+		return 0; /* (a home that swaps its pointer, a bucket: its generations are fetched copies, their mtimes not the publication) */
+	char p[4200];
+	struct stat sb;
+	for (int patch = 0; patch < 2; patch++) {
+		gen_path(a, gen, patch, p, sizeof(p));
+		if (stat(p, &sb) == 0)
+			return (int64_t)sb.st_mtim.tv_sec * 1000 + sb.st_mtim.tv_nsec / 1000000;
+	}
+	return 0;
+}

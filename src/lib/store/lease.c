@@ -446,3 +446,31 @@ void ulp_lease_give_back(ulp_archive *a, int (*publish)(ulp_archive *a, int forc
 		write_lease(a, 0, 1);
 	}
 }
+
+int ulp_lease_holder(ulp_archive *a, char *host, size_t cap, uint64_t *epoch)
+{
+	ulp_shared *sh = a->sh;
+	host[0] = 0;
+	*epoch = 0;
+	if (!sh)
+		return 0;
+	if (sh->writer) {
+		snprintf(host, cap, "%s", sh->host);
+		*epoch = sh->epoch;
+		return 0;
+	}
+	holder h;
+	char why[512] = "";
+	ulp_err err = {why, sizeof(why)};
+	char etag[ULP_HOME_TAG_MAX];
+	/* the home's lease where it keeps one apart (a bucket's), else lease/'s */
+	int rc = remote_holder(a, &h, etag, &err);
+	if (rc == 0 && !h.epoch)
+		rc = highest(a, &h, &err);
+	if (rc < 0)
+		return ulp_arch_err(a, rc, "%s", why);
+	if (h.parsed)
+		snprintf(host, cap, "%s", h.host);
+	*epoch = h.epoch;
+	return 0;
+}

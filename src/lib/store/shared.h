@@ -126,6 +126,9 @@ int ulp_gen_reader_open(ulp_archive *a, ulp_err *err);
 int ulp_gen_publish(ulp_archive *a, int force);
 void ulp_gen_retire(ulp_archive *a);
 int ulp_gen_oldest(ulp_archive *a, uint64_t *oldest);
+/* Wall ms of the last publication (ulp_status_get): the writer's own, a
+ * reader's generation file's mtime (a directory archive); 0: none known. */
+int64_t ulp_gen_published_ms(ulp_archive *a);
 /* An archive in a bucket: asks the background thread for a listing of the
  * bucket (rm->usage) and waits at most wait_ms for one to end. */
 void ulp_gen_usage_refresh(ulp_archive *a, unsigned wait_ms);
@@ -175,6 +178,10 @@ int ulp_lease_take(ulp_archive *a, ulp_err *err);
 /* Stops the renewer and gives the lease back (renewed 0), calling publish
  * (gen.c's ulp_gen_publish: what was archived last) first while it holds. */
 void ulp_lease_give_back(ulp_archive *a, int (*publish)(ulp_archive *a, int force));
+/* The lease's holder (ulp_status_get): this handle's where it holds it, else
+ * the newest lease file's (the bucket's lease object): host ("" none known)
+ * and epoch (0: none). Errors as the archive's. */
+int ulp_lease_holder(ulp_archive *a, char *host, size_t cap, uint64_t *epoch);
 int ulp_lease_ok(ulp_archive *a);
 /* Renews the lease now, as the renewer does (while it holds): for the
  * steps of a writer's open that take long on a network file system (the
